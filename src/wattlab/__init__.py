@@ -1,0 +1,3 @@
+"""wattlab: measure how much energy GPU work really takes."""
+
+__version__ = "0.1.0"

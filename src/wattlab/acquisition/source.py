@@ -1,0 +1,127 @@
+"""Run an acquirer (a driver wrapped to yield samples) and publish what it reads.
+
+An *acquirer* knows an instrument; the *runner* knows the bus: it numbers batches per
+source, announces descriptors, and says "end" when the source stops, so the recorder can
+tell a clean stop from lost data.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from wattlab.errors import WattlabError
+from wattlab.samples import Gap, Marker, SampleBatch, SourceDescriptor
+from wattlab.sync.bus import BusPublisher
+
+
+@dataclass
+class Chunk:
+    """Samples an acquirer read, before the runner numbers them."""
+
+    source_id: str
+    t_host_ns: npt.NDArray[np.int64]
+    values: npt.NDArray[Any]
+    t_raw: npt.NDArray[Any] | None = None
+    flags: npt.NDArray[np.uint8] | None = None
+
+
+Reading = Chunk | Gap | Marker
+
+
+class Acquirer(Protocol):
+    """What a source must provide; ``poll`` blocks at most ~0.1 s so stopping is prompt."""
+
+    def open(self) -> list[SourceDescriptor]:
+        """Connect to the instrument and describe every stream it will produce."""
+        ...
+
+    def poll(self) -> list[Reading]:
+        """Return whatever was read since the last call (may be empty)."""
+        ...
+
+    def close(self) -> None:
+        """Stop the instrument and release it; called once, also after errors."""
+        ...
+
+
+class SourceRunner:
+    """Drives one acquirer in its own thread and publishes its readings."""
+
+    def __init__(self, name: str, acquirer: Acquirer, endpoint: str) -> None:
+        self.name = name
+        self.acquirer = acquirer
+        self.endpoint = endpoint
+        self.descriptors: list[SourceDescriptor] = []
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._opened = threading.Event()
+        self._seq: dict[str, int] = {}
+        self._thread = threading.Thread(target=self._run, name=f"source-{name}", daemon=True)
+
+    def start(self, open_timeout_s: float = 30.0) -> list[SourceDescriptor]:
+        """Start the thread and wait until the instrument is open (or failed to open)."""
+        self._thread.start()
+        if not self._opened.wait(open_timeout_s):
+            raise WattlabError(f"source {self.name}: instrument did not open in {open_timeout_s} s")
+        if self.error is not None and not self.descriptors:
+            raise WattlabError(f"source {self.name}: {self.error}")
+        return self.descriptors
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _publish(self, publisher: BusPublisher, readings: list[Reading]) -> None:
+        for item in readings:
+            if isinstance(item, Chunk):
+                seq = self._seq.get(item.source_id, 0)
+                self._seq[item.source_id] = seq + 1
+                publisher.send_batch(
+                    SampleBatch(item.source_id, seq, item.t_host_ns, item.values,
+                                item.t_raw, item.flags)
+                )
+            elif isinstance(item, Marker):
+                publisher.send_marker(item)
+            else:
+                publisher.send_gap(item)
+
+    def _run(self) -> None:
+        publisher = BusPublisher(self.endpoint)
+        try:
+            try:
+                self.descriptors = self.acquirer.open()
+            except Exception as e:
+                self.error = str(e) if isinstance(e, WattlabError) else repr(e)
+                self._opened.set()
+                return
+            for desc in self.descriptors:
+                self._seq[desc.source_id] = 0
+                publisher.announce(desc)
+            self._opened.set()
+            while not self._stop.is_set():
+                self._publish(publisher, self.acquirer.poll())
+            self._publish(publisher, self.acquirer.poll())
+        except Exception as e:
+            self.error = f"{e}" if isinstance(e, WattlabError) else traceback.format_exc(limit=3)
+            now = time.monotonic_ns()
+            for desc in self.descriptors:
+                publisher.send_gap(Gap(desc.source_id, f"source failed: {e}"[:128], t_first_ns=now))
+        finally:
+            try:
+                self.acquirer.close()
+            finally:
+                for source_id, seq in self._seq.items():
+                    publisher.end(source_id, seq - 1)
+                publisher.close()
+                self._opened.set()

@@ -1,0 +1,1 @@
+"""Reading run files and everything computed from them; never imports drivers."""

@@ -1,0 +1,1 @@
+"""The bus message format, publish/receive, and the recorder that writes HDF5."""

@@ -1,0 +1,220 @@
+"""Bus message format: ZeroMQ multipart ``[topic, header JSON, buffer, ...]``.
+
+No pickle, ever: the header is JSON and arrays travel as raw little-endian buffers whose
+dtype and shape the header declares. Every incoming message is validated here, so a
+malformed one raises ``MalformedMessageError`` and the recorder carries on.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from wattlab.errors import MalformedMessageError
+from wattlab.samples import (
+    ALLOWED_TIME_RAW_DTYPES,
+    ALLOWED_VALUE_DTYPES,
+    Gap,
+    Marker,
+    SampleBatch,
+    SourceDescriptor,
+    check_source_id,
+)
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 65536
+MAX_ROWS_PER_BATCH = 10_000_000
+MESSAGE_TYPES = ("descriptor", "batch", "marker", "gap", "end", "control", "reply")
+
+BufferLike = bytes | memoryview | np.ndarray[Any, Any]
+
+
+def _header(msg_type: str, source: str, **fields: Any) -> bytes:
+    head = {"v": PROTOCOL_VERSION, "type": msg_type, "source": source, **fields}
+    return json.dumps(head, separators=(",", ":"), allow_nan=False).encode()
+
+
+def encode_descriptor(desc: SourceDescriptor) -> list[BufferLike]:
+    return [desc.source_id.encode(), _header("descriptor", desc.source_id, body=desc.to_json())]
+
+
+def encode_batch(batch: SampleBatch) -> list[BufferLike]:
+    """Frames for a batch; arrays are passed as-is so ``send_multipart(copy=False)`` is zero-copy."""
+    values = np.ascontiguousarray(batch.values)
+    t_host = np.ascontiguousarray(batch.t_host_ns, dtype="<i8")
+    arrays: list[tuple[str, np.ndarray[Any, Any]]] = [("t_host_ns", t_host), ("values", values)]
+    if batch.t_raw is not None:
+        arrays.append(("t_raw", np.ascontiguousarray(batch.t_raw)))
+    if batch.flags is not None:
+        arrays.append(("flags", np.ascontiguousarray(batch.flags, dtype="u1")))
+    specs = [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape)} for n, a in arrays]
+    head = _header("batch", batch.source_id, seq=batch.seq, n=batch.n, buffers=specs)
+    return [batch.source_id.encode(), head, *(a for _, a in arrays)]
+
+
+def encode_marker(marker: Marker) -> list[BufferLike]:
+    body = {
+        "t_host_ns": marker.t_host_ns,
+        "name": marker.name,
+        "kind": marker.kind,
+        "payload": marker.payload,
+    }
+    return [b"marker", _header("marker", marker.source, body=body)]
+
+
+def encode_gap(gap: Gap) -> list[BufferLike]:
+    body = {
+        "reason": gap.reason,
+        "seq_first": gap.seq_first,
+        "seq_last": gap.seq_last,
+        "t_first_ns": gap.t_first_ns,
+        "t_last_ns": gap.t_last_ns,
+        "samples_lost": gap.samples_lost,
+    }
+    return [gap.source.encode(), _header("gap", gap.source, body=body)]
+
+
+def encode_end(source_id: str, last_seq: int) -> list[BufferLike]:
+    return [source_id.encode(), _header("end", source_id, last_seq=last_seq)]
+
+
+def encode_control(command: str, **fields: Any) -> list[BufferLike]:
+    return [b"control", _header("control", "control", command=command, **fields)]
+
+
+def encode_reply(**fields: Any) -> list[BufferLike]:
+    return [b"reply", _header("reply", "recorder", **fields)]
+
+
+def decode_header(frames: list[Any]) -> dict[str, Any]:
+    """Parse and check the envelope common to every message type."""
+    if len(frames) < 2:
+        raise MalformedMessageError(f"message has {len(frames)} frame(s), needs at least 2")
+    raw = bytes(frames[1])
+    if len(raw) > MAX_HEADER_BYTES:
+        raise MalformedMessageError(f"header is {len(raw)} bytes, over {MAX_HEADER_BYTES}")
+    try:
+        head = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MalformedMessageError(f"header is not JSON: {e}") from e
+    if not isinstance(head, dict):
+        raise MalformedMessageError("header is not a JSON object")
+    if head.get("v") != PROTOCOL_VERSION:
+        raise MalformedMessageError(f"protocol version {head.get('v')!r}, expected 1")
+    if head.get("type") not in MESSAGE_TYPES:
+        raise MalformedMessageError(f"unknown message type {head.get('type')!r}")
+    source = head.get("source")
+    if not isinstance(source, str):
+        raise MalformedMessageError("header field 'source' missing or not a string")
+    if head["type"] in ("descriptor", "batch", "gap", "end"):
+        try:
+            check_source_id(source)
+        except Exception as e:
+            raise MalformedMessageError(str(e)) from e
+    return head
+
+
+def _int_field(head: dict[str, Any], name: str) -> int:
+    value = head.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise MalformedMessageError(f"header field {name!r} must be a non-negative integer")
+    return value
+
+
+def decode_batch(head: dict[str, Any], frames: list[Any]) -> SampleBatch:
+    """Arrays are views on the received frames (no copy); every size is checked first."""
+    seq = _int_field(head, "seq")
+    n = _int_field(head, "n")
+    if n > MAX_ROWS_PER_BATCH:
+        raise MalformedMessageError(f"batch of {n} rows is over the limit {MAX_ROWS_PER_BATCH}")
+    specs = head.get("buffers")
+    if not isinstance(specs, list) or len(specs) != len(frames) - 2:
+        raise MalformedMessageError("header 'buffers' does not match the number of frames")
+    allowed = {
+        "t_host_ns": ("<i8",),
+        "values": ALLOWED_VALUE_DTYPES,
+        "t_raw": ALLOWED_TIME_RAW_DTYPES,
+        "flags": ("|u1",),
+    }
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    for spec, frame in zip(specs, frames[2:], strict=True):
+        if not isinstance(spec, dict):
+            raise MalformedMessageError("buffer spec is not an object")
+        name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
+        if name not in allowed or name in arrays:
+            raise MalformedMessageError(f"unexpected or repeated buffer {name!r}")
+        if dtype not in allowed[name]:
+            raise MalformedMessageError(f"buffer {name!r} has dtype {dtype!r}")
+        want = (n,) if name != "values" else None
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise MalformedMessageError(f"buffer {name!r} has a bad shape {shape!r}")
+        if want is not None and tuple(shape) != want:
+            raise MalformedMessageError(f"buffer {name!r} shape {shape} != [{n}]")
+        if name == "values" and (len(shape) != 2 or shape[0] != n or shape[1] < 1):
+            raise MalformedMessageError(f"values shape {shape} is not [{n}, channels]")
+        buf = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+        expected = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if buf.nbytes != expected:
+            raise MalformedMessageError(
+                f"buffer {name!r} has {buf.nbytes} bytes, header says {expected}"
+            )
+        arrays[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
+    if "t_host_ns" not in arrays or "values" not in arrays:
+        raise MalformedMessageError("batch lacks t_host_ns or values")
+    return SampleBatch(
+        source_id=head["source"],
+        seq=seq,
+        t_host_ns=arrays["t_host_ns"],
+        values=arrays["values"],
+        t_raw=arrays.get("t_raw"),
+        flags=arrays.get("flags"),
+    )
+
+
+def decode_descriptor(head: dict[str, Any]) -> SourceDescriptor:
+    body = head.get("body")
+    if not isinstance(body, dict):
+        raise MalformedMessageError("descriptor has no body")
+    try:
+        desc = SourceDescriptor.from_json(body)
+    except Exception as e:
+        raise MalformedMessageError(f"bad descriptor: {e}") from e
+    if desc.source_id != head["source"]:
+        raise MalformedMessageError("descriptor source id differs from the header's")
+    return desc
+
+
+def decode_marker(head: dict[str, Any]) -> Marker:
+    body = head.get("body")
+    if not isinstance(body, dict):
+        raise MalformedMessageError("marker has no body")
+    try:
+        return Marker(
+            t_host_ns=int(body["t_host_ns"]),
+            name=str(body["name"]),
+            kind=str(body.get("kind", "point")),
+            source=head["source"],
+            payload=dict(body.get("payload") or {}),
+        )
+    except Exception as e:
+        raise MalformedMessageError(f"bad marker: {e}") from e
+
+
+def decode_gap(head: dict[str, Any]) -> Gap:
+    body = head.get("body")
+    if not isinstance(body, dict):
+        raise MalformedMessageError("gap has no body")
+    try:
+        return Gap(
+            source=head["source"],
+            reason=str(body["reason"])[:128],
+            seq_first=int(body.get("seq_first", -1)),
+            seq_last=int(body.get("seq_last", -1)),
+            t_first_ns=int(body.get("t_first_ns", -1)),
+            t_last_ns=int(body.get("t_last_ns", -1)),
+            samples_lost=int(body.get("samples_lost", -1)),
+        )
+    except Exception as e:
+        raise MalformedMessageError(f"bad gap: {e}") from e

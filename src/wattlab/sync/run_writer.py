@@ -1,0 +1,218 @@
+"""Writes the HDF5 run file layout (see README "Run file layout").
+
+SWMR rules shape this file: once SWMR writing starts no object may be created and
+variable-length data is unsafe, so markers and gaps use fixed-size string fields and a
+source that appears after SWMR started is added by closing and reopening the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+import numpy.typing as npt
+
+from wattlab.errors import RunFileError, UsageError
+from wattlab.samples import (
+    MARKER_NAME_MAX,
+    MARKER_PAYLOAD_MAX,
+    Gap,
+    Marker,
+    SourceDescriptor,
+    flag_names,
+)
+
+FORMAT_VERSION = "1"
+UNKNOWN_TIME_NS = np.iinfo(np.int64).min
+ROWS_PER_CHUNK = 16384
+
+MARKER_DTYPE = np.dtype(
+    [
+        ("time", "<i8"),
+        ("time_raw", "<i8"),
+        ("kind", "S5"),
+        ("source", "S64"),
+        ("name", f"S{MARKER_NAME_MAX}"),
+        ("payload", f"S{MARKER_PAYLOAD_MAX}"),
+    ]
+)
+GAP_DTYPE = np.dtype(
+    [
+        ("source", "S64"),
+        ("seq_first", "<i8"),
+        ("seq_last", "<i8"),
+        ("time_first", "<i8"),
+        ("time_last", "<i8"),
+        ("samples_lost", "<i8"),
+        ("reason", "S128"),
+    ]
+)
+
+
+@dataclass
+class _SourceDatasets:
+    time: h5py.Dataset
+    time_raw: h5py.Dataset
+    values: h5py.Dataset
+    flags: h5py.Dataset
+
+
+def _growable(group: h5py.Group, name: str, dtype: Any, width: int | None = None, **kw: Any) -> Any:
+    shape = (0,) if width is None else (0, width)
+    maxshape = (None,) if width is None else (None, width)
+    rows = max(256, ROWS_PER_CHUNK // (width or 1)) if width else ROWS_PER_CHUNK
+    chunks = (rows,) if width is None else (rows, width)
+    return group.create_dataset(name, shape, maxshape=maxshape, dtype=dtype, chunks=chunks, **kw)
+
+
+def _append(ds: h5py.Dataset, data: npt.NDArray[Any]) -> None:
+    start = ds.shape[0]
+    ds.resize(start + data.shape[0], axis=0)
+    ds[start:] = data
+
+
+class RunFileWriter:
+    """Owns one run file from creation to close; never opens an existing path for writing."""
+
+    def __init__(self, path: str, root_attrs: dict[str, Any], session_start_ns: int) -> None:
+        if os.path.exists(path):
+            raise UsageError(f"{path}: already exists; wattlab never overwrites a run file")
+        self.path = path
+        self.session_start_ns = session_start_ns
+        try:
+            self._file = h5py.File(path, "x", libver="latest")
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{path}: cannot create run file: {e}") from e
+        for key, value in root_attrs.items():
+            self._file.attrs[key] = value
+        self._file.attrs["format_version"] = FORMAT_VERSION
+        self._file.attrs["session_start_monotonic_ns"] = session_start_ns
+        self._file.create_group("sources")
+        _growable(self._file, "markers", MARKER_DTYPE, compression="gzip", compression_opts=1)
+        _growable(self._file, "gaps", GAP_DTYPE, compression="gzip", compression_opts=1)
+        self._file["markers"].attrs["time_unit"] = "ns since session start"
+        self._file["gaps"].attrs["unknown_time"] = UNKNOWN_TIME_NS
+        self._sources: dict[str, _SourceDatasets] = {}
+        self._descriptors: dict[str, SourceDescriptor] = {}
+
+    @property
+    def swmr(self) -> bool:
+        return bool(self._file.swmr_mode)
+
+    def start_swmr(self) -> None:
+        """From here on, a live reader can follow the file (`wattlab.open` on a growing run)."""
+        if not self.swmr:
+            self._file.swmr_mode = True
+
+    def has_source(self, source_id: str) -> bool:
+        return source_id in self._sources
+
+    def add_source(self, desc: SourceDescriptor) -> None:
+        if desc.source_id in self._sources:
+            if desc.to_json() != self._descriptors[desc.source_id].to_json():
+                raise UsageError(f"source {desc.source_id!r} re-announced with another descriptor")
+            return
+        was_swmr = self.swmr
+        if was_swmr:
+            self._reopen_for_new_objects()
+        group = self._file["sources"].create_group(desc.source_id)
+        for key in ("kind", "model", "serial", "firmware", "transport", "host", "time_raw"):
+            group.attrs[key] = getattr(desc, key)
+        group.attrs["descriptor_json"] = json.dumps(desc.to_json(), sort_keys=True)
+        group.attrs["config_json"] = json.dumps(desc.config, sort_keys=True)
+        width = len(desc.channels)
+        time_ds = _growable(group, "time", "<i8")
+        time_ds.attrs["unit"] = "ns since session start (session timebase)"
+        raw_ds = _growable(group, "time_raw", desc.time_raw_dtype)
+        raw_ds.attrs["meaning"] = desc.time_raw
+        values = _growable(group, "values", desc.value_dtype, width)
+        values.attrs["channel_names"] = [c.name for c in desc.channels]
+        values.attrs["units"] = [c.unit for c in desc.channels]
+        values.attrs["meanings"] = [c.meaning or "-" for c in desc.channels]
+        flags = _growable(group, "flags", "u1")
+        flags.attrs["flag_bits"] = json.dumps(flag_names(), sort_keys=True)
+        self._descriptors[desc.source_id] = desc
+        self._bind(desc.source_id)
+        if was_swmr:
+            self.start_swmr()
+
+    def _bind(self, source_id: str) -> None:
+        group = self._file["sources"][source_id]
+        self._sources[source_id] = _SourceDatasets(
+            group["time"], group["time_raw"], group["values"], group["flags"]
+        )
+
+    def _reopen_for_new_objects(self) -> None:
+        self._file.flush()
+        self._file.close()
+        try:
+            self._file = h5py.File(self.path, "r+", libver="latest")
+        except OSError as e:
+            raise RunFileError(f"{self.path}: could not reopen to add a source: {e}") from e
+        for source_id in self._descriptors:
+            self._bind(source_id)
+
+    def append(
+        self,
+        source_id: str,
+        t_host_ns: npt.NDArray[np.int64],
+        t_raw: npt.NDArray[Any],
+        values: npt.NDArray[Any],
+        flags: npt.NDArray[np.uint8],
+    ) -> None:
+        """Append rows to a source; time goes onto the session timebase here."""
+        ds = self._sources[source_id]
+        _append(ds.time, t_host_ns - self.session_start_ns)
+        _append(ds.time_raw, t_raw)
+        _append(ds.values, values)
+        _append(ds.flags, flags)
+
+    def add_markers(self, markers: list[Marker]) -> None:
+        rows = np.zeros(len(markers), dtype=MARKER_DTYPE)
+        for i, m in enumerate(markers):
+            rows[i] = (
+                m.t_host_ns - self.session_start_ns,
+                m.t_host_ns,
+                m.kind.encode(),
+                m.source.encode()[:64],
+                m.name.encode(),
+                m.payload_json().encode(),
+            )
+        _append(self._file["markers"], rows)
+
+    def add_gaps(self, gaps: list[Gap]) -> None:
+        rows = np.zeros(len(gaps), dtype=GAP_DTYPE)
+        for i, g in enumerate(gaps):
+            rows[i] = (
+                g.source.encode()[:64],
+                g.seq_first,
+                g.seq_last,
+                self._session_time(g.t_first_ns),
+                self._session_time(g.t_last_ns),
+                g.samples_lost,
+                g.reason.encode()[:128],
+            )
+        _append(self._file["gaps"], rows)
+
+    def _session_time(self, t_host_ns: int) -> int:
+        return int(UNKNOWN_TIME_NS) if t_host_ns < 0 else t_host_ns - self.session_start_ns
+
+    def set_attr(self, key: str, value: Any) -> None:
+        """Root attributes can only be written before SWMR starts, or at close."""
+        self._file.attrs[key] = value
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self, final_attrs: dict[str, Any] | None = None) -> None:
+        """Close; final attributes (end time, stats) need a short non-SWMR reopen."""
+        self._file.flush()
+        self._file.close()
+        if final_attrs:
+            with h5py.File(self.path, "r+", libver="latest") as f:
+                for key, value in final_attrs.items():
+                    f.attrs[key] = value
