@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import socket
 import sys
 import time
@@ -71,8 +72,12 @@ class Recorder:
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.RCVHWM, 100_000)
         self._socket.setsockopt(zmq.LINGER, 1000)
-        self._socket.bind(config.endpoint)
-        self.writer = RunFileWriter(config.output, config.root_attrs, config.session_start_ns)
+        try:
+            self._socket.bind(config.endpoint)
+            self.writer = RunFileWriter(config.output, config.root_attrs, config.session_start_ns)
+        except (zmq.ZMQError, WattlabError):
+            self._socket.close(0)
+            raise
         self._sources: dict[str, _SourceState] = {}
         self._orphans: dict[str, list[tuple[bytes, SampleBatch]]] = {}
         self._markers: list[Marker] = []
@@ -145,6 +150,7 @@ class Recorder:
         if batch.values.shape[1] != width:
             self._gaps.append(Gap(batch.source_id, "malformed batch rejected: channel count",
                                   batch.seq, batch.seq, samples_lost=batch.n))
+            state.next_seq = max(state.next_seq, batch.seq + 1)
             raise MalformedMessageError(
                 f"source {batch.source_id!r} sent {batch.values.shape[1]} channels, "
                 f"descriptor has {width}"
@@ -247,6 +253,12 @@ class Recorder:
         }
 
     # ---- main loop ----------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Stop without a control client (SIGTERM): drain, close, exit."""
+        if self._stop_requested is None:
+            self._stop_requested = (b"", "")
+            self._drain_deadline = time.monotonic() + self.config.drain_timeout_s
+
     def _drained(self) -> bool:
         all_ended = all(s.ended for s in self._sources.values())
         return all_ended or time.monotonic() >= self._drain_deadline
@@ -285,7 +297,7 @@ class Recorder:
             "session_end_monotonic_ns": time.monotonic_ns(),
             "recorder_status_json": json.dumps(final, sort_keys=True),
         })
-        if self._stop_requested is not None:
+        if self._stop_requested is not None and self._stop_requested[0]:
             identity, rid = self._stop_requested
             self._reply(identity, rid=rid, stopped=True, **final)
         self._socket.close()
@@ -297,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wattlab-recorder")
     parser.add_argument("config_json")
     args = parser.parse_args(argv)
+    # Ctrl-C reaches the whole process group; the session decides when the recorder stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     config = RecorderConfig(**json.loads(args.config_json))
     config.root_attrs.setdefault("recorder_host", socket.gethostname())
     try:
@@ -304,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     except WattlabError as e:
         print(f"wattlab recorder: {e}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, lambda signum, frame: recorder.request_stop())
     recorder.run()
     return 0
 

@@ -1,0 +1,211 @@
+"""Typed, read-only access to a run file, also while the recorder is still writing it.
+
+Datasets are read lazily and in slices, so a one-hour 20 kHz recording is never loaded
+whole unless the caller asks for a whole array.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+import numpy.typing as npt
+
+from wattlab.errors import RunFileError
+
+MARKER_FIELDS = ("time", "time_raw", "kind", "source", "name", "payload")
+UNKNOWN_TIME_NS = np.iinfo(np.int64).min
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class MarkerRow:
+    """One marker: time in ns since session start, kind point/begin/end, JSON payload."""
+
+    time_ns: int
+    name: str
+    kind: str
+    source: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GapRow:
+    """One gap: times are ns since session start, or None where unknown."""
+
+    source: str
+    seq_first: int
+    seq_last: int
+    time_first_ns: int | None
+    time_last_ns: int | None
+    samples_lost: int
+    reason: str
+
+
+class SourceView:
+    """One stream of a run: descriptor, channels, and its datasets."""
+
+    def __init__(self, source_id: str, group: h5py.Group) -> None:
+        self.source_id = source_id
+        self._group = group
+        try:
+            self.descriptor: dict[str, Any] = json.loads(group.attrs["descriptor_json"])
+            values = group["values"]
+            self.channel_names = [_text(c) for c in values.attrs["channel_names"]]
+            self.units = [_text(u) for u in values.attrs["units"]]
+        except (KeyError, json.JSONDecodeError) as e:
+            raise RunFileError(f"source {source_id!r}: malformed source group ({e})") from e
+        self.kind = str(self.descriptor.get("kind", ""))
+        self.model = str(self.descriptor.get("model", ""))
+
+    def __len__(self) -> int:
+        return int(self._group["time"].shape[0])
+
+    def __repr__(self) -> str:
+        return f"<SourceView {self.source_id} {self.kind} {len(self)} rows {self.channel_names}>"
+
+    def refresh(self) -> None:
+        """See rows appended since the file was opened (SWMR readers)."""
+        for name in ("time", "time_raw", "values", "flags"):
+            self._group[name].refresh()
+
+    def channel_index(self, name: str) -> int:
+        if name not in self.channel_names:
+            raise RunFileError(
+                f"source {self.source_id!r} has no channel {name!r}; it has {self.channel_names}"
+            )
+        return self.channel_names.index(name)
+
+    def unit(self, name: str) -> str:
+        return self.units[self.channel_index(name)]
+
+    def time_slice(self, start: int, stop: int) -> npt.NDArray[np.int64]:
+        """Session times of rows ``start:stop`` (negative indices count from the end)."""
+        return np.asarray(self._group["time"][slice(start, stop)], dtype=np.int64)
+
+    @property
+    def time_ns(self) -> npt.NDArray[np.int64]:
+        return np.asarray(self._group["time"][:], dtype=np.int64)
+
+    @property
+    def time_s(self) -> npt.NDArray[np.float64]:
+        return self.time_ns / 1e9
+
+    @property
+    def time_raw(self) -> npt.NDArray[Any]:
+        return np.asarray(self._group["time_raw"][:])
+
+    @property
+    def values(self) -> npt.NDArray[Any]:
+        return np.asarray(self._group["values"][:])
+
+    @property
+    def flags(self) -> npt.NDArray[np.uint8]:
+        return np.asarray(self._group["flags"][:], dtype=np.uint8)
+
+    def channel(self, name: str) -> npt.NDArray[Any]:
+        return np.asarray(self._group["values"][:, self.channel_index(name)])
+
+    def iter_chunks(
+        self, channel: str, rows: int = 1 << 20
+    ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[Any]]]:
+        """Yield (time_ns, values) slices of one channel, ``rows`` at a time."""
+        col = self.channel_index(channel)
+        time_ds, values_ds = self._group["time"], self._group["values"]
+        n = int(time_ds.shape[0])
+        for start in range(0, n, rows):
+            stop = min(n, start + rows)
+            yield np.asarray(time_ds[start:stop]), np.asarray(values_ds[start:stop, col])
+
+    def to_pandas(self) -> Any:
+        """A DataFrame indexed by session time in seconds, one column per channel + flags."""
+        import pandas as pd
+
+        frame = pd.DataFrame(self.values, columns=self.channel_names)
+        frame.insert(0, "time_raw", self.time_raw)
+        frame["flags"] = self.flags
+        frame.index = pd.Index(self.time_s, name="time_s")
+        return frame
+
+
+class Run:
+    """A wattlab run file; use as a context manager or call ``close()``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        if not os.path.exists(path):
+            raise RunFileError(f"{path}: no such file")
+        try:
+            self._file = h5py.File(path, "r", libver="latest", swmr=True)
+        except OSError:
+            try:
+                self._file = h5py.File(path, "r")
+            except OSError as e:
+                raise RunFileError(f"{path}: not a readable HDF5 file ({e})") from e
+        if "sources" not in self._file or "format_version" not in self._file.attrs:
+            self._file.close()
+            raise RunFileError(f"{path}: not a wattlab run file (no /sources or format_version)")
+        self.sources: dict[str, SourceView] = {
+            sid: SourceView(sid, grp) for sid, grp in self._file["sources"].items()
+        }
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __repr__(self) -> str:
+        return f"<Run {self.path} sources={list(self.sources)}>"
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return {k: (_text(v) if isinstance(v, bytes) else v) for k, v in self._file.attrs.items()}
+
+    def refresh(self) -> None:
+        """Pick up data a live recorder appended (new sources need a reopen)."""
+        for view in self.sources.values():
+            view.refresh()
+        for name in ("markers", "gaps"):
+            self._file[name].refresh()
+
+    def source(self, source_id: str) -> SourceView:
+        if source_id not in self.sources:
+            raise RunFileError(f"{self.path}: no source {source_id!r}; it has {list(self.sources)}")
+        return self.sources[source_id]
+
+    @property
+    def markers(self) -> list[MarkerRow]:
+        rows = self._file["markers"][:]
+        return [
+            MarkerRow(int(r["time"]), _text(r["name"]), _text(r["kind"]), _text(r["source"]),
+                      json.loads(_text(r["payload"]) or "{}"))
+            for r in rows
+        ]
+
+    @property
+    def gaps(self) -> list[GapRow]:
+        def known(t: int) -> int | None:
+            return None if t == UNKNOWN_TIME_NS else t
+
+        return [
+            GapRow(_text(r["source"]), int(r["seq_first"]), int(r["seq_last"]),
+                   known(int(r["time_first"])), known(int(r["time_last"])),
+                   int(r["samples_lost"]), _text(r["reason"]))
+            for r in self._file["gaps"][:]
+        ]
+
+    def to_pandas(self) -> dict[str, Any]:
+        """One DataFrame per source (streams have different rates, so no common index)."""
+        return {sid: view.to_pandas() for sid, view in self.sources.items()}

@@ -1,0 +1,302 @@
+"""Recorder + bus + run file, with real ZeroMQ sockets and real HDF5 files."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+import zmq
+
+import wattlab
+from wattlab.errors import RunFileError, UsageError
+from wattlab.samples import Channel, Gap, Marker, SampleBatch, SampleFlag, SourceDescriptor
+from wattlab.sync import message
+from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
+from wattlab.sync.recorder import Recorder, RecorderConfig
+
+
+def descriptor(source_id: str = "meter", width: int = 2, dtype: str = "<f4") -> SourceDescriptor:
+    channels = tuple(Channel(f"power{i}_w", "W", f"rail {i}") for i in range(width))
+    return SourceDescriptor(source_id, "test", "Bench 9000", channels, value_dtype=dtype)
+
+
+def batch(source_id: str, seq: int, n: int = 100, width: int = 2, t0: int = 0) -> SampleBatch:
+    t = t0 + seq * n * 1000 + np.arange(n, dtype=np.int64) * 1000
+    values = (np.arange(n * width, dtype=np.float32).reshape(n, width) + seq).astype("<f4")
+    return SampleBatch(source_id, seq, t, values)
+
+
+class RunningRecorder:
+    """A recorder on a thread, stopped through the real control path."""
+
+    def __init__(self, path: str, endpoint: str | None = None, **config: object) -> None:
+        self.endpoint = endpoint or local_endpoint()
+        self.recorder = Recorder(
+            RecorderConfig(endpoint=self.endpoint, output=path, session_start_ns=0,
+                           root_attrs={"command": "[]"}, **config)  # type: ignore[arg-type]
+        )
+        self.final: dict[str, object] = {}
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.final = self.recorder.run()
+
+    def stop(self) -> dict[str, object]:
+        control = ControlClient(self.endpoint)
+        try:
+            reply = control.request("stop", timeout_s=20)
+        finally:
+            control.close()
+        self.thread.join(20)
+        return reply
+
+
+def test_batches_reach_the_file_in_order_with_attributes(tmp_path):
+    path = str(tmp_path / "run.h5")
+    rec = RunningRecorder(path, flush_interval_s=0.05)
+    pub = BusPublisher(rec.endpoint)
+    pub.announce(descriptor())
+    pub.wait_ready(5)
+    for seq in range(20):
+        pub.send_batch(batch("meter", seq))
+    pub.send_marker(Marker(5_000, "epoch", "begin", "workload", {"epoch": 1}))
+    pub.end("meter", 19)
+    pub.close()
+    reply = rec.stop()
+    assert reply["stopped"] is True
+    with wattlab.open(path) as run:
+        view = run.source("meter")
+        assert len(view) == 2000
+        assert view.channel_names == ["power0_w", "power1_w"]
+        assert view.units == ["W", "W"]
+        assert np.all(np.diff(view.time_ns) == 1000)
+        np.testing.assert_array_equal(view.values[100:200], batch("meter", 1).values)
+        assert view.model == "Bench 9000"
+        assert run.gaps == []
+        [m] = run.markers
+        assert (m.name, m.kind, m.payload, m.time_ns) == ("epoch", "begin", {"epoch": 1}, 5_000)
+        assert run.attrs["format_version"] == "1"
+
+
+def test_sequence_gap_and_missing_tail_are_recorded(tmp_path):
+    path = str(tmp_path / "run.h5")
+    rec = RunningRecorder(path)
+    pub = BusPublisher(rec.endpoint)
+    pub.announce(descriptor())
+    for seq in (0, 1, 4, 5):
+        pub.send_batch(batch("meter", seq))
+    pub.send_gap(Gap("meter", "resync: 7 corrupt bytes skipped", samples_lost=1))
+    pub.end("meter", 7)
+    pub.close()
+    rec.stop()
+    with wattlab.open(path) as run:
+        gaps = [(g.seq_first, g.seq_last, g.reason) for g in run.gaps]
+        assert (2, 3, "sequence gap") in gaps
+        assert (6, 7, "lost before the end") in gaps
+        assert any("resync" in g[2] for g in gaps)
+        assert len(run.source("meter")) == 400
+
+
+def test_source_that_never_ends_is_reported(tmp_path):
+    path = str(tmp_path / "run.h5")
+    rec = RunningRecorder(path, drain_timeout_s=0.3)
+    pub = BusPublisher(rec.endpoint)
+    pub.announce(descriptor())
+    pub.send_batch(batch("meter", 0))
+    pub.wait_ready(5)
+    rec.stop()
+    pub.close()
+    with wattlab.open(path) as run:
+        assert [g.reason for g in run.gaps] == ["source did not end cleanly"]
+
+
+def test_publisher_that_starts_before_the_recorder_loses_nothing(tmp_path):
+    """Slow joiner: everything sent before the recorder bound is delivered in order."""
+    port = _free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    pub = BusPublisher(endpoint)
+    pub.announce(descriptor())
+    for seq in range(10):
+        pub.send_batch(batch("meter", seq))
+    time.sleep(0.1)
+    rec = RunningRecorder(str(tmp_path / "late.h5"), endpoint=endpoint)
+    pub.end("meter", 9)
+    pub.close()
+    _wait_until(lambda: rec.recorder.status()["sources"].get("meter", {}).get("ended", False))
+    rec.stop()
+    with wattlab.open(str(tmp_path / "late.h5")) as run:
+        assert len(run.source("meter")) == 1000
+        assert run.gaps == []
+
+
+def test_batch_before_descriptor_triggers_a_describe_request(tmp_path):
+    """A recorder that missed the descriptor (restart) asks the source to describe itself."""
+    path = str(tmp_path / "run.h5")
+    rec = RunningRecorder(path)
+    context = zmq.Context.instance()
+    sock = context.socket(zmq.DEALER)
+    sock.connect(rec.endpoint)
+    desc = descriptor("late")
+    sock.send_multipart(message.encode_batch(batch("late", 0)), copy=False)
+    assert sock.poll(5000)
+    head = message.decode_header(sock.recv_multipart())
+    assert head["describe"] == "late"
+    sock.send_multipart(message.encode_descriptor(desc))
+    sock.send_multipart(message.encode_batch(batch("late", 1)), copy=False)
+    sock.send_multipart(message.encode_end("late", 1))
+    time.sleep(0.2)
+    sock.close(0)
+    rec.stop()
+    with wattlab.open(path) as run:
+        assert len(run.source("late")) == 200
+        assert run.gaps == []
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"x"],
+        [b"t", b"not json"],
+        [b"t", b'{"v": 99, "type": "batch", "source": "meter"}'],
+        [b"t", b'{"v": 1, "type": "teleport", "source": "meter"}'],
+        [b"t", b'{"v": 1, "type": "batch", "source": "meter", "seq": 0, "n": 2, '
+               b'"buffers": [{"name": "t_host_ns", "dtype": "<i8", "shape": [2]}, '
+               b'{"name": "values", "dtype": "<f4", "shape": [2, 2]}]}', b"\0" * 16, b"\0" * 3],
+        [b"t", b'{"v": 1, "type": "batch", "source": "meter", "seq": -1, "n": 0, "buffers": []}'],
+        [b"t", b'{"v": 1, "type": "batch", "source": "../etc", "seq": 0, "n": 0, "buffers": []}'],
+        [b"t", b'{"v": 1, "type": "batch", "source": "meter", "seq": 0, "n": 1, '
+               b'"buffers": [{"name": "t_host_ns", "dtype": "|O", "shape": [1]}]}', b"\0" * 8],
+    ],
+)
+def test_malformed_messages_are_rejected_and_the_session_goes_on(tmp_path, frames):
+    path = str(tmp_path / "run.h5")
+    rec = RunningRecorder(path)
+    context = zmq.Context.instance()
+    bad = context.socket(zmq.DEALER)
+    bad.connect(rec.endpoint)
+    bad.send_multipart(frames)
+    pub = BusPublisher(rec.endpoint)
+    pub.announce(descriptor())
+    pub.send_batch(batch("meter", 0))
+    pub.end("meter", 0)
+    pub.wait_ready(5)
+    time.sleep(0.1)
+    reply = rec.stop()
+    bad.close(0)
+    pub.close()
+    assert reply["rejected"] == 1
+    with wattlab.open(path) as run:
+        assert len(run.source("meter")) == 100
+
+
+def test_wrong_channel_count_is_rejected_and_recorded_as_a_gap(tmp_path):
+    path = str(tmp_path / "run.h5")
+    rec = RunningRecorder(path)
+    pub = BusPublisher(rec.endpoint)
+    pub.announce(descriptor(width=2))
+    pub.send_batch(batch("meter", 0, width=3))
+    pub.send_batch(batch("meter", 1, width=2))
+    pub.end("meter", 1)
+    pub.close()
+    reply = rec.stop()
+    assert reply["rejected"] == 1
+    with wattlab.open(path) as run:
+        assert len(run.source("meter")) == 100
+        assert [g.reason for g in run.gaps] == ["malformed batch rejected: channel count"]
+
+
+def test_existing_file_is_never_overwritten(tmp_path):
+    path = tmp_path / "run.h5"
+    path.write_bytes(b"precious")
+    with pytest.raises(UsageError, match="already exists"):
+        Recorder(RecorderConfig(endpoint=local_endpoint(), output=str(path), session_start_ns=0))
+    assert path.read_bytes() == b"precious"
+
+
+def test_live_reader_follows_a_growing_file_and_late_sources(tmp_path):
+    path = str(tmp_path / "run.h5")
+    rec = RunningRecorder(path, expected_sources=["meter"], flush_interval_s=0.05)
+    pub = BusPublisher(rec.endpoint)
+    pub.announce(descriptor())
+    pub.send_batch(batch("meter", 0))
+    pub.wait_ready(5)
+    _wait_until(lambda: _rows(path, "meter") == 100)
+    with wattlab.open(path) as live:
+        assert len(live.source("meter")) == 100
+        pub.send_batch(batch("meter", 1))
+        deadline = time.monotonic() + 5
+        while len(live.source("meter")) < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            live.refresh()
+        assert len(live.source("meter")) == 200
+    pub.announce(descriptor("late_source", width=1))
+    pub.send_batch(batch("late_source", 0, width=1))
+    pub.end("meter", 1)
+    pub.end("late_source", 0)
+    pub.close()
+    rec.stop()
+    with wattlab.open(path) as run:
+        assert len(run.source("late_source")) == 100
+        assert len(run.source("meter")) == 200
+
+
+def test_flags_and_raw_time_are_kept(tmp_path):
+    path = str(tmp_path / "run.h5")
+    rec = RunningRecorder(path)
+    pub = BusPublisher(rec.endpoint)
+    desc = SourceDescriptor("dev", "test", "X", (Channel("power_w", "W"),),
+                            time_raw="device_us", time_raw_dtype="<i8")
+    pub.announce(desc)
+    flags = np.array([0, SampleFlag.OVERRANGE, SampleFlag.REPEAT], dtype=np.uint8)
+    pub.send_batch(SampleBatch("dev", 0, np.array([10, 20, 30]), np.ones((3, 1)),
+                               np.array([7, 8, 9]), flags))
+    pub.end("dev", 0)
+    pub.close()
+    rec.stop()
+    with wattlab.open(path) as run:
+        view = run.source("dev")
+        np.testing.assert_array_equal(view.flags, flags)
+        np.testing.assert_array_equal(view.time_raw, [7, 8, 9])
+        frame = view.to_pandas()
+        assert list(frame.columns) == ["time_raw", "power_w", "flags"]
+
+
+def test_reader_errors_name_the_file(tmp_path):
+    with pytest.raises(RunFileError, match="no such file"):
+        wattlab.open(str(tmp_path / "missing.h5"))
+    junk = tmp_path / "junk.h5"
+    junk.write_bytes(b"not hdf5 at all")
+    with pytest.raises(RunFileError, match="not a readable HDF5"):
+        wattlab.open(str(junk))
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x"] = [1]
+    with pytest.raises(RunFileError, match="not a wattlab run file"):
+        wattlab.open(str(other))
+
+
+def _rows(path: str, source: str) -> int:
+    try:
+        with wattlab.open(path) as run:
+            return len(run.source(source)) if source in run.sources else 0
+    except RunFileError:
+        return 0
+
+
+def _wait_until(predicate, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
