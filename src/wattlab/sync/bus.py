@@ -48,8 +48,12 @@ class BusPublisher:
             raise BusError(f"cannot connect to bus endpoint {endpoint!r}: {e}") from e
         self._descriptors: dict[str, SourceDescriptor] = {}
         self._acked: set[str] = set()
+        self._unsynced = False
+        self._linger_s = linger_ms / 1000 if linger_ms >= 0 else 3600.0
+        self._replies: dict[str, dict[str, Any]] = {}
 
     def _send(self, frames: list[Any]) -> None:
+        self._unsynced = True
         try:
             self._socket.send_multipart(frames, copy=False)
         except zmq.ZMQError as e:
@@ -86,6 +90,8 @@ class BusPublisher:
                 continue
             if head.get("ack") in self._descriptors:
                 self._acked.add(head["ack"])
+            if isinstance(head.get("rid"), str):
+                self._replies[head["rid"]] = head
             wanted = head.get("describe")
             if isinstance(wanted, str) and wanted in self._descriptors:
                 self._send(message.encode_descriptor(self._descriptors[wanted]))
@@ -101,9 +107,29 @@ class BusPublisher:
             if self._socket.poll(min(left_ms, 50), zmq.POLLIN):
                 self.serve_requests()
 
+    def sync(self, timeout_s: float) -> bool:
+        """Block until the recorder has received everything sent so far (FIFO per pipe).
+
+        A closed socket alone does not guarantee delivery: a process that exits without
+        terminating its ZeroMQ context (os._exit, a forked child) drops queued messages.
+        """
+        rid = uuid.uuid4().hex
+        self._send(message.encode_control("sync", rid=rid))
+        deadline = time.monotonic() + timeout_s
+        while rid not in self._replies:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return False
+            if self._socket.poll(min(left_ms, 100), zmq.POLLIN):
+                self.serve_requests()
+        del self._replies[rid]
+        self._unsynced = False
+        return True
+
     def close(self) -> None:
-        """Close after delivering what was sent (bounded by the linger time)."""
-        self._socket.close()
+        """Close after the recorder confirmed it has everything (bounded by the linger time)."""
+        delivered = not self._unsynced or self.sync(self._linger_s)
+        self._socket.close(linger=None if delivered else 0)
 
 
 class ControlClient:

@@ -123,6 +123,40 @@ def _int_field(head: dict[str, Any], name: str) -> int:
     return value
 
 
+_BATCH_BUFFER_DTYPES = {
+    "t_host_ns": {"<i8": np.dtype("<i8")},
+    "values": {d: np.dtype(d) for d in ALLOWED_VALUE_DTYPES},
+    "t_raw": {d: np.dtype(d) for d in ALLOWED_TIME_RAW_DTYPES},
+    "flags": {"|u1": np.dtype("u1")},
+}
+
+
+def _decode_buffer(spec: Any, frame: Any, n: int) -> tuple[str, np.ndarray[Any, Any]]:
+    if not isinstance(spec, dict):
+        raise MalformedMessageError("buffer spec is not an object")
+    name, shape = spec.get("name"), spec.get("shape")
+    dtypes = _BATCH_BUFFER_DTYPES.get(name)  # type: ignore[arg-type]
+    if dtypes is None:
+        raise MalformedMessageError(f"unexpected buffer {name!r}")
+    dtype = dtypes.get(spec.get("dtype"))  # type: ignore[arg-type]
+    if dtype is None:
+        raise MalformedMessageError(f"buffer {name!r} has dtype {spec.get('dtype')!r}")
+    if name == "values":
+        if (not isinstance(shape, list) or len(shape) != 2 or shape[0] != n
+                or not isinstance(shape[1], int) or shape[1] < 1):
+            raise MalformedMessageError(f"values shape {shape!r} is not [{n}, channels]")
+    elif shape != [n]:
+        raise MalformedMessageError(f"buffer {name!r} shape {shape!r} != [{n}]")
+    buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+    expected = n * (shape[1] if name == "values" else 1) * dtype.itemsize
+    if buf.nbytes != expected:
+        raise MalformedMessageError(
+            f"buffer {name!r} has {buf.nbytes} bytes, header says {expected}"
+        )
+    array = np.frombuffer(buf, dtype=dtype)
+    return name, array.reshape(n, shape[1]) if name == "values" else array
+
+
 def decode_batch(head: dict[str, Any], frames: list[Any]) -> SampleBatch:
     """Arrays are views on the received frames (no copy); every size is checked first."""
     seq = _int_field(head, "seq")
@@ -132,35 +166,12 @@ def decode_batch(head: dict[str, Any], frames: list[Any]) -> SampleBatch:
     specs = head.get("buffers")
     if not isinstance(specs, list) or len(specs) != len(frames) - 2:
         raise MalformedMessageError("header 'buffers' does not match the number of frames")
-    allowed = {
-        "t_host_ns": ("<i8",),
-        "values": ALLOWED_VALUE_DTYPES,
-        "t_raw": ALLOWED_TIME_RAW_DTYPES,
-        "flags": ("|u1",),
-    }
     arrays: dict[str, np.ndarray[Any, Any]] = {}
     for spec, frame in zip(specs, frames[2:], strict=True):
-        if not isinstance(spec, dict):
-            raise MalformedMessageError("buffer spec is not an object")
-        name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
-        if name not in allowed or name in arrays:
-            raise MalformedMessageError(f"unexpected or repeated buffer {name!r}")
-        if dtype not in allowed[name]:
-            raise MalformedMessageError(f"buffer {name!r} has dtype {dtype!r}")
-        want = (n,) if name != "values" else None
-        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-            raise MalformedMessageError(f"buffer {name!r} has a bad shape {shape!r}")
-        if want is not None and tuple(shape) != want:
-            raise MalformedMessageError(f"buffer {name!r} shape {shape} != [{n}]")
-        if name == "values" and (len(shape) != 2 or shape[0] != n or shape[1] < 1):
-            raise MalformedMessageError(f"values shape {shape} is not [{n}, channels]")
-        buf = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
-        expected = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        if buf.nbytes != expected:
-            raise MalformedMessageError(
-                f"buffer {name!r} has {buf.nbytes} bytes, header says {expected}"
-            )
-        arrays[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        name, array = _decode_buffer(spec, frame, n)
+        if name in arrays:
+            raise MalformedMessageError(f"repeated buffer {name!r}")
+        arrays[name] = array
     if "t_host_ns" not in arrays or "values" not in arrays:
         raise MalformedMessageError("batch lacks t_host_ns or values")
     return SampleBatch(

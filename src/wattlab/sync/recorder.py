@@ -200,7 +200,9 @@ class Recorder:
     def _on_control(self, identity: bytes, head: dict[str, Any]) -> None:
         command = head.get("command")
         rid = head.get("rid")
-        if command == "status":
+        if command == "sync":
+            self._reply(identity, rid=rid)
+        elif command == "status":
             self._reply(identity, rid=rid, **self.status())
         elif command == "stop":
             self._stop_requested = (identity, str(rid))

@@ -28,7 +28,7 @@ from wattlab.samples import (
 
 FORMAT_VERSION = "1"
 UNKNOWN_TIME_NS = np.iinfo(np.int64).min
-ROWS_PER_CHUNK = 16384
+CHUNK_BYTES = 512 * 1024
 
 MARKER_DTYPE = np.dtype(
     [
@@ -61,10 +61,15 @@ class _SourceDatasets:
     flags: h5py.Dataset
 
 
-def _growable(group: h5py.Group, name: str, dtype: Any, width: int | None = None, **kw: Any) -> Any:
+def _growable(
+    group: h5py.Group, name: str, dtype: Any, width: int | None = None,
+    chunk_rows: int | None = None, **kw: Any,
+) -> Any:
+    """A dataset that grows along its first axis; chunks of ~CHUNK_BYTES for fast appends."""
     shape = (0,) if width is None else (0, width)
     maxshape = (None,) if width is None else (None, width)
-    rows = max(256, ROWS_PER_CHUNK // (width or 1)) if width else ROWS_PER_CHUNK
+    row_bytes = np.dtype(dtype).itemsize * (width or 1)
+    rows = chunk_rows or max(64, CHUNK_BYTES // row_bytes)
     chunks = (rows,) if width is None else (rows, width)
     return group.create_dataset(name, shape, maxshape=maxshape, dtype=dtype, chunks=chunks, **kw)
 
@@ -92,8 +97,9 @@ class RunFileWriter:
         self._file.attrs["format_version"] = FORMAT_VERSION
         self._file.attrs["session_start_monotonic_ns"] = session_start_ns
         self._file.create_group("sources")
-        _growable(self._file, "markers", MARKER_DTYPE, compression="gzip", compression_opts=1)
-        _growable(self._file, "gaps", GAP_DTYPE, compression="gzip", compression_opts=1)
+        for name, dtype in (("markers", MARKER_DTYPE), ("gaps", GAP_DTYPE)):
+            _growable(self._file, name, dtype, chunk_rows=64, compression="gzip",
+                      compression_opts=1)
         self._file["markers"].attrs["time_unit"] = "ns since session start"
         self._file["gaps"].attrs["unknown_time"] = UNKNOWN_TIME_NS
         self._sources: dict[str, _SourceDatasets] = {}

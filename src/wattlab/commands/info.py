@@ -1,0 +1,55 @@
+"""`wattlab info RUN [--json]`: what a run file holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from wattlab.analysis.run_file import Run
+from wattlab.analysis.summary import format_table, summarise
+
+
+def describe(run: Run) -> dict[str, Any]:
+    """The JSON shape of `wattlab info --json`."""
+    attrs = {k: (v.item() if hasattr(v, "item") else v) for k, v in run.attrs.items()}
+    return {
+        "path": run.path,
+        "attrs": attrs,
+        "sources": {
+            sid: {
+                "kind": view.kind,
+                "model": view.model,
+                "rows": len(view),
+                "channels": [
+                    {"name": n, "unit": u} for n, u in zip(view.channel_names, view.units, strict=True)
+                ],
+                "descriptor": view.descriptor,
+            }
+            for sid, view in run.sources.items()
+        },
+        "summary": [s.to_json() for s in summarise(run)],
+        "markers": len(run.markers),
+        "gaps": [g.__dict__ for g in run.gaps],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    with Run(args.run) as run_file:
+        if args.json:
+            print(json.dumps(describe(run_file), indent=2, default=str))
+            return 0
+        attrs = run_file.attrs
+        print(f"{run_file.path}: wattlab run format {attrs.get('format_version')}, "
+              f"created {attrs.get('created', '?')} on {attrs.get('host', '?')}")
+        print(f"command: {' '.join(json.loads(attrs.get('command', '[]'))) or '-'}")
+        for sid, view in run_file.sources.items():
+            channels = ", ".join(f"{n} [{u}]" for n, u in zip(view.channel_names, view.units,
+                                                               strict=True))
+            print(f"  {sid}: {view.kind} {view.model} - {channels}")
+        print(format_table(summarise(run_file)))
+        markers = run_file.markers
+        print(f"markers: {len(markers)}; gaps: {len(run_file.gaps)}")
+        for gap in run_file.gaps:
+            print(f"  gap {gap.source}: seq {gap.seq_first}..{gap.seq_last} {gap.reason}")
+    return 0
