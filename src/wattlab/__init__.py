@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
-def open(path: str) -> Run:  # noqa: A001 - mirrors h5py.File / builtins.open on purpose
+def open(path: str) -> Run:  # mirrors h5py.File, shadows builtins.open on purpose
     """Open a run file (also one still being written) for reading."""
     from wattlab.analysis.run_file import Run
 

@@ -34,7 +34,7 @@ HANDSHAKE_TIMEOUT_S = 15.0
 
 @dataclass
 class SessionResult:
-    """What a finished session reports: the file, the workload's exit status, the recorder's counts."""
+    """A finished session: the file, the workload's exit status, the recorder's counts."""
 
     output: str
     command_exit_code: int | None
@@ -67,7 +67,9 @@ class Session:
         if not os.path.isdir(parent):
             raise UsageError(f"{self.output}: folder {parent} does not exist")
 
-    def _start_recorder(self, endpoint: str, t0_ns: int, expected: list[str]) -> subprocess.Popen[bytes]:
+    def _start_recorder(
+        self, endpoint: str, t0_ns: int, expected: list[str]
+    ) -> subprocess.Popen[bytes]:
         attrs = {
             "wattlab_version": _version(),
             "created": dt.datetime.now(dt.UTC).isoformat(),
@@ -158,7 +160,9 @@ class Session:
                 child.wait()
         return child.returncode
 
-    def _stop_recorder(self, control: ControlClient, recorder: subprocess.Popen[bytes]) -> dict[str, Any]:
+    def _stop_recorder(
+        self, control: ControlClient, recorder: subprocess.Popen[bytes]
+    ) -> dict[str, Any]:
         status: dict[str, Any] = {}
         if recorder.poll() is None:
             try:

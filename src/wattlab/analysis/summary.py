@@ -66,8 +66,8 @@ def integrate_power(view: SourceView, channel: str) -> tuple[float, float, float
     energy_j = covered_s = uncovered_s = 0.0
     prev_t: np.int64 | None = None
     prev_p = 0.0
-    for t_ns, power in view.iter_chunks(channel):
-        p = power.astype(np.float64)
+    for chunk_t_ns, power in view.iter_chunks(channel):
+        t_ns, p = chunk_t_ns, power.astype(np.float64)
         if prev_t is not None:
             t_ns = np.concatenate(([prev_t], t_ns))
             p = np.concatenate(([prev_p], p))

@@ -22,7 +22,8 @@ def describe(run: Run) -> dict[str, Any]:
                 "model": view.model,
                 "rows": len(view),
                 "channels": [
-                    {"name": n, "unit": u} for n, u in zip(view.channel_names, view.units, strict=True)
+                    {"name": n, "unit": u}
+                    for n, u in zip(view.channel_names, view.units, strict=True)
                 ],
                 "descriptor": view.descriptor,
             }

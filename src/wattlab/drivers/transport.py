@@ -81,9 +81,8 @@ class SerialTransport:
             while len(out) < n:
                 out += self._port.read(n - len(out))
                 if len(out) < n and time.monotonic() >= deadline:
-                    raise MeterTimeoutError(
-                        f"{self.port_name}: expected {n} bytes, got {len(out)} in {self.timeout_s} s"
-                    )
+                    raise MeterTimeoutError(f"{self.port_name}: expected {n} bytes, "
+                                            f"got {len(out)} in {self.timeout_s} s")
         except (serial.SerialException, OSError) as e:
             raise MeterError(f"{self.port_name}: read failed: {e}") from e
         return bytes(out)

@@ -41,7 +41,7 @@ def encode_descriptor(desc: SourceDescriptor) -> list[BufferLike]:
 
 
 def encode_batch(batch: SampleBatch) -> list[BufferLike]:
-    """Frames for a batch; arrays are passed as-is so ``send_multipart(copy=False)`` is zero-copy."""
+    """Frames for a batch; arrays go as-is so ``send_multipart(copy=False)`` is zero-copy."""
     values = np.ascontiguousarray(batch.values)
     t_host = np.ascontiguousarray(batch.t_host_ns, dtype="<i8")
     arrays: list[tuple[str, np.ndarray[Any, Any]]] = [("t_host_ns", t_host), ("values", values)]
@@ -135,10 +135,10 @@ def _decode_buffer(spec: Any, frame: Any, n: int) -> tuple[str, np.ndarray[Any, 
     if not isinstance(spec, dict):
         raise MalformedMessageError("buffer spec is not an object")
     name, shape = spec.get("name"), spec.get("shape")
-    dtypes = _BATCH_BUFFER_DTYPES.get(name)  # type: ignore[arg-type]
-    if dtypes is None:
+    dtypes = _BATCH_BUFFER_DTYPES.get(name) if isinstance(name, str) else None
+    if name is None or dtypes is None:
         raise MalformedMessageError(f"unexpected buffer {name!r}")
-    dtype = dtypes.get(spec.get("dtype"))  # type: ignore[arg-type]
+    dtype = dtypes.get(str(spec.get("dtype")))
     if dtype is None:
         raise MalformedMessageError(f"buffer {name!r} has dtype {spec.get('dtype')!r}")
     if name == "values":

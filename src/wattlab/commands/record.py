@@ -1,0 +1,95 @@
+"""`wattlab record`: start sources and recorder, run the command, print a summary."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from wattlab.acquisition.session import Session, SessionResult
+from wattlab.acquisition.source import Acquirer
+from wattlab.analysis.run_file import Run
+from wattlab.analysis.summary import format_table, summarise
+from wattlab.errors import UsageError
+
+
+def default_output(prefix: str) -> str:
+    return f"{prefix}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.h5"
+
+
+def command_of(args: argparse.Namespace) -> list[str]:
+    command = list(args.command or [])
+    return command[1:] if command[:1] == ["--"] else command
+
+
+@contextmanager
+def nvml_acquirers(
+    spec: str, simulate: bool, simulated_gpus: int, seed: int
+) -> Iterator[list[tuple[str, Acquirer]]]:
+    """NVML (or simulated) acquirers for the GPUs in ``spec``; the library stays open."""
+    if spec == "none":
+        yield []
+        return
+    from wattlab.acquisition.nvml_source import NvmlAcquirer
+    from wattlab.drivers.nvml import NvmlDriver
+
+    lib = None
+    if simulate:
+        from wattlab.hardware.fake_nvml import FakeNvml
+        from wattlab.hardware.simulated_gpu import simulated_gpus as make_gpus
+
+        if simulated_gpus < 1:
+            raise UsageError("--simulated-gpus must be at least 1")
+        lib = FakeNvml(make_gpus(simulated_gpus, seed))
+    driver = NvmlDriver(lib)
+    driver.open()
+    try:
+        indices = driver.resolve_gpus(spec)
+        yield [(f"gpu{i}", NvmlAcquirer(driver, i)) for i in indices]
+    finally:
+        driver.close()
+
+
+def report(result: SessionResult) -> None:
+    """Print the per-source summary of a finished session."""
+    with Run(result.output) as run:
+        print(format_table(summarise(run)))
+        gaps = run.gaps
+        markers = run.markers
+    print(f"run file: {result.output} ({len(markers)} markers, {len(gaps)} gaps)")
+    for gap in gaps:
+        print(f"  gap in {gap.source}: {gap.reason}")
+    for name, error in result.source_errors.items():
+        print(f"wattlab: source {name} failed: {error}", file=sys.stderr)
+    rejected = result.recorder_status.get("rejected", 0)
+    if rejected:
+        print(f"wattlab: the recorder rejected {rejected} malformed message(s): "
+              f"{result.recorder_status.get('last_rejection')}", file=sys.stderr)
+
+
+def exit_status(result: SessionResult) -> int:
+    """The command's own status if there was one; 130 after Ctrl-C; 1 if a source failed."""
+    code = result.command_exit_code
+    if code is not None and code != 0:
+        return code if code > 0 else 128 - code  # killed by signal -code, as shells report
+    if result.interrupted:
+        return 130
+    return 1 if result.source_errors else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    command = command_of(args)
+    if not command and args.duration is None:
+        raise UsageError("record needs a command after '--' or --duration S")
+    if args.duration is not None and args.duration <= 0:
+        raise UsageError(f"--duration must be > 0 s, got {args.duration}")
+    output = args.output or default_output("run")
+    with nvml_acquirers(args.nvml, args.simulate, args.simulated_gpus, args.seed) as acquirers:
+        if not acquirers:
+            raise UsageError("nothing to record: no GPU selected (--nvml none) and no meter")
+        session = Session(output, acquirers, command=command or None, duration_s=args.duration)
+        result = session.run()
+    report(result)
+    return exit_status(result)
