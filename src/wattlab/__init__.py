@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from wattlab.acquisition.markers import mark, phase
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from wattlab.acquisition.markers import mark, phase
     from wattlab.analysis.run_file import Run
 
 __version__ = "0.1.0"
@@ -17,6 +16,15 @@ def open(path: str) -> Run:  # mirrors h5py.File, shadows builtins.open on purpo
     from wattlab.analysis.run_file import Run
 
     return Run(path)
+
+
+def __getattr__(name: str) -> Any:
+    """``mark`` and ``phase`` load the bus (pyzmq) only when used, not on ``import wattlab``."""
+    if name in ("mark", "phase"):
+        from wattlab.acquisition import markers
+
+        return getattr(markers, name)
+    raise AttributeError(f"module 'wattlab' has no attribute {name!r}")
 
 
 __all__ = ["__version__", "mark", "open", "phase"]

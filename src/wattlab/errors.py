@@ -16,8 +16,8 @@ class UsageError(WattlabError):
     """
 
 
-class RunFileError(WattlabError):
-    """A run file is missing, corrupt, or not in the layout wattlab writes."""
+class RunFileError(UsageError):
+    """A run file is missing, corrupt, or not in the layout wattlab writes (bad input: exit 2)."""
 
 
 class BusError(WattlabError):

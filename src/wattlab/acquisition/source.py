@@ -11,7 +11,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +48,15 @@ class Acquirer(Protocol):
 
     def close(self) -> None:
         """Stop the instrument and release it; called once, also after errors."""
+        ...
+
+
+@runtime_checkable
+class Flushable(Protocol):
+    """An acquirer that batches rows between polls says so by having ``flush``."""
+
+    def flush(self) -> list[Reading]:
+        """Return every row still held back (called once, after the last poll)."""
         ...
 
 
@@ -112,6 +121,8 @@ class SourceRunner:
             while not self._stop.is_set():
                 self._publish(publisher, self.acquirer.poll())
             self._publish(publisher, self.acquirer.poll())
+            if isinstance(self.acquirer, Flushable):
+                self._publish(publisher, self.acquirer.flush())
         except Exception as e:
             self.error = f"{e}" if isinstance(e, WattlabError) else traceback.format_exc(limit=3)
             now = time.monotonic_ns()

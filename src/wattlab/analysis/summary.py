@@ -38,7 +38,16 @@ class SourceSummary:
 
 
 def power_channel(view: SourceView) -> str | None:
-    """The channel that is the source's power: a preferred name, else the first in W."""
+    """The channel that is the source's power draw.
+
+    A source names it in ``config["power_channel"]`` (null: it measures no power, e.g. a
+    stream whose only watts are a power *limit*); otherwise a preferred name, else the
+    first channel in W.
+    """
+    config = view.descriptor.get("config", {})
+    if "power_channel" in config:
+        chosen = config["power_channel"]
+        return chosen if chosen in view.channel_names else None
     for name in PREFERRED_POWER_CHANNELS:
         if name in view.channel_names and view.unit(name) == "W":
             return name

@@ -12,7 +12,7 @@ from wattlab.acquisition.session import Session, SessionResult
 from wattlab.acquisition.source import Acquirer
 from wattlab.analysis.run_file import Run
 from wattlab.analysis.summary import format_table, summarise
-from wattlab.errors import UsageError
+from wattlab.errors import NvmlError, UsageError
 
 
 def default_output(prefix: str) -> str:
@@ -44,7 +44,10 @@ def nvml_acquirers(
             raise UsageError("--simulated-gpus must be at least 1")
         lib = FakeNvml(make_gpus(simulated_gpus, seed))
     driver = NvmlDriver(lib)
-    driver.open()
+    try:
+        driver.open()
+    except NvmlError as e:
+        raise UsageError(str(e)) from e
     try:
         indices = driver.resolve_gpus(spec)
         yield [(f"gpu{i}", NvmlAcquirer(driver, i)) for i in indices]

@@ -1,0 +1,322 @@
+"""Acquirer for one GPU's NVML readings: four streams on their own cadences.
+
+Why four streams: the NVML views of power differ in rate, window and lag (PROTOCOLS.md §7),
+and calibration needs each as the driver gave it:
+
+- ``gpu{i}.samples``: the driver's own 50 Hz buffer, with its unix-µs timestamps as raw time;
+  drained every ~0.5 s (it holds ~2.4 s: 119 samples on an H100, driver 580), without
+  duplicates or loss. A Gap is emitted where the buffer came back full and its oldest sample
+  is more than 1.5 periods after the last one seen (overflow), or where two samples are more
+  than 3 periods apart (a hole). Not 1.5 periods alone: real stamps jitter up to ~46 ms.
+- ``gpu{i}.power``: the instant field and the 1 s average, polled every ~20 ms and kept as
+  read; a reading equal to the previous one is flagged REPEAT so the ~100 ms update rhythm
+  stays visible.
+- ``gpu{i}.energy``: the energy counter (~3 ms per call on an H100, so every ~100 ms).
+- ``gpu{i}.state``: clocks, utilisation, temperature and power limit.
+
+Readings the GPU does not support are left out (never zeros) and listed in ``config["missing"]``.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from wattlab.acquisition.source import Chunk, Reading
+from wattlab.drivers.nvml import NVML_CALLS, STATE_READINGS, NvmlDriver
+from wattlab.samples import Channel, Gap, SampleFlag, SourceDescriptor
+
+STATE_UNITS = {
+    "sm_clock_hz": "Hz",
+    "mem_clock_hz": "Hz",
+    "gpu_util_pct": "%",
+    "temperature_c": "degC",
+    "power_limit_w": "W",
+}
+
+
+class _Rows:
+    """Rows read one at a time, sent as one Chunk every ~150 ms."""
+
+    def __init__(self, source_id: str) -> None:
+        self.source_id = source_id
+        self.t_ns: list[int] = []
+        self.values: list[list[float]] = []
+        self.flags: list[int] = []
+        self.prev: list[float] | None = None  # last row read, even if already sent
+
+    def add(self, t_ns: int, values: list[float], flag: int) -> None:
+        self.t_ns.append(t_ns)
+        self.values.append(values)
+        self.flags.append(flag)
+        self.prev = values
+
+    def take(self) -> Chunk | None:
+        if not self.t_ns:
+            return None
+        chunk = Chunk(
+            self.source_id,
+            np.array(self.t_ns, dtype=np.int64),
+            np.array(self.values, dtype=np.float64),
+            flags=np.array(self.flags, dtype=np.uint8),
+        )
+        self.t_ns, self.values, self.flags = [], [], []
+        return chunk
+
+
+class NvmlAcquirer:
+    """Reads GPU ``gpu_index`` through an ``NvmlDriver`` and yields Chunks for four streams.
+
+    ``clock_ns``, ``wall_clock_ns`` and ``sleep`` are injectable so tests can run on a fake
+    clock; by default they are ``time.monotonic_ns``, ``time.time_ns`` and ``time.sleep``.
+    """
+
+    def __init__(
+        self,
+        driver: NvmlDriver,
+        gpu_index: int,
+        *,
+        drain_interval_s: float = 0.5,
+        power_interval_s: float = 0.02,
+        energy_interval_s: float = 0.1,
+        state_interval_s: float = 0.2,
+        emit_interval_s: float = 0.15,
+        sample_period_s: float = 0.02,
+        buffer_capacity: int = 120,
+        max_block_s: float = 0.1,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+        wall_clock_ns: Callable[[], int] = time.time_ns,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.driver = driver
+        self.gpu = gpu_index
+        self.intervals_s = {
+            "drain": drain_interval_s,
+            "power": power_interval_s,
+            "energy": energy_interval_s,
+            "state": state_interval_s,
+            "emit": emit_interval_s,
+        }
+        self.sample_period_s = sample_period_s
+        self.buffer_capacity = buffer_capacity
+        self.max_block_s = max_block_s
+        self._clock = clock_ns
+        self._wall = wall_clock_ns
+        self._sleep = sleep
+        prefix = f"gpu{gpu_index}"
+        self.ids = {k: f"{prefix}.{k}" for k in ("samples", "power", "energy", "state")}
+        self.missing: dict[str, str] = {}
+        self.descriptors: list[SourceDescriptor] = []
+        self.unix_minus_monotonic_ns = 0
+        self._opened = False
+        self._due_ns: dict[str, int] = {}
+        self._has_instant = True
+        self._state_names: list[str] = []
+        self._last_seen_us = 0
+        self._seen_real_sample = False
+        self._rows = {k: _Rows(self.ids[k]) for k in ("power", "energy", "state")}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> list[SourceDescriptor]:
+        """Start NVML, learn what the GPU supports, describe the streams."""
+        self.driver.open()
+        self._opened = True
+        try:
+            info = self.driver.device_info(self.gpu)
+            self.missing = {**info.missing, **self.driver.probe(self.gpu)}
+        except Exception:
+            self.close()
+            raise
+        self._has_instant = "instant_power_w" not in self.missing
+        self._state_names = [n for n, _, _ in STATE_READINGS if n not in self.missing]
+        self.unix_minus_monotonic_ns = self._wall() - self._clock()
+        now = self._clock()
+        self._last_seen_us = (now + self.unix_minus_monotonic_ns) // 1000  # nothing before open
+        self._seen_real_sample = False
+        config: dict[str, Any] = {
+            "gpu_index": self.gpu,
+            "uuid": info.uuid,
+            "board_part_number": info.board_part_number,
+            "driver_version": info.driver_version,
+            "nvml_version": info.nvml_version,
+            "power_limit_range_w": [info.power_limit_min_w, info.power_limit_max_w],
+            "power_limit_default_w": info.power_limit_default_w,
+            "power_limit_w": info.power_limit_w,
+            "missing": dict(self.missing),
+            "intervals_s": dict(self.intervals_s),
+            "unix_minus_monotonic_ns": self.unix_minus_monotonic_ns,
+        }
+
+        def describe(key: str, channels: list[tuple[str, str, str]], **extra: Any) -> None:
+            calls = {name: NVML_CALLS[call] for name, _, call in channels}
+            self.descriptors.append(
+                SourceDescriptor(
+                    source_id=self.ids[key],
+                    kind="nvml",
+                    model=info.name,
+                    channels=tuple(Channel(n, u, NVML_CALLS[c]) for n, u, c in channels),
+                    serial=info.serial or info.uuid,
+                    firmware=info.driver_version,
+                    transport="nvml",
+                    host=socket.gethostname(),
+                    value_dtype="<f8",
+                    config={**config, "nvml_calls": calls, **extra},
+                    **(
+                        {"time_raw": "device_unix_us", "time_raw_dtype": "<i8"}
+                        if key == "samples"
+                        else {}
+                    ),
+                )
+            )
+
+        self.descriptors = []
+        if "samples_power_w" not in self.missing:
+            describe(
+                "samples",
+                [("power_w", "W", "samples_power_w")],
+                sample_period_s=self.sample_period_s,
+                buffer_capacity=self.buffer_capacity,
+            )
+            self._due_ns["drain"] = now + round(self.intervals_s["drain"] * 1e9)
+        power = [("average_power_w", "W", "average_power_w")]
+        if self._has_instant:
+            power.insert(0, ("instant_power_w", "W", "instant_power_w"))
+        if "average_power_w" not in self.missing:
+            describe("power", power, power_channel=power[0][0])
+            self._due_ns["power"] = now
+        if "energy_j" not in self.missing:
+            describe("energy", [("energy_j", "J", "energy_j")])
+            self._due_ns["energy"] = now
+        if self._state_names:
+            describe("state", [(n, STATE_UNITS[n], n) for n in self._state_names],
+                     power_channel=None)  # its only watts are the power *limit*
+            self._due_ns["state"] = now
+        self._due_ns["emit"] = now + round(self.intervals_s["emit"] * 1e9)
+        return list(self.descriptors)
+
+    def close(self) -> None:
+        """Release NVML (once)."""
+        if self._opened:
+            self._opened = False
+            self.driver.close()
+
+    # ------------------------------------------------------------------ polling
+
+    def poll(self) -> list[Reading]:
+        """Sleep until the next read is due (at most ``max_block_s``), then do what is due."""
+        if not self._opened:
+            return []
+        now = self._clock()
+        wait_ns = min(self._due_ns.values()) - now
+        if wait_ns > 0:
+            self._sleep(min(wait_ns * 1e-9, self.max_block_s))
+            now = self._clock()
+        out: list[Reading] = []
+        for task in ("power", "energy", "state", "drain"):
+            due = self._due_ns.get(task)
+            if due is None or due > now:
+                continue
+            if task == "drain":
+                out += self._drain()
+            else:
+                getattr(self, f"_read_{task}")()
+            self._reschedule(task, now)
+        if self._due_ns["emit"] <= now:
+            out += self._take_rows()
+            self._reschedule("emit", now)
+        return out
+
+    def flush(self) -> list[Reading]:
+        """Everything still pending (a final drain included): call before ``close``."""
+        out: list[Reading] = self._drain() if "drain" in self._due_ns else []
+        return out + self._take_rows()
+
+    def _reschedule(self, task: str, now: int) -> None:
+        step = round(self.intervals_s[task] * 1e9)
+        nxt = self._due_ns[task] + step
+        self._due_ns[task] = nxt if nxt > now else now + step  # fell behind: skip, don't burst
+
+    def _take_rows(self) -> list[Reading]:
+        return [c for c in (rows.take() for rows in self._rows.values()) if c is not None]
+
+    def _timed(self, fn: Callable[[], Any]) -> tuple[int, Any]:
+        """Call fn, stamping the middle of the call on the host clock."""
+        t0 = self._clock()
+        result = fn()
+        return (t0 + self._clock()) // 2, result
+
+    def _read_power(self) -> None:
+        t_ns, (instant_w, average_w) = self._timed(lambda: self.driver.read_power(self.gpu))
+        row = [average_w]
+        if self._has_instant:
+            row.insert(0, np.nan if instant_w is None else instant_w)
+        self._add("power", t_ns, row)
+
+    def _read_energy(self) -> None:
+        t_ns, energy_j = self._timed(lambda: self.driver.read_energy_j(self.gpu))
+        self._add("energy", t_ns, [energy_j])
+
+    def _read_state(self) -> None:
+        t_ns, state = self._timed(lambda: self.driver.read_state(self.gpu))
+        row = [state.get(n, np.nan) for n in self._state_names]
+        flag = SampleFlag.NO_DATA if len(state) < len(self._state_names) else SampleFlag.NONE
+        self._rows["state"].add(t_ns, row, int(flag))
+
+    def _add(self, key: str, t_ns: int, row: list[float]) -> None:
+        """Add a row; REPEAT when every value equals the previous reading (no new update)."""
+        rows = self._rows[key]
+        previous = rows.prev
+        flag = SampleFlag.NONE
+        if any(np.isnan(row)):
+            flag |= SampleFlag.NO_DATA
+        if previous is not None and previous == row:
+            flag |= SampleFlag.REPEAT
+        rows.add(t_ns, row, int(flag))
+
+    def to_host_ns(self, unix_us: int) -> int:
+        """A driver timestamp (unix µs) on the host monotonic clock, by the offset at open."""
+        return unix_us * 1000 - self.unix_minus_monotonic_ns
+
+    def _drain(self) -> list[Reading]:
+        """Read the sample buffer past the last seen stamp; flag overflow as a Gap."""
+        stamps_us, power_w = self.driver.read_samples(self.gpu, self._last_seen_us)
+        if stamps_us.shape[0] == 0:
+            return []
+        sid = self.ids["samples"]
+        out: list[Reading] = []
+        period_us = self.sample_period_s * 1e6
+        dt_us = float(stamps_us[0] - self._last_seen_us)
+        full = stamps_us.shape[0] >= 0.9 * self.buffer_capacity
+        overflow = full and dt_us > 1.5 * period_us
+        hole = self._seen_real_sample and dt_us > 3 * period_us
+        if overflow or hole:
+            out.append(
+                Gap(
+                    source=sid,
+                    reason=(
+                        "NVML sample buffer overflowed: drained too late"
+                        if overflow
+                        else "NVML sample buffer has a hole"
+                    ),
+                    t_first_ns=self.to_host_ns(self._last_seen_us),
+                    t_last_ns=self.to_host_ns(int(stamps_us[0])),
+                    samples_lost=max(1, round(dt_us / period_us) - 1),
+                )
+            )
+        self._last_seen_us = int(stamps_us[-1])
+        self._seen_real_sample = True
+        t_host = stamps_us * 1000 - self.unix_minus_monotonic_ns
+        out.append(
+            Chunk(
+                sid,
+                t_host.astype(np.int64),
+                power_w.reshape(-1, 1),
+                t_raw=stamps_us.astype(np.int64),
+            )
+        )
+        return out

@@ -1,0 +1,225 @@
+"""Acquirers for SCPI power analysers at the wall: Yokogawa WT300E and R&S HMC8015.
+
+The WT300E tells us when it has new data (event register latch + ``:COMM:WAIT``), so
+every instrument update is captured exactly once, stamped when the wait returns. Between
+updates ``poll`` sleeps in short steps and only issues the blocking wait shortly before
+the next update is due, so it never blocks much longer than ~0.1 s at any rate. The
+HMC8015 offers no such event, so its reads are host-paced and an unchanged vector is
+flagged REPEAT.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from wattlab.acquisition.source import Chunk, Reading
+from wattlab.drivers.hmc8015 import Hmc8015
+from wattlab.drivers.scpi import ScpiTransport, TextTransport
+from wattlab.drivers.yokogawa_wt300e import Wt300e
+from wattlab.errors import UsageError
+from wattlab.samples import Channel, Gap, SampleFlag, SourceDescriptor, check_source_id
+
+POLL_STEP_S = 0.1
+WAIT_LEAD_S = 0.1
+MISSED_FACTOR = 1.5
+
+
+def _flags_of(value_flags: np.ndarray[Any, Any]) -> int:
+    return int(np.bitwise_or.reduce(value_flags)) if value_flags.size else 0
+
+
+class Wt300eAcquirer:
+    """A Yokogawa WT300E as a source: one sample per instrument update."""
+
+    def __init__(
+        self,
+        resource: str,
+        source_id: str = "wall",
+        elements: Sequence[int | str] = (1,),
+        items: Sequence[str] = ("U", "I", "P"),
+        rate_s: float = 0.1,
+        *,
+        resource_manager: Any = None,
+        model: str | None = None,
+        transport: TextTransport | None = None,
+    ) -> None:
+        self.resource = resource
+        self.source_id = check_source_id(source_id)
+        self.elements = tuple(elements)
+        self.items = tuple(items)
+        self.rate_s = rate_s
+        self.model = model
+        if not self.elements or not self.items:
+            raise UsageError(f"{resource}: give at least one element and one item")
+        self._rm = resource_manager
+        self._transport = transport
+        self._driver: Wt300e | None = None
+        self._channels: list[Channel] = []
+        self._last_ns: int | None = None
+        self._expected_ns: int | None = None
+
+    def open(self) -> list[SourceDescriptor]:
+        """Connect, configure rate and items, and arm the update latch."""
+        transport = self._transport or ScpiTransport(
+            self.resource, self._rm, timeout_ms=int(self.rate_s * 1000) + 2000
+        )
+        self._driver = driver = Wt300e(transport, self.model)
+        identity = driver.connect()
+        driver.update_rate_s = self.rate_s
+        self._channels = driver.select_items(
+            [(fn, el) for el in self.elements for fn in self.items]
+        )
+        driver.clear_update_event()
+        return [
+            SourceDescriptor(
+                source_id=self.source_id,
+                kind="power_analyser",
+                model=identity.model,
+                channels=tuple(self._channels),
+                serial=identity.serial,
+                firmware=identity.firmware,
+                transport=self.resource,
+                config={
+                    "manufacturer": identity.manufacturer,
+                    "rate_s": self.rate_s,
+                    "items": [f"{code},{el}" for code, el in driver.items],
+                    "elements": [str(e) for e in self.elements],
+                    "capture": "one sample per update (:STAT:FILT1 FALL, :COMM:WAIT 1)",
+                },
+            )
+        ]
+
+    def poll(self) -> list[Reading]:
+        """Wait for (at most) one update and return it; sleeps while none can be due."""
+        if self._driver is None:
+            raise UsageError(f"{self.resource}: open() before poll()")
+        if self._expected_ns is not None:
+            early_s = (self._expected_ns - time.monotonic_ns()) / 1e9 - WAIT_LEAD_S
+            if early_s > 0:
+                time.sleep(min(early_s, POLL_STEP_S))
+                return []
+        if not self._driver.wait_update():
+            return []
+        t_ns = time.monotonic_ns()
+        values, value_flags = self._driver.read_values()
+        readings: list[Reading] = []
+        rate_ns = int(self.rate_s * 1e9)
+        if self._last_ns is not None and t_ns - self._last_ns > MISSED_FACTOR * rate_ns:
+            lost = round((t_ns - self._last_ns) / rate_ns) - 1
+            readings.append(
+                Gap(self.source_id, "instrument updates not read in time",
+                    t_first_ns=self._last_ns, t_last_ns=t_ns, samples_lost=lost)
+            )
+        self._last_ns = t_ns
+        self._expected_ns = t_ns + rate_ns
+        readings.append(
+            Chunk(
+                self.source_id,
+                np.array([t_ns], dtype=np.int64),
+                values.reshape(1, -1),
+                flags=np.array([_flags_of(value_flags)], dtype=np.uint8),
+            )
+        )
+        return readings
+
+    def close(self) -> None:
+        """Release the instrument (integration and settings are left as they are)."""
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+
+
+class Hmc8015Acquirer:
+    """An R&S HMC8015 as a source: host-paced reads every ``rate_s``."""
+
+    def __init__(
+        self,
+        resource: str,
+        source_id: str = "wall",
+        functions: Sequence[str] = ("URMS", "IRMS", "P"),
+        rate_s: float = 0.1,
+        *,
+        resource_manager: Any = None,
+        auto_range: bool = True,
+        transport: TextTransport | None = None,
+    ) -> None:
+        if not rate_s > 0:
+            raise UsageError(f"{resource}: rate {rate_s} s must be positive")
+        self.resource = resource
+        self.source_id = check_source_id(source_id)
+        self.functions = tuple(functions)
+        self.rate_s = rate_s
+        self.auto_range = auto_range
+        self._rm = resource_manager
+        self._transport = transport
+        self._driver: Hmc8015 | None = None
+        self._due_ns = 0
+        self._previous: bytes | None = None
+
+    def open(self) -> list[SourceDescriptor]:
+        """Connect, set ranging and functions."""
+        transport = self._transport or ScpiTransport(self.resource, self._rm)
+        self._driver = driver = Hmc8015(transport)
+        identity = driver.connect()
+        if self.auto_range:
+            driver.auto_range()
+        channels = driver.set_functions(self.functions)
+        self._due_ns = time.monotonic_ns()
+        return [
+            SourceDescriptor(
+                source_id=self.source_id,
+                kind="power_analyser",
+                model=identity.model,
+                channels=tuple(channels),
+                serial=identity.serial,
+                firmware=identity.firmware,
+                transport=self.resource,
+                config={
+                    "manufacturer": identity.manufacturer,
+                    "rate_s": self.rate_s,
+                    "functions": list(driver.functions),
+                    "auto_range": self.auto_range,
+                    "capture": "host-paced; unchanged readings flagged repeat",
+                },
+            )
+        ]
+
+    def poll(self) -> list[Reading]:
+        """Read once when due; otherwise sleep at most ~0.1 s."""
+        if self._driver is None:
+            raise UsageError(f"{self.resource}: open() before poll()")
+        wait_s = (self._due_ns - time.monotonic_ns()) / 1e9
+        if wait_s > 0:
+            time.sleep(min(wait_s, POLL_STEP_S))
+            if wait_s > POLL_STEP_S:
+                return []
+        t0 = time.monotonic_ns()
+        values, value_flags = self._driver.read_values()
+        t1 = time.monotonic_ns()
+        rate_ns = int(self.rate_s * 1e9)
+        self._due_ns += rate_ns
+        if self._due_ns < t1:  # fell behind: restart the schedule, never burst
+            self._due_ns = t1 + rate_ns
+        flag = _flags_of(value_flags)
+        key = values.tobytes()
+        if key == self._previous:
+            flag |= int(SampleFlag.REPEAT)
+        self._previous = key
+        return [
+            Chunk(
+                self.source_id,
+                np.array([(t0 + t1) // 2], dtype=np.int64),
+                values.reshape(1, -1),
+                flags=np.array([flag], dtype=np.uint8),
+            )
+        ]
+
+    def close(self) -> None:
+        """Release the instrument."""
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None

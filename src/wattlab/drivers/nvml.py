@@ -1,0 +1,407 @@
+"""NVML driver: the GPU's own power, energy and state readings, converted to SI units.
+
+Why a driver around pynvml: it takes the library as an argument (the ``pynvml`` module, or
+``wattlab.hardware.fake_nvml.FakeNvml`` on a machine without a GPU), turns NVML's mW / mJ /
+MHz / unix-µs into W / J / Hz, turns ``NVMLError`` into ``NvmlError`` naming the GPU and the
+call, and records which NVML call each value comes from (``NVML_CALLS``) so a run file says
+exactly what was measured. Fields a GPU does not support are reported as missing, never as 0.
+
+Safety: the setters change a real GPU's power limit or clocks (root only). wattlab calls them
+only from explicit commands (``sweep``, ``set-limit``) that restore the previous setting.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pynvml  # the pure-Python binding; the C library is only loaded by nvmlInit
+
+from wattlab.errors import NvmlError, UsageError
+
+NO_LIBRARY_MESSAGE = (
+    "NVML library not found: is the NVIDIA driver installed? use --simulate to run without a GPU"
+)
+
+# Where every value comes from, by the name it has in wattlab (stored in descriptors).
+NVML_CALLS: dict[str, str] = {
+    "samples_power_w": "nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)",
+    "instant_power_w": "nvmlDeviceGetFieldValues(NVML_FI_DEV_POWER_INSTANT)",
+    "average_power_w": "nvmlDeviceGetPowerUsage",
+    "energy_j": "nvmlDeviceGetTotalEnergyConsumption",
+    "sm_clock_hz": "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)",
+    "mem_clock_hz": "nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)",
+    "gpu_util_pct": "nvmlDeviceGetUtilizationRates().gpu",
+    "temperature_c": "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
+    "power_limit_w": "nvmlDeviceGetPowerManagementLimit",
+}
+
+# State readings as data: (name, NVML reader, factor to SI units).
+StateReader = Callable[[Any, Any], float]
+STATE_READINGS: tuple[tuple[str, StateReader, float], ...] = (
+    ("sm_clock_hz", lambda lib, h: lib.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM), 1e6),
+    ("mem_clock_hz", lambda lib, h: lib.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM), 1e6),
+    ("gpu_util_pct", lambda lib, h: lib.nvmlDeviceGetUtilizationRates(h).gpu, 1.0),
+    (
+        "temperature_c",
+        lambda lib, h: lib.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+        1.0,
+    ),
+    ("power_limit_w", lambda lib, h: lib.nvmlDeviceGetPowerManagementLimit(h) / 1e3, 1.0),
+)
+
+_NO_LIBRARY_CODES = (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+_VALUE_MEMBERS = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+
+
+def nvml_value(value: Any, value_type: int) -> float:
+    """Read an ``nvmlValue_t`` union by its declared type (power fields are ``uiVal`` mW)."""
+    member = _VALUE_MEMBERS.get(value_type)
+    if member is None:
+        raise NvmlError(f"NVML returned unknown value type {value_type}")
+    return float(getattr(value, member))
+
+
+def _is_not_supported(e: pynvml.NVMLError) -> bool:
+    return bool(getattr(e, "value", None) == pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+@dataclass
+class DeviceInfo:
+    """Identity and limits of one GPU; ``missing`` maps unsupported items to NVML's message."""
+
+    index: int
+    name: str = ""
+    uuid: str = ""
+    serial: str = ""
+    board_part_number: str = ""
+    driver_version: str = ""
+    nvml_version: str = ""
+    power_limit_min_w: float | None = None
+    power_limit_max_w: float | None = None
+    power_limit_default_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clocks_mhz: list[int] = field(default_factory=list)
+    mem_clocks_mhz: list[int] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict for descriptors and ``wattlab info``."""
+        return asdict(self)
+
+
+class NvmlDriver:
+    """One NVML session (shared by every GPU of a host); all readings in SI units."""
+
+    def __init__(self, lib: Any = None) -> None:
+        self._lib = lib
+        self._opened = 0
+        self._handles: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def lib(self) -> Any:
+        """The NVML binding in use (pynvml unless one was given)."""
+        if self._lib is None:
+            self._lib = pynvml
+        return self._lib
+
+    # ------------------------------------------------------------------ session
+
+    def open(self) -> None:
+        """Initialise NVML; nested opens are counted, so acquirers can share one driver."""
+        with self._lock:
+            if self._opened == 0:
+                try:
+                    self.lib.nvmlInit()
+                except pynvml.NVMLError as e:
+                    if getattr(e, "value", None) in _NO_LIBRARY_CODES:
+                        raise NvmlError(f"{NO_LIBRARY_MESSAGE} ({e})") from e
+                    raise NvmlError(f"NVML failed to initialise: {e}") from e
+            self._opened += 1
+
+    def close(self) -> None:
+        """Release NVML once the last user is done; safe to call after a failed open."""
+        with self._lock:
+            if self._opened == 0:
+                return
+            self._opened -= 1
+            if self._opened == 0:
+                self._handles.clear()
+                try:
+                    self.lib.nvmlShutdown()
+                except pynvml.NVMLError as e:
+                    raise NvmlError(f"NVML failed to shut down: {e}") from e
+
+    def __enter__(self) -> NvmlDriver:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, gpu: int | None, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call NVML, turning its error into one naming the GPU and the call."""
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as e:
+            where = "NVML" if gpu is None else f"GPU {gpu}"
+            raise NvmlError(f"{where}: {what} failed: {e}") from e
+
+    def gpu_count(self) -> int:
+        """Number of GPUs NVML sees."""
+        return int(self._call(None, "nvmlDeviceGetCount", self.lib.nvmlDeviceGetCount))
+
+    def handle(self, gpu: int) -> Any:
+        """The NVML handle of a GPU (cached)."""
+        with self._lock:
+            h = self._handles.get(gpu)
+        if h is None:
+            h = self._call(
+                gpu, "nvmlDeviceGetHandleByIndex", self.lib.nvmlDeviceGetHandleByIndex, gpu
+            )
+            with self._lock:
+                self._handles[gpu] = h
+        return h
+
+    def resolve_gpus(self, spec: str) -> list[int]:
+        """Turn "all" or "0,2" into GPU indices, checking each exists."""
+        count = self.gpu_count()
+        text = spec.strip().lower()
+        if text == "all":
+            if count == 0:
+                raise UsageError("no GPU found: NVML sees 0 GPUs")
+            return list(range(count))
+        indices: list[int] = []
+        for part in text.split(","):
+            token = part.strip()
+            if not token.isdigit():
+                raise UsageError(
+                    f"GPU list {spec!r} is not valid: use 'all' or indices like '0' or '0,1'"
+                )
+            index = int(token)
+            if index >= count:
+                if count == 0:
+                    have = "this machine has no GPU"
+                elif count == 1:
+                    have = "this machine has 1 GPU (index 0)"
+                else:
+                    have = f"this machine has {count} GPUs (indices 0-{count - 1})"
+                raise UsageError(f"GPU index {index} not found: {have}")
+            if index not in indices:
+                indices.append(index)
+        return indices
+
+    # ------------------------------------------------------------------ identity
+
+    def device_info(self, gpu: int) -> DeviceInfo:
+        """Everything the run file should say about a GPU; unsupported items go to ``missing``."""
+        lib = self.lib
+        h = self.handle(gpu)
+        info = DeviceInfo(index=gpu)
+
+        def get(item: str, fn: Callable[[], Any]) -> Any:
+            try:
+                return fn()
+            except pynvml.NVMLError as e:
+                if _is_not_supported(e) or getattr(e, "value", None) in (
+                    pynvml.NVML_ERROR_NOT_FOUND,
+                    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                ):
+                    info.missing[item] = str(e)
+                    return None
+                raise NvmlError(f"GPU {gpu}: reading {item} failed: {e}") from e
+
+        info.name = get("name", lambda: lib.nvmlDeviceGetName(h)) or ""
+        info.uuid = get("uuid", lambda: lib.nvmlDeviceGetUUID(h)) or ""
+        info.serial = get("serial", lambda: lib.nvmlDeviceGetSerial(h)) or ""
+        info.board_part_number = (
+            get("board_part_number", lambda: lib.nvmlDeviceGetBoardPartNumber(h)) or ""
+        )
+        info.driver_version = get("driver_version", lib.nvmlSystemGetDriverVersion) or ""
+        info.nvml_version = get("nvml_version", lib.nvmlSystemGetNVMLVersion) or ""
+        limits = get(
+            "power_limit_range", lambda: lib.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        )
+        if limits is not None:
+            info.power_limit_min_w, info.power_limit_max_w = limits[0] / 1e3, limits[1] / 1e3
+        default = get(
+            "power_limit_default", lambda: lib.nvmlDeviceGetPowerManagementDefaultLimit(h)
+        )
+        info.power_limit_default_w = None if default is None else default / 1e3
+        current = get("power_limit", lambda: lib.nvmlDeviceGetPowerManagementLimit(h))
+        info.power_limit_w = None if current is None else current / 1e3
+        mem = get("mem_clocks", lambda: lib.nvmlDeviceGetSupportedMemoryClocks(h))
+        info.mem_clocks_mhz = [int(c) for c in mem or []]
+        if info.mem_clocks_mhz:
+            top = max(info.mem_clocks_mhz)
+            sm = get("sm_clocks", lambda: lib.nvmlDeviceGetSupportedGraphicsClocks(h, top))
+            info.sm_clocks_mhz = [int(c) for c in sm or []]
+        return info
+
+    def probe(self, gpu: int) -> dict[str, str]:
+        """Which readings this GPU lacks: {reading name: NVML's message}, tried once each."""
+        lib = self.lib
+        h = self.handle(gpu)
+        checks: list[tuple[str, Callable[[], Any]]] = [
+            (
+                "samples_power_w",
+                partial(lib.nvmlDeviceGetSamples, h, pynvml.NVML_TOTAL_POWER_SAMPLES, 0),
+            ),
+            ("average_power_w", partial(lib.nvmlDeviceGetPowerUsage, h)),
+            ("energy_j", partial(lib.nvmlDeviceGetTotalEnergyConsumption, h)),
+        ]
+        checks += [(name, partial(reader, lib, h)) for name, reader, _ in STATE_READINGS]
+        missing: dict[str, str] = {}
+        for name, check in checks:
+            try:
+                check()
+            except pynvml.NVMLError as e:
+                code = getattr(e, "value", None)
+                if _is_not_supported(e):
+                    missing[name] = str(e)
+                elif not (name == "samples_power_w" and code == pynvml.NVML_ERROR_NOT_FOUND):
+                    raise NvmlError(f"GPU {gpu}: {NVML_CALLS[name]} failed: {e}") from e
+        status = self._instant_field(gpu)[1]
+        if status is not None:
+            missing["instant_power_w"] = status
+        return missing
+
+    # ------------------------------------------------------------------ readings
+
+    def read_samples(
+        self, gpu: int, last_seen_us: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Drain the 50 Hz power buffer: samples strictly newer than ``last_seen_us``.
+
+        Returns (driver timestamps in unix µs, power in W), oldest first. An empty buffer is
+        NVML's NOT_FOUND, returned here as empty arrays.
+        """
+        try:
+            value_type, samples = self.lib.nvmlDeviceGetSamples(
+                self.handle(gpu), pynvml.NVML_TOTAL_POWER_SAMPLES, last_seen_us
+            )
+        except pynvml.NVMLError as e:
+            if getattr(e, "value", None) == pynvml.NVML_ERROR_NOT_FOUND:
+                return np.zeros(0, np.int64), np.zeros(0, np.float64)
+            raise NvmlError(f"GPU {gpu}: {NVML_CALLS['samples_power_w']} failed: {e}") from e
+        stamps = np.array([s.timeStamp for s in samples], dtype=np.int64)
+        power_w = (
+            np.array([nvml_value(s.sampleValue, value_type) for s in samples], dtype=np.float64)
+            / 1e3
+        )
+        order = np.argsort(stamps, kind="stable")
+        stamps, power_w = stamps[order], power_w[order]
+        newer = stamps > last_seen_us
+        return stamps[newer], power_w[newer]
+
+    def _instant_field(self, gpu: int) -> tuple[float | None, str | None]:
+        """(instant power W, None) or (None, why it is missing)."""
+        values = self._call(
+            gpu,
+            NVML_CALLS["instant_power_w"],
+            self.lib.nvmlDeviceGetFieldValues,
+            self.handle(gpu),
+            [pynvml.NVML_FI_DEV_POWER_INSTANT],
+        )
+        fv = values[0]
+        if fv.nvmlReturn != pynvml.NVML_SUCCESS:
+            return None, str(pynvml.NVMLError(fv.nvmlReturn))
+        return nvml_value(fv.value, fv.valueType) / 1e3, None
+
+    def read_power(self, gpu: int) -> tuple[float | None, float]:
+        """(instant W or None where the field is unsupported, 1 s average W)."""
+        instant_w, _ = self._instant_field(gpu)
+        average_mw = self._call(
+            gpu, NVML_CALLS["average_power_w"], self.lib.nvmlDeviceGetPowerUsage, self.handle(gpu)
+        )
+        return instant_w, float(average_mw) / 1e3
+
+    def read_energy_j(self, gpu: int) -> float:
+        """Energy counter (J since the driver loaded); the call costs ~3 ms on an H100."""
+        mj = self._call(
+            gpu,
+            NVML_CALLS["energy_j"],
+            self.lib.nvmlDeviceGetTotalEnergyConsumption,
+            self.handle(gpu),
+        )
+        return float(mj) / 1e3
+
+    def read_state(self, gpu: int) -> dict[str, float]:
+        """Clocks (Hz), utilisation (%), temperature (C), power limit (W); unsupported omitted."""
+        h = self.handle(gpu)
+        out: dict[str, float] = {}
+        for name, reader, factor in STATE_READINGS:
+            try:
+                out[name] = float(reader(self.lib, h)) * factor
+            except pynvml.NVMLError as e:
+                if not _is_not_supported(e):
+                    raise NvmlError(f"GPU {gpu}: {NVML_CALLS[name]} failed: {e}") from e
+        return out
+
+    # ------------------------------------------------------------------ setters (root)
+
+    def _set(self, gpu: int, what: str, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(self.handle(gpu), *args)
+        except pynvml.NVMLError as e:
+            if getattr(e, "value", None) == pynvml.NVML_ERROR_NO_PERMISSION:
+                raise NvmlError(f"GPU {gpu}: {what} needs root (NVML: {e})") from e
+            raise NvmlError(f"GPU {gpu}: {what} failed: {e}") from e
+
+    def set_power_limit_w(self, gpu: int, limit_w: float) -> None:
+        """Set the power limit; checked against the GPU's range first."""
+        lo_mw, hi_mw = self._call(
+            gpu,
+            "nvmlDeviceGetPowerManagementLimitConstraints",
+            self.lib.nvmlDeviceGetPowerManagementLimitConstraints,
+            self.handle(gpu),
+        )
+        limit_mw = round(limit_w * 1e3)
+        if not lo_mw <= limit_mw <= hi_mw:
+            raise UsageError(
+                f"GPU {gpu}: power limit {limit_w:g} W is outside its range "
+                f"{lo_mw / 1e3:g}-{hi_mw / 1e3:g} W"
+            )
+        self._set(
+            gpu, "setting the power limit", self.lib.nvmlDeviceSetPowerManagementLimit, limit_mw
+        )
+
+    def get_power_limit_w(self, gpu: int) -> float:
+        """Power limit in force now (W), to restore it after a sweep."""
+        mw = self._call(
+            gpu,
+            NVML_CALLS["power_limit_w"],
+            self.lib.nvmlDeviceGetPowerManagementLimit,
+            self.handle(gpu),
+        )
+        return float(mw) / 1e3
+
+    def lock_sm_clocks(self, gpu: int, min_mhz: int, max_mhz: int) -> None:
+        """Lock the SM clock into [min, max] MHz."""
+        if min_mhz > max_mhz or min_mhz < 0:
+            raise UsageError(f"GPU {gpu}: clock range {min_mhz}-{max_mhz} MHz is not valid")
+        self._set(
+            gpu,
+            "locking the SM clock",
+            self.lib.nvmlDeviceSetGpuLockedClocks,
+            int(min_mhz),
+            int(max_mhz),
+        )
+
+    def reset_clocks(self, gpu: int) -> None:
+        """Free the SM clock again."""
+        self._set(gpu, "resetting the SM clock", self.lib.nvmlDeviceResetGpuLockedClocks)

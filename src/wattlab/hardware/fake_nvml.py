@@ -1,0 +1,264 @@
+"""An object shaped like the ``pynvml`` module, answering from simulated GPUs.
+
+Why: the NVML driver takes "the library" as an argument, so on a machine without a GPU it can
+be handed this instead of ``pynvml`` and run unchanged. Function names, argument order,
+return types (pynvml's own ctypes structures where pynvml returns them), units (mW, mJ, MHz,
+unix µs) and errors (``pynvml.NVMLError(code)``, which maps to the same subclasses) follow
+nvidia-ml-py; this file was written from its interface, not from our driver.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import pynvml
+
+from wattlab.hardware.simulated_gpu import SimulatedGpu
+
+
+class FakeHandle:
+    """What ``nvmlDeviceGetHandleByIndex`` returns: opaque to the caller."""
+
+    def __init__(self, owner: FakeNvml, index: int) -> None:
+        self.owner = owner
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<FakeHandle GPU {self.index}>"
+
+
+def _err(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+class FakeNvml:
+    """The subset of the pynvml API wattlab uses, backed by ``SimulatedGpu`` objects.
+
+    ``init_error`` (an ``NVML_ERROR_*`` code) makes ``nvmlInit`` fail, e.g. to test a machine
+    without the NVIDIA driver. Calls before ``nvmlInit`` fail with UNINITIALIZED, as in NVML.
+    """
+
+    def __init__(
+        self,
+        gpus: Sequence[SimulatedGpu],
+        driver_version: str = "580.159.04",
+        nvml_version: str = "13.580.159.04",
+        init_error: int | None = None,
+    ) -> None:
+        self.gpus = list(gpus)
+        self.driver_version = driver_version
+        self.nvml_version = nvml_version
+        self.init_error = init_error
+        self.init_count = 0
+        self.calls: list[str] = []  # names of calls made, so tests can check what was used
+
+    # ------------------------------------------------------------------ library
+
+    def nvmlInit(self) -> None:
+        """Start the library (counted, like NVML)."""
+        self.nvmlInitWithFlags(0)
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        """Start the library; ``init_error`` simulates a machine without the driver."""
+        self.calls.append("nvmlInit")
+        if self.init_error is not None:
+            raise _err(self.init_error)
+        self.init_count += 1
+
+    def nvmlShutdown(self) -> None:
+        """Stop the library (one per successful init)."""
+        self._check_init("nvmlShutdown")
+        self.init_count -= 1
+
+    def _check_init(self, name: str) -> None:
+        self.calls.append(name)
+        if self.init_count <= 0:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _gpu(self, handle: Any, name: str) -> SimulatedGpu:
+        self._check_init(name)
+        if not isinstance(handle, FakeHandle) or handle.owner is not self:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.gpus[handle.index]
+        if not gpu.supports(name):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        """Driver version string, e.g. "580.159.04"."""
+        self._check_init("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        """NVML version string."""
+        self._check_init("nvmlSystemGetNVMLVersion")
+        return self.nvml_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        """Number of GPUs."""
+        self._check_init("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        """Handle of GPU ``index``; INVALID_ARGUMENT when there is none."""
+        self._check_init("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return FakeHandle(self, index)
+
+    # ------------------------------------------------------------------ identity
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        """Product name."""
+        return self._gpu(handle, "nvmlDeviceGetName").model.name
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        """The UUID, "GPU-" and hex groups."""
+        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetSerial(self, handle: Any) -> str:
+        """Board serial number."""
+        return self._gpu(handle, "nvmlDeviceGetSerial").serial
+
+    def nvmlDeviceGetBoardPartNumber(self, handle: Any) -> str:
+        """Board part number."""
+        return self._gpu(handle, "nvmlDeviceGetBoardPartNumber").board_part_number
+
+    # ------------------------------------------------------------------ power
+
+    def nvmlDeviceGetSamples(
+        self, handle: Any, sampling_type: int, timeStamp: int
+    ) -> tuple[int, list[Any]]:
+        """Samples strictly newer than ``timeStamp`` (unix µs); NOT_FOUND when there are none."""
+        gpu = self._gpu(handle, "nvmlDeviceGetSamples")
+        if sampling_type != pynvml.NVML_TOTAL_POWER_SAMPLES:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        stamps_us, power_mw = gpu.power_samples(gpu.clock_ns())
+        keep = stamps_us > timeStamp
+        stamps_us, power_mw = stamps_us[keep], power_mw[keep]
+        if stamps_us.shape[0] == 0:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        out = (pynvml.c_nvmlSample_t * stamps_us.shape[0])()
+        for i, (ts, mw) in enumerate(zip(stamps_us.tolist(), power_mw.tolist(), strict=True)):
+            out[i].timeStamp = ts
+            out[i].sampleValue.uiVal = mw
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, list(out)
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
+        """Per-field status in ``nvmlReturn`` (no exception), as the real call does."""
+        gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        now = gpu.clock_ns()
+        readers = {
+            pynvml.NVML_FI_DEV_POWER_INSTANT: ("NVML_FI_DEV_POWER_INSTANT", gpu.instant_power_mw),
+            pynvml.NVML_FI_DEV_POWER_AVERAGE: ("NVML_FI_DEV_POWER_AVERAGE", gpu.average_power_mw),
+        }
+        for i, fid in enumerate(fieldIds):
+            field_id, scope_id = fid if isinstance(fid, tuple) else (fid, 0)
+            values[i].fieldId = field_id
+            values[i].scopeId = scope_id
+            reader = readers.get(field_id)
+            if reader is None or not gpu.supports(reader[0]):
+                values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            values[i].nvmlReturn = pynvml.NVML_SUCCESS
+            values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+            values[i].value.uiVal = reader[1](now)
+            update = gpu.last_update_ns(now)
+            values[i].timestamp = int(gpu.to_unix_us(now if update is None else update))
+            values[i].latencyUsec = 0
+        return values
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        """Power in mW: the 1 s average on Ampere and newer."""
+        gpu = self._gpu(handle, "nvmlDeviceGetPowerUsage")
+        return gpu.average_power_mw(gpu.clock_ns())
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        """Energy in mJ since the driver loaded."""
+        gpu = self._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption")
+        return gpu.energy_mj(gpu.clock_ns())
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
+        """Current power limit in mW."""
+        gpu = self._gpu(handle, "nvmlDeviceGetPowerManagementLimit")
+        return round(gpu.power_limit_w * 1000)
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> list[int]:
+        """[min, max] settable power limit in mW."""
+        gpu = self._gpu(handle, "nvmlDeviceGetPowerManagementLimitConstraints")
+        lo, hi = gpu.model.power_limit_range_w
+        return [round(lo * 1000), round(hi * 1000)]
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
+        """Default power limit in mW."""
+        gpu = self._gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
+        return round(gpu.model.default_power_limit_w * 1000)
+
+    # ------------------------------------------------------------------ state
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
+        """Current clock of the given type in MHz."""
+        gpu = self._gpu(handle, "nvmlDeviceGetClockInfo")
+        if type in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            return gpu.sm_clock_mhz(gpu.clock_ns())
+        if type == pynvml.NVML_CLOCK_MEM:
+            return gpu.model.mem_clocks_mhz[0]
+        raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        """Utilisation (``.gpu``, ``.memory`` in %) as pynvml's structure."""
+        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        gpu_pct, mem_pct = gpu.utilisation_pct(gpu.clock_ns())
+        return pynvml.c_nvmlUtilization_t(gpu=gpu_pct, memory=mem_pct)
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        """Temperature of the given sensor in degrees C."""
+        gpu = self._gpu(handle, "nvmlDeviceGetTemperature")
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return round(gpu.temperature_c(gpu.clock_ns()))
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, handle: Any) -> list[int]:
+        """Supported memory clocks in MHz, highest first."""
+        gpu = self._gpu(handle, "nvmlDeviceGetSupportedMemoryClocks")
+        return sorted(gpu.model.mem_clocks_mhz, reverse=True)
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, handle: Any, memoryClockMHz: int) -> list[int]:
+        """Supported SM clocks (MHz, highest first) at a memory clock."""
+        gpu = self._gpu(handle, "nvmlDeviceGetSupportedGraphicsClocks")
+        if memoryClockMHz not in gpu.model.mem_clocks_mhz:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return sorted(gpu.model.sm_clocks_mhz, reverse=True)
+
+    # ------------------------------------------------------------------ setters (root)
+
+    def _settable(self, handle: Any, name: str) -> SimulatedGpu:
+        gpu = self._gpu(handle, name)
+        if not gpu.settable:
+            raise _err(pynvml.NVML_ERROR_NO_PERMISSION)
+        return gpu
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit: int) -> None:
+        """Set the power limit (mW); needs root on a real GPU."""
+        gpu = self._settable(handle, "nvmlDeviceSetPowerManagementLimit")
+        lo, hi = gpu.model.power_limit_range_w
+        limit_mw = ctypes.c_uint(limit).value
+        if not round(lo * 1000) <= limit_mw <= round(hi * 1000):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.set_power_limit_w(limit_mw / 1000)
+
+    def nvmlDeviceSetGpuLockedClocks(
+        self, handle: Any, minGpuClockMHz: int, maxGpuClockMHz: int
+    ) -> None:
+        """Lock the SM clock into [min, max] MHz; needs root on a real GPU."""
+        gpu = self._settable(handle, "nvmlDeviceSetGpuLockedClocks")
+        if minGpuClockMHz > maxGpuClockMHz:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.set_locked_clocks_mhz(minGpuClockMHz, maxGpuClockMHz)
+
+    def nvmlDeviceResetGpuLockedClocks(self, handle: Any) -> None:
+        """Free the SM clock; needs root on a real GPU."""
+        self._settable(handle, "nvmlDeviceResetGpuLockedClocks").reset_locked_clocks()

@@ -1,0 +1,177 @@
+"""The `wattlab` command end to end: real processes, real bus, real run files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import wattlab
+from wattlab.cli import main
+
+WATTLAB = [sys.executable, "-m", "wattlab.cli"]
+
+
+def run_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WATTLAB, *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def test_demo_records_a_simulated_bench_with_phases(tmp_path):
+    out = tmp_path / "demo.h5"
+    result = run_cli("demo", "-o", str(out), "--duration", "3")
+    assert result.returncode == 0, result.stderr
+    assert "gpu0.samples" in result.stdout
+    with wattlab.open(str(out)) as run:
+        assert set(run.sources) == {"gpu0.samples", "gpu0.power", "gpu0.energy", "gpu0.state"}
+        samples = run.source("gpu0.samples")
+        rate = (len(samples) - 1) / (np.ptp(samples.time_ns) / 1e9)
+        assert 45 < rate < 55
+        assert np.all(np.diff(samples.time_raw) > 0), "no duplicated driver samples"
+        kinds = {(m.name, m.kind) for m in run.markers}
+        assert ("session", "begin") in kinds and ("session", "end") in kinds
+        assert ("full", "begin") in kinds
+        assert run.gaps == []
+
+
+def test_record_runs_a_command_and_keeps_its_markers_and_exit_status(tmp_path):
+    out = tmp_path / "run.h5"
+    script = textwrap.dedent("""
+        import sys, time, wattlab
+        with wattlab.phase("train", epoch=1):
+            time.sleep(0.3)
+            wattlab.mark("checkpoint", step=7)
+        sys.exit(3)
+    """)
+    result = run_cli("record", "--simulate", "-o", str(out), "--", sys.executable, "-c", script)
+    assert result.returncode == 3, result.stderr
+    with wattlab.open(str(out)) as run:
+        marks = [(m.name, m.kind, m.payload) for m in run.markers if m.source.startswith("pid")]
+        assert marks == [("train", "begin", {"epoch": 1}), ("checkpoint", "point", {"step": 7}),
+                         ("train", "end", {})]
+        end = next(m for m in run.markers if m.name == "session" and m.kind == "end")
+        assert end.payload == {"command_exit_code": 3}
+        assert json.loads(run.attrs["command"])[0] == sys.executable
+
+
+def test_record_for_a_duration(tmp_path):
+    out = tmp_path / "run.h5"
+    result = run_cli("record", "--simulate", "--simulated-gpus", "2", "--duration", "1",
+                     "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    with wattlab.open(str(out)) as run:
+        assert {"gpu0.samples", "gpu1.samples"} <= set(run.sources)
+        assert run.source("gpu1.power").descriptor["model"].startswith("Simulated")
+
+
+def test_sigterm_stops_cleanly_and_leaves_a_complete_file(tmp_path):
+    out = tmp_path / "run.h5"
+    proc = subprocess.Popen([*WATTLAB, "record", "--simulate", "-o", str(out), "--",
+                             sys.executable, "-c", "import time; time.sleep(60)"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _has_rows(out, "gpu0.samples"):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "gpu0.samples" in stdout, stderr
+    with wattlab.open(str(out)) as run:
+        assert len(run.source("gpu0.samples")) > 0
+        assert run.gaps == []
+        assert "session_end_monotonic_ns" in run.attrs
+
+
+def test_existing_output_is_refused_with_status_2(tmp_path):
+    out = tmp_path / "run.h5"
+    out.write_bytes(b"keep me")
+    result = run_cli("record", "--simulate", "--duration", "1", "-o", str(out))
+    assert result.returncode == 2
+    assert "already exists" in result.stderr
+    assert out.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["record", "--simulate", "--nvml", "5", "--duration", "1"], "GPU index 5"),
+        (["record", "--simulate", "--nvml", "zero", "--duration", "1"], "zero"),
+        (["record", "--simulate"], "needs a command"),
+        (["record", "--simulate", "--duration", "-1"], "--duration"),
+        (["record", "--bogus"], "unrecognized arguments"),
+        (["frobnicate"], "invalid choice"),
+        (["info"], "the following arguments are required"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_clear_line(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_command_that_cannot_start_is_a_usage_error_and_the_file_stays_readable(tmp_path):
+    out = tmp_path / "run.h5"
+    result = run_cli("record", "--simulate", "-o", str(out), "--", "/no/such/program")
+    assert result.returncode == 2
+    assert "cannot start command" in result.stderr
+    with wattlab.open(str(out)) as run:
+        assert "gpu0.samples" in run.sources
+
+
+def test_missing_nvml_library_is_a_clear_error(tmp_path, monkeypatch):
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has an NVIDIA driver")
+    result = run_cli("record", "--duration", "1", "-o", str(tmp_path / "x.h5"))
+    assert result.returncode == 2
+    assert "NVML" in result.stderr and "--simulate" in result.stderr
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_info_describes_a_run_and_rejects_bad_files(tmp_path, capsys):
+    out = tmp_path / "run.h5"
+    assert run_cli("record", "--simulate", "--duration", "1", "-o", str(out)).returncode == 0
+    assert main(["info", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["sources"]["gpu0.samples"]["channels"] == [{"name": "power_w", "unit": "W"}]
+    summary = {s["source_id"]: s for s in info["summary"]}
+    assert summary["gpu0.state"]["energy_j"] is None
+    assert summary["gpu0.samples"]["mean_power_w"] > 50
+    junk = tmp_path / "junk.h5"
+    junk.write_text("nope")
+    assert main(["info", str(junk)]) == 2
+    assert "not a readable HDF5 file" in capsys.readouterr().err
+
+
+def test_markers_outside_a_session_are_silent_but_bad_input_is_not(monkeypatch):
+    monkeypatch.delenv("WATTLAB_BUS", raising=False)
+    wattlab.mark("fine", value=1)
+    with wattlab.phase("also fine"):
+        pass
+    with pytest.raises(wattlab.errors.UsageError, match="JSON"):
+        wattlab.mark("bad", value=object())
+    with pytest.raises(wattlab.errors.UsageError, match="name"):
+        wattlab.mark("x" * 200)
+
+
+def _has_rows(path: os.PathLike[str], source: str) -> bool:
+    try:
+        with wattlab.open(str(path)) as run:
+            return source in run.sources and len(run.source(source)) > 0
+    except wattlab.errors.WattlabError:
+        return False

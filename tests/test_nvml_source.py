@@ -1,0 +1,364 @@
+"""NvmlAcquirer: four streams from a simulated GPU, on a fake clock and briefly in real time."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pynvml
+import pytest
+
+from wattlab.acquisition.nvml_source import NvmlAcquirer
+from wattlab.acquisition.source import Chunk, Reading
+from wattlab.drivers.nvml import NvmlDriver
+from wattlab.errors import NvmlError
+from wattlab.hardware.fake_nvml import FakeNvml
+from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu, WorkloadSchedule
+from wattlab.samples import Gap, SampleFlag
+
+S = 1_000_000_000
+UNIX_MINUS_MONO = 1_700_000_000 * S - 10**12
+
+
+class FakeClock:
+    """Monotonic fake time; ``sleep`` advances it and records how long each block was."""
+
+    def __init__(self, t_ns: int = 10**12) -> None:
+        self.t_ns = t_ns
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> int:
+        return self.t_ns
+
+    def wall(self) -> int:
+        return self.t_ns + UNIX_MINUS_MONO
+
+    def sleep(self, dt_s: float) -> None:
+        self.sleeps.append(dt_s)
+        self.t_ns += round(dt_s * 1e9)
+
+
+def setup(
+    schedule: WorkloadSchedule | None = None,
+    unsupported: frozenset[str] = frozenset(),
+    **acq_kwargs: Any,
+) -> tuple[NvmlAcquirer, SimulatedGpu, FakeClock]:
+    clock = FakeClock()
+    gpu = SimulatedGpu(
+        index=0,
+        seed=21,
+        schedule=schedule or WorkloadSchedule.demo(21, 20.0),
+        clock_ns=clock,
+        unix_offset_ns=UNIX_MINUS_MONO,
+        unsupported=unsupported,
+    )
+    acq = NvmlAcquirer(
+        NvmlDriver(FakeNvml([gpu])),
+        0,
+        clock_ns=clock,
+        wall_clock_ns=clock.wall,
+        sleep=clock.sleep,
+        **acq_kwargs,
+    )
+    return acq, gpu, clock
+
+
+def run_for(acq: NvmlAcquirer, clock: FakeClock, seconds: float) -> list[Reading]:
+    end = clock() + round(seconds * 1e9)
+    out: list[Reading] = []
+    while clock() < end:
+        out += acq.poll()
+    return out + acq.flush()
+
+
+def by_source(readings: list[Reading]) -> dict[str, Chunk]:
+    """Concatenate the chunks of each source."""
+    parts: dict[str, list[Chunk]] = {}
+    for r in readings:
+        if isinstance(r, Chunk):
+            parts.setdefault(r.source_id, []).append(r)
+    out = {}
+    for sid, chunks in parts.items():
+        flags = [c.flags for c in chunks]
+        raws = [c.t_raw for c in chunks]
+        out[sid] = Chunk(
+            sid,
+            np.concatenate([c.t_host_ns for c in chunks]),
+            np.concatenate([c.values for c in chunks]),
+            t_raw=None if raws[0] is None else np.concatenate([r for r in raws if r is not None]),
+            flags=None if flags[0] is None else np.concatenate([f for f in flags if f is not None]),
+        )
+    return out
+
+
+def test_descriptors_of_the_four_streams() -> None:
+    acq, gpu, _ = setup()
+    descs = {d.source_id: d for d in acq.open()}
+    acq.close()
+    assert list(descs) == ["gpu0.samples", "gpu0.power", "gpu0.energy", "gpu0.state"]
+    samples = descs["gpu0.samples"]
+    assert samples.channels[0].name == "power_w" and samples.channels[0].unit == "W"
+    assert samples.channels[0].meaning == "nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)"
+    assert (samples.time_raw, samples.time_raw_dtype) == ("device_unix_us", "<i8")
+    assert descs["gpu0.power"].channel_names == ["instant_power_w", "average_power_w"]
+    assert descs["gpu0.energy"].channels[0].unit == "J"
+    assert descs["gpu0.state"].channel_names == [
+        "sm_clock_hz",
+        "mem_clock_hz",
+        "gpu_util_pct",
+        "temperature_c",
+        "power_limit_w",
+    ]
+    for d in descs.values():
+        assert (d.kind, d.model, d.serial, d.firmware, d.transport, d.value_dtype) == (
+            "nvml",
+            gpu.model.name,
+            gpu.serial,
+            "580.159.04",
+            "nvml",
+            "<f8",
+        )
+        assert d.config["uuid"] == gpu.uuid
+        assert d.config["power_limit_range_w"] == [200.0, 700.0]
+        assert d.config["missing"] == {}
+        assert d.config["nvml_calls"] == {c.name: c.meaning for c in d.channels}
+        assert d.config["intervals_s"]["drain"] == 0.5
+        assert d.config["unix_minus_monotonic_ns"] == UNIX_MINUS_MONO
+        assert d.to_json()["config"] == d.config
+
+
+def test_streams_on_a_fake_clock() -> None:
+    acq, gpu, clock = setup()
+    acq.open()
+    t_open = clock()
+    readings = run_for(acq, clock, 10.0)
+    acq.close()
+    assert not [r for r in readings if isinstance(r, Gap)]
+    assert max(clock.sleeps) <= 0.1
+    data = by_source(readings)
+
+    samples = data["gpu0.samples"]
+    assert samples.t_raw is not None and samples.t_raw.dtype == np.int64
+    assert np.all(np.diff(samples.t_raw) > 0)  # no duplicate
+    assert np.diff(samples.t_raw).max() < 30_000  # no loss (20 ms +- 3 ms jitter)
+    assert samples.t_host_ns[0] >= t_open
+    np.testing.assert_array_equal(samples.t_host_ns, samples.t_raw * 1000 - UNIX_MINUS_MONO)
+    assert 480 <= samples.values.shape[0] <= 501
+
+    power = data["gpu0.power"]
+    assert power.values.shape[1] == 2 and 480 <= power.values.shape[0] <= 502
+    assert power.flags is not None
+    fresh = (power.flags & SampleFlag.REPEAT) == 0
+    assert 0.15 < fresh.mean() < 0.3  # new values every ~100 ms, read every 20 ms
+    gaps_ms = np.diff(power.t_host_ns[fresh]) / 1e6
+    assert np.median(gaps_ms) == pytest.approx(100, abs=1)
+    assert np.all(power.values > 30)
+
+    energy = data["gpu0.energy"]
+    assert np.all(np.diff(energy.values[:, 0]) >= 0)
+    assert energy.values[-1, 0] - energy.values[0, 0] == pytest.approx(
+        gpu.true_energy_j(int(energy.t_host_ns[0]), int(energy.t_host_ns[-1])), rel=0.02
+    )
+
+    state = data["gpu0.state"]
+    assert state.values.shape[1] == 5 and 50 <= state.values.shape[0] <= 51
+    assert set(state.values[:, 0]) <= {c * 1e6 for c in gpu.model.sm_clocks_mhz}
+    assert np.all(state.values[:, 1] == 2619e6)
+    assert np.all(state.values[:, 4] == 700.0)
+
+
+def test_sample_integral_matches_energy_counter_within_2_percent() -> None:
+    acq, _, clock = setup(schedule=WorkloadSchedule.random(4, 20.0))
+    acq.open()
+    data = by_source(run_for(acq, clock, 15.0))
+    acq.close()
+    samples, energy = data["gpu0.samples"], data["gpu0.energy"]
+    e_t, e_j = energy.t_host_ns, energy.values[:, 0]
+    fresh = np.r_[True, np.diff(e_j) != 0]  # counter ticks
+    t0, t1 = e_t[fresh][2], e_t[fresh][-2]
+    counter_j = np.interp(t1, e_t, e_j) - np.interp(t0, e_t, e_j)
+    inside = (samples.t_host_ns > t0) & (samples.t_host_ns <= t1)
+    integral_j = samples.values[inside, 0].sum() * 0.020
+    assert integral_j == pytest.approx(counter_j, rel=0.02)
+
+
+def test_buffer_overflow_becomes_a_gap_without_duplicates() -> None:
+    acq, _, clock = setup(drain_interval_s=3.0)
+    acq.open()
+    readings = run_for(acq, clock, 7.0)
+    acq.close()
+    gaps = [r for r in readings if isinstance(r, Gap)]
+    assert len(gaps) == 2
+    for gap in gaps:
+        assert gap.source == "gpu0.samples" and "overflowed" in gap.reason
+        assert 20 <= gap.samples_lost <= 40  # ~0.6 s of a 3 s wait lost from a 2.4 s buffer
+        assert 0.5 * S < gap.t_last_ns - gap.t_first_ns < 0.8 * S
+    samples = by_source(readings)["gpu0.samples"]
+    assert samples.t_raw is not None
+    assert np.all(np.diff(samples.t_raw) > 0)
+
+
+def test_missing_instant_field_is_left_out_not_zeros() -> None:
+    acq, _, clock = setup(
+        unsupported=frozenset({"NVML_FI_DEV_POWER_INSTANT", "nvmlDeviceGetTemperature"})
+    )
+    descs = {d.source_id: d for d in acq.open()}
+    readings = run_for(acq, clock, 1.0)
+    acq.close()
+    power = descs["gpu0.power"]
+    assert power.channel_names == ["average_power_w"]
+    assert set(power.config["missing"]) == {"instant_power_w", "temperature_c"}
+    assert "temperature_c" not in descs["gpu0.state"].channel_names
+    data = by_source(readings)
+    assert data["gpu0.power"].values.shape[1] == 1
+    assert np.all(data["gpu0.power"].values > 30)
+    assert data["gpu0.state"].values.shape[1] == 4
+
+
+def test_gpu_without_samples_or_energy_has_no_such_streams() -> None:
+    acq, _, clock = setup(
+        unsupported=frozenset({"nvmlDeviceGetSamples", "nvmlDeviceGetTotalEnergyConsumption"})
+    )
+    ids = [d.source_id for d in acq.open()]
+    readings = run_for(acq, clock, 0.5)
+    acq.close()
+    assert ids == ["gpu0.power", "gpu0.state"]
+    assert set(by_source(readings)) == {"gpu0.power", "gpu0.state"}
+
+
+def test_open_failure_is_clear_and_close_is_safe() -> None:
+    lib = FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    acq = NvmlAcquirer(NvmlDriver(lib), 0)
+    with pytest.raises(NvmlError, match="NVML library not found"):
+        acq.open()
+    acq.close()
+
+
+def test_open_of_a_missing_gpu_releases_nvml() -> None:
+    clock = FakeClock()
+    gpu = SimulatedGpu(clock_ns=clock)
+    lib = FakeNvml([gpu])
+    acq = NvmlAcquirer(NvmlDriver(lib), 3)
+    with pytest.raises(NvmlError, match="GPU 3"):
+        acq.open()
+    assert lib.init_count == 0
+    acq.close()
+
+
+def test_real_time_run_against_a_simulated_gpu() -> None:
+    gpu = SimulatedGpu(seed=2, schedule=WorkloadSchedule.demo(2, 5.0))
+    acq = NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0, drain_interval_s=0.3)
+    acq.open()
+    readings: list[Reading] = []
+    t_end = time.monotonic() + 1.0
+    longest_poll_s = 0.0
+    try:
+        while time.monotonic() < t_end:
+            t0 = time.monotonic()
+            readings += acq.poll()
+            longest_poll_s = max(longest_poll_s, time.monotonic() - t0)
+        readings += acq.flush()
+    finally:
+        acq.close()
+    assert longest_poll_s < 0.3
+    data = by_source(readings)
+    assert set(data) == {"gpu0.samples", "gpu0.power", "gpu0.energy", "gpu0.state"}
+    assert 35 <= data["gpu0.samples"].values.shape[0] <= 55
+    assert data["gpu0.power"].values.shape[0] >= 30
+    now = time.monotonic_ns()
+    assert np.all(data["gpu0.samples"].t_host_ns < now)
+    assert np.all(data["gpu0.samples"].t_host_ns > now - 2 * S)
+
+
+class FilteredNvml(FakeNvml):
+    """FakeNvml whose sample buffer skips a stretch of time (a driver hole) or replays stamps."""
+
+    def __init__(
+        self,
+        gpus: list[SimulatedGpu],
+        drop_us: tuple[int, int] = (0, 0),
+        replay: np.ndarray | None = None,
+    ) -> None:
+        super().__init__(gpus)
+        self.drop_us = drop_us
+        self.replay = replay
+
+    def nvmlDeviceGetSamples(
+        self, handle: object, sampling_type: int, timeStamp: int
+    ) -> tuple[int, list[object]]:
+        value_type, samples = super().nvmlDeviceGetSamples(handle, sampling_type, timeStamp)
+        if self.replay is not None:  # the real H100's stamps and values, as the buffer held them
+            gpu = self.gpus[0]
+            now_us = int(gpu.to_unix_us(gpu.clock_ns()))
+            rows = self.replay[(self.replay[:, 0] <= now_us) & (self.replay[:, 0] > timeStamp)]
+            rows = rows[-120:]
+            if rows.shape[0] == 0:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+            out = (pynvml.c_nvmlSample_t * rows.shape[0])()
+            for i, (ts, mw) in enumerate(rows[:, :2].tolist()):
+                out[i].timeStamp = ts
+                out[i].sampleValue.uiVal = mw
+            return value_type, list(out)
+        lo, hi = self.drop_us
+        return value_type, [s for s in samples if not lo <= s.timeStamp < hi]
+
+
+def test_a_hole_in_the_driver_buffer_becomes_a_gap() -> None:
+    clock = FakeClock()
+    gpu = SimulatedGpu(seed=3, clock_ns=clock, unix_offset_ns=UNIX_MINUS_MONO)
+    t0_us = int(gpu.to_unix_us(clock() + 2 * S))
+    lib = FilteredNvml([gpu], drop_us=(t0_us, t0_us + 100_000))  # 100 ms missing
+    acq = NvmlAcquirer(
+        NvmlDriver(lib), 0, clock_ns=clock, wall_clock_ns=clock.wall, sleep=clock.sleep
+    )
+    acq.open()
+    readings = run_for(acq, clock, 4.0)
+    acq.close()
+    gaps = [r for r in readings if isinstance(r, Gap)]
+    assert len(gaps) == 1 and "hole" in gaps[0].reason
+    assert 4 <= gaps[0].samples_lost <= 6
+    assert gaps[0].t_last_ns - gaps[0].t_first_ns == pytest.approx(0.12 * S, abs=0.02 * S)
+
+
+def test_large_jitter_is_not_a_gap() -> None:
+    clock = FakeClock()
+    model = GpuModel(sample_jitter_s=0.009)  # intervals up to 38 ms, as seen on a real H100
+    gpu = SimulatedGpu(seed=3, clock_ns=clock, unix_offset_ns=UNIX_MINUS_MONO, model=model)
+    acq = NvmlAcquirer(
+        NvmlDriver(FakeNvml([gpu])), 0, clock_ns=clock, wall_clock_ns=clock.wall, sleep=clock.sleep
+    )
+    acq.open()
+    readings = run_for(acq, clock, 5.0)
+    acq.close()
+    assert not [r for r in readings if isinstance(r, Gap)]
+
+
+REAL_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "h100_nvml_seed11.npz"
+
+
+@pytest.mark.skipif(not REAL_DATA.exists(), reason=f"reference data absent: {REAL_DATA}")
+def test_real_h100_sample_stamps_drain_without_false_gaps() -> None:
+    real = np.load(REAL_DATA)["samples"]  # stamp µs, mW, host ns when drained
+    clock = FakeClock()
+    first_us = int(real[0, 0])
+    offset = first_us * 1000 - 50_000_000 - clock()  # open 50 ms before the first sample
+    gpu = SimulatedGpu(seed=3, clock_ns=clock, unix_offset_ns=offset)
+    lib = FilteredNvml([gpu], replay=real)
+    acq = NvmlAcquirer(
+        NvmlDriver(lib),
+        0,
+        clock_ns=clock,
+        wall_clock_ns=lambda: clock() + offset,
+        sleep=clock.sleep,
+    )
+    acq.open()
+    span_s = (int(real[-1, 0]) - first_us) / 1e6 + 0.6
+    readings = run_for(acq, clock, span_s)
+    acq.close()
+    assert not [r for r in readings if isinstance(r, Gap)]
+    samples = by_source(readings)["gpu0.samples"]
+    assert samples.t_raw is not None
+    np.testing.assert_array_equal(samples.t_raw, real[:, 0])
+    np.testing.assert_allclose(samples.values[:, 0], real[:, 1] / 1000)

@@ -1,0 +1,46 @@
+"""A known GPU load for device tests: idle / half-duty / full bf16 matrix products.
+
+Marks each phase with ``wattlab.phase`` so the run file shows where the load changed.
+Read-only on the card: it only runs kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import wattlab
+
+
+def busy(seconds: float, duty: float, a: torch.Tensor, b: torch.Tensor) -> None:
+    """Run matrix products for ``duty`` of every 100 ms slice, sleep for the rest."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        slice_end = time.monotonic() + 0.1 * duty
+        while time.monotonic() < slice_end:
+            torch.matmul(a, b)
+            torch.cuda.synchronize()
+        time.sleep(0.1 * (1 - duty))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
+    args = parser.parse_args()
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.matmul(a, b)
+    torch.cuda.synchronize()
+    for name, duty in (("idle", 0.0), ("full", 1.0), ("idle", 0.0), ("half", 0.5),
+                       ("full", 1.0), ("idle", 0.0)):
+        with wattlab.phase(name, duty=duty):
+            if duty == 0:
+                time.sleep(args.seconds)
+            else:
+                busy(args.seconds, duty, a, b)
+
+
+if __name__ == "__main__":
+    main()
