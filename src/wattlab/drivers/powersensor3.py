@@ -1,0 +1,589 @@
+"""PowerSensor3 (ASTRON / NLeSC) over a byte transport: commands, frame decoder, clock, scaling.
+
+Wire format and numbers are from PROTOCOLS.md §1. Points no second source confirmed and
+where this driver is deliberately tolerant:
+
+* ``X`` is assumed to answer ``FF 3F FF 3F`` even when the device was not streaming
+  (``connect`` relies on it to clear a stream left running by an earlier host); a firmware
+  sending a single ``FF 3F`` is accepted too.
+* A marker bit on sensors 1-6 is ignored (the firmware sets it only on sensor 0); on
+  sensor 7 it makes the word a timestamp word, so such a frame is rejected as misaligned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from wattlab.drivers.transport import ByteTransport
+from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError
+from wattlab.samples import Channel, SampleFlag
+
+
+class Command(bytes, enum.Enum):
+    """One ASCII byte host → device. ``RESET`` and ``BOOTLOADER`` are never sent by wattlab."""
+
+    START = b"S"  # start streaming, resets the conversion counter
+    STOP = b"T"  # stop streaming, no reply
+    STOP_FLUSH = b"X"  # stop, flush pending markers, reply FF 3F FF 3F
+    MARKER = b"M"  # marker bit on the next frame
+    SINGLE_FRAME = b"I"  # reply one 18-byte frame
+    COUNTER = b"Q"  # reply uint32 LE conversion counter
+    VERSION = b"V"  # reply firmware version line
+    BLINK = b"B"
+    READ_CONFIG = b"R"  # 8 × (41-byte record, host ack), then D
+    WRITE_CONFIG = b"W"  # 8 × (host 41-byte record, device S), then D
+    RESET = b"Z"
+    BOOTLOADER = b"Y"
+
+
+N_SENSORS = 8
+N_PAIRS = N_SENSORS // 2
+FRAME_BYTES = 18
+CONFIG_RECORD_FORMAT = "<16s16sff?"
+CONFIG_RECORD_BYTES = struct.calcsize(CONFIG_RECORD_FORMAT)
+CONFIG_ACK = b"s"  # what the upstream host library sends to ack a configuration record
+CONFIG_RECORD_OK = b"S"
+CONFIG_DONE = b"D"
+STOP_TERMINATOR = b"\xff\x3f"
+STOP_TERMINATOR_FULL = STOP_TERMINATOR * 2
+COUNTER_BYTES = 4
+VERSION_MAX_BYTES = 64
+FULL_SCALE_V = 3.3
+MAX_LEVEL = 1023
+DEVICE_CLOCK_WRAP_US = 1024
+WRAP_NS = DEVICE_CLOCK_WRAP_US * 1000
+
+# High bits each of the 18 frame bytes must carry: (mask, expected) per position.
+_FRAME_MASK = np.array(
+    [0xF0, 0xC0] + [0xF0, 0x80] * 7 + [0xF0, 0xC0], dtype=np.uint8
+)
+_FRAME_EXPECT = np.array(
+    [0xF0, 0x40] + [v for i in range(N_SENSORS) for v in (0x80 | (i << 4), 0x00)],
+    dtype=np.uint8,
+)
+_RESYNC_WINDOW = 4096
+
+
+@dataclass(frozen=True)
+class SensorConfig:
+    """One sensor's record in the device (type, pair name, vref V, sensitivity, in use)."""
+
+    type: str
+    pair_name: str
+    vref_v: float
+    sensitivity: float
+    in_use: bool
+
+    def pack(self) -> bytes:
+        """The 41-byte little-endian packed record the firmware stores."""
+        return struct.pack(
+            CONFIG_RECORD_FORMAT, self.type.encode("ascii")[:16],
+            self.pair_name.encode("ascii")[:16], self.vref_v, self.sensitivity, self.in_use,
+        )
+
+    @staticmethod
+    def unpack(record: bytes, port: str = "powersensor3", index: int = 0) -> SensorConfig:
+        if len(record) != CONFIG_RECORD_BYTES:
+            raise MeterProtocolError(
+                f"{port}: configuration record {index} has {len(record)} bytes, "
+                f"expected {CONFIG_RECORD_BYTES}"
+            )
+        kind, name, vref, sens, in_use = struct.unpack(CONFIG_RECORD_FORMAT, record)
+        return SensorConfig(
+            kind.split(b"\0", 1)[0].decode("ascii", "replace"),
+            name.split(b"\0", 1)[0].decode("ascii", "replace"),
+            float(vref), float(sens), bool(in_use),
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {"type": self.type, "pair_name": self.pair_name, "vref_v": self.vref_v,
+                "sensitivity": self.sensitivity, "in_use": self.in_use}
+
+
+# ---------------------------------------------------------------------------------------
+# Frame decoder
+# ---------------------------------------------------------------------------------------
+@dataclass
+class DecodedFrames:
+    """Frames decoded from one ``feed``; ``skip_events`` = (index of next frame, bytes)."""
+
+    levels: npt.NDArray[np.uint16]
+    marker: npt.NDArray[np.bool_]
+    device_t_us: npt.NDArray[np.uint16]
+    resync: npt.NDArray[np.bool_]
+    skipped_bytes: int = 0
+    skip_events: list[tuple[int, int]] = field(default_factory=list)
+    stopped: bool = False
+
+    @property
+    def n(self) -> int:
+        return int(self.device_t_us.shape[0])
+
+
+def _decode_rows(rows: npt.NDArray[np.uint8]) -> tuple[
+        npt.NDArray[np.uint16], npt.NDArray[np.bool_], npt.NDArray[np.uint16]]:
+    r = rows.astype(np.uint16)
+    levels = ((r[:, 2::2] & 0x0F) << 6) | (r[:, 3::2] & 0x3F)
+    marker = (rows[:, 3] & 0x40) != 0
+    t = ((r[:, 0] & 0x0F) << 6) | (r[:, 1] & 0x3F)
+    return levels.astype(np.uint16), marker, t.astype(np.uint16)
+
+
+def _valid_rows(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
+    ok: npt.NDArray[np.bool_] = ((rows & _FRAME_MASK) == _FRAME_EXPECT).all(axis=1)
+    return ok
+
+
+def _valid_prefix(buf: npt.NDArray[np.uint8]) -> bool:
+    m = buf.shape[0]
+    return bool(((buf & _FRAME_MASK[:m]) == _FRAME_EXPECT[:m]).all())
+
+
+class FrameDecoder:
+    """Turns the 18-byte frame stream into arrays, whole blocks at a time.
+
+    Aligned data is checked and decoded with numpy over all complete frames at once; only
+    where a frame fails the positional bit check does a scan look for the next frame start
+    (or the ``FF 3F`` stop terminator), counting every byte it drops. A partial frame at the
+    end is kept for the next ``feed``. ``stop_on_terminator`` is switched off while
+    streaming: the firmware sends ``FF 3F`` only after ``X``, and two corrupt bytes must not
+    end a live acquisition. Invariant, for tests: ``18 · frames + skipped +
+    pending_bytes + ignored_bytes`` equals the bytes fed.
+    """
+
+    def __init__(self, stop_on_terminator: bool = True) -> None:
+        self.stop_on_terminator = stop_on_terminator
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything: a new stream starts (after ``S``)."""
+        self._carry = b""
+        self._resync_pending = False
+        self.stopped = False
+        self.ignored_bytes = 0
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._carry)
+
+    def feed(self, data: bytes) -> DecodedFrames:
+        """Decode ``data`` (plus what was kept from the last call)."""
+        if self.stopped:
+            self.ignored_bytes += len(data)
+            return _empty(stopped=True)
+        buf = np.frombuffer(self._carry + data, dtype=np.uint8)
+        n = buf.shape[0]
+        p = 0
+        blocks: list[npt.NDArray[np.uint8]] = []
+        starts: list[int] = []  # frame index at which a block follows a skip
+        n_frames = 0
+        skipped = 0
+        events: list[tuple[int, int]] = []
+        stopped = False
+        self._carry = b""
+        while True:
+            k = (n - p) // FRAME_BYTES
+            if k:
+                rows = buf[p:p + FRAME_BYTES * k].reshape(k, FRAME_BYTES)
+                ok = _valid_rows(rows)
+                j = k if bool(ok.all()) else int(np.argmin(ok))
+                if j:
+                    blocks.append(rows[:j])
+                    if self._resync_pending:
+                        starts.append(n_frames)
+                        self._resync_pending = False
+                    n_frames += j
+                    p += FRAME_BYTES * j
+            q, kind = self._next_start(buf, p, self.stop_on_terminator)
+            if q > p:
+                skipped += q - p
+                events.append((n_frames, q - p))
+                self._resync_pending = True
+            p = q
+            if kind == "terminator":
+                stopped = True
+                self.stopped = True
+                self.ignored_bytes += n - p
+                break
+            if kind == "tail":
+                self._carry = buf[p:].tobytes()
+                break
+        if not blocks:
+            out = _empty(stopped=stopped)
+        else:
+            levels, marker, t = _decode_rows(np.concatenate(blocks))
+            resync = np.zeros(n_frames, dtype=bool)
+            resync[starts] = True
+            out = DecodedFrames(levels, marker, t, resync)
+        out.skipped_bytes = skipped
+        out.skip_events = events
+        out.stopped = stopped
+        return out
+
+    @staticmethod
+    def _next_start(buf: npt.NDArray[np.uint8], p: int, stop: bool) -> tuple[int, str]:
+        """First position ≥ p that starts a frame, the terminator, or a possible partial frame."""
+        n = buf.shape[0]
+        lo = p
+        while lo < n:
+            hi = min(n, lo + _RESYNC_WINDOW)
+            cands = np.flatnonzero((buf[lo:hi] & 0xF0) == 0xF0) + lo
+            for q in cands.tolist():
+                if stop and q + 1 < n and buf[q] == 0xFF and buf[q + 1] == 0x3F:
+                    return q, "terminator"
+                if q + FRAME_BYTES <= n:
+                    if _valid_prefix(buf[q:q + FRAME_BYTES]):
+                        return q, "frame"
+                elif _valid_prefix(buf[q:]):
+                    return q, "tail"
+            lo = hi
+        return n, "tail"
+
+
+def _empty(stopped: bool = False) -> DecodedFrames:
+    return DecodedFrames(np.zeros((0, N_SENSORS), dtype=np.uint16), np.zeros(0, dtype=bool),
+                         np.zeros(0, dtype=np.uint16), np.zeros(0, dtype=bool), stopped=stopped)
+
+
+# ---------------------------------------------------------------------------------------
+# Device clock
+# ---------------------------------------------------------------------------------------
+@dataclass
+class UnwrappedTimes:
+    """Per-sample device time (µs, unwrapped) and host monotonic time (ns)."""
+
+    t_device_us: npt.NDArray[np.int64]
+    t_host_ns: npt.NDArray[np.int64]
+    estimated: npt.NDArray[np.bool_]
+
+
+class DeviceClock:
+    """Unwraps the 10-bit µs timestamp and maps it onto the host's monotonic clock.
+
+    Consecutive frames are ~50 µs apart, so the modular difference of neighbours is the
+    true step. The device → host offset is the lower envelope of ``read time − device time
+    of the newest sample`` (a sample is always read after it was taken), allowed to creep
+    up by ``drift_ppm`` for crystal drift; a change is slewed over a batch so host times
+    stay monotonic. When a read lands more than ``slack_ns`` later
+    than the envelope predicts, whole 1024 µs wraps were lost with the stream: the time is
+    re-anchored on the host clock and the samples are flagged ``ESTIMATED_TIME``.
+    """
+
+    def __init__(self, slack_ns: int = 20_000_000, drift_ppm: float = 200.0) -> None:
+        self.slack_ns = slack_ns
+        self.drift_ppm = drift_ppm
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the anchor (a new stream: the device clock may have run meanwhile)."""
+        self._last_raw: int | None = None
+        self._last_dev_us = 0
+        self._offset_ns = 0
+        self._last_read_ns = 0
+
+    @property
+    def offset_ns(self) -> int:
+        return self._offset_ns
+
+    def unwrap(self, t10: npt.NDArray[np.uint16], host_read_ns: int,
+               breaks: Sequence[int] = ()) -> UnwrappedTimes:
+        """Times for frames read by ``host_read_ns``; ``breaks``: frame indices after lost data."""
+        n = int(t10.shape[0])
+        estimated = np.zeros(n, dtype=bool)
+        if n == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return UnwrappedTimes(empty, empty.copy(), estimated)
+        t = t10.astype(np.int64) & (DEVICE_CLOCK_WRAP_US - 1)
+        first = self._last_raw is None
+        prev_raw = int(t[0]) if self._last_raw is None else self._last_raw
+        steps = np.diff(t, prepend=prev_raw) % DEVICE_CLOCK_WRAP_US
+        dev = (int(t[0]) if first else self._last_dev_us) + np.cumsum(steps)
+        candidate = host_read_ns - int(dev[-1]) * 1000
+        if first:
+            offset = candidate
+        else:
+            elapsed = max(0, host_read_ns - self._last_read_ns)
+            allowed = self._offset_ns + int(elapsed * self.drift_ppm * 1e-6)
+            excess = candidate - allowed
+            if excess > self.slack_ns:
+                # Read latency only adds, so round down, forgiving 100 µs of clock jitter.
+                wraps = (candidate - self._offset_ns + 100_000) // WRAP_NS
+                at = int(breaks[0]) if len(breaks) else 0
+                dev[at:] += wraps * DEVICE_CLOCK_WRAP_US
+                estimated[at:] = True
+                candidate -= wraps * WRAP_NS
+            offset = min(candidate, allowed)
+        if first or estimated[-1]:
+            offsets = np.full(n, offset, dtype=np.int64)
+        else:
+            # Slew a changed offset across the batch (at most half its span) so host
+            # times stay monotonic instead of stepping back when the envelope drops.
+            span_ns = (int(dev[-1]) - self._last_dev_us) * 1000
+            change = int(np.clip(offset - self._offset_ns, -span_ns // 2, span_ns // 2))
+            offset = self._offset_ns + change
+            offsets = self._offset_ns + (change * np.arange(1, n + 1, dtype=np.int64)) // n
+        self._offset_ns = offset
+        self._last_raw = int(t[-1])
+        self._last_dev_us = int(dev[-1])
+        self._last_read_ns = host_read_ns
+        t_host = (dev * 1000 + offsets).astype(np.int64)
+        return UnwrappedTimes(dev.astype(np.int64), t_host, estimated)
+
+
+# ---------------------------------------------------------------------------------------
+# Scaling
+# ---------------------------------------------------------------------------------------
+class Scaling:
+    """Levels → SI values per active pair (current A, voltage V, power W) and their total."""
+
+    def __init__(self, config: Sequence[SensorConfig], port: str = "powersensor3") -> None:
+        if len(config) != N_SENSORS:
+            raise MeterProtocolError(f"{port}: {len(config)} sensor records, expected 8")
+        self.config = list(config)
+        self.pairs = [p for p in range(N_PAIRS)
+                      if config[2 * p].in_use and config[2 * p + 1].in_use]
+        if not self.pairs:
+            raise MeterError(f"{port}: no sensor pair has both sensors in use; nothing to read")
+        for p in self.pairs:
+            for s in (2 * p, 2 * p + 1):
+                if config[s].sensitivity == 0 or not np.isfinite(config[s].sensitivity):
+                    raise MeterProtocolError(
+                        f"{port}: sensor {s} is in use with sensitivity {config[s].sensitivity}"
+                    )
+        self.sensors = [s for p in self.pairs for s in (2 * p, 2 * p + 1)]
+        self._vref = np.array([config[s].vref_v for s in self.sensors])
+        self._sens = np.array([config[s].sensitivity for s in self.sensors])
+
+    def channels(self) -> list[Channel]:
+        out: list[Channel] = []
+        for p in self.pairs:
+            ci, cv = self.config[2 * p], self.config[2 * p + 1]
+            name = ci.pair_name or f"pair {p}"
+            out += [
+                Channel(f"current{p}_a", "A", f"{name} current, sensor {2 * p} ({ci.type})"),
+                Channel(f"voltage{p}_v", "V", f"{name} voltage, sensor {2 * p + 1} ({cv.type})"),
+                Channel(f"power{p}_w", "W", f"{name} power, sensors {2 * p}·{2 * p + 1}"),
+            ]
+        out.append(Channel("power_total_w", "W", "sum of the power of every active pair"))
+        return out
+
+    def convert(self, levels: npt.NDArray[np.uint16]) -> npt.NDArray[np.float32]:
+        """``(3.3 · level / 1023 − vref) / sensitivity``; negative sensitivity inverts."""
+        v = (FULL_SCALE_V * levels[:, self.sensors] / MAX_LEVEL - self._vref) / self._sens
+        n = levels.shape[0]
+        out = np.empty((n, 3 * len(self.pairs) + 1), dtype=np.float64)
+        power = v[:, 0::2] * v[:, 1::2]
+        out[:, 0:-1:3] = v[:, 0::2]
+        out[:, 1:-1:3] = v[:, 1::2]
+        out[:, 2:-1:3] = power
+        out[:, -1] = power.sum(axis=1)
+        return out.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------
+@dataclass
+class StreamBlock:
+    """Decoded, timed and scaled samples from one read of the stream."""
+
+    t_host_ns: npt.NDArray[np.int64]
+    t_device_us: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float32]
+    flags: npt.NDArray[np.uint8]
+    marker_index: npt.NDArray[np.intp]
+    skipped_bytes: int = 0
+    skip_events: list[tuple[int, int]] = field(default_factory=list)
+    stopped: bool = False
+
+    @property
+    def n(self) -> int:
+        return int(self.t_host_ns.shape[0])
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What ``connect`` learnt: the firmware line and the eight sensor records."""
+
+    firmware: str
+    config: tuple[SensorConfig, ...]
+
+
+class PowerSensor3:
+    """The device's commands as methods; nothing is sent before ``connect``."""
+
+    def __init__(self, transport: ByteTransport, name: str | None = None,
+                 clock_ns: Callable[[], int] = time.monotonic_ns,
+                 drain_timeout_s: float = 1.0) -> None:
+        self.transport = transport
+        self.port = name or str(getattr(transport, "port_name", "powersensor3"))
+        self.clock_ns = clock_ns
+        self.drain_timeout_s = drain_timeout_s
+        self.decoder = FrameDecoder()
+        self.clock = DeviceClock()
+        self.firmware = ""
+        self.config: list[SensorConfig] = []
+        self.scaling: Scaling | None = None
+
+    # -- session ---------------------------------------------------------------------------
+    def connect(self) -> DeviceInfo:
+        """Stop any stream left running, then read firmware version and configuration."""
+        self.stop_and_flush()
+        self.firmware = self.read_version()
+        self.config = self.read_config()
+        self.scaling = Scaling(self.config, self.port)
+        return DeviceInfo(self.firmware, tuple(self.config))
+
+    def _send(self, cmd: Command) -> None:
+        self.transport.write(cmd.value)
+
+    def read_version(self) -> str:
+        """``V`` → firmware line such as ``F411-1.6.1``."""
+        self._send(Command.VERSION)
+        line = bytearray()
+        while not line.endswith(b"\n"):
+            line += self.transport.read(1)
+            if len(line) > VERSION_MAX_BYTES:
+                raise MeterProtocolError(f"{self.port}: version reply too long: {bytes(line)!r}")
+        text = line.rstrip(b"\r\n")
+        if not text or any(b < 0x20 or b > 0x7E for b in text):
+            raise MeterProtocolError(f"{self.port}: version reply is not text: {bytes(line)!r}")
+        return text.decode("ascii")
+
+    def read_config(self) -> list[SensorConfig]:
+        """``R``: eight 41-byte records, each acked by the host, then ``D``."""
+        self._send(Command.READ_CONFIG)
+        out = []
+        for i in range(N_SENSORS):
+            record = self.transport.read(CONFIG_RECORD_BYTES)
+            out.append(SensorConfig.unpack(record, self.port, i))
+            self.transport.write(CONFIG_ACK)
+        self._expect(CONFIG_DONE, "after the configuration records")
+        return out
+
+    def write_config(self, config: Sequence[SensorConfig]) -> None:
+        """``W``: eight 41-byte records, each answered ``S``, then ``D``."""
+        if len(config) != N_SENSORS:
+            raise MeterError(f"{self.port}: configuration needs 8 records, got {len(config)}")
+        self._send(Command.WRITE_CONFIG)
+        for i, record in enumerate(config):
+            self.transport.write(record.pack())
+            self._expect(CONFIG_RECORD_OK, f"after configuration record {i}")
+        self._expect(CONFIG_DONE, "after writing the configuration")
+        self.config = list(config)
+        self.scaling = Scaling(self.config, self.port)
+
+    def _expect(self, reply: bytes, where: str) -> None:
+        got = self.transport.read(len(reply))
+        if got != reply:
+            raise MeterProtocolError(f"{self.port}: expected {reply!r} {where}, got {got!r}")
+
+    def read_counter(self) -> int:
+        """``Q`` → conversions since the last ``S`` (uint32 LE)."""
+        self._send(Command.COUNTER)
+        return int(struct.unpack("<I", self.transport.read(COUNTER_BYTES))[0])
+
+    def read_single_frame(self) -> DecodedFrames:
+        """``I`` → one frame (decoded on its own, outside the stream)."""
+        self._send(Command.SINGLE_FRAME)
+        raw = self.transport.read(FRAME_BYTES)
+        frames = FrameDecoder().feed(raw)
+        if frames.n != 1:
+            raise MeterProtocolError(f"{self.port}: reply to 'I' is not a frame: {raw.hex(' ')}")
+        return frames
+
+    def mark(self) -> None:
+        """``M``: the device sets the marker bit on its next frame."""
+        self._send(Command.MARKER)
+
+    def start(self) -> None:
+        """``S``: stream frames; the decoder and clock start afresh."""
+        self.decoder.reset()
+        self.decoder.stop_on_terminator = False
+        self.clock.reset()
+        self._send(Command.START)
+
+    def stop(self) -> None:
+        """``T``: stop streaming (frames already in flight still arrive)."""
+        self._send(Command.STOP)
+
+    def stop_and_flush(self, timeout_s: float | None = None) -> StreamBlock:
+        """``X`` and read to the terminator, keeping frames and markers that came before it."""
+        limit = self.drain_timeout_s if timeout_s is None else timeout_s
+        if self.decoder.stopped:
+            self.decoder.reset()
+        self.decoder.stop_on_terminator = True
+        self._send(Command.STOP_FLUSH)
+        deadline = time.monotonic() + limit
+        data = bytearray()
+        before = self.decoder.ignored_bytes
+        frames: list[StreamBlock] = []
+        while not self.decoder.stopped:
+            if time.monotonic() > deadline:
+                raise MeterTimeoutError(
+                    f"{self.port}: no stop terminator FF 3F within {limit} s after 'X'"
+                )
+            data = bytearray(self.transport.read_available(65536))
+            if data:
+                frames.append(self._block(bytes(data), self.clock_ns()))
+        tail = self.decoder.ignored_bytes - before
+        if tail < len(STOP_TERMINATOR_FULL):
+            # the second half of FF 3F FF 3F, if the firmware sends it
+            with contextlib.suppress(MeterTimeoutError):
+                self.transport.read(len(STOP_TERMINATOR_FULL) - tail)
+        return _concat(frames)
+
+    # -- streaming -------------------------------------------------------------------------
+    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = 1 << 20) -> StreamBlock:
+        """Read what has arrived (for at least ``min_duration_s``) and decode it."""
+        deadline = time.monotonic() + min_duration_s
+        data = bytearray()
+        while True:
+            data += self.transport.read_available(max_bytes - len(data))
+            if time.monotonic() >= deadline or len(data) >= max_bytes:
+                break
+        return self._block(bytes(data), self.clock_ns())
+
+    def _block(self, data: bytes, host_read_ns: int) -> StreamBlock:
+        frames = self.decoder.feed(data)
+        breaks = [i for i, _ in frames.skip_events if i < frames.n]
+        times = self.clock.unwrap(frames.device_t_us, host_read_ns, breaks)
+        flags = np.zeros(frames.n, dtype=np.uint8)
+        flags[frames.resync] |= np.uint8(SampleFlag.RESYNC)
+        flags[frames.marker] |= np.uint8(SampleFlag.MARKER)
+        flags[times.estimated] |= np.uint8(SampleFlag.ESTIMATED_TIME)
+        if self.scaling is None:  # frames left over from an earlier host, before connect
+            values = np.zeros((frames.n, 0), dtype=np.float32)
+        else:
+            values = self.scaling.convert(frames.levels)
+        return StreamBlock(
+            times.t_host_ns, times.t_device_us, values, flags,
+            np.flatnonzero(frames.marker), frames.skipped_bytes, frames.skip_events,
+            frames.stopped,
+        )
+
+
+def _concat(blocks: list[StreamBlock]) -> StreamBlock:
+    if not blocks:
+        z = np.zeros(0, dtype=np.int64)
+        return StreamBlock(z, z.copy(), np.zeros((0, 0), dtype=np.float32),
+                           np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.intp), stopped=True)
+    offsets = np.cumsum([0] + [b.n for b in blocks])
+    return StreamBlock(
+        np.concatenate([b.t_host_ns for b in blocks]),
+        np.concatenate([b.t_device_us for b in blocks]),
+        np.concatenate([b.values for b in blocks]),
+        np.concatenate([b.flags for b in blocks]),
+        np.concatenate([b.marker_index + o for b, o in zip(blocks, offsets, strict=False)]),
+        sum(b.skipped_bytes for b in blocks),
+        [(i + int(o), k) for b, o in zip(blocks, offsets, strict=False) for i, k in b.skip_events],
+        blocks[-1].stopped,
+    )

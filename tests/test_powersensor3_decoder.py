@@ -1,0 +1,219 @@
+"""PowerSensor3 frame decoder and device-clock unwrapping (no I/O)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wattlab.drivers.powersensor3 import DeviceClock, FrameDecoder
+
+STOP = b"\xff\x3f\xff\x3f"
+
+
+def frame(t: int, levels: list[int], marker: bool = False) -> bytes:
+    """One frame, built bit by bit from the PROTOCOLS.md description."""
+    out = [0xF0 | ((t >> 6) & 0xF), 0x40 | (t & 0x3F)]
+    for i, lv in enumerate(levels):
+        out += [0x80 | (i << 4) | (lv >> 6), (0x40 if marker and i == 0 else 0) | (lv & 0x3F)]
+    return bytes(out)
+
+
+def stream(n: int, t0: int = 0, step: int = 50, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    return b"".join(frame((t0 + k * step) & 0x3FF, rng.integers(0, 1024, 8).tolist())
+                    for k in range(n))
+
+
+def feed_all(dec: FrameDecoder, chunks: list[bytes]) -> tuple[int, int, list]:
+    frames = skipped = 0
+    outs = []
+    for c in chunks:
+        out = dec.feed(c)
+        frames += out.n
+        skipped += out.skipped_bytes
+        outs.append(out)
+    return frames, skipped, outs
+
+
+def test_protocols_md_example() -> None:
+    levels = [512, 0, 0, 300, 0, 0, 0, 0]
+    data = frame(677, levels, marker=True)
+    assert data[:4] == bytes.fromhex("fa65 8840") and data[8:10] == bytes.fromhex("b42c")
+    out = FrameDecoder().feed(data)
+    assert out.n == 1 and out.skipped_bytes == 0
+    assert int(out.device_t_us[0]) == 677 and bool(out.marker[0])
+    assert out.levels[0].tolist() == levels
+    assert out.levels.dtype == np.uint16 and out.device_t_us.dtype == np.uint16
+
+
+def test_block_decode_matches_frame_by_frame() -> None:
+    data = stream(500, seed=3)
+    out = FrameDecoder().feed(data)
+    assert out.n == 500 and out.skipped_bytes == 0 and not out.resync.any()
+    for k in (0, 17, 499):
+        assert frame(int(out.device_t_us[k]), out.levels[k].tolist()) == data[18 * k:18 * k + 18]
+
+
+def test_partial_frames_across_feeds() -> None:
+    data = stream(20)
+    dec = FrameDecoder()
+    cuts = [0, 1, 7, 18, 19, 35, 100, 200, 359, 360]
+    frames, skipped, _ = feed_all(dec, [data[a:b] for a, b in itertools.pairwise(cuts)])
+    assert (frames, skipped, dec.pending_bytes) == (20, 0, 0)
+
+
+def test_resync_skips_exactly_the_garbage() -> None:
+    garbage = bytes([0x00, 0x12, 0x7F, 0x80, 0xA5, 0xEF, 0x3F])
+    data = stream(3) + garbage + stream(4, t0=150)
+    out = FrameDecoder().feed(data)
+    assert out.n == 7 and out.skipped_bytes == len(garbage)
+    assert out.resync.tolist() == [False] * 3 + [True] + [False] * 3
+    assert out.skip_events == [(3, len(garbage))]
+
+
+def test_truncated_frame_is_skipped_whole() -> None:
+    data = stream(2) + stream(1, t0=100)[5:] + stream(2, t0=150)
+    out = FrameDecoder().feed(data)
+    assert out.n == 4 and out.skipped_bytes == 13 and out.resync[2]
+
+
+def test_resync_flag_carries_over_feeds() -> None:
+    dec = FrameDecoder()
+    first = dec.feed(stream(1) + b"\x01\x02")
+    second = dec.feed(stream(2, t0=50))
+    assert first.skipped_bytes == 2 and first.skip_events == [(1, 2)]
+    assert second.resync.tolist() == [True, False]
+
+
+def test_marker_only_on_sensor0_counts() -> None:
+    data = bytearray(frame(5, [1] * 8) + frame(55, [1] * 8, marker=True))
+    data[5] |= 0x40  # marker bit on sensor 1: ignored
+    out = FrameDecoder().feed(bytes(data))
+    assert out.marker.tolist() == [False, True]
+
+
+def test_stops_at_terminator_and_ignores_the_rest() -> None:
+    dec = FrameDecoder()
+    out = dec.feed(stream(2) + STOP + stream(3))
+    assert out.n == 2 and out.stopped and out.skipped_bytes == 0
+    assert dec.ignored_bytes == 4 + 54
+    assert dec.feed(stream(1)).n == 0
+    dec.reset()
+    assert dec.feed(stream(1)).n == 1
+
+
+def test_terminator_is_skipped_while_streaming() -> None:
+    dec = FrameDecoder(stop_on_terminator=False)
+    out = dec.feed(stream(2) + STOP + stream(3, t0=100))
+    assert out.n == 5 and not out.stopped and out.skipped_bytes == 4
+
+
+def test_terminator_split_across_feeds() -> None:
+    dec = FrameDecoder()
+    assert not dec.feed(stream(1) + b"\xff").stopped
+    assert dec.feed(b"\x3f\xff\x3f").stopped
+
+
+def test_decoder_is_fast() -> None:
+    data = stream(2000) * 10  # 1 s of 20 kHz stream (360 kB)
+    dec = FrameDecoder()
+    t0 = time.perf_counter()
+    n = sum(dec.feed(data[i:i + 36000]).n for i in range(0, len(data), 36000))
+    elapsed = time.perf_counter() - t0
+    assert n == 20000
+    assert elapsed < 0.1  # a small fraction of a core per second of stream
+
+
+# -- hypothesis ---------------------------------------------------------------------------
+def check_invariants(dec: FrameDecoder, chunks: list[bytes]) -> None:
+    frames, skipped, outs = feed_all(dec, chunks)
+    total = sum(len(c) for c in chunks)
+    assert 18 * frames + skipped + dec.pending_bytes + dec.ignored_bytes == total
+    for out in outs:
+        assert out.levels.shape == (out.n, 8)
+        assert int(out.levels.max(initial=0)) <= 1023
+        assert int(out.device_t_us.max(initial=0)) <= 1023
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(max_size=200), max_size=8), st.booleans())
+def test_random_garbage_never_raises(chunks: list[bytes], stop: bool) -> None:
+    check_invariants(FrameDecoder(stop_on_terminator=stop), chunks)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(1, 30),
+    edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255),
+                             st.sampled_from(["replace", "insert", "delete"])), max_size=6),
+    cut=st.integers(0, 10_000),
+    splits=st.lists(st.integers(0, 10_000), max_size=5),
+    stop=st.booleans(),
+)
+def test_corrupted_valid_streams(n: int, edits: list[tuple[int, int, str]], cut: int,
+                                 splits: list[int], stop: bool) -> None:
+    data = bytearray(stream(n, seed=n))
+    for pos, value, op in edits:
+        pos %= len(data) + 1
+        if op == "insert":
+            data.insert(pos, value)
+        elif data and pos < len(data):
+            if op == "replace":
+                data[pos] = value
+            else:
+                del data[pos]
+    data = data[: cut % (len(data) + 1)] if cut % 3 == 0 else data
+    points = sorted({s % (len(data) + 1) for s in splits} | {0, len(data)})
+    chunks = [bytes(data[a:b]) for a, b in itertools.pairwise(points)]
+    dec = FrameDecoder(stop_on_terminator=stop)
+    check_invariants(dec, chunks)
+    if not edits and cut % 3:
+        assert dec.pending_bytes == 0
+
+
+# -- device clock -------------------------------------------------------------------------
+def test_unwrap_across_wraps_and_reads() -> None:
+    clock = DeviceClock()
+    true_us = 1_000_000 + np.arange(2000, dtype=np.int64) * 50  # 100 ms at 20 kHz
+    raw = (true_us & 0x3FF).astype(np.uint16)
+    host0 = 5_000_000_000
+    got = []
+    for a in range(0, 2000, 250):  # reads every 12.5 ms, read right after the last sample
+        b = a + 250
+        times = clock.unwrap(raw[a:b], host0 + int(true_us[b - 1] - true_us[0]) * 1000 + 30_000)
+        assert not times.estimated.any()
+        got.append(times)
+    dev = np.concatenate([g.t_device_us for g in got])
+    host = np.concatenate([g.t_host_ns for g in got])
+    np.testing.assert_array_equal(np.diff(dev), 50)
+    assert dev[0] == raw[0]
+    assert np.all(np.diff(host) > 0)
+    expected = host0 + (true_us - true_us[0]) * 1000
+    assert np.abs(host - expected).max() <= 30_000  # within the read latency
+
+
+def test_lost_stream_is_reanchored_and_flagged() -> None:
+    clock = DeviceClock(slack_ns=2_000_000)
+    us = np.arange(100, dtype=np.int64) * 50
+    clock.unwrap((us & 0x3FF).astype(np.uint16), int(us[-1]) * 1000)
+    # 20.3 ms of stream lost: 19 wraps that the 10-bit counter cannot show
+    later = us[-1] + 20_300 + np.arange(100, dtype=np.int64) * 50
+    times = clock.unwrap((later & 0x3FF).astype(np.uint16), int(later[-1]) * 1000 + 200_000)
+    assert times.estimated.all()
+    np.testing.assert_array_equal(times.t_device_us, later)
+    assert abs(int(times.t_host_ns[-1]) - int(later[-1]) * 1000) < 1_024_000
+
+
+def test_breaks_locate_the_jump() -> None:
+    clock = DeviceClock(slack_ns=2_000_000)
+    us = np.arange(100, dtype=np.int64) * 50
+    clock.unwrap((us & 0x3FF).astype(np.uint16), int(us[-1]) * 1000)
+    nxt = np.concatenate([us[-1] + 50 + np.arange(10) * 50,
+                          us[-1] + 10_000 + np.arange(10) * 50])
+    times = clock.unwrap((nxt & 0x3FF).astype(np.uint16), int(nxt[-1]) * 1000, breaks=[10])
+    assert times.estimated.tolist() == [False] * 10 + [True] * 10
+    np.testing.assert_array_equal(times.t_device_us, nxt)

@@ -1,0 +1,216 @@
+"""Driver and acquirer against the emulator over a real pty and pyserial."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from wattlab.acquisition.powersensor3_source import PowerSensor3Acquirer
+from wattlab.acquisition.source import Chunk
+from wattlab.drivers.powersensor3 import PowerSensor3, SensorConfig, StreamBlock
+from wattlab.drivers.transport import SerialTransport
+from wattlab.errors import MeterError
+from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
+from wattlab.samples import Gap, Marker, SampleFlag
+
+RATE_HZ = 20000
+
+
+def wave_w(t_ns: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    return 250.0 + 100.0 * np.sin(2 * np.pi * 3.0 * t_ns / 1e9)
+
+
+@pytest.fixture
+def emu() -> Iterator[PowerSensor3Emulator]:
+    with PowerSensor3Emulator(wave_w, seed=7) as e:
+        yield e
+    assert e.error is None
+
+
+@pytest.fixture
+def driver(emu: PowerSensor3Emulator) -> Iterator[PowerSensor3]:
+    transport = SerialTransport(emu.path, timeout_s=1.0)
+    try:
+        ps = PowerSensor3(transport)
+        ps.connect()
+        yield ps
+    finally:
+        transport.close()
+
+
+def collect(ps: PowerSensor3, seconds: float) -> tuple[list[StreamBlock], float]:
+    """Stream for ``seconds``; returns blocks (incl. the flush) and the S→X host time."""
+    t0 = time.monotonic()
+    ps.start()
+    blocks = []
+    while time.monotonic() - t0 < seconds:
+        blocks.append(ps.read_stream(min_duration_s=0.02))
+    elapsed = time.monotonic() - t0
+    blocks.append(ps.stop_and_flush())
+    return blocks, elapsed
+
+
+def cat(blocks: list[StreamBlock], attr: str) -> np.ndarray:
+    return np.concatenate([getattr(b, attr) for b in blocks])
+
+
+def test_version_and_config_readback(emu: PowerSensor3Emulator, driver: PowerSensor3) -> None:
+    assert driver.firmware == "F411-1.6.1"
+    assert driver.config[0].pair_name == "PCIe slot 12V" and driver.config[0].type == "MLX10"
+    new = list(driver.config)
+    new[4] = SensorConfig("MLX75", "riser cable", 1.5, -0.01667, True)
+    new[6] = SensorConfig("MLX10", "unused", 1.65, 0.12, False)
+    driver.write_config(new)
+    back = driver.read_config()
+    assert [(c.type, c.pair_name, c.in_use) for c in back] == [
+        (c.type, c.pair_name, c.in_use) for c in new]
+    assert back[4].sensitivity == pytest.approx(-0.01667)
+    assert driver.firmware == driver.read_version()
+
+
+def test_counter_and_single_frame(emu: PowerSensor3Emulator, driver: PowerSensor3) -> None:
+    blocks, _ = collect(driver, 0.05)
+    assert driver.read_counter() == sum(b.n for b in blocks) == emu.frames_sent
+    frame = driver.read_single_frame()
+    assert frame.n == 1 and not frame.marker[0]
+
+
+def test_stream_rate_values_and_times(emu: PowerSensor3Emulator, driver: PowerSensor3) -> None:
+    blocks, elapsed = collect(driver, 0.3)
+    n = sum(b.n for b in blocks)
+    assert n == emu.frames_sent  # nothing lost, nothing invented
+    assert abs(n - elapsed * RATE_HZ) <= 0.01 * elapsed * RATE_HZ
+    dev = cat(blocks, "t_device_us")
+    np.testing.assert_array_equal(np.diff(dev), 50)
+    host = cat(blocks, "t_host_ns")
+    assert np.all(np.diff(host) > 0)
+    assert cat(blocks, "flags").max() == 0
+    # The emulator's true sample times: its first frame plus the device clock's steps.
+    true_ns = emu.stream_started_ns + (dev - dev[0]) * 1000
+    assert emu.device_us(true_ns[:1])[0] & 0x3FF == dev[0]
+    assert np.abs(host - true_ns).max() < 50_000_000
+    values = cat(blocks, "values")
+    v_lsb = 3.3 / 1023 / 0.091
+    bound = 0.0
+    for p, sens in enumerate((0.120, 0.120, 0.025, 0.025)):
+        i_lsb = 3.3 / 1023 / sens
+        i, v = np.abs(values[:, 3 * p]), np.abs(values[:, 3 * p + 1])
+        bound += float((i * v_lsb / 2 + v * i_lsb / 2 + i_lsb * v_lsb / 4).max())
+    err = np.abs(values[:, -1] - wave_w(true_ns))
+    assert err.max() <= bound + 1e-3 * 350  # float32 rounding on top of quantisation
+    assert values[:, 2].max() <= 66.5  # the slot 12 V rail stays within its 66 W
+    np.testing.assert_allclose(values[:, 1], 12.0, atol=v_lsb)
+
+
+def test_stall_loses_stream_and_time_is_reanchored(emu: PowerSensor3Emulator,
+                                                   driver: PowerSensor3) -> None:
+    driver.start()
+    before = [driver.read_stream(min_duration_s=0.03)]
+    emu.stall(0.2)
+    time.sleep(0.2)
+    after = [driver.read_stream(min_duration_s=0.05) for _ in range(2)]
+    driver.stop_and_flush()
+    assert emu.frames_lost > 0
+    flags = cat(after, "flags")
+    assert flags.any() and np.all(flags[flags > 0] == SampleFlag.ESTIMATED_TIME)
+    dev = cat(before + after, "t_device_us")
+    host = cat(before + after, "t_host_ns")
+    # The unwrapped clock tracks the emulator's clock to within the read latency.
+    true_us = emu.device_us(host)
+    assert np.ptp(true_us - dev) < 20 * 1024
+
+
+def test_acquirer_chunks_markers_and_resync_gaps(emu: PowerSensor3Emulator) -> None:
+    acq = PowerSensor3Acquirer(emu.path, source_id="ps3")
+    try:
+        (desc,) = acq.open()
+        assert desc.value_dtype == "<f4" and desc.time_raw == "device_us_unwrapped"
+        assert desc.channel_names[-1] == "power_total_w" and len(desc.channels) == 13
+        assert desc.channels[0].meaning == "PCIe slot 12V current, sensor 0 (MLX10)"
+        readings = acq.poll()
+        assert acq.driver is not None
+        acq.driver.mark()
+        emu.inject_corrupt_bytes(7)
+        time.sleep(0.02)
+        emu.inject_drop_bytes(5)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            readings += acq.poll()
+            gaps = [r for r in readings if isinstance(r, Gap)]
+            if len(gaps) >= 2 and any(isinstance(r, Marker) for r in readings):
+                break
+    finally:
+        acq.close()
+    chunks = [r for r in readings if isinstance(r, Chunk)]
+    markers = [r for r in readings if isinstance(r, Marker)]
+    assert [(m.name, m.kind, m.source) for m in markers] == [("device_marker", "point", "ps3")]
+    assert [g.reason for g in gaps] == ["resync: 7 corrupt bytes skipped",
+                                        "resync: 13 corrupt bytes skipped"]
+    flags = np.concatenate([c.flags for c in chunks if c.flags is not None])
+    assert (flags & SampleFlag.MARKER).astype(bool).sum() == 1
+    assert (flags & SampleFlag.RESYNC).astype(bool).sum() == 2
+    t_marker = markers[0].t_host_ns
+    assert any(t_marker in c.t_host_ns for c in chunks)
+    assert all(c.values.dtype == np.float32 and c.t_raw is not None for c in chunks)
+
+
+def test_disconnect_raises_meter_error_naming_port(emu: PowerSensor3Emulator) -> None:
+    acq = PowerSensor3Acquirer(emu.path)
+    try:
+        acq.open()
+        acq.poll()
+        emu.disconnect()
+        t0 = time.monotonic()
+        with pytest.raises(MeterError, match=emu.path):
+            for _ in range(20):
+                acq.poll()
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        t0 = time.monotonic()
+        acq.close()
+        assert time.monotonic() - t0 < 1.0
+
+
+def test_config_exchange_stall_resets_device() -> None:
+    with PowerSensor3Emulator(wave_w, config_timeout_s=0.1) as emu:
+        t = SerialTransport(emu.path, timeout_s=1.0)
+        try:
+            t.write(b"R")
+            assert len(t.read(41)) == 41
+            time.sleep(0.3)  # never ack: the device gives up and resets
+            t.write(b"V")
+            assert t.read(12) == b"F411-1.6.1\r\n"
+            assert emu.resets == 1
+        finally:
+            t.close()
+
+
+def test_emulator_cli_prints_port_and_stops_on_ctrl_c() -> None:
+    code = "from wattlab.hardware.powersensor3_emulator import main; raise SystemExit(main([]))"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        path = proc.stdout.readline().strip()
+        assert path.startswith("/dev/pts/")
+        t = SerialTransport(path, timeout_s=2.0)
+        try:
+            t.write(b"V")
+            assert t.read(12) == b"F411-1.6.1\r\n"
+        finally:
+            t.close()
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
