@@ -26,7 +26,9 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def recorded_run(tmp_path_factory):
-    path = tmp_path_factory.mktemp("device") / "h100.h5"
+    out = os.environ.get("OUT")
+    folder = Path(out) if out else tmp_path_factory.mktemp("device")
+    path = folder / "device_run.h5"
     cmd = [sys.executable, "-m", "wattlab.cli", "record", "--nvml", "0", "-o", str(path),
            "--", sys.executable, str(HERE / "matmul_load.py")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
