@@ -69,8 +69,11 @@ def test_sample_buffer_is_complete_and_agrees_with_the_energy_counter(recorded_r
     if out:
         Path(out, "nvml_record.json").write_text(json.dumps(report, indent=2))
     assert report["duplicates"] == 0
-    assert 45 <= rate_hz <= 55
-    assert report["spacing_ms_max"] < 1.5 * report["spacing_ms_median"] + 5, "a sample is missing"
+    # The driver's own stamps jitter: on an H100 consecutive samples are 7-46 ms apart and
+    # the rate is 49.5-49.8 Hz (shared/data/h100_nvml_seed11.npz and our own runs), so a
+    # lost sample shows as a step beyond 50 ms or a rate below 49 Hz, not as one 40 ms step.
+    assert 49.0 <= rate_hz <= 50.5
+    assert report["spacing_ms_max"] < 50.0, "a sample is missing"
     assert gaps == []
     assert abs(report["energy_error_pct"]) < 2.0
     assert report["markers"] >= 12
