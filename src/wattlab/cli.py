@@ -23,51 +23,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _add_record(sub: argparse._SubParsersAction[_Parser]) -> None:
-    p = sub.add_parser("record", help="record meters and NVML while a command runs",
-                       description="Record every source into a new run file. Put the command "
-                                   "to measure after '--'; without one, give --duration.")
-    p.add_argument("-o", "--output", help="run file to create (default: run-<time>.h5)")
-    p.add_argument("--nvml", default="all",
-                   help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all)")
-    p.add_argument("--simulate", action="store_true",
-                   help="use the simulated GPU instead of NVML (no hardware needed)")
-    p.add_argument("--simulated-gpus", type=int, default=1, metavar="N",
-                   help="how many simulated GPUs with --simulate (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPU's workload")
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
-
-
-def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
-    p = sub.add_parser("demo", help="record a simulated bench (no hardware) and summarise it")
-    p.add_argument("-o", "--output", help="run file to create (default: demo-<time>.h5)")
-    p.add_argument("--duration", type=float, default=20.0, metavar="S",
-                   help="length of the simulated workload (default 20 s)")
-    p.add_argument("--seed", type=int, default=11, help="seed of the simulated workload")
-
-
-def _add_info(sub: argparse._SubParsersAction[_Parser]) -> None:
-    p = sub.add_parser("info", help="describe a run file")
-    p.add_argument("run", help="run file")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-
-
 def build_parser() -> _Parser:
-    parser = _Parser(prog="wattlab", description="Measure how much energy GPU work really takes.")
-    from wattlab import __version__
+    """Every module in ``wattlab.commands`` is a verb: it adds its own sub-parser."""
+    import importlib
+    import pkgutil
 
+    from wattlab import __version__, commands
+
+    parser = _Parser(prog="wattlab", description="Measure how much energy GPU work really takes.")
     parser.add_argument("--version", action="version", version=f"wattlab {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
-    for add in (_add_record, _add_demo, _add_info):
-        add(sub)
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"wattlab.commands.{info.name}")
+        command = module.add_parser(sub)
+        command.set_defaults(handler=module.run)
     return parser
-
-
-def _handlers() -> dict[str, Callable[[argparse.Namespace], int]]:
-    from wattlab.commands import demo, info, record
-
-    return {"record": record.run, "demo": demo.run, "info": info.run}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,7 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(args_list)
-        return _handlers()[args.verb](args)
+        handler: Callable[[argparse.Namespace], int] = args.handler
+        return handler(args)
     except UsageError as e:
         print(f"wattlab: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from wattlab.acquisition.session import Session
 from wattlab.acquisition.simulated_phases import SchedulePhaseMarkers
 from wattlab.acquisition.source import Acquirer
 from wattlab.commands.record import default_output, exit_status, report
 from wattlab.errors import UsageError
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "demo", help="record a simulated bench (no hardware) and summarise it")
+    p.add_argument("-o", "--output", help="run file to create (default: demo-<time>.h5)")
+    p.add_argument("--duration", type=float, default=20.0, metavar="S",
+                   help="length of the simulated workload (default 20 s)")
+    p.add_argument("--seed", type=int, default=11, help="seed of the simulated workload")
+    return p
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,6 +35,13 @@ def describe(run: Run) -> dict[str, Any]:
     }
 
 
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser("info", help="describe a run file")
+    p.add_argument("run", help="run file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
 def run(args: argparse.Namespace) -> int:
     with Run(args.run) as run_file:
         if args.json:

@@ -7,6 +7,7 @@ import datetime as dt
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from wattlab.acquisition.session import Session, SessionResult
 from wattlab.acquisition.source import Acquirer
@@ -80,6 +81,24 @@ def exit_status(result: SessionResult) -> int:
     if result.interrupted:
         return 130
     return 1 if result.source_errors else 0
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "record", help="record meters and NVML while a command runs",
+        description="Record every source into a new run file. Put the command to measure "
+                    "after '--'; without one, give --duration.")
+    p.add_argument("-o", "--output", help="run file to create (default: run-<time>.h5)")
+    p.add_argument("--nvml", default="all",
+                   help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all)")
+    p.add_argument("--simulate", action="store_true",
+                   help="use the simulated GPU instead of NVML (no hardware needed)")
+    p.add_argument("--simulated-gpus", type=int, default=1, metavar="N",
+                   help="how many simulated GPUs with --simulate (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPU's workload")
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    return p
 
 
 def run(args: argparse.Namespace) -> int:
