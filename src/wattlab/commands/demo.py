@@ -24,28 +24,28 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from wattlab.acquisition.nvml_source import NvmlAcquirer
+    from wattlab.acquisition.powersensor3_source import PowerSensor3Acquirer
+    from wattlab.acquisition.scpi_sources import Wt300eAcquirer
     from wattlab.drivers.nvml import NvmlDriver
-    from wattlab.hardware.fake_nvml import FakeNvml
-    from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule
+    from wattlab.hardware.virtual_bench import VirtualBench
 
     if args.duration <= 0:
         raise UsageError(f"--duration must be > 0 s, got {args.duration}")
     output = args.output or default_output("demo")
-    gpu = SimulatedGpu(0, args.seed, WorkloadSchedule.demo(args.seed, args.duration))
-    driver = NvmlDriver(FakeNvml([gpu]))
-    driver.open()
-    try:
+    with VirtualBench(args.seed, args.duration) as bench:
+        driver = NvmlDriver(bench.nvml)
         acquirers: list[tuple[str, Acquirer]] = [
             ("gpu0", NvmlAcquirer(driver, 0)),
-            ("phases", SchedulePhaseMarkers(gpu)),
+            ("phases", SchedulePhaseMarkers(bench.gpu)),
+            ("ps3", PowerSensor3Acquirer(bench.ps3_port, "ps3")),
+            ("wall", Wt300eAcquirer(bench.wall_resource, "wall")),
         ]
-        print(f"wattlab demo: recording a simulated {gpu.model.name} for {args.duration:g} s "
-              f"into {output}")
+        print(f"wattlab demo: {args.duration:g} s of a {bench.gpu.model.name} under a "
+              f"varying load, measured by NVML, an emulated PowerSensor3 ({bench.ps3_port}) "
+              f"and an emulated WT310E ({bench.wall_resource}), into {output}")
         session = Session(output, acquirers, duration_s=args.duration + 0.5,
                           root_attrs={"demo_seed": args.seed})
         result = session.run()
-    finally:
-        driver.close()
     report(result)
     print(f"next: wattlab info {output}")
     return exit_status(result)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from wattlab.acquisition.meters import meter_acquirers
 from wattlab.acquisition.session import Session, SessionResult
 from wattlab.acquisition.source import Acquirer
 from wattlab.analysis.run_file import Run
@@ -97,6 +98,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="how many simulated GPUs with --simulate (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPU's workload")
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
+                   help="an external meter, e.g. powersensor3:/dev/ttyACM0 or "
+                        "wall=wt300e:USB0::0x0B21::0x0025::...::INSTR (repeatable)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
 
@@ -108,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         raise UsageError(f"--duration must be > 0 s, got {args.duration}")
     output = args.output or default_output("run")
-    with nvml_acquirers(args.nvml, args.simulate, args.simulated_gpus, args.seed) as acquirers:
+    meters = meter_acquirers(args.meter)
+    with nvml_acquirers(args.nvml, args.simulate, args.simulated_gpus, args.seed) as gpus:
+        acquirers = gpus + meters
         if not acquirers:
             raise UsageError("nothing to record: no GPU selected (--nvml none) and no meter")
         session = Session(output, acquirers, command=command or None, duration_s=args.duration)

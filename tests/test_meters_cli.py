@@ -1,0 +1,130 @@
+"""Meters on the command line: --meter specs, record through the emulators, `emulate`."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import wattlab
+from wattlab.acquisition.meters import meter_acquirers, parse_meter_spec
+from wattlab.cli import main
+from wattlab.errors import UsageError
+from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
+from wattlab.hardware.wt300e_emulator import Wt300eEmulator
+
+
+def test_meter_specs_parse_with_ids_aliases_and_visa_colons():
+    spec = parse_meter_spec("wall=wt310e:TCPIP::127.0.0.1::5025::SOCKET")
+    assert (spec.source_id, spec.kind, spec.address) == (
+        "wall", "wt300e", "TCPIP::127.0.0.1::5025::SOCKET")
+    assert parse_meter_spec("ps3:/dev/ttyACM0").source_id == "ps3"
+    assert parse_meter_spec("riser=powersensor3:/dev/ttyACM1").kind == "powersensor3"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("powersensor3", r"expected \[ID=\]KIND:ADDRESS"), ("geiger:/dev/x", "unknown meter kind"),
+     ("bad id=ps3:/dev/x", "not valid")],
+)
+def test_bad_meter_specs_are_usage_errors(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_meter_spec(text)
+
+
+def test_duplicate_stream_ids_are_refused():
+    with pytest.raises(UsageError, match="used twice"):
+        meter_acquirers(["ps3:/dev/a", "ps3:/dev/b"])
+
+
+def test_record_with_emulated_meters_keeps_every_stream(tmp_path):
+    out = tmp_path / "bench.h5"
+    with PowerSensor3Emulator(lambda t: 300.0) as ps3, Wt300eEmulator("WT310E") as wall:
+        code = main(["record", "--simulate", "--duration", "1.5", "-o", str(out),
+                     "--meter", f"ps3:{ps3.path}", "--meter", f"wall=wt310e:{wall.resource}"])
+    assert code == 0
+    with wattlab.open(str(out)) as run:
+        riser = run.source("ps3")
+        rate = (len(riser) - 1) / (np.ptp(riser.time_ns) / 1e9)
+        assert 19_000 < rate < 21_000
+        assert abs(np.mean(riser.channel("power_total_w")) - 300.0) < 5.0
+        assert run.source("wall").model.upper().startswith("WT310E")
+        assert len(run.source("wall")) >= 10
+        assert run.gaps == []
+
+
+def test_meter_unplugged_mid_run_leaves_a_gap_and_the_rest_records(tmp_path, capsys):
+    out = tmp_path / "unplugged.h5"
+    with PowerSensor3Emulator(lambda t: 200.0) as ps3:
+        threading.Timer(1.0, ps3.disconnect).start()
+        code = main(["record", "--simulate", "--duration", "2.5", "-o", str(out),
+                     "--meter", f"ps3:{ps3.path}"])
+    assert code == 1
+    assert ps3.path in capsys.readouterr().err
+    with wattlab.open(str(out)) as run:
+        reasons = [g.reason for g in run.gaps if g.source == "ps3"]
+        assert any(r.startswith("source failed") for r in reasons)
+        samples = run.source("gpu0.samples")
+        assert np.ptp(samples.time_ns) / 1e9 > 2.0, "NVML kept recording after the meter died"
+
+
+def test_wrong_port_is_a_clear_error_naming_it(tmp_path, capsys):
+    code = main(["record", "--simulate", "--duration", "1", "-o", str(tmp_path / "x.h5"),
+                 "--meter", "ps3:/dev/no-such-port"])
+    assert code == 1
+    assert "/dev/no-such-port" in capsys.readouterr().err
+
+
+def test_emulate_prints_a_port_that_a_driver_can_open_and_stops_on_ctrl_c():
+    proc = subprocess.Popen([sys.executable, "-m", "wattlab.cli", "emulate", "powersensor3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        path = proc.stdout.readline().strip()
+        assert path.startswith("/dev/pts/")
+        from wattlab.drivers.powersensor3 import PowerSensor3
+        from wattlab.drivers.transport import SerialTransport
+
+        transport = SerialTransport(path, timeout_s=2.0)
+        try:
+            assert PowerSensor3(transport).read_version().startswith("F411")
+        finally:
+            transport.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
+    assert proc.returncode == 0
+
+
+def test_emulate_unknown_instrument_is_a_usage_error(capsys):
+    assert main(["emulate", "tricorder"]) == 2
+    assert "tricorder" in capsys.readouterr().err
+
+
+def test_emulated_analyser_serves_visa(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "wattlab.cli", "emulate", "wt310e"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        resource = line.split()[-1]
+        assert resource.startswith("TCPIP::127.0.0.1::")
+        from wattlab.drivers.scpi import ScpiTransport
+
+        transport = ScpiTransport(resource)
+        try:
+            assert "WT310E" in transport.query("*IDN?")
+        finally:
+            transport.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
+    deadline = time.monotonic() + 1
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.returncode == 0
