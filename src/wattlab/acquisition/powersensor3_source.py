@@ -36,6 +36,7 @@ class PowerSensor3Acquirer:
         self.driver: PowerSensor3 | None = None
         self._transport: ByteTransport | None = None
         self.bytes_skipped = 0
+        self._stopped = False
 
     def open(self) -> list[SourceDescriptor]:
         """Connect, read version and configuration, describe channels, start streaming."""
@@ -62,6 +63,7 @@ class PowerSensor3Acquirer:
             },
         )
         self.driver.start()
+        self._stopped = False
         return [desc]
 
     def poll(self) -> list[Reading]:
@@ -86,10 +88,17 @@ class PowerSensor3Acquirer:
                            t_first_ns=before, t_last_ns=after))
         return out
 
+    def flush(self) -> list[Reading]:
+        """Stop with ``X`` and return every frame sent before the terminator (bounded wait)."""
+        if self.driver is None or self._stopped:
+            return []
+        self._stopped = True
+        return self._readings(self.driver.stop_and_flush(timeout_s=CLOSE_DRAIN_S))
+
     def close(self) -> None:
-        """Stop with ``X``, drain to the terminator (bounded), release the port."""
+        """Stop (if ``flush`` did not), release the port."""
         try:
-            if self.driver is not None:
+            if self.driver is not None and not self._stopped:
                 self.driver.stop_and_flush(timeout_s=CLOSE_DRAIN_S)
         except MeterError:  # a dead or unplugged device: the port must still be released
             pass

@@ -1,0 +1,36 @@
+"""Shared bits of the benchmarks: where results go, and the machine they ran on."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """Which machine, when, at which commit: every result row carries this."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=False, cwd=RESULTS.parent).stdout.strip()
+    except OSError:
+        commit = ""
+    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d"), "commit": commit}
+
+
+def write_json(name: str, result: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({**result, "machine": machine()}, indent=2, default=float))
+    return path
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
