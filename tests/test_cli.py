@@ -30,7 +30,15 @@ def test_demo_records_a_simulated_bench_with_phases(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "gpu0.samples" in result.stdout
     with wattlab.open(str(out)) as run:
-        assert set(run.sources) == {"gpu0.samples", "gpu0.power", "gpu0.energy", "gpu0.state"}
+        assert set(run.sources) == {"gpu0.samples", "gpu0.power", "gpu0.energy", "gpu0.state",
+                                    "ps3", "wall"}
+        riser = run.source("ps3")
+        assert 19_000 < (len(riser) - 1) / (np.ptp(riser.time_ns) / 1e9) < 21_000
+        # the riser sees the GPU's board power; the wall sees more (PSU loss, rest of node)
+        riser_w = float(np.mean(riser.channel("power_total_w")))
+        nvml_w = float(np.mean(run.source("gpu0.samples").channel("power_w")))
+        assert abs(riser_w - nvml_w) / nvml_w < 0.1
+        assert float(np.mean(run.source("wall").channel("power_w"))) > riser_w
         samples = run.source("gpu0.samples")
         rate = (len(samples) - 1) / (np.ptp(samples.time_ns) / 1e9)
         assert 45 < rate < 55
