@@ -1,0 +1,460 @@
+"""Fit how the driver's power reading relates to a reference: lag, smoothing, gain, offset.
+
+Model: ``target(u) = g · (h * reference)(u − τ) + c`` where ``u`` is when the target's value
+was last updated (NVML readings are held between ~100 ms updates; each distinct reading is
+one observation, evaluated at the instant it appeared). Convention: kernels are *causal*
+and start at 0 — a boxcar of width w averages the trailing window [u − τ − w, u − τ], a
+first-order lag has time constant T — so τ is the pure delay and the *effective* delay is
+τ + the kernel's centroid (w/2 or T). A "part-time" kernel is a boxcar narrower than the
+update period: the driver only observes w/P of the time (its *coverage*).
+
+Reference integrals come from a cumulative sum on a fine grid, so τ and w are continuous
+parameters (no grid quantisation); g and c are solved by least squares for each (τ, w).
+Uncertainties are batch means: the fit is repeated on ``blocks`` consecutive stretches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import h5py
+import numpy as np
+import numpy.typing as npt
+from scipy.optimize import minimize, minimize_scalar
+from scipy.signal import lfilter
+
+from wattlab.analysis.alignment import (
+    GAP_FACTOR,
+    chunks_s,
+    cumulative_at,
+    estimate_lag,
+    grid_edges,
+    json_safe,
+    known_gaps_s,
+    median_spacing_s,
+    resample_points,
+    resample_view,
+    resolve,
+    span_s,
+)
+from wattlab.analysis.energy import (
+    Phase,
+    corrected_energy,
+    phases_from_markers,
+    stream_identity,
+)
+from wattlab.analysis.run_file import Run, SourceView
+from wattlab.errors import RunFileError, UsageError
+
+FloatArray = npt.NDArray[np.float64]
+RECORD_FORMAT = "wattlab-calibration/1"
+KERNELS = ("boxcar", "first_order")
+MAX_KERNEL_S = 3.0
+CONVENTION = ("causal kernels starting at 0 (a boxcar averages the trailing window "
+              "[u-tau-w, u-tau]); tau is the pure delay; effective delay = tau + centroid")
+
+
+def est(value: float, se: float) -> dict[str, float | None]:
+    """A value with its standard error, JSON-safe."""
+    def clean(x: float) -> float | None:
+        return float(x) if math.isfinite(x) else None
+
+    return {"value": clean(value), "se": clean(se)}
+
+
+@dataclass
+class _Ref:
+    """The reference as a cumulative integral on a fine grid."""
+
+    edges: FloatArray
+    cum_j: FloatArray
+    cum_nan: FloatArray
+    means: FloatArray
+
+    def integral(self, t: FloatArray) -> FloatArray:
+        return np.interp(t, self.edges, self.cum_j)
+
+    def bad(self, a: FloatArray, b: FloatArray) -> npt.NDArray[np.bool_]:
+        """Windows [a, b] that leave the grid or touch a reference gap."""
+        outside = (a < self.edges[0]) | (b > self.edges[-1])
+        holes = np.interp(b, self.edges, self.cum_nan) - np.interp(a, self.edges, self.cum_nan)
+        return np.asarray(outside | (holes > 1e-9), dtype=np.bool_)
+
+
+def _boxcar(ref: _Ref, x: FloatArray, tau: float, w: float) -> FloatArray:
+    a, b = x - tau - w, x - tau
+    m = (ref.integral(b) - ref.integral(a)) / w
+    return np.where(ref.bad(a, b), np.nan, m)
+
+
+def _first_order(ref: _Ref, x: FloatArray, tau: float, tc: float) -> FloatArray:
+    dt = float(ref.edges[1] - ref.edges[0])
+    alpha = math.exp(-dt / tc)
+    means = np.where(np.isfinite(ref.means), ref.means, 0.0)
+    y, _ = lfilter([1 - alpha], [1, -alpha], means, zi=[alpha * means[0]])
+    m = np.interp(x - tau, ref.edges[1:], y)
+    return np.where(ref.bad(x - tau - 5 * tc, x - tau), np.nan, m)
+
+
+MODELS: dict[str, Callable[[_Ref, FloatArray, float, float], FloatArray]] = {
+    "boxcar": _boxcar,
+    "first_order": _first_order,
+}
+WIDTH_NAME = {"boxcar": "w_s", "first_order": "time_constant_s"}
+
+
+def _linear(m: FloatArray, y: FloatArray) -> tuple[float, float, float, int]:
+    """(gain, offset, mean squared residual, n) of y ≈ g·m + c over finite points."""
+    ok = np.isfinite(m) & np.isfinite(y)
+    n = int(ok.sum())
+    if n < 10:
+        return math.nan, math.nan, math.inf, n
+    mm, yy = m[ok], y[ok]
+    mc, yc = mm - mm.mean(), yy - yy.mean()
+    var = float(mc @ mc)
+    if var <= 0:
+        return math.nan, math.nan, math.inf, n
+    g = float(mc @ yc) / var
+    c = float(yy.mean() - g * mm.mean())
+    r = yy - g * mm - c
+    return g, c, float(r @ r) / n, n
+
+
+def _fit_kernel(kernel: str, ref: _Ref, x: FloatArray, y: FloatArray, d0: float,
+                *, start: tuple[float, float] | None = None, maxiter: int = 400
+                ) -> tuple[float, float, float]:
+    """Best (tau, width, mse) for one kernel: a coarse scan, then Nelder-Mead in (tau, log w)."""
+    model = MODELS[kernel]
+    min_w = 2.0 * float(ref.edges[1] - ref.edges[0])
+
+    def cost(p: FloatArray) -> float:
+        tau, w = float(p[0]), math.exp(float(p[1]))
+        if not min_w <= w <= MAX_KERNEL_S:
+            return math.inf
+        return _linear(model(ref, x, tau, w), y)[2]
+
+    if start is None:
+        centroid = 0.5 if kernel == "boxcar" else 1.0
+        cands = []
+        for w in np.geomspace(min_w, MAX_KERNEL_S, 24):
+            for shift in (-0.05, 0.0, 0.05):
+                p = np.array([d0 - centroid * w + shift, math.log(w)])
+                cands.append((cost(p), p))
+        cands.sort(key=lambda c: c[0])
+        starts = [c[1] for c in cands[:3]]
+    else:
+        starts = [np.array([start[0], math.log(start[1])])]
+    best = (math.inf, np.array([d0, math.log(min_w)]))
+    for p0 in starts:
+        res = minimize(cost, p0, method="Nelder-Mead",
+                       options={"xatol": 1e-5, "fatol": 1e-10, "maxiter": maxiter,
+                                "initial_simplex": [p0, p0 + np.array([0.01, 0]),
+                                                    p0 + np.array([0, 0.05])]})
+        if res.fun < best[0]:
+            best = (float(res.fun), res.x)
+    return float(best[1][0]), math.exp(float(best[1][1])), best[0]
+
+
+def _target_updates(view: SourceView, channel: str) -> tuple[FloatArray, FloatArray, bool]:
+    """Distinct readings: (time each value first appeared, value, whether values were held)."""
+    t = view.time_ns.astype(np.float64) / 1e9
+    v = view.channel(channel).astype(np.float64)
+    ok = np.isfinite(v)
+    t, v = t[ok], v[ok]
+    if t.size < 20:
+        raise RunFileError(f"source {view.source_id!r}: too few readings to calibrate")
+    new = np.concatenate(([True], v[1:] != v[:-1]))
+    held = float(1 - new.mean()) > 0.2
+    return t[new], v[new], held
+
+
+def _ref_grid(run: Run, view: SourceView, channel: str, span: tuple[float, float],
+              rate_hz: float) -> _Ref:
+    edges = grid_edges(span[0], span[1], rate_hz)
+    means = resample_view(run, view, channel, edges)
+    dt = np.diff(edges)
+    nan = ~np.isfinite(means)
+    cum = np.concatenate(([0.0], np.cumsum(np.where(nan, 0.0, means) * dt)))
+    cum_nan = np.concatenate(([0.0], np.cumsum(nan.astype(np.float64))))
+    return _Ref(edges, cum, cum_nan, means)
+
+
+def _phase_errors(
+    phases: list[Phase], ref: _Ref, *, tgt_cum: Callable[[FloatArray], FloatArray],
+    tgt_power: Callable[[FloatArray], FloatArray], g: tuple[float, float],
+    c: tuple[float, float], d: tuple[float, float], span: tuple[float, float],
+) -> list[dict[str, Any]]:
+    rows = []
+    for ph in phases:
+        a, b = ph.t0_s, ph.t1_s
+        if a < span[0] or b > span[1] or b <= a:
+            continue
+        if ref.bad(np.array([a]), np.array([b]))[0]:
+            continue
+        e_ref = float(ref.integral(np.array([b]))[0] - ref.integral(np.array([a]))[0])
+        raw = tgt_cum(np.array([a, b]))
+        e_raw = float(raw[1] - raw[0])
+        shifted = tgt_cum(np.array([a + d[0], b + d[0]]))
+        e_shift = float(shifted[1] - shifted[0])
+        e_cor, e_se = corrected_energy(e_shift, b - a, g, c=c, d=d,
+                                       p_edges_w=tgt_power(np.array([a + d[0], b + d[0]])))
+        rows.append({
+            "name": ph.name, "index": ph.index, "t0_s": a, "t1_s": b, "duration_s": b - a,
+            "reference_j": e_ref, "target_j": e_raw, "corrected_j": e_cor,
+            "corrected_se_j": e_se,
+            "error_before_pct": 100 * (e_raw - e_ref) / e_ref if e_ref else None,
+            "error_after_pct": 100 * (e_cor - e_ref) / e_ref if e_ref else None,
+        })
+    return rows
+
+
+def calibrate(
+    run: Run,
+    reference: str,
+    target: str,
+    *,
+    grid_rate_hz: float = 1000.0,
+    blocks: int = 8,
+    max_lag_s: float = 2.0,
+    kernels: tuple[str, ...] = KERNELS,
+    min_phase_s: float = 2.0,
+) -> dict[str, Any]:
+    """Fit ``target`` (e.g. ``gpu0.power:average_power_w``) against ``reference``.
+
+    Returns a calibration record (JSON-safe dict): kernel, τ, width, gain, offset with
+    standard errors, fit residual, update period and coverage, power-dependent gain test,
+    and energy error before/after correction overall and per phase.
+    """
+    for kern in kernels:
+        if kern not in MODELS:
+            raise UsageError(f"unknown kernel {kern!r}; kernels are {sorted(MODELS)}")
+    ref_view, ref_ch = resolve(run, reference)
+    tgt_view, tgt_ch = resolve(run, target)
+    r0, r1 = span_s(ref_view)
+    x_all, y_all, held = _target_updates(tgt_view, tgt_ch)
+    period = float(np.median(np.diff(x_all)))
+    t0 = max(r0, float(x_all[0]) - max_lag_s - MAX_KERNEL_S)
+    t1 = min(r1, float(x_all[-1]) + max_lag_s)
+    if t1 - t0 < 4 * (max_lag_s + MAX_KERNEL_S):
+        raise UsageError(f"{run.path}: {reference} and {target} overlap for only "
+                         f"{max(t1 - t0, 0):.1f} s; calibration needs more")
+    ref = _ref_grid(run, ref_view, ref_ch, (t0, t1), grid_rate_hz)
+    core = (x_all >= t0 + max_lag_s + MAX_KERNEL_S) & (x_all <= t1 - max_lag_s)
+    x, y = x_all[core], y_all[core]
+    # first guess of the effective delay by cross-correlation on a 100 Hz grid
+    coarse = min(100.0, grid_rate_hz)
+    c_edges = grid_edges(t0, t1, coarse)
+    c_ref = resample_view(run, ref_view, ref_ch, c_edges)
+    c_tgt = resample_points(x_all, y_all, 0.5 * (c_edges[1:] + c_edges[:-1]),
+                            GAP_FACTOR * max(period, 1e-3))
+    lag = estimate_lag(c_ref, c_tgt, coarse, max_lag_s=max_lag_s)
+
+    fits: dict[str, tuple[float, float, float]] = {}
+    for kern in kernels:
+        fits[kern] = _fit_kernel(kern, ref, x, y, lag.lag_s)
+    kernel = min(fits, key=lambda name: fits[name][2])
+    tau, width, mse = fits[kernel]
+    model = MODELS[kernel]
+    m = model(ref, x, tau, width)
+    g, c, mse, n = _linear(m, y)
+    ok = np.isfinite(m)
+    resid = y[ok] - g * m[ok] - c
+    r2 = 1 - float(resid @ resid) / float(((y[ok] - y[ok].mean()) ** 2).sum())
+
+    # energy-window shift d: the target's energy over [a+d, b+d] matches the reference's
+    tgt_limit = GAP_FACTOR * max(median_spacing_s(tgt_view), 1e-3)
+    tgt_edges = ref.edges
+    tgt_c = cumulative_at(chunks_s(tgt_view, tgt_ch), tgt_edges, tgt_limit,
+                          known_gaps_s(run, tgt_view.source_id))
+    tgt_cum_vals = np.where(np.isfinite(tgt_c.integral), tgt_c.integral, np.nan)
+
+    def tgt_cum(t: FloatArray) -> FloatArray:
+        return np.interp(t, tgt_edges, tgt_cum_vals)
+
+    def tgt_power(t: FloatArray) -> FloatArray:
+        return resample_points(x_all, y_all, t, np.inf)
+
+    centroid = width / 2 if kernel == "boxcar" else width
+    lo_x, hi_x = float(x[0]), float(x[-1])
+
+    def delay_fit(a_s: float, b_s: float, gain: float, off: float, d0: float) -> float:
+        win = np.arange(a_s, b_s - 1.0, 1.0)
+        if win.size < 3:
+            return d0
+        e_ref = ref.integral(win + 1.0) - ref.integral(win)
+
+        def cost(d: float) -> float:
+            e_t = tgt_cum(win + 1.0 + d) - tgt_cum(win + d)
+            r = (e_t - off) / gain - e_ref
+            return float(np.nanmean(r * r))
+
+        res = minimize_scalar(cost, bounds=(d0 - 0.3, d0 + 0.3), method="bounded",
+                              options={"xatol": 1e-5})
+        return float(res.x)
+
+    d_energy = delay_fit(lo_x, hi_x - max_lag_s, g, c, tau + centroid)
+
+    # batch means: refit on consecutive blocks
+    per_block: list[tuple[float, float, float, float, float, float]] = []
+    bounds = np.linspace(lo_x, hi_x, blocks + 1)
+    for k in range(blocks):
+        sel = (x >= bounds[k]) & (x < bounds[k + 1])
+        if sel.sum() < 30:
+            continue
+        bt, bw, _ = _fit_kernel(kernel, ref, x[sel], y[sel], tau + centroid,
+                                start=(tau, width), maxiter=200)
+        bg, bc, _, _ = _linear(model(ref, x[sel], bt, bw), y[sel])
+        bd = delay_fit(bounds[k], bounds[k + 1] - max_lag_s, bg, bc, d_energy)
+        per_block.append((bt, bw, bg, bc, bt + (bw / 2 if kernel == "boxcar" else bw), bd))
+    arr = np.array(per_block) if per_block else np.full((1, 6), np.nan)
+    se_b = (np.std(arr, axis=0, ddof=1) / math.sqrt(arr.shape[0])
+            if arr.shape[0] > 2 else np.full(6, np.nan))
+    # residual-based floor for g and c (inflated for autocorrelation: ~1 s correlated)
+    mc = m[ok] - m[ok].mean()
+    n_eff = max(2.0, (hi_x - lo_x) / max(width, period, 1e-3))
+    sigma = math.sqrt(mse)
+    se_g_res = sigma / math.sqrt(float(mc @ mc) / n * n_eff) if mc.size else math.nan
+    se_c_res = math.sqrt(sigma**2 / n_eff + (m[ok].mean() * se_g_res) ** 2)
+    se = dict(zip(("tau", "w", "g", "c", "eff", "d"), se_b.tolist(), strict=True))
+    se["g"] = float(np.nanmax([se["g"], se_g_res]))
+    se["c"] = float(np.nanmax([se["c"], se_c_res]))
+
+    # power-dependent gain: y = g0·m + g1·m·(m − m̄)/m̄ + c
+    mbar = float(m[ok].mean())
+    design = np.column_stack([m[ok], m[ok] * (m[ok] - mbar) / mbar, np.ones(ok.sum())])
+    coef, *_ = np.linalg.lstsq(design, y[ok], rcond=None)
+    r_q = y[ok] - design @ coef
+    mse_q = float(r_q @ r_q) / ok.sum()
+    slopes = []
+    for k in range(blocks):
+        sel = (x[ok] >= bounds[k]) & (x[ok] < bounds[k + 1])
+        if sel.sum() > 30:
+            cb, *_ = np.linalg.lstsq(design[sel], y[ok][sel], rcond=None)
+            slopes.append(cb[1])
+    slope_se = float(np.std(slopes, ddof=1) / math.sqrt(len(slopes))) if len(slopes) > 2 \
+        else math.nan
+    warranted = bool(abs(coef[1]) > 3 * slope_se and mse_q < 0.98 * mse)
+
+    g_e, c_e, d_e = (g, se["g"]), (c, se["c"]), (d_energy, se["d"])
+    span = (lo_x + 0.0, hi_x - max_lag_s)
+    phases = [p for p in phases_from_markers(run.markers) if p.t1_s - p.t0_s > 0]
+    terms: dict[str, Any] = {"tgt_cum": tgt_cum, "tgt_power": tgt_power, "g": g_e, "c": c_e,
+                             "d": d_e, "span": span}
+    overall = _phase_errors([Phase("overall", 0, span[0], span[1], "")], ref, **terms)
+    per_phase = _phase_errors(phases, ref, **terms)
+    long = [p for p in per_phase if p["duration_s"] >= min_phase_s]
+
+    def mean_abs(key: str) -> float | None:
+        vals = [abs(p[key]) for p in long if p[key] is not None]
+        return float(np.mean(vals)) if vals else None
+
+    held_coverage = min(1.0, width / period) if kernel == "boxcar" else 1.0
+    name = "part_time" if kernel == "boxcar" and width < 0.9 * period else kernel
+    ident = stream_identity(tgt_view, tgt_ch)
+    return json_safe({
+        "format": RECORD_FORMAT,
+        "key": ident,
+        "target": {"source": tgt_view.source_id, "channel": tgt_ch,
+                   "unit": tgt_view.unit(tgt_ch)},
+        "reference": {"source": ref_view.source_id, "channel": ref_ch,
+                      "model": ref_view.model, "kind": ref_view.kind},
+        "run": run.path,
+        "created": datetime.now(UTC).isoformat(),
+        "convention": CONVENTION,
+        "kernel": name,
+        "params": {
+            "tau_s": est(tau, se["tau"]),
+            WIDTH_NAME[kernel]: est(width, se["w"]),
+            "gain": est(g, se["g"]),
+            "offset_w": est(c, se["c"]),
+        },
+        "effective_delay_s": est(tau + centroid, se["eff"]),
+        "energy_delay_s": est(d_energy, se["d"]),
+        "cross_correlation_lag": lag.to_json(),
+        "update_period_s": period,
+        "held_readings": held,
+        "coverage": held_coverage,
+        "fit": {"rmse_w": math.sqrt(mse), "r2": r2, "n_points": n,
+                "grid_rate_hz": grid_rate_hz, "blocks": len(per_block)},
+        "kernels": {name: {"rmse_w": math.sqrt(v[2]), "tau_s": v[0], WIDTH_NAME[name]: v[1]}
+                    for name, v in fits.items()},
+        "power_dependent_gain": {
+            "slope": est(float(coef[1]), slope_se),
+            "meaning": "gain = g0 + slope * (P - mean P) / mean P",
+            "rmse_w": math.sqrt(mse_q),
+            "warranted": warranted,
+        },
+        "energy": {
+            "overall": overall[0] if overall else None,
+            "phases": per_phase,
+            "min_phase_s": min_phase_s,
+            "phases_considered": len(long),
+            "mean_abs_error_before_pct": mean_abs("error_before_pct"),
+            "mean_abs_error_after_pct": mean_abs("error_after_pct"),
+        },
+    })
+
+
+# --------------------------------------------------------------------------- records
+
+
+def record_path(record: dict[str, Any]) -> str:
+    """Where a record lives inside a run file."""
+    t = record["target"]
+    return f"/analysis/calibration/{t['source']}:{t['channel']}"
+
+
+def store_in_run(path: str, record: dict[str, Any]) -> str:
+    """Write the record under /analysis/calibration/<source>:<channel> (raw data untouched).
+
+    Needs the recorder to have closed the file; a record of the same stream is replaced.
+    """
+    where = record_path(record)
+    try:
+        with h5py.File(path, "r+") as f:
+            if where in f:
+                del f[where]
+            group = f.require_group(where)
+            group.attrs["record_json"] = json.dumps(record, sort_keys=True)
+            group.attrs["kernel"] = record["kernel"]
+            for name, value in record["params"].items():
+                if value["value"] is not None:
+                    group.attrs[name] = value["value"]
+    except OSError as e:
+        raise RunFileError(f"{path}: cannot add {where} (is it still being recorded?): {e}") \
+            from e
+    return where
+
+
+def load_from_run(path: str) -> list[dict[str, Any]]:
+    """Calibration records stored in a run file."""
+    out: list[dict[str, Any]] = []
+    with h5py.File(path, "r") as f:
+        group = f.get("analysis/calibration")
+        if group is None:
+            return out
+        for name in group:
+            out.append(json.loads(group[name].attrs["record_json"]))
+    return out
+
+
+def load_record(path: str) -> dict[str, Any]:
+    """A calibration record from JSON (checked for the fields energy correction needs)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"{path}: not a readable calibration JSON ({e})") from e
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        raise UsageError(f"{path}: not a wattlab calibration record ({RECORD_FORMAT})")
+    for key in ("gain", "offset_w"):
+        if record.get("params", {}).get(key, {}).get("value") is None:
+            raise UsageError(f"{path}: calibration record lacks params.{key}")
+    if record.get("energy_delay_s", {}).get("value") is None:
+        raise UsageError(f"{path}: calibration record lacks energy_delay_s")
+    return record

@@ -1,0 +1,399 @@
+"""Energy and mean power per source and per phase, with intervals that account for gaps.
+
+Why: "how many joules did this phase take" must never hide missing data. Power streams are
+integrated (trapezoids) one chunk at a time; a gap (a hole longer than ``GAP_FACTOR``
+median spacings, non-finite values, or a gap the recorder wrote) is not bridged: its time is
+reported as uncovered and the energy interval widens by the uncovered time times the range
+of power seen in the phase. Energy counters (J channels) are differenced at the phase edges.
+A calibration record turns an NVML stream's energy into a reference-equivalent estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from wattlab.analysis.alignment import (
+    GAP_FACTOR,
+    chunks_s,
+    cumulative_at,
+    json_safe,
+    known_gaps_s,
+    median_spacing_s,
+    parse_spec,
+    span_s,
+)
+from wattlab.analysis.run_file import MarkerRow, Run, SourceView
+from wattlab.analysis.summary import power_channel
+from wattlab.errors import UsageError
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A time window: from begin/end markers, or the whole run."""
+
+    name: str
+    index: int
+    t0_s: float
+    t1_s: float
+    source: str
+
+    @property
+    def label(self) -> str:
+        return self.name if self.index == 0 else f"{self.name}#{self.index}"
+
+
+def phases_from_markers(markers: Sequence[MarkerRow]) -> list[Phase]:
+    """Begin/end marker pairs (matched per source and name, nesting allowed) as phases.
+
+    Repeated phases of one name are numbered in time order (``index``); a begin without an
+    end is left out.
+    """
+    open_: dict[tuple[str, str], list[MarkerRow]] = {}
+    pairs: list[tuple[MarkerRow, MarkerRow]] = []
+    for m in sorted(markers, key=lambda m: m.time_ns):
+        key = (m.source, m.name)
+        if m.kind == "begin":
+            open_.setdefault(key, []).append(m)
+        elif m.kind == "end" and open_.get(key):
+            pairs.append((open_[key].pop(), m))
+    pairs.sort(key=lambda p: p[0].time_ns)
+    counts: dict[str, int] = {}
+    out = []
+    for begin, end in pairs:
+        idx = counts.get(begin.name, 0)
+        counts[begin.name] = idx + 1
+        out.append(Phase(begin.name, idx, begin.time_ns / 1e9, end.time_ns / 1e9, begin.source))
+    return out
+
+
+@dataclass
+class EnergyRow:
+    """Energy of one stream over one phase.
+
+    ``energy_j`` is the best estimate (measured part plus uncovered time at the phase's
+    mean power); ``low_j``..``high_j`` bound it (uncovered time at the lowest/highest power
+    seen, plus the uncertainty of the phase edges); ``uncertainty_j`` is the half-width.
+    """
+
+    source: str
+    channel: str
+    method: str
+    phase: str
+    t0_s: float
+    t1_s: float
+    energy_j: float | None
+    mean_power_w: float | None
+    uncertainty_j: float | None
+    low_j: float | None
+    high_j: float | None
+    measured_j: float | None
+    covered_s: float
+    uncovered_s: float
+    gaps: int
+    error_pct: float | None = None
+    corrected_j: float | None = None
+    corrected_se_j: float | None = None
+    corrected_error_pct: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in asdict(self).items()}
+
+
+def _window_minmax(view: SourceView, channel: str, windows: list[tuple[float, float]]
+                   ) -> tuple[FloatArray, FloatArray]:
+    """Lowest and highest value inside each window, in one pass over the chunks."""
+    lo = np.full(len(windows), np.inf)
+    hi = np.full(len(windows), -np.inf)
+    for t, v in chunks_s(view, channel):
+        ok = np.isfinite(v)
+        for i, (a, b) in enumerate(windows):
+            i0, i1 = np.searchsorted(t, [a, b])
+            sel = v[i0:i1][ok[i0:i1]]
+            if sel.size:
+                lo[i] = min(lo[i], float(sel.min()))
+                hi[i] = max(hi[i], float(sel.max()))
+    return lo, hi
+
+
+def integrate_power(
+    run: Run, view: SourceView, channel: str, phases: list[Phase],
+    shifts_s: Sequence[float] = (),
+) -> tuple[list[EnergyRow], dict[float, FloatArray]]:
+    """Energy rows for a power channel; per shift, (∫power, uncovered s) of each phase shifted."""
+    spacing = median_spacing_s(view)
+    limit = GAP_FACTOR * spacing if spacing > 0 else math.inf
+    first, last = span_s(view)
+    windows = [(p.t0_s, p.t1_s) for p in phases]
+    shifted = [(a + s, b + s) for s in shifts_s for a, b in windows]
+    edges = np.array([x for w in windows + shifted for x in w])
+    q = np.unique(np.clip(edges, first, last))
+    cum = cumulative_at(chunks_s(view, channel), q, limit, known_gaps_s(run, view.source_id))
+
+    def at(t: float, arr: FloatArray) -> float:
+        return float(np.interp(min(max(t, first), last), q, arr))
+
+    rows: list[EnergyRow] = []
+    need_bounds: list[int] = []
+    for i, p in enumerate(phases):
+        a, b = p.t0_s, p.t1_s
+        outside = max(0.0, min(b, first) - a) + max(0.0, b - max(a, last))
+        measured = at(b, cum.integral) - at(a, cum.integral)
+        unc = at(b, cum.uncovered_s) - at(a, cum.uncovered_s) + outside
+        covered = max(0.0, (b - a) - unc)
+        gaps = sum(1 for g0, g1 in cum.gaps_s if g0 < b and g1 > a)
+        mean = measured / covered if covered > 0 else None
+        row = EnergyRow(view.source_id, channel, "power", p.label, a, b, None, mean, None,
+                        None, None, measured if covered > 0 else None, covered, unc, gaps)
+        if mean is not None:
+            row.energy_j = measured + mean * unc
+            edge = spacing * abs(mean)  # each phase edge is known to within ~half a spacing
+            row.uncertainty_j, row.low_j, row.high_j = edge, row.energy_j - edge, \
+                row.energy_j + edge
+            if unc > 1e-9:
+                need_bounds.append(i)
+                row.notes.append(f"{unc:.3f} s not covered ({gaps} gap(s)); not bridged")
+        rows.append(row)
+    if need_bounds:
+        lo, hi = _window_minmax(view, channel, [windows[i] for i in need_bounds])
+        for j, i in enumerate(need_bounds):
+            r = rows[i]
+            if r.measured_j is None or not math.isfinite(lo[j]):
+                continue
+            edge = r.uncertainty_j or 0.0
+            r.low_j = r.measured_j + lo[j] * r.uncovered_s - edge
+            r.high_j = r.measured_j + hi[j] * r.uncovered_s + edge
+            r.uncertainty_j = 0.5 * (r.high_j - r.low_j)
+    shifted_out: dict[float, FloatArray] = {}
+    for s in shifts_s:  # (integral, uncovered s) over each window shifted by s
+        out = []
+        for a, b in windows:
+            a_s, b_s = a + s, b + s
+            outside = max(0.0, min(b_s, first) - a_s) + max(0.0, b_s - max(a_s, last))
+            out.append((at(b_s, cum.integral) - at(a_s, cum.integral),
+                        at(b_s, cum.uncovered_s) - at(a_s, cum.uncovered_s) + outside))
+        shifted_out[s] = np.array(out).reshape(-1, 2)
+    return rows, shifted_out
+
+
+def counter_energy(view: SourceView, channel: str, phases: list[Phase]) -> list[EnergyRow]:
+    """Energy rows from a cumulative energy counter, differenced at the phase edges.
+
+    A counter bridges gaps in its readings correctly (it kept counting); the edges are only
+    known to within one update interval at the mean power.
+    """
+    first, last = span_s(view)
+    q = np.unique(np.clip([x for p in phases for x in (p.t0_s, p.t1_s)], first, last))
+    values = np.full(q.shape, np.nan)
+    prev: tuple[float, float] | None = None
+    resets = 0
+    for t_chunk, v_chunk in chunks_s(view, channel):
+        t, v = t_chunk, v_chunk
+        if prev is not None:
+            t, v = np.concatenate(([prev[0]], t)), np.concatenate(([prev[1]], v))
+        resets += int(np.sum(np.diff(v) < 0))
+        i0, i1 = np.searchsorted(q, t[0], "left"), np.searchsorted(q, t[-1], "right")
+        values[i0:i1] = np.interp(q[i0:i1], t, v)
+        prev = (float(t[-1]), float(v[-1]))
+    spacing = median_spacing_s(view)
+    rows = []
+    for p in phases:
+        a, b = p.t0_s, p.t1_s
+        ca, cb = np.interp([max(a, first), min(b, last)], q, values)
+        outside = max(0.0, min(b, first) - a) + max(0.0, b - max(a, last))
+        covered = (b - a) - outside
+        e = float(cb - ca)
+        mean = e / covered if covered > 0 else None
+        row = EnergyRow(view.source_id, channel, "counter", p.label, a, b, None, mean, None,
+                        None, None, e if covered > 0 else None, covered, outside, 0)
+        if mean is not None:
+            row.energy_j = e + mean * outside
+            half = 2 * spacing * abs(mean)
+            row.uncertainty_j, row.low_j, row.high_j = half, row.energy_j - half, \
+                row.energy_j + half
+            if outside > 0:
+                row.notes.append(f"{outside:.3f} s outside the counter's readings")
+        if resets:
+            row.notes.append(f"counter went backwards {resets} time(s): reset or wrap")
+        rows.append(row)
+    return rows
+
+
+def stream_identity(view: SourceView, channel: str) -> dict[str, str]:
+    """Calibration key of a stream: GPU model, board, driver version and NVML field."""
+    d = view.descriptor
+    config = d.get("config", {})
+    meaning = next((c.get("meaning", "") for c in d.get("channels", [])
+                    if c.get("name") == channel), "")
+    return {
+        "gpu_model": view.model,
+        "board": str(config.get("board_part_number", "")),
+        "driver_version": str(config.get("driver_version", d.get("firmware", ""))),
+        "nvml_field": str(meaning or config.get("nvml_field", "") or channel),
+    }
+
+
+def record_applies(record: dict[str, Any], view: SourceView, channel: str) -> list[str] | None:
+    """None if a calibration record is for another NVML field; else mismatch warnings."""
+    key = record["key"]
+    ident = stream_identity(view, channel)
+    if ident["nvml_field"] != key["nvml_field"] or channel != record["target"]["channel"]:
+        return None
+    return [f"calibrated on {k} {key[k]!r}, this stream has {ident[k]!r}"
+            for k in ("gpu_model", "board", "driver_version") if ident[k] != key[k]]
+
+
+def correction_terms(record: dict[str, Any]
+                     ) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
+    """((g, se), (c, se), (d, se)) from a record; an unknown error counts as 0."""
+    def pair(obj: dict[str, Any]) -> tuple[float, float]:
+        return float(obj["value"]), float(obj.get("se") or 0.0)
+
+    p = record["params"]
+    return pair(p["gain"]), pair(p["offset_w"]), pair(record["energy_delay_s"])
+
+
+def corrected_energy(e_shifted_j: float, duration_s: float, g: tuple[float, float], *,
+                     c: tuple[float, float], d: tuple[float, float],
+                     p_edges_w: npt.ArrayLike) -> tuple[float, float]:
+    """Reference-equivalent energy from ∫target over the phase shifted later by d.
+
+    Returns ((e − c·T)/g, standard error) with the errors of g, c and d propagated (d
+    through the power step between the shifted window's edges).
+    """
+    gv, gs = g
+    cv, cs = c
+    e = (e_shifted_j - cv * duration_s) / gv
+    pe = np.asarray(p_edges_w, dtype=np.float64)
+    dp = float(pe[1] - pe[0]) if pe.size == 2 and np.all(np.isfinite(pe)) else 0.0
+    var = (e * gs / gv) ** 2 + (duration_s * cs / gv) ** 2 + (dp * d[1] / gv) ** 2
+    return e, math.sqrt(var) if math.isfinite(var) else math.nan
+
+
+def energy_streams(run: Run) -> list[tuple[SourceView, str, str]]:
+    """(view, channel, method) for every power channel and energy counter of a run."""
+    out = []
+    for view in run.sources.values():
+        if len(view) < 2:
+            continue
+        config = view.descriptor.get("config", {})
+        skip_watts = "power_channel" in config and config["power_channel"] is None
+        for name, unit in zip(view.channel_names, view.units, strict=True):
+            if unit == "W" and not skip_watts:
+                out.append((view, name, "power"))
+            elif unit == "J":
+                out.append((view, name, "counter"))
+    return out
+
+
+def default_reference(run: Run) -> str | None:
+    """The first non-NVML source with a power channel: the external meter, if any."""
+    for view in run.sources.values():
+        if view.kind != "nvml" and len(view) > 1 and (ch := power_channel(view)):
+            return f"{view.source_id}:{ch}"
+    return None
+
+
+def energy_report(run: Run, by_marker: bool = True, reference: str | None = None,
+                  calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Energy per stream and phase; errors vs the reference; optional NVML correction."""
+    streams = energy_streams(run)
+    if not streams:
+        raise UsageError(f"{run.path}: no power or energy channel to integrate")
+    spans = [span_s(v) for v, _, _ in streams]
+    a, b = max(s[0] for s in spans), min(s[1] for s in spans)
+    if b <= a:
+        a, b = min(s[0] for s in spans), max(s[1] for s in spans)
+    phases = [Phase("run", 0, a, b, "")]
+    if by_marker:
+        phases += phases_from_markers(run.markers)
+    ref_spec = reference or default_reference(run)
+    ref_key = None
+    if ref_spec is not None:
+        src, ch = parse_spec(ref_spec)
+        view = run.source(src)
+        ref_key = (src, ch or power_channel(view) or "")
+    notes: list[str] = []
+    rows: list[EnergyRow] = []
+    for view, channel, method in streams:
+        if method == "counter":
+            rows += counter_energy(view, channel, phases)
+            continue
+        warn = record_applies(calibration, view, channel) if calibration else None
+        if warn is None:
+            rows += integrate_power(run, view, channel, phases)[0]
+            continue
+        g, c, d = correction_terms(calibration)  # type: ignore[arg-type]
+        got, shifted = integrate_power(run, view, channel, phases, [d[0]])
+        for row, (e_shift, unc_s) in zip(got, shifted[d[0]], strict=True):
+            duration = row.t1_s - row.t0_s
+            if row.energy_j is None or unc_s >= duration:
+                continue
+            # the shifted window may run past the data: fill at its mean power, and say so
+            p = float(e_shift) / (duration - unc_s)
+            row.corrected_j, se = corrected_energy(
+                float(e_shift) + p * unc_s, duration, g, c=c, d=d, p_edges_w=[p, p])
+            row.corrected_se_j = math.hypot(se, 0.5 * abs(p) * unc_s / g[0])
+            if unc_s > 1e-9:
+                row.notes.append(f"corrected: {unc_s:.3f} s of the shifted window not covered")
+            row.notes += warn
+        rows += got
+        notes += [f"{view.source_id}:{channel}: {w}" for w in warn]
+    if ref_key is not None:
+        ref_rows = {r.phase: r for r in rows if (r.source, r.channel) == ref_key}
+        for r in rows:
+            ref = ref_rows.get(r.phase)
+            if ref is None or ref is r or not ref.energy_j:
+                continue
+            if r.energy_j is not None:
+                r.error_pct = 100 * (r.energy_j - ref.energy_j) / ref.energy_j
+            if r.corrected_j is not None:
+                r.corrected_error_pct = 100 * (r.corrected_j - ref.energy_j) / ref.energy_j
+    return json_safe({
+        "path": run.path,
+        "reference": None if ref_key is None else f"{ref_key[0]}:{ref_key[1]}",
+        "calibration": None if calibration is None else calibration.get("key"),
+        "phases": [asdict(p) | {"label": p.label} for p in phases],
+        "rows": [r.to_json() for r in rows],
+        "notes": notes,
+    })
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A fixed-width table: one block per phase, one line per stream."""
+    corrected = any(r["corrected_j"] is not None for r in report["rows"])
+    head = (f"{'stream':<40} {'energy J':>11} {'± J':>8} {'mean W':>9} {'uncov s':>8} "
+            f"{'err %':>7}" + (f" {'corr J':>11} {'corr err %':>10}" if corrected else ""))
+    lines = [f"reference: {report['reference'] or '- (no external meter in this run)'}"]
+    by_phase: dict[str, list[dict[str, Any]]] = {}
+    for r in report["rows"]:
+        by_phase.setdefault(r["phase"], []).append(r)
+
+    def num(x: Any, fmt: str, width: int) -> str:
+        return f"{x:{width}{fmt}}" if x is not None else f"{'-':>{width}}"
+
+    for phase, rows in by_phase.items():
+        r0 = rows[0]
+        lines += ["", f"{phase}  ({r0['t0_s']:.3f} .. {r0['t1_s']:.3f} s, "
+                  f"{r0['t1_s'] - r0['t0_s']:.3f} s)", head, "-" * len(head)]
+        for r in rows:
+            name = f"{r['source']}:{r['channel']}" + (" (counter)" if r["method"] == "counter"
+                                                       else "")
+            line = (f"{name:<40} {num(r['energy_j'], '.2f', 11)} "
+                    f"{num(r['uncertainty_j'], '.2f', 8)} {num(r['mean_power_w'], '.2f', 9)} "
+                    f"{r['uncovered_s']:8.3f} {num(r['error_pct'], '.2f', 7)}")
+            if corrected:
+                line += (f" {num(r['corrected_j'], '.2f', 11)} "
+                         f"{num(r['corrected_error_pct'], '.2f', 10)}")
+            lines.append(line)
+    lines += [f"note: {n}" for n in report["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,427 @@
+"""Turn other tools' power logs into wattlab run files, so the same analysis applies to them.
+
+Each reader parses one file into sources (absolute times in ns on the file's own clock) and
+markers; ``import_files`` puts several files into one new run (never overwriting), one
+source group per file (a file with several streams gets ``<name>.<stream>`` sources).
+Malformed input raises ``RunFileError`` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from wattlab import __version__
+from wattlab.errors import RunFileError, UsageError
+from wattlab.samples import Channel, Marker, SourceDescriptor, check_source_id
+from wattlab.sync.run_writer import RunFileWriter
+
+TIME_UNITS_NS = {"s": 1e9, "ms": 1e6, "us": 1e3, "ns": 1.0}
+UNIT_SUFFIXES = {"w": "W", "j": "J", "v": "V", "a": "A", "mw": "mW", "kw": "kW", "mj": "mJ"}
+TO_SI = {"mW": ("W", 1e-3), "kW": ("W", 1e3), "mJ": ("J", 1e-3), "MHz": ("Hz", 1e6),
+         "kHz": ("Hz", 1e3), "GHz": ("Hz", 1e9), "mV": ("V", 1e-3), "mA": ("A", 1e-3)}
+NVML_LEVELS = {0: "idle", 1: "half", 2: "full"}
+
+
+@dataclass
+class ImportedSource:
+    """One stream read from a file: absolute times (ns, the file's clock) and SI values."""
+
+    descriptor: SourceDescriptor
+    t_ns: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float64]
+    t_raw: npt.NDArray[Any] | None = None
+
+
+@dataclass
+class Imported:
+    """Everything one file held."""
+
+    sources: list[ImportedSource]
+    markers: list[Marker] = field(default_factory=list)
+
+
+def safe_id(text: str) -> str:
+    """A file stem or column name as a valid source/channel id."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.\-]+", "_", text).strip("_.-") or "data"
+    return cleaned[:64]
+
+
+def to_si(unit: str, values: npt.NDArray[np.float64]) -> tuple[str, npt.NDArray[np.float64]]:
+    """Convert mW, MHz, ... to W, Hz, ...; other units pass unchanged."""
+    if unit in TO_SI:
+        si, factor = TO_SI[unit]
+        return si, values * factor
+    return unit, values
+
+
+def _descriptor(source_id: str, channels: list[Channel], path: Path, fmt: str, *,
+                kind: str = "imported", model: str = "", time_raw: str = "file_time_ns",
+                **config: Any) -> SourceDescriptor:
+    return SourceDescriptor(
+        source_id=check_source_id(source_id), kind=kind, model=model or fmt,
+        channels=tuple(channels), transport=f"import:{fmt}", time_raw=time_raw,
+        config={"imported_from": str(path), "import_format": fmt, **config},
+    )
+
+
+# --------------------------------------------------------------------------- NVML .npz
+
+
+def read_nvml_npz(path: Path, name: str) -> Imported:
+    """The NVML capture format of ``h100_nvml_seed11.npz`` (see shared/data/README.md)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: np.asarray(data[k]) for k in data.files}
+    except (OSError, ValueError) as e:
+        raise RunFileError(f"{path}: not a readable .npz file ({e})") from e
+    missing = {"samples", "average", "meta"} - set(arrays)
+    if missing:
+        raise RunFileError(f"{path}: not an NVML capture: arrays {sorted(missing)} missing")
+    try:
+        meta = json.loads(str(arrays["meta"]))
+    except json.JSONDecodeError as e:
+        raise RunFileError(f"{path}: array 'meta' is not JSON ({e})") from e
+    model = str(meta.get("gpu", "unknown GPU"))
+    driver = str(meta.get("driver", ""))
+    common = {"driver_version": driver, "board_part_number": str(meta.get("board", "")),
+              "capture_meta": meta}
+    views = [
+        ("samples", "power_w", "W", 1e-3, "nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)"),
+        ("instant", "instant_power_w", "W", 1e-3, "NVML_FI_DEV_POWER_INSTANT"),
+        ("average", "average_power_w", "W", 1e-3, "nvmlDeviceGetPowerUsage"),
+        ("energy", "energy_j", "J", 1e-3, "nvmlDeviceGetTotalEnergyConsumption"),
+        ("sm_clock", "sm_clock_hz", "Hz", 1e6, "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)"),
+    ]
+    sources: list[ImportedSource] = []
+    for key, channel, unit, scale, call in views:
+        if key not in arrays:
+            continue
+        arr = arrays[key]
+        if arr.ndim != 2 or arr.shape[1] < 2:
+            raise RunFileError(f"{path}: array {key!r} has shape {arr.shape}, expected n×2+")
+        extra: dict[str, Any] = {"nvml_field": call}
+        if key == "samples":  # GPU stamps (unix µs) are the sample times; keep them raw
+            t_ns = arr[:, 0].astype(np.int64) * 1000
+            t_raw: npt.NDArray[Any] = arr[:, 0].astype(np.int64)
+            time_raw = "device_unix_us"
+        else:
+            t_ns = arr[:, 0].astype(np.int64)
+            t_raw = t_ns.copy()
+            time_raw = "host_realtime_ns"
+            extra["rows"] = "only where the value changed"
+        order = np.argsort(t_ns, kind="stable")
+        desc = _descriptor(f"{name}.{key}", [Channel(channel, unit, call)], path, "nvml-npz",
+                           kind="nvml", model=model, time_raw=time_raw, **common, **extra)
+        desc = dataclasses.replace(desc, firmware=driver)
+        sources.append(ImportedSource(desc, t_ns[order], (arr[order, 1:2] * scale).astype(
+            np.float64), t_raw[order]))
+    markers: list[Marker] = []
+    if "load_edges" in arrays:
+        edges = arrays["load_edges"]
+        end_ns = max(int(s.t_ns[-1]) for s in sources)
+        for i, (t0, level, seg) in enumerate(edges[:, :3].tolist()):
+            t1 = int(edges[i + 1, 0]) if i + 1 < len(edges) else end_ns
+            label = NVML_LEVELS.get(int(level), f"level{level}")
+            payload = {"segment": int(seg), "level": int(level)}
+            markers.append(Marker(int(t0), label, "begin", "load", payload))
+            markers.append(Marker(t1, label, "end", "load", payload))
+    return Imported(sources, markers)
+
+
+# --------------------------------------------------------------------------- PMT logs
+
+
+def read_pmt_log(path: Path, name: str) -> Imported:
+    """PMT dumps: a header ``timestamp col…`` (s, W…), then rows; ``M t "text"`` are markers.
+
+    Marker times are seconds since the first sample. "start"/"begin" and "end"/"stop"
+    become begin/end of a phase named ``marked``; other texts become point markers.
+    """
+    rows: list[list[float]] = []
+    marks: list[tuple[float, str, int]] = []
+    header: list[str] | None = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            if header is None:
+                header = line.split()
+                if len(header) < 2 or header[0].lower() not in ("timestamp", "time"):
+                    raise RunFileError(f"{path}:{lineno}: expected a header 'timestamp "
+                                       f"name…', got {line[:60]!r}")
+                continue
+            if line.startswith("M"):
+                m = re.match(r'^M\s+([-+0-9.eE]+)\s*(?:"(.*)"|(\S.*))?$', line)
+                if not m:
+                    raise RunFileError(f"{path}:{lineno}: malformed marker line {line[:60]!r}")
+                marks.append((float(m.group(1)), m.group(2) or m.group(3) or "mark", lineno))
+                continue
+            parts = line.split()
+            if len(parts) != len(header):
+                raise RunFileError(f"{path}:{lineno}: {len(parts)} fields, the header has "
+                                   f"{len(header)}")
+            try:
+                rows.append([float(p) for p in parts])
+            except ValueError as e:
+                raise RunFileError(f"{path}:{lineno}: not a number ({e})") from e
+    if header is None or not rows:
+        raise RunFileError(f"{path}: no PMT header or no samples")
+    data = np.array(rows)
+    t_ns = np.round(data[:, 0] * 1e9).astype(np.int64)
+    channels = [Channel(c if c.lower().endswith("_w") else f"{safe_id(c)}_w", "W",
+                        f"PMT column {c}") for c in header[1:]]
+    desc = _descriptor(name, channels, path, "pmt", model="PMT log")
+    markers = []
+    open_phase = False
+    for t_rel, text, lineno in marks:
+        t = int(t_ns[0] + round(t_rel * 1e9))
+        low = text.lower()
+        if low in ("start", "begin"):
+            kind = "begin"
+        elif low in ("end", "stop"):
+            kind = "end"
+        else:
+            kind = "point"
+        if kind == "end" and not open_phase:
+            raise RunFileError(f"{path}:{lineno}: marker {text!r} ends no started phase")
+        open_phase = kind == "begin" or (open_phase and kind == "point")
+        markers.append(Marker(t, "marked" if kind != "point" else text[:128], kind, name,
+                              {"text": text}))
+    return Imported([ImportedSource(desc, t_ns, data[:, 1:], t_ns.copy())], markers)
+
+
+# --------------------------------------------------------------------------- generic CSV
+
+
+def column_unit(column: str, units: dict[str, str]) -> tuple[str, str] | None:
+    """(channel name, unit) from ``--unit COL=U``, a ``[U]`` or a ``_u`` suffix, else None."""
+    if column in units:
+        return safe_id(column), units[column]
+    m = re.match(r"^(.*?)\s*\[([^\]]+)\]\s*$", column)
+    if m:
+        unit = m.group(2).strip()
+        return f"{safe_id(m.group(1))}_{safe_id(unit).lower()}", unit
+    m = re.match(r"^.*_([A-Za-z]+)$", column)
+    if m and m.group(1).lower() in UNIT_SUFFIXES:
+        return safe_id(column), UNIT_SUFFIXES[m.group(1).lower()]
+    return None
+
+
+def read_csv(path: Path, name: str, time_column: str | None = None, time_unit: str = "s",
+             units: dict[str, str] | None = None) -> Imported:
+    """A header row, a numeric time column (first unless named) and value columns with units."""
+    if time_unit not in TIME_UNITS_NS:
+        raise UsageError(f"--time-unit {time_unit!r}: use one of {sorted(TIME_UNITS_NS)}")
+    units = units or {}
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.reader(f, skipinitialspace=True)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise RunFileError(f"{path}: empty file") from None
+        tcol = 0 if time_column is None else _index(header, time_column, path)
+        value_cols = []
+        for i, col in enumerate(header):
+            if i == tcol:
+                continue
+            got = column_unit(col, units)
+            if got is None:
+                raise RunFileError(f"{path}:1: column {col!r} has no unit: name it "
+                                   f"'{col}_w' / '{col} [W]' or pass --unit '{col}=W'")
+            value_cols.append((i, *got))
+        if not value_cols:
+            raise RunFileError(f"{path}:1: no value columns besides the time column")
+        times: list[float] = []
+        rows: list[list[float]] = []
+        for lineno, parts in enumerate(reader, 2):
+            if not parts or all(not p.strip() for p in parts):
+                continue
+            if len(parts) != len(header):
+                raise RunFileError(f"{path}:{lineno}: {len(parts)} fields, the header has "
+                                   f"{len(header)}")
+            try:
+                times.append(float(parts[tcol]))
+                rows.append([float(parts[i]) if parts[i].strip() else math.nan
+                             for i, _, _ in value_cols])
+            except ValueError as e:
+                raise RunFileError(f"{path}:{lineno}: not a number ({e})") from e
+    if not rows:
+        raise RunFileError(f"{path}: no data rows")
+    t_ns = np.round(np.array(times) * TIME_UNITS_NS[time_unit]).astype(np.int64)
+    data = np.array(rows, dtype=np.float64)
+    channels = []
+    for j, (_, col_name, unit) in enumerate(value_cols):
+        si, data[:, j] = to_si(unit, data[:, j])
+        cname = col_name
+        if si != unit:
+            cname = re.sub(rf"_{re.escape(unit.lower())}$", "", cname) + f"_{si.lower()}"
+        channels.append(Channel(cname, si, f"CSV column {header[value_cols[j][0]]}"))
+    order = np.argsort(t_ns, kind="stable")
+    desc = _descriptor(name, channels, path, "csv", time_unit=time_unit)
+    return Imported([ImportedSource(desc, t_ns[order], data[order], t_ns[order])])
+
+
+def _index(header: list[str], column: str, path: Path) -> int:
+    if column in header:
+        return header.index(column)
+    raise UsageError(f"{path}: no column {column!r}; columns are {header}")
+
+
+# --------------------------------------------------------------------------- nvidia-smi
+
+SMI_ID_COLUMNS = ("index", "uuid", "pci.bus_id", "gpu_uuid", "gpu_bus_id")
+SMI_TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f")
+
+
+def _smi_time_ns(text: str) -> int:
+    for fmt in SMI_TIME_FORMATS:
+        try:
+            dt = datetime.strptime(text.strip(), fmt).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+        return int(dt.timestamp()) * 1_000_000_000 + dt.microsecond * 1000
+    raise ValueError(f"timestamp {text!r} is not in nvidia-smi's format")
+
+
+def read_nvidia_smi(path: Path, name: str) -> Imported:
+    """``nvidia-smi --query-gpu=timestamp,power.draw,… --format=csv`` (with its header).
+
+    Numeric columns keep their bracketed unit (converted to SI); ``[N/A]`` becomes NaN;
+    with an ``index``/``uuid`` column each GPU becomes its own source ``<name>.gpu<k>``.
+    Timestamps are local wall-clock time without a zone: read as if UTC.
+    """
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.reader(f, skipinitialspace=True)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise RunFileError(f"{path}: empty file") from None
+        if "timestamp" not in header:
+            raise RunFileError(f"{path}:1: no 'timestamp' column: record with "
+                               "--query-gpu=timestamp,power.draw --format=csv (with header)")
+        tcol = header.index("timestamp")
+        idcol = next((header.index(c) for c in SMI_ID_COLUMNS if c in header), None)
+        numeric: list[tuple[int, str, str]] = []
+        for i, col in enumerate(header):
+            m = re.match(r"^([\w.]+)\s*(?:\[(.+)\])?$", col)
+            if i in (tcol, idcol) or not m or (m.group(2) is None and col not in (
+                    "temperature.gpu", "temperature.memory", "utilization.gpu")):
+                continue
+            numeric.append((i, m.group(1), (m.group(2) or "").strip()))
+        if not numeric:
+            raise RunFileError(f"{path}:1: no numeric columns with units (e.g. 'power.draw [W]')")
+        per_gpu: dict[str, tuple[list[int], list[list[float]]]] = {}
+        for lineno, parts in enumerate(reader, 2):
+            if not parts or all(not p.strip() for p in parts):
+                continue
+            if len(parts) != len(header):
+                raise RunFileError(f"{path}:{lineno}: {len(parts)} fields, the header has "
+                                   f"{len(header)}")
+            try:
+                t = _smi_time_ns(parts[tcol])
+                row = [_smi_number(parts[i]) for i, _, _ in numeric]
+            except ValueError as e:
+                raise RunFileError(f"{path}:{lineno}: {e}") from e
+            key = parts[idcol].strip() if idcol is not None else ""
+            ts, vals = per_gpu.setdefault(key, ([], []))
+            ts.append(t)
+            vals.append(row)
+    if not per_gpu:
+        raise RunFileError(f"{path}: no data rows")
+    sources = []
+    for k, (key, (ts, vals)) in enumerate(sorted(per_gpu.items())):
+        data = np.array(vals, dtype=np.float64)
+        channels = []
+        for j, (_, col, unit) in enumerate(numeric):
+            si, data[:, j] = to_si(unit or "1", data[:, j])
+            suffix = {"W": "_w", "Hz": "_hz", "%": "_pct", "J": "_j"}.get(si, "")
+            channels.append(Channel(safe_id(col.replace(".", "_")) + suffix, si,
+                                    f"nvidia-smi {col}"))
+        sid = name if len(per_gpu) == 1 else f"{name}.gpu{key if key.isdigit() else k}"
+        t_ns = np.array(ts, dtype=np.int64)
+        order = np.argsort(t_ns, kind="stable")
+        desc = _descriptor(sid, channels, path, "nvidia-smi", kind="nvml",
+                           model="nvidia-smi", gpu=key, nvml_field="nvmlDeviceGetPowerUsage")
+        sources.append(ImportedSource(desc, t_ns[order], data[order], t_ns[order]))
+    return Imported(sources)
+
+
+def _smi_number(text: str) -> float:
+    t = text.strip()
+    if t in ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", ""):
+        return math.nan
+    return float(t.split()[0])
+
+
+# --------------------------------------------------------------------------- the run file
+
+READERS: dict[str, Callable[..., Imported]] = {
+    "nvml-npz": read_nvml_npz,
+    "pmt": read_pmt_log,
+    "csv": read_csv,
+    "nvidia-smi": read_nvidia_smi,
+}
+
+
+def import_files(fmt: str, paths: list[str], output: str, names: list[str] | None = None,
+                 command: list[str] | None = None, **options: Any) -> list[str]:
+    """Read ``paths`` in format ``fmt`` into a new run file; returns the source ids written.
+
+    ``names`` (one per file) replaces the file stems as source names; ``options`` go to the
+    reader (CSV: ``time_column``, ``time_unit``, ``units``).
+    """
+    if fmt not in READERS:
+        raise UsageError(f"unknown import format {fmt!r}; formats are {sorted(READERS)}")
+    if not paths:
+        raise UsageError("import needs at least one input file")
+    if names is not None and len(names) != len(paths):
+        raise UsageError(f"{len(names)} --source names for {len(paths)} files")
+    imported: list[Imported] = []
+    for i, p in enumerate(paths):
+        path = Path(p)
+        if not path.is_file():
+            raise UsageError(f"{p}: no such file")
+        name = check_source_id(names[i] if names else safe_id(path.stem))
+        imported.append(READERS[fmt](path, name, **options))
+    sources = [s for imp in imported for s in imp.sources]
+    ids = [s.descriptor.source_id for s in sources]
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"two inputs give the same source names {ids}; use --source")
+    start = min(int(s.t_ns[0]) for s in sources if s.t_ns.size)
+    markers = [m for imp in imported for m in imp.markers]
+    if markers:
+        start = min(start, *(m.t_host_ns for m in markers))
+    attrs = {
+        "created": datetime.now(UTC).isoformat(),
+        "wattlab_version": __version__,
+        "command": json.dumps(command or ["wattlab", "import", fmt, *paths]),
+        "imported_from": json.dumps([str(Path(p).resolve()) for p in paths]),
+        "import_format": fmt,
+        "host": "",
+    }
+    writer = RunFileWriter(output, attrs, start)
+    try:
+        for s in sources:
+            writer.add_source(s.descriptor)
+            raw = s.t_ns if s.t_raw is None else s.t_raw
+            writer.append(s.descriptor.source_id, s.t_ns, raw.astype(
+                np.dtype(s.descriptor.time_raw_dtype)), s.values.astype(
+                np.dtype(s.descriptor.value_dtype)), np.zeros(s.t_ns.shape, np.uint8))
+        if markers:
+            writer.add_markers(sorted(markers, key=lambda m: m.t_host_ns))
+    finally:
+        writer.close()
+    return ids

@@ -1,0 +1,87 @@
+"""`wattlab calibrate RUN --reference SRC[:CH] --target SRC[:CH]`: how wrong is NVML."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from wattlab.analysis.calibration import calibrate, store_in_run
+from wattlab.analysis.run_file import Run
+from wattlab.errors import UsageError
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "calibrate", help="fit lag, smoothing, gain and offset of a GPU power reading")
+    p.add_argument("run", help="run file")
+    p.add_argument("--reference", required=True, metavar="SRC[:CHANNEL]",
+                   help="the trusted stream (external meter, or NVML's 50 Hz samples)")
+    p.add_argument("--target", required=True, metavar="SRC[:CHANNEL]",
+                   help="the stream to calibrate (e.g. gpu0.power:average_power_w)")
+    p.add_argument("-o", "--output", help="write the calibration record (JSON) here")
+    p.add_argument("--json", action="store_true", help="print the whole record as JSON")
+    p.add_argument("--no-store", action="store_true",
+                   help="do not add the record to the run under /analysis/calibration")
+    p.add_argument("--grid-rate", type=float, default=1000.0, metavar="HZ",
+                   help="resolution of the reference grid (default 1000 Hz)")
+    p.add_argument("--min-phase", type=float, default=2.0, metavar="S",
+                   help="phases shorter than this are left out of the error summary")
+    return p
+
+
+def _fmt(obj: dict[str, Any], unit: str, scale: float = 1.0) -> str:
+    v, se = obj["value"], obj["se"]
+    if v is None:
+        return "-"
+    return f"{v * scale:.4g} ± {se * scale:.2g} {unit}" if se is not None else \
+        f"{v * scale:.4g} {unit}"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.output and os.path.exists(args.output):
+        raise UsageError(f"{args.output}: already exists; choose another -o")
+    with Run(args.run) as run_file:
+        record = calibrate(run_file, args.reference, args.target, grid_rate_hz=args.grid_rate,
+                           min_phase_s=args.min_phase)
+    stored = None if args.no_store else store_in_run(args.run, record)
+    if args.output:
+        with open(args.output, "x", encoding="utf-8") as f:
+            json.dump(record, f, indent=2)
+    if args.json:
+        print(json.dumps(record, indent=2))
+        return 0
+    p = record["params"]
+    key = record["key"]
+    print(f"{record['target']['source']}:{record['target']['channel']} vs "
+          f"{record['reference']['source']}:{record['reference']['channel']}")
+    print(f"  GPU {key['gpu_model']}, board {key['board'] or '-'}, driver "
+          f"{key['driver_version'] or '-'}, field {key['nvml_field']}")
+    print(f"  kernel          {record['kernel']}  ({record['convention']})")
+    for name, value in p.items():
+        unit = "ms" if name.endswith("_s") else ("W" if name.endswith("_w") else "")
+        print(f"  {name:<15} {_fmt(value, unit, 1e3 if unit == 'ms' else 1.0)}")
+    print(f"  effective delay {_fmt(record['effective_delay_s'], 'ms', 1e3)}")
+    print(f"  update period   {record['update_period_s'] * 1e3:.1f} ms, coverage "
+          f"{record['coverage'] * 100:.0f} %")
+    fit = record["fit"]
+    print(f"  residual        {fit['rmse_w']:.2f} W rms (R² {fit['r2']:.4f}, "
+          f"{fit['n_points']} readings)")
+    pdg = record["power_dependent_gain"]
+    print(f"  power-dependent gain slope {_fmt(pdg['slope'], '')}: "
+          f"{'warranted' if pdg['warranted'] else 'not warranted'}")
+    e = record["energy"]
+    if e["overall"]:
+        o = e["overall"]
+        print(f"  energy overall  {o['error_before_pct']:+.2f} % before, "
+              f"{o['error_after_pct']:+.2f} % after correction")
+    if e["phases_considered"]:
+        print(f"  phases ≥ {e['min_phase_s']:g} s ({e['phases_considered']}): mean |error| "
+              f"{e['mean_abs_error_before_pct']:.2f} % before, "
+              f"{e['mean_abs_error_after_pct']:.2f} % after")
+    if stored:
+        print(f"  stored in {args.run}:{stored}")
+    if args.output:
+        print(f"  record written to {args.output}")
+    return 0

@@ -1,0 +1,37 @@
+"""`wattlab energy RUN [--by-marker] [--json] [--calibration cal.json]`: joules per phase."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from wattlab.analysis.calibration import load_record
+from wattlab.analysis.energy import energy_report, format_report
+from wattlab.analysis.run_file import Run
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "energy", help="energy and mean power per source and phase, with intervals")
+    p.add_argument("run", help="run file")
+    p.add_argument("--by-marker", action="store_true",
+                   help="also one row per phase (begin/end markers)")
+    p.add_argument("--reference", metavar="SRC[:CHANNEL]",
+                   help="stream the errors are relative to (default: the first non-NVML meter)")
+    p.add_argument("--calibration", metavar="CAL.json",
+                   help="correct NVML energy with a record from `wattlab calibrate -o`")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    record = load_record(args.calibration) if args.calibration else None
+    with Run(args.run) as run_file:
+        report = energy_report(run_file, by_marker=args.by_marker, reference=args.reference,
+                               calibration=record)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_report(report))
+    return 0

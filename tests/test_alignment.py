@@ -1,0 +1,87 @@
+"""Alignment: grids keep gaps, lags are found by cross-correlation (also on real H100 data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import wattlab
+from wattlab.analysis.alignment import aligned, estimate_lag, parse_spec
+from wattlab.analysis.importers import import_files
+from wattlab.errors import UsageError
+from wattlab.samples import Channel, Gap, SourceDescriptor
+from wattlab.sync.run_writer import RunFileWriter
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+H100 = DATA / "h100_nvml_seed11.npz"
+
+
+def test_lag_of_a_shifted_random_load_is_found_to_a_millisecond():
+    rng = np.random.default_rng(3)
+    rate = 1000.0
+    x = np.repeat(rng.uniform(50, 700, 400), rng.integers(20, 300, 400))[:60_000]
+    shift = 43
+    y = np.concatenate([np.full(shift, x[0]), x[:-shift]]) + rng.normal(0, 3, x.size)
+    lag = estimate_lag(x, y, rate, max_lag_s=1.0)
+    assert lag.lag_s == pytest.approx(0.043, abs=1e-3)
+    assert lag.correlation > 0.95 and lag.confidence > 0.3
+    assert lag.uncertainty_s < 2e-3
+
+
+def test_unrelated_streams_have_low_confidence():
+    rng = np.random.default_rng(4)
+    x = np.repeat(rng.uniform(50, 700, 300), 100)
+    y = np.repeat(rng.uniform(50, 700, 300), 100)
+    assert estimate_lag(x, y, 100.0, max_lag_s=2.0).correlation < 0.5
+
+
+def test_aligned_keeps_gaps_as_nan(tmp_path):
+    path = tmp_path / "a.h5"
+    w = RunFileWriter(str(path), {}, 0)
+    for sid, step_ms in (("fast", 1), ("slow", 20)):
+        w.add_source(SourceDescriptor(sid, "meter", "m", (Channel("power_w", "W"),)))
+        t = np.arange(0, 10_000, step_ms) * 1_000_000
+        if sid == "fast":
+            t = t[(t < 3_000_000_000) | (t > 5_000_000_000)]
+        w.append(sid, t, t, np.full((t.size, 1), 50.0), np.zeros(t.size, np.uint8))
+    w.add_gaps([Gap("slow", "lost", 1, 2, 7_000_000_000, 7_500_000_000, 25)])
+    w.close()
+    with wattlab.open(str(path)) as run:
+        al = aligned(run, 10.0, "fast", "slow:power_w")
+    fast, slow = al.values["fast"], al.values["slow:power_w"]
+    hole = (al.t_s > 3.0) & (al.t_s < 5.0)
+    away = (np.abs(al.t_s - 3.0) > 0.1) & (np.abs(al.t_s - 5.0) > 0.1) & (al.t_s < 9.9)
+    assert np.all(np.isnan(fast[hole])) and np.allclose(fast[~hole & away], 50.0)
+    assert np.all(np.isnan(slow[(al.t_s > 7.05) & (al.t_s < 7.45)]))
+    assert np.isfinite(slow[(al.t_s > 1) & (al.t_s < 6.9)]).all()
+    assert al.to_pandas().shape[1] == 2
+
+
+def test_spec_parsing():
+    assert parse_spec("gpu0.power:average_power_w") == ("gpu0.power", "average_power_w")
+    assert parse_spec("meter") == ("meter", None)
+    with pytest.raises(UsageError):
+        parse_spec(":x")
+
+
+@pytest.fixture(scope="module")
+def h100(tmp_path_factory):
+    if not H100.exists():
+        pytest.skip(f"real H100 capture not available at {H100}")
+    path = tmp_path_factory.mktemp("h100") / "h100.h5"
+    import_files("nvml-npz", [str(H100)], str(path), names=["h100"])
+    return path
+
+
+def test_h100_views_lag_the_sample_buffer_as_measured(h100):
+    with wattlab.open(str(h100)) as run:
+        al = aligned(run, 200.0, "h100.samples", "h100.instant", "h100.average", hold=True)
+    ref = al.values["h100.samples"]
+    inst = estimate_lag(ref, al.values["h100.instant"], 200.0, max_lag_s=2.0)
+    avg = estimate_lag(ref, al.values["h100.average"], 200.0, max_lag_s=2.0)
+    assert 0.03 < inst.lag_s < 0.08  # instant: ~55-75 ms behind the load, samples ~25 ms
+    assert 0.45 < avg.lag_s < 0.6  # a 1 s boxcar: centred half a second late
+    for view in ("h100.instant", "h100.average"):
+        assert np.nanmean(al.values[view]) / np.nanmean(ref) == pytest.approx(1.0, abs=0.01)

@@ -1,0 +1,206 @@
+"""NVML calibration: known artefacts are recovered from synthetic, simulated and real runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import wattlab
+from wattlab.acquisition.simulated_phases import schedule_phases
+from wattlab.analysis.calibration import calibrate, load_from_run, load_record, store_in_run
+from wattlab.analysis.energy import energy_report
+from wattlab.analysis.importers import import_files
+from wattlab.cli import main
+from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule
+from wattlab.samples import Channel, Marker, SourceDescriptor
+from wattlab.sync.run_writer import RunFileWriter
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+H100 = DATA / "h100_nvml_seed11.npz"
+MS = 1_000_000
+
+
+def _desc(sid: str, kind: str, channels: list[tuple[str, str]], **config: object):
+    return SourceDescriptor(sid, kind, "Simulated H100 80GB HBM3" if kind == "nvml" else "meter",
+                            tuple(Channel(n, "W", m) for n, m in channels),
+                            firmware="580.1", config={"driver_version": "580.1", **config})
+
+
+def write_sim_run(path: Path, seed: int = 3, duration_s: float = 40.0, gain: float = 1.07,
+                  offset_w: float = 5.0) -> SimulatedGpu:
+    """A run whose truth is known: reference = true power at 1 kHz, NVML views polled at 50 Hz.
+
+    ``gpu0.power`` holds the simulator's instant and average readings as polled;
+    ``gpu0.scaled`` is the average reading with a known gain and offset applied.
+    """
+    gpu = SimulatedGpu(0, seed, WorkloadSchedule.random(seed, duration_s), clock_ns=lambda: 0,
+                       start_ns=0, unix_offset_ns=0)
+    writer = RunFileWriter(str(path), {"created": "test"}, 0)
+    writer.add_source(_desc("meter", "meter", [("power_w", "true power")]))
+    writer.add_source(_desc("gpu0.power", "nvml",
+                            [("instant_power_w", "NVML_FI_DEV_POWER_INSTANT"),
+                             ("average_power_w", "nvmlDeviceGetPowerUsage")]))
+    writer.add_source(_desc("gpu0.scaled", "nvml", [("average_power_w", "scaled average")]))
+    t_ref = np.arange(0, int(duration_s * 1000)) * MS
+    p_ref = gpu.true_power_w_array(t_ref)
+    writer.append("meter", t_ref, t_ref, p_ref.reshape(-1, 1), np.zeros(t_ref.size, np.uint8))
+    t_poll = np.arange(5, int(duration_s * 50)) * 20 * MS + 3 * MS
+    inst = np.array([gpu.instant_power_mw(int(t)) for t in t_poll]) / 1e3
+    avg = np.array([gpu.average_power_mw(int(t)) for t in t_poll]) / 1e3
+    zeros = np.zeros(t_poll.size, np.uint8)
+    writer.append("gpu0.power", t_poll, t_poll, np.column_stack([inst, avg]), zeros)
+    writer.append("gpu0.scaled", t_poll, t_poll, (gain * avg + offset_w).reshape(-1, 1), zeros)
+    markers = []
+    for a, b, name in schedule_phases(gpu):
+        markers += [Marker(round(a * 1e9), name, "begin", "schedule"),
+                    Marker(round(b * 1e9), name, "end", "schedule")]
+    writer.add_markers(markers)
+    writer.close()
+    return gpu
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cal") / "sim.h5"
+    write_sim_run(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def h100_run(tmp_path_factory) -> Path:
+    if not H100.exists():
+        pytest.skip(f"real H100 capture not available at {H100}")
+    path = tmp_path_factory.mktemp("h100") / "h100.h5"
+    import_files("nvml-npz", [str(H100)], str(path), names=["h100"])
+    return path
+
+
+def _v(record: dict, name: str) -> tuple[float, float]:
+    obj = record["params"][name] if name in record["params"] else record[name]
+    return obj["value"], obj["se"]
+
+
+def test_synthetic_lti_target_recovers_tau_width_gain_offset(tmp_path):
+    """target = 1.07·boxcar_0.8s(ref)(t − 37 ms) + 12 W, sampled at 50 Hz: exact recovery."""
+    rng = np.random.default_rng(5)
+    t_ref = np.arange(0, 60_000) * MS
+    levels = rng.choice([80.0, 300.0, 650.0], size=300)
+    p_ref = np.repeat(levels, 200)[: t_ref.size] + rng.normal(0, 5, t_ref.size)
+    cum = np.concatenate(([0.0], np.cumsum(p_ref) * 1e-3))
+    edges_s = np.arange(t_ref.size + 1) * 1e-3
+    t_tgt = np.arange(200, 2950) * 0.02 + 0.0071
+    tau, w, g, c = 0.037, 0.8, 1.07, 12.0
+    box = (np.interp(t_tgt - tau, edges_s, cum) - np.interp(t_tgt - tau - w, edges_s, cum)) / w
+    y = g * box + c + rng.normal(0, 1.0, t_tgt.size)
+    path = tmp_path / "lti.h5"
+    writer = RunFileWriter(str(path), {}, 0)
+    writer.add_source(_desc("ref", "meter", [("power_w", "")]))
+    writer.add_source(_desc("tgt", "nvml", [("power_w", "field")]))
+    writer.append("ref", t_ref, t_ref, p_ref.reshape(-1, 1), np.zeros(t_ref.size, np.uint8))
+    t_tgt_ns = np.round(t_tgt * 1e9).astype(np.int64)
+    writer.append("tgt", t_tgt_ns, t_tgt_ns, y.reshape(-1, 1), np.zeros(y.size, np.uint8))
+    writer.close()
+    with wattlab.open(str(path)) as run:
+        rec = calibrate(run, "ref", "tgt")
+    assert rec["kernel"] == "boxcar"
+    assert abs(_v(rec, "tau_s")[0] - tau) < 1e-3
+    assert abs(_v(rec, "w_s")[0] / w - 1) < 0.05
+    g_fit, g_se = _v(rec, "gain")
+    c_fit, c_se = _v(rec, "offset_w")
+    assert abs(g_fit / g - 1) < 0.01 and abs(g_fit - g) < 3 * g_se + 1e-3
+    assert abs(c_fit - c) < 3 * c_se + 0.5
+    assert rec["fit"]["rmse_w"] < 2.0
+
+
+def test_simulated_average_is_a_one_second_boxcar_with_unit_gain(sim_run):
+    with wattlab.open(str(sim_run)) as run:
+        rec = calibrate(run, "meter", "gpu0.power:average_power_w")
+    assert rec["kernel"] == "boxcar"
+    assert abs(_v(rec, "w_s")[0] - 1.0) < 0.05
+    assert abs(_v(rec, "gain")[0] - 1.0) < 0.01
+    assert abs(_v(rec, "tau_s")[0]) < 0.03  # causal boxcar: the window ends at the update
+    assert 0.45 < _v(rec, "effective_delay_s")[0] < 0.55
+    assert rec["coverage"] == pytest.approx(1.0)
+    assert 0.08 < rec["update_period_s"] < 0.13
+    e = rec["energy"]
+    assert e["phases_considered"] >= 3
+    assert e["mean_abs_error_after_pct"] < 0.6 * e["mean_abs_error_before_pct"]
+    assert rec["key"]["nvml_field"] == "nvmlDeviceGetPowerUsage"
+
+
+def test_simulated_instant_reading_is_part_time(sim_run):
+    with wattlab.open(str(sim_run)) as run:
+        rec = calibrate(run, "meter", "gpu0.power:instant_power_w", kernels=("boxcar",))
+    assert rec["kernel"] == "part_time"
+    assert 0.015 < _v(rec, "w_s")[0] < 0.035  # the simulator observes 25 ms of each 100 ms
+    assert 0.15 < rec["coverage"] < 0.35
+
+
+def test_injected_gain_and_offset_are_recovered_within_their_uncertainty(sim_run):
+    with wattlab.open(str(sim_run)) as run:
+        rec = calibrate(run, "meter", "gpu0.scaled")
+    g, g_se = _v(rec, "gain")
+    c, c_se = _v(rec, "offset_w")
+    assert 0 < g_se < 0.01 and 0 < c_se < 5
+    assert abs(g - 1.07) < max(3 * g_se, 0.005)
+    assert abs(c - 5.0) < max(3 * c_se, 1.0)
+    assert not rec["power_dependent_gain"]["warranted"]
+
+
+def test_h100_average_is_a_one_second_boxcar_lagging_half_a_second(h100_run):
+    with wattlab.open(str(h100_run)) as run:
+        rec = calibrate(run, "h100.samples", "h100.average")
+    assert rec["kernel"] == "boxcar"
+    assert 0.95 < _v(rec, "w_s")[0] < 1.05
+    assert -0.05 < _v(rec, "tau_s")[0] < 0.05
+    assert 0.45 < _v(rec, "effective_delay_s")[0] < 0.6
+    assert abs(_v(rec, "gain")[0] - 1) < 0.01
+    e = rec["energy"]
+    assert e["phases_considered"] >= 20
+    assert e["mean_abs_error_after_pct"] < 0.6 * e["mean_abs_error_before_pct"]
+    assert abs(e["overall"]["error_before_pct"]) < 1.0  # the views' means agree within 1 %
+
+
+def test_cli_calibrate_writes_and_stores_a_record_that_energy_applies(sim_run, tmp_path):
+    run_copy = tmp_path / "run.h5"
+    run_copy.write_bytes(sim_run.read_bytes())
+    cal = tmp_path / "cal.json"
+    assert main(["calibrate", str(run_copy), "--reference", "meter", "--target",
+                 "gpu0.scaled:average_power_w", "-o", str(cal)]) == 0
+    record = load_record(str(cal))
+    assert [r["key"] for r in load_from_run(str(run_copy))] == [record["key"]]
+    assert main(["calibrate", str(run_copy), "--reference", "meter", "--target",
+                 "gpu0.scaled", "-o", str(cal)]) == 2  # never overwrites
+    with wattlab.open(str(run_copy)) as run:
+        report = energy_report(run, by_marker=True, calibration=record)
+    rows = [r for r in report["rows"] if r["source"] == "gpu0.scaled"]
+    run_row = next(r for r in rows if r["phase"] == "run")
+    assert abs(run_row["error_pct"]) > 5  # uncorrected: the injected 7 % gain and 5 W
+    ref_j = next(r["energy_j"] for r in report["rows"]
+                 if r["source"] == "meter" and r["phase"] == "run")
+    assert abs(run_row["corrected_error_pct"]) < 1.0
+    assert abs(run_row["corrected_j"] - ref_j) < 3 * run_row["corrected_se_j"]
+    inner = [r for r in rows if r["phase"] != "run" and r["corrected_error_pct"] is not None
+             and r["t1_s"] - r["t0_s"] >= 2]
+    assert inner
+    before = np.mean([abs(r["error_pct"]) for r in inner])
+    after = np.mean([abs(r["corrected_error_pct"]) for r in inner])
+    assert after < 0.6 * before
+    # re-storing replaces the record of the same stream
+    store_in_run(str(run_copy), record)
+    assert len(load_from_run(str(run_copy))) == 1
+
+
+def test_calibration_json_is_strict_json(sim_run, capsys):
+    assert main(["calibrate", str(sim_run), "--reference", "meter", "--target",
+                 "gpu0.power:average_power_w", "--json", "--no-store"]) == 0
+    record = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))
+    assert record["format"] == "wattlab-calibration/1"
+
+
+def test_unknown_stream_is_a_usage_error(sim_run):
+    assert main(["calibrate", str(sim_run), "--reference", "nope", "--target", "meter",
+                 "--no-store"]) == 2
