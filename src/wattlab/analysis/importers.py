@@ -13,7 +13,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +42,7 @@ class ImportedSource:
     t_ns: npt.NDArray[np.int64]
     values: npt.NDArray[np.float64]
     t_raw: npt.NDArray[Any] | None = None
+    flags: npt.NDArray[np.uint8] | None = None
 
 
 @dataclass
@@ -377,14 +378,16 @@ READERS: dict[str, Callable[..., Imported]] = {
 
 
 def import_files(fmt: str, paths: list[str], output: str, names: list[str] | None = None,
-                 command: list[str] | None = None, **options: Any) -> list[str]:
+                 command: list[str] | None = None,
+                 readers: Mapping[str, Callable[..., Imported]] = READERS,
+                 **options: Any) -> list[str]:
     """Read ``paths`` in format ``fmt`` into a new run file; returns the source ids written.
 
     ``names`` (one per file) replaces the file stems as source names; ``options`` go to the
     reader (CSV: ``time_column``, ``time_unit``, ``units``).
     """
-    if fmt not in READERS:
-        raise UsageError(f"unknown import format {fmt!r}; formats are {sorted(READERS)}")
+    if fmt not in readers:
+        raise UsageError(f"unknown import format {fmt!r}; formats are {sorted(readers)}")
     if not paths:
         raise UsageError("import needs at least one input file")
     if names is not None and len(names) != len(paths):
@@ -395,7 +398,7 @@ def import_files(fmt: str, paths: list[str], output: str, names: list[str] | Non
         if not path.is_file():
             raise UsageError(f"{p}: no such file")
         name = check_source_id(names[i] if names else safe_id(path.stem))
-        imported.append(READERS[fmt](path, name, **options))
+        imported.append(readers[fmt](path, name, **options))
     sources = [s for imp in imported for s in imp.sources]
     ids = [s.descriptor.source_id for s in sources]
     if len(set(ids)) != len(ids):
@@ -419,7 +422,8 @@ def import_files(fmt: str, paths: list[str], output: str, names: list[str] | Non
             raw = s.t_ns if s.t_raw is None else s.t_raw
             writer.append(s.descriptor.source_id, s.t_ns, raw.astype(
                 np.dtype(s.descriptor.time_raw_dtype)), s.values.astype(
-                np.dtype(s.descriptor.value_dtype)), np.zeros(s.t_ns.shape, np.uint8))
+                np.dtype(s.descriptor.value_dtype)),
+                s.flags if s.flags is not None else np.zeros(s.t_ns.shape, np.uint8))
         if markers:
             writer.add_markers(sorted(markers, key=lambda m: m.t_host_ns))
     finally:

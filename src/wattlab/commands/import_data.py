@@ -6,14 +6,17 @@ import argparse
 import sys
 from typing import Any
 
+from wattlab.acquisition.hmc_log_import import read_hmc8015_log
 from wattlab.analysis.importers import READERS, import_files
+
+FORMATS = {**READERS, "hmc8015-log": read_hmc8015_log}
 from wattlab.errors import UsageError
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
-        "import", help="import power logs (csv, nvidia-smi, pmt, nvml-npz) into a run file")
-    p.add_argument("format", choices=sorted(READERS), help="input format")
+        "import", help="import power logs (csv, nvidia-smi, pmt, nvml-npz, hmc8015-log) into a run file")
+    p.add_argument("format", choices=sorted(FORMATS), help="input format")
     p.add_argument("files", nargs="+", help="input files; each becomes a source")
     p.add_argument("-o", "--output", required=True, help="run file to create")
     p.add_argument("--source", action="append", metavar="NAME",
@@ -39,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.unit or args.time_column:
         raise UsageError("--unit and --time-column apply to the csv format only")
     ids = import_files(args.format, args.files, args.output, args.source,
-                       command=["wattlab", *sys.argv[1:]], **options)
+                       command=["wattlab", *sys.argv[1:]], readers=FORMATS, **options)
     print(f"{args.output}: {len(ids)} source(s): {', '.join(ids)}")
     print(f"next: wattlab info {args.output}")
     return 0
