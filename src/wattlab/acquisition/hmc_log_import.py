@@ -1,9 +1,9 @@
 """Import an HMC8015's own on-device log (CSV fetched with ``DATA:DATA?``) as a run stream.
 
 Lives in ``acquisition`` because the log format belongs to the instrument's driver (and
-``analysis`` never imports drivers); `wattlab import hmc8015-log` adds it to the formats. Log times are times of day;
-the ``#Date`` header line (when present) places them on the calendar, else they count
-from the log's own midnight.
+``analysis`` never imports drivers); `wattlab import hmc8015-log` adds it to the formats.
+Log times are times of day; the ``#Date`` header line (when present) places them on the
+calendar, else they count from the log's own midnight.
 """
 
 from __future__ import annotations

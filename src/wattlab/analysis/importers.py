@@ -378,7 +378,7 @@ READERS: dict[str, Callable[..., Imported]] = {
 
 
 def import_files(fmt: str, paths: list[str], output: str, names: list[str] | None = None,
-                 command: list[str] | None = None,
+                 *, command: list[str] | None = None,
                  readers: Mapping[str, Callable[..., Imported]] = READERS,
                  **options: Any) -> list[str]:
     """Read ``paths`` in format ``fmt`` into a new run file; returns the source ids written.

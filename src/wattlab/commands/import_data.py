@@ -8,14 +8,15 @@ from typing import Any
 
 from wattlab.acquisition.hmc_log_import import read_hmc8015_log
 from wattlab.analysis.importers import READERS, import_files
+from wattlab.errors import UsageError
 
 FORMATS = {**READERS, "hmc8015-log": read_hmc8015_log}
-from wattlab.errors import UsageError
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
-        "import", help="import power logs (csv, nvidia-smi, pmt, nvml-npz, hmc8015-log) into a run file")
+        "import",
+        help="import power logs (csv, nvidia-smi, pmt, nvml-npz, hmc8015-log) into a run file")
     p.add_argument("format", choices=sorted(FORMATS), help="input format")
     p.add_argument("files", nargs="+", help="input files; each becomes a source")
     p.add_argument("-o", "--output", required=True, help="run file to create")
