@@ -28,18 +28,26 @@ def busy(seconds: float, duty: float, a: torch.Tensor, b: torch.Tensor) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
+    parser.add_argument("--steps", help="write each phase's start (unix ns, name) to this file")
     args = parser.parse_args()
+    steps = open(args.steps, "w") if args.steps else None  # noqa: SIM115 - closed below
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     torch.matmul(a, b)
     torch.cuda.synchronize()
     for name, duty in (("idle", 0.0), ("full", 1.0), ("idle", 0.0), ("half", 0.5),
                        ("full", 1.0), ("idle", 0.0)):
+        if steps is not None:
+            steps.write(f"{time.time_ns()} {name}\n")
+            steps.flush()
         with wattlab.phase(name, duty=duty):
             if duty == 0:
                 time.sleep(args.seconds)
             else:
                 busy(args.seconds, duty, a, b)
+    if steps is not None:
+        steps.write(f"{time.time_ns()} end\n")
+        steps.close()
 
 
 if __name__ == "__main__":

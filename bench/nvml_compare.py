@@ -1,0 +1,176 @@
+"""NVML readers side by side on a real GPU, in one run, under one matrix-multiply load.
+
+    python bench/nvml_compare.py [--phase-s 4]      # needs an NVIDIA GPU; read-only
+
+Runs at the same time: the load (tests/with_device/matmul_load.py, which logs its phase
+starts), `wattlab record --nvml 0`, `nvidia-smi --query-gpu=timestamp,power.draw
+--format=csv -lms 20`, and a plain pynvml loop polling nvmlDeviceGetPowerUsage every
+100 ms. Per reader: distinct driver readings per second, CPU time, energy over the window
+against the energy counter, and the delay until it shows the first idle -> full step.
+Zeus is not run: its wheel needs packages the GPU machine cannot fetch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common import write_json
+
+HERE = Path(__file__).resolve().parent
+LOAD = HERE.parent / "tests" / "with_device" / "matmul_load.py"
+
+
+def start(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, **kw)  # type: ignore[call-overload]
+
+
+def finish(proc: subprocess.Popen[bytes], stop: bool) -> float:
+    """Stop (SIGTERM) if asked, reap, and return the CPU seconds it and its children used."""
+    if stop and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    return usage.ru_utime + usage.ru_stime
+
+
+def read_smi(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    t, p = [], []
+    for line in path.read_text().splitlines()[1:]:
+        stamp, _, power = line.partition(",")
+        try:
+            when = dt.datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f")
+            t.append(int(when.replace(tzinfo=dt.datetime.now().astimezone().tzinfo)
+                         .timestamp() * 1e9))
+            p.append(float(power.strip().split()[0]))
+        except (ValueError, IndexError):
+            continue
+    return np.array(t, dtype=np.int64), np.array(p)
+
+
+def read_loop(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.loadtxt(path, dtype=np.int64, ndmin=2)
+    return rows[:, 0], rows[:, 1] / 1000.0
+
+
+def read_wattlab(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    import wattlab
+
+    with wattlab.open(str(path)) as run:
+        unix0 = int(run.attrs["session_start_unix_ns"])
+        out = {}
+        for sid, ch in (("gpu0.samples", "power_w"), ("gpu0.power", "average_power_w"),
+                        ("gpu0.power", "instant_power_w"), ("gpu0.energy", "energy_j")):
+            view = run.source(sid)
+            out[f"{sid}:{ch}"] = (view.time_ns + unix0, view.channel(ch))
+    return out
+
+
+def distinct_per_s(t: np.ndarray, p: np.ndarray, by_time: bool = False) -> float:
+    keys = t if by_time else p
+    changes = 1 + int(np.sum(keys[1:] != keys[:-1]))
+    return changes / ((t[-1] - t[0]) / 1e9)
+
+
+def window_energy(t: np.ndarray, p: np.ndarray, a: int, b: int) -> float:
+    """Energy between unix ns a and b from readings held until the next one."""
+    inside = (t >= a) & (t <= b)
+    tt = np.concatenate(([a], t[inside], [b]))
+    before = p[t < a]
+    pp = np.concatenate(([before[-1] if before.size else p[inside][0]], p[inside]))
+    return float(np.sum(pp * np.diff(tt)) / 1e9)
+
+
+def step_delay_ms(t: np.ndarray, p: np.ndarray, step_ns: int, next_ns: int) -> float:
+    """Time from the load step until a reading first passes halfway from idle to full."""
+    idle = np.median(p[(t > step_ns - 3_000_000_000) & (t < step_ns)])
+    full = np.median(p[(t > next_ns - 1_500_000_000) & (t < next_ns)])
+    after = np.flatnonzero((t >= step_ns) & (p > (idle + full) / 2))
+    return float((t[after[0]] - step_ns) / 1e6) if after.size else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--phase-s", type=float, default=4.0)
+    args = parser.parse_args()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+    except Exception as e:
+        print(f"nvml_compare: skipped, no NVIDIA GPU here ({e})")
+        return 0
+    folder = Path(tempfile.mkdtemp(prefix="wattlab-nvml-"))
+    run_path, smi_path = folder / "wattlab.h5", folder / "smi.csv"
+    loop_path, steps_path = folder / "loop.txt", folder / "steps.txt"
+    duration_s = 6 * args.phase_s + 8
+    with open(smi_path, "w") as smi_out:
+        readers = {
+            "wattlab": start([sys.executable, "-m", "wattlab.cli", "record", "--nvml", "0",
+                              "--duration", str(duration_s), "-o", str(run_path)],
+                             stdout=subprocess.DEVNULL),
+            "nvidia-smi -lms 20": start(["nvidia-smi", "--query-gpu=timestamp,power.draw",
+                                         "--format=csv", "-lms", "20"], stdout=smi_out),
+            "pynvml loop 100 ms": start([sys.executable, str(HERE / "nvml_poll_loop.py"),
+                                         str(loop_path), "0.1"]),
+        }
+        time.sleep(3)
+        load = start([sys.executable, str(LOAD), "--seconds", str(args.phase_s),
+                      "--steps", str(steps_path)])
+        load.wait()
+        cpu = {name: finish(proc, stop=name != "wattlab") for name, proc in readers.items()}
+    steps = [(int(a), b) for a, b in (line.split() for line in steps_path.read_text().split("\n")
+                                      if line)]
+    wl = read_wattlab(run_path)
+    e_t, e_j = wl["gpu0.energy:energy_j"]
+    a, b = steps[0][0], steps[-1][0]
+    counter_j = float(np.interp(b, e_t, e_j) - np.interp(a, e_t, e_j))
+    step_ns, next_ns = steps[1][0], steps[2][0]
+    series = {
+        "wattlab gpu0.samples (50 Hz buffer)": (*wl["gpu0.samples:power_w"], True, "wattlab"),
+        "wattlab gpu0.power instant": (*wl["gpu0.power:instant_power_w"], False, "wattlab"),
+        "wattlab gpu0.power average": (*wl["gpu0.power:average_power_w"], False, "wattlab"),
+        "nvidia-smi -lms 20": (*read_smi(smi_path), False, "nvidia-smi -lms 20"),
+        "pynvml loop 100 ms": (*read_loop(loop_path), False, "pynvml loop 100 ms"),
+    }
+    wall_s = {"wattlab": duration_s, "nvidia-smi -lms 20": duration_s + 3,
+              "pynvml loop 100 ms": duration_s + 3}
+    rows = []
+    for name, (t, p, by_time, proc) in series.items():
+        energy = window_energy(t, p, a, b)
+        rows.append({
+            "reader": name, "distinct_per_s": distinct_per_s(t, p, by_time),
+            "cpu_pct_of_core": 100 * cpu[proc] / wall_s[proc],
+            "energy_j": energy, "energy_error_pct": 100 * (energy - counter_j) / counter_j,
+            "step_delay_ms": step_delay_ms(t, p, step_ns, next_ns),
+        })
+    print(f"NVML readers side by side, one run, {len(steps) - 1} load phases of {args.phase_s} s;"
+          f" energy counter over the window: {counter_j:.1f} J")
+    print(f"{'reader':<38} {'distinct/s':>10} {'CPU % core':>10} {'energy err %':>12} "
+          f"{'step delay ms':>13}")
+    for r in rows:
+        print(f"{r['reader']:<38} {r['distinct_per_s']:>10.1f} {r['cpu_pct_of_core']:>10.2f} "
+              f"{r['energy_error_pct']:>12.2f} {r['step_delay_ms']:>13.0f}")
+    print("(wattlab's CPU is the whole `wattlab record` process tree: sources, recorder, "
+          "HDF5; one figure for its three streams)")
+    write_json("nvml_compare", {"benchmark": "nvml_compare", "counter_j": counter_j,
+                                "rows": rows, "cpu_s": cpu, "phase_s": args.phase_s})
+    out = os.environ.get("OUT")
+    if out:
+        for f in (run_path, smi_path, loop_path, steps_path):
+            Path(out, f.name).write_bytes(f.read_bytes())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
