@@ -113,11 +113,11 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="wattlab-nvml-"))
     run_path, smi_path = folder / "wattlab.h5", folder / "smi.csv"
     loop_path, steps_path = folder / "loop.txt", folder / "steps.txt"
-    duration_s = 6 * args.phase_s + 8
+    started = time.monotonic()
     with open(smi_path, "w") as smi_out:
         readers = {
             "wattlab": start([sys.executable, "-m", "wattlab.cli", "record", "--nvml", "0",
-                              "--duration", str(duration_s), "-o", str(run_path)],
+                              "--duration", "3600", "-o", str(run_path)],
                              stdout=subprocess.DEVNULL),
             "nvidia-smi -lms 20": start(["nvidia-smi", "--query-gpu=timestamp,power.draw",
                                          "--format=csv", "-lms", "20"], stdout=smi_out),
@@ -128,7 +128,9 @@ def main() -> int:
         load = start([sys.executable, str(LOAD), "--seconds", str(args.phase_s),
                       "--steps", str(steps_path)])
         load.wait()
-        cpu = {name: finish(proc, stop=name != "wattlab") for name, proc in readers.items()}
+        time.sleep(2)
+        cpu = {name: finish(proc, stop=True) for name, proc in readers.items()}
+        wall_s = time.monotonic() - started
     steps = [(int(a), b) for a, b in (line.split() for line in steps_path.read_text().split("\n")
                                       if line)]
     wl = read_wattlab(run_path)
@@ -143,14 +145,12 @@ def main() -> int:
         "nvidia-smi -lms 20": (*read_smi(smi_path), False, "nvidia-smi -lms 20"),
         "pynvml loop 100 ms": (*read_loop(loop_path), False, "pynvml loop 100 ms"),
     }
-    wall_s = {"wattlab": duration_s, "nvidia-smi -lms 20": duration_s + 3,
-              "pynvml loop 100 ms": duration_s + 3}
     rows = []
     for name, (t, p, by_time, proc) in series.items():
         energy = window_energy(t, p, a, b)
         rows.append({
             "reader": name, "distinct_per_s": distinct_per_s(t, p, by_time),
-            "cpu_pct_of_core": 100 * cpu[proc] / wall_s[proc],
+            "cpu_pct_of_core": 100 * cpu[proc] / wall_s,
             "energy_j": energy, "energy_error_pct": 100 * (energy - counter_j) / counter_j,
             "step_delay_ms": step_delay_ms(t, p, step_ns, next_ns),
         })
