@@ -56,12 +56,16 @@ class SerialTransport:
                 port, baudrate=baudrate, timeout=timeout_s, exclusive=True,
                 write_timeout=timeout_s,
             )
+        except (serial.SerialException, OSError, ValueError) as e:
+            raise MeterError(f"{port}: cannot open serial port: {e}") from e
+        try:
             if rts is not None:
                 self._port.rts = rts
             if dtr is not None:
                 self._port.dtr = dtr
         except (serial.SerialException, OSError, ValueError) as e:
-            raise MeterError(f"{port}: cannot open serial port: {e}") from e
+            self._port.close()
+            raise MeterError(f"{port}: cannot set RTS/DTR: {e}") from e
 
     def write(self, data: bytes) -> None:
         import serial

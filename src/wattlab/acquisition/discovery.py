@@ -1,0 +1,125 @@
+"""What is plugged in: serial ports (recognising PowerSensor3 and PMD), VISA resources, GPUs.
+
+Recognition is in two steps, as a careful person would do it: the USB vendor/product id
+says what a port *might* be, then a harmless identify query (PowerSensor3 ``V``, PMD
+``00``) says what it is. Ports are only queried when their id matches a known meter, or
+when the user names them with ``--probe``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from wattlab.drivers.transport import SerialTransport
+from wattlab.errors import WattlabError
+
+# USB ids seen on these meters: STM32 CDC (PowerSensor3, also PMD2) and CH340 (PMD-USB).
+USB_CANDIDATES: dict[tuple[int, int], tuple[str, ...]] = {
+    (0x0483, 0x5740): ("powersensor3", "pmd"),
+    (0x1A86, 0x7523): ("pmd",),
+}
+IDENTIFY_TIMEOUT_S = 0.5
+
+
+@dataclass
+class FoundDevice:
+    """One thing `wattlab devices` found, and how to name it to `--meter`."""
+
+    kind: str
+    address: str
+    description: str = ""
+    identity: str = ""
+    meter_spec: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def identify_serial(
+    port: str, candidates: tuple[str, ...] = ("powersensor3", "pmd")
+) -> FoundDevice:
+    """Ask the port, politely, what it is; unknown devices are reported as such."""
+    from wattlab.drivers.powersensor3 import PowerSensor3
+
+    notes: list[str] = []
+    for kind in candidates:
+        try:
+            transport = SerialTransport(port, timeout_s=IDENTIFY_TIMEOUT_S)
+        except WattlabError as e:
+            return FoundDevice("serial", port, notes=[str(e)])
+        try:
+            if kind == "powersensor3":
+                version = PowerSensor3(transport, name=port).read_version()
+                return FoundDevice("powersensor3", port, identity=version,
+                                   meter_spec=f"powersensor3:{port}")
+            identity = _identify_pmd(transport)
+            return FoundDevice("pmd", port, identity=identity, meter_spec=f"pmd:{port}")
+        except WattlabError as e:
+            notes.append(f"not a {kind}: {e}")
+        finally:
+            transport.close()
+    return FoundDevice("serial", port, notes=notes)
+
+
+def _identify_pmd(transport: SerialTransport) -> str:
+    from wattlab.drivers.pmd import PmdUsb
+
+    return str(PmdUsb(transport).identify())
+
+
+def serial_ports() -> list[FoundDevice]:
+    from serial.tools import list_ports
+
+    found = []
+    for info in list_ports.comports():
+        candidates = USB_CANDIDATES.get((info.vid or -1, info.pid or -1))
+        if candidates:
+            device = identify_serial(info.device, candidates)
+        else:
+            device = FoundDevice("serial", info.device)
+        device.description = f"{info.description} [{info.vid or 0:04X}:{info.pid or 0:04X}]"
+        found.append(device)
+    return found
+
+
+def visa_resources() -> list[FoundDevice]:
+    """VISA instruments pyvisa-py can list (USB TMC, serial); TCP ones must be named."""
+    try:
+        import pyvisa
+
+        manager = pyvisa.ResourceManager("@py")
+        try:
+            names = manager.list_resources()
+        finally:
+            manager.close()
+    except Exception as e:
+        return [FoundDevice("visa", "-", notes=[f"VISA listing failed: {e}"])]
+    return [FoundDevice("visa", name, meter_spec=f"wt300e:{name}") for name in names]
+
+
+def nvml_gpus() -> list[FoundDevice]:
+    from wattlab.drivers.nvml import NvmlDriver
+
+    driver = NvmlDriver()
+    try:
+        driver.open()
+    except WattlabError as e:
+        return [FoundDevice("nvml", "-", notes=[str(e)])]
+    try:
+        found = []
+        for index in range(driver.gpu_count()):
+            info = driver.device_info(index)
+            found.append(FoundDevice("nvml", str(index), info.name,
+                                     identity=f"{info.uuid} driver {info.driver_version}",
+                                     meter_spec=f"--nvml {index}"))
+        return found
+    finally:
+        driver.close()
+
+
+def discover(probe: list[str]) -> list[FoundDevice]:
+    """Everything, plus the ports named with ``--probe`` (e.g. an emulator's pty)."""
+    return [*serial_ports(), *(identify_serial(p) for p in probe), *visa_resources(),
+            *nvml_gpus()]
