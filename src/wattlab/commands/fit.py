@@ -1,0 +1,90 @@
+"""`wattlab fit SWEEP`: energy/EDP models with leave-one-out validation and a setting."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from wattlab.analysis.models import FAMILIES, OBJECTIVES, FitReport, fit_sweep
+from wattlab.analysis.sweep_results import X_NAMES, load_table
+from wattlab.errors import UsageError
+
+UNITS = {"power_limit_w": "W", "sm_clock_mhz": "MHz", "mem_clock_mhz": "MHz"}
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "fit", help="fit time/power/energy/EDP against a setting and recommend one",
+        description="SWEEP is a wattlab sweep file, a Zeus summary_power_*.csv or profile "
+                    "CSV (or a folder of them), or a Kernel Tuner cache JSON.")
+    p.add_argument("sweep", help="sweep results file or published table")
+    p.add_argument("--x", choices=tuple(X_NAMES), help="setting to fit against "
+                   "(default: the one the sweep varied)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="energy")
+    p.add_argument("--max-slowdown", type=float, metavar="F",
+                   help="largest accepted slowdown vs the default setting, e.g. 0.05 "
+                        "(default: no bound)")
+    p.add_argument("--families", default=",".join(FAMILIES),
+                   help=f"model families to compare (default: {','.join(FAMILIES)})")
+    p.add_argument("--workload", help="only workloads whose name contains this text")
+    p.add_argument("--max-boost-holdout", type=int, default=100, metavar="N",
+                   help="rows held out for the boosted family's LOO (it refits per row)")
+    p.add_argument("--top", type=int, default=20, metavar="N",
+                   help="workloads to print (default 20; --json has all)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    return p
+
+
+def format_report(report: FitReport, top: int) -> str:
+    """A terminal table: LOO MAPE per family, then the recommendation per workload."""
+    unit = UNITS.get(report.x_name, "")
+    q = "edp" if report.objective == "edp" else report.objective
+    lines = [f"{report.origin}: {report.n_rows} rows, {report.n_workloads} workload(s), "
+             f"x = {report.x_name}, objective {report.objective}, max slowdown "
+             f"{'none' if report.max_slowdown is None else f'{report.max_slowdown:g}'}",
+             "leave-one-out MAPE (%):",
+             f"  {'family':<10} {'held out':>8} {'time':>7} {'power':>7} {'energy':>7} "
+             f"{'edp':>7} {q + ' (compared)':>16}"]
+    for s in report.families:
+        mark = "  <- chosen" if s.family == report.chosen else ""
+        lines.append(f"  {s.family:<10} {s.n_predicted:>4}/{s.n_heldout:<3} "
+                     + " ".join(f"{s.mape[k]:7.2f}" for k in ("time", "power", "energy", "edp"))
+                     + f" {s.mape_common[q]:16.2f}{mark}")
+    lines.append(f"recommended settings ({report.chosen}; saving vs default, 95 % interval):")
+    for r in report.recommendations[:top]:
+        measured = "-" if r.measured_saving is None else f"{100 * r.measured_saving:.1f} %"
+        lines.append(f"  {r.workload}: {r.recommended_x:g} {unit} (default {r.default_x:g}) "
+                     f"saves {100 * r.predicted_saving:.1f} % "
+                     f"[{100 * r.saving_interval[0]:.1f}, {100 * r.saving_interval[1]:.1f}] "
+                     f"for {100 * r.predicted_slowdown:+.1f} % time; measured best "
+                     f"{r.measured_best_x:g} {unit}, measured saving {measured}")
+    if len(report.recommendations) > top:
+        lines.append(f"  ... {len(report.recommendations) - top} more (see --json)")
+    if not math.isnan(report.agreement):
+        lines.append(f"recommended = measured best in {100 * report.agreement:.0f} % of workloads")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    table = load_table(args.sweep)
+    if args.x is not None:
+        table = table.with_x(X_NAMES[args.x])
+    if args.workload:
+        keep = [args.workload in w for w in table.workload]
+        if not any(keep):
+            raise UsageError(f"{args.sweep}: no workload name contains {args.workload!r}")
+        import numpy as np
+
+        table = table.select(np.array(keep))
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+    if args.max_boost_holdout < 1:
+        raise UsageError("--max-boost-holdout must be at least 1")
+    report = fit_sweep(table, args.objective, args.max_slowdown, families=families,
+                       max_boost_holdout=args.max_boost_holdout)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1, allow_nan=True))
+    else:
+        print(format_report(report, args.top))
+    return 0

@@ -1,0 +1,146 @@
+"""The sweep runner against the simulated GPU: results, restore on error and on signals.
+
+Never against a real GPU: every sweep here uses the simulated one (``--simulate``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wattlab.acquisition.sweep import (
+    SweepPlan,
+    open_driver,
+    parse_settings,
+    run_sweep,
+)
+from wattlab.analysis.sweep_results import measure_run, read_sweep
+from wattlab.cli import main
+from wattlab.errors import NvmlError, UsageError
+
+
+def test_parse_settings() -> None:
+    assert parse_settings("150:300:25", "power_limit") == [150, 175, 200, 225, 250, 275, 300]
+    assert parse_settings("345, 600,600", "sm_clock") == [345, 600]
+    for bad in ("300:150:25", "1:2", "a,b", "0,100", "150:300:0"):
+        with pytest.raises(UsageError, match="power limit list"):
+            parse_settings(bad, "power_limit")
+
+
+def test_dry_run_prints_plan_and_checks_range(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sweep", "--simulate", "--power-limits", "200:700:250", "--repeat", "2",
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "3 settings x 2 repeat(s) = 6 runs" in out and "now power limit 700 W" in out
+    assert main(["sweep", "--simulate", "--power-limits", "100,300", "--dry-run"]) == 2
+    assert "100 W outside its range 200-700 W" in capsys.readouterr().err
+    assert main(["sweep", "--simulate", "--sm-clocks", "1000", "--dry-run"]) == 2
+    assert "nearest: 1005 MHz" in capsys.readouterr().err
+    assert main(["sweep", "--simulate", "--mem-clocks", "1593", "--dry-run"]) == 2
+    assert "memory clock sweeps are not supported" in capsys.readouterr().err
+
+
+def test_sweep_records_each_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "s.h5")
+    assert main(["sweep", "--simulate", "--sm-clocks", "600,1980", "--sim-work", "0.3",
+                 "-o", out]) == 0
+    text = capsys.readouterr().out
+    assert '"sm_clocks": "reset"' in text and "about 0 s left" in text
+    t = read_sweep(out)
+    assert t.attrs["complete"] and not t.attrs["interrupted"]
+    assert t.x.tolist() == [600.0, 1980.0] and t.status == ["ok", "ok"]
+    # fixed work: the low clock takes longer, as the physics says (1980/600 at full util,
+    # less where the 700 W cap already slows the top clock)
+    assert 2.0 < t.runtime_s[0] / t.runtime_s[1] < 3.4
+    assert t.sm_clock_mhz[0] == pytest.approx(600.0)
+    for source in ("nvml_energy", "nvml_samples"):  # NVML agrees with the true energy
+        np.testing.assert_allclose(t.energies_j[source], t.energies_j["true"], rtol=0.05)
+    runs = sorted((tmp_path / "s.runs").iterdir())
+    assert [p.name for p in runs] == ["sm_clock_mhz-1980-r0.h5", "sm_clock_mhz-600-r0.h5"]
+    assert measure_run(str(runs[1]), 0, None)[0] > t.runtime_s[0]  # to the end marker
+    assert main(["sweep", "--simulate", "--sm-clocks", "600", "-o", out]) == 2  # no overwrite
+
+
+def test_error_mid_sweep_restores(tmp_path: Path) -> None:
+    driver, gpu, _ = open_driver(True, 0)
+    calls = []
+
+    def measure(path: str, g: int, runtime: float | None) -> tuple[float, dict[str, float],
+                                                                   dict[str, float]]:
+        calls.append(gpu.power_limit_w)
+        raise RuntimeError("disk full")
+
+    try:
+        plan = SweepPlan("power_limit", [300.0, 400.0], sim_work_s=0.1)
+        with pytest.raises(RuntimeError, match="disk full"):
+            run_sweep(plan, driver, str(tmp_path / "e.h5"), measure=measure,
+                      save=lambda r, a: None, sim_gpu=gpu, log=lambda s: None)
+        assert calls == [300.0] and gpu.power_limit_w == 700.0
+        # out of range: refused before anything changes
+        with pytest.raises(UsageError, match="outside its range"):
+            run_sweep(SweepPlan("power_limit", [300.0, 800.0]), driver, str(tmp_path / "f.h5"),
+                      measure=measure, save=lambda r, a: None, sim_gpu=gpu)
+        assert calls == [300.0]
+        # no permission (not root): a clear error, the card unchanged
+        gpu.settable = False
+        with pytest.raises(NvmlError, match="needs root"):
+            run_sweep(SweepPlan("power_limit", [300.0]), driver, str(tmp_path / "g.h5"),
+                      measure=measure, save=lambda r, a: None, sim_gpu=gpu)
+        assert gpu.power_limit_w == 700.0
+    finally:
+        driver.close()
+
+
+def test_failing_workload_is_recorded_and_sweep_goes_on(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "f.h5")
+    code = main(["sweep", "--simulate", "--power-limits", "300,500", "-o", out, "--",
+                 sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert code == 1
+    assert "failed at 2 run(s)" in capsys.readouterr().err
+    t = read_sweep(out)
+    assert t.status == ["failed", "failed"] and t.attrs["complete"]
+    assert json.loads(t.attrs["restored_json"]) == {"power_limit_w": 700.0}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_mid_sweep_restores(tmp_path: Path, signum: int) -> None:
+    out = str(tmp_path / "sig.h5")
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "wattlab.cli", "sweep", "--simulate", "--power-limits",
+         "200:700:100", "--sim-work", "0.3", "-o", out],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 30
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:  # wait for the first finished run
+            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+            if ready:
+                line = proc.stdout.readline()
+                lines.append(line)
+                if line.startswith("[1/6]") or not line:
+                    break
+        assert lines and lines[-1].startswith("[1/6]"), lines
+        time.sleep(0.8)  # well inside the second run
+        os.kill(proc.pid, signum)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert 'restored: {"power_limit_w": 700.0}' in stdout
+    t = read_sweep(out)
+    assert t.attrs["interrupted"] and not t.attrs["complete"]
+    assert 1 <= len(t) < 6
+    assert json.loads(t.attrs["restored_json"]) == {"power_limit_w": 700.0}
