@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from wattlab.errors import UsageError, WattlabError
+from wattlab.runtime_env import quiet_math_threads
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -43,6 +44,7 @@ def build_parser() -> _Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    quiet_math_threads()
     try:
         args = build_parser().parse_args(args_list)
         handler: Callable[[argparse.Namespace], int] = args.handler

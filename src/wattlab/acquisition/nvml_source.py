@@ -82,7 +82,7 @@ class NvmlAcquirer:
         *,
         drain_interval_s: float = 0.5,
         power_interval_s: float = 0.02,
-        energy_interval_s: float = 0.1,
+        energy_interval_s: float = 1.0,
         state_interval_s: float = 0.2,
         emit_interval_s: float = 0.15,
         sample_period_s: float = 0.02,
@@ -232,7 +232,13 @@ class NvmlAcquirer:
         return out
 
     def flush(self) -> list[Reading]:
-        """Everything still pending (a final drain included): call before ``close``."""
+        """Everything still pending, with a final drain and a final energy reading.
+
+        The counter is read at the start and at the end whatever its cadence, so the energy
+        of even a short recording is exact from the counter.
+        """
+        if "energy" in self._due_ns:
+            self._read_energy()
         out: list[Reading] = self._drain() if "drain" in self._due_ns else []
         return out + self._take_rows()
 

@@ -43,6 +43,10 @@ KNOB_LABELS = {"power_limit": ("power limit", "W"), "sm_clock": ("SM clock", "MH
 SIM_LIMIT_FACTOR = 20.0  # a simulated run may take this many times its full-speed time
 SIM_TAIL_S = 0.3  # keep recording after the work ends, so every stream covers the window
 
+# Sweep runs are short: read the energy counter at its own 10 Hz update rate (not the
+# recorder's 1 Hz default) so the counter's energy of each run's window is exact.
+SWEEP_ENERGY_S = 0.1
+
 
 def parse_settings(spec: str, knob: str) -> list[float]:
     """``"150:300:25"`` (start:stop:step, stop included) or ``"150,200,250"``."""
@@ -365,8 +369,9 @@ def _one_run(plan: SweepPlan, driver: NvmlDriver, folder: Path, x: float, rep: i
     path = str(folder / f"{plan.x_name}-{x:g}-r{rep}.h5")
     work = _SimulatedWork(sim_gpu, plan.sim_work_s) if sim_gpu is not None else None
     setting = {"knob": plan.knob, "x_name": plan.x_name, "x": x, "repeat": rep, "gpu": plan.gpu}
+    acquirer = NvmlAcquirer(driver, plan.gpu, energy_interval_s=SWEEP_ENERGY_S)
     session = _SweepSession(
-        path, [(f"gpu{plan.gpu}", NvmlAcquirer(driver, plan.gpu))], command=plan.command,
+        path, [(f"gpu{plan.gpu}", acquirer)], command=plan.command,
         duration_s=None if plan.command else plan.sim_work_s * SIM_LIMIT_FACTOR + 5.0,
         root_attrs={"sweep_setting_json": json.dumps(setting)},
         on_progress=None if work is None else (lambda s: work.check(session, s)),
