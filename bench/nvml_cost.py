@@ -41,7 +41,8 @@ def call_costs(driver: NvmlDriver, n: int) -> dict[str, dict[str, float]]:
             t0 = time.perf_counter_ns()
             fn()
             costs.append((time.perf_counter_ns() - t0) / 1000)
-        out[name] = {"median_us": float(np.median(costs)), "p99_us": float(np.percentile(costs, 99))}
+        out[name] = {"median_us": float(np.median(costs)),
+                     "p99_us": float(np.percentile(costs, 99))}
     return out
 
 
