@@ -27,7 +27,7 @@ from wattlab.errors import BusError, UsageError, WattlabError
 from wattlab.runtime_env import workload_environ
 from wattlab.samples import Marker
 from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
-from wattlab.sync.recorder import RecorderConfig
+from wattlab.sync.recorder import RecorderConfig, hosts_ready
 
 RECORDER_START_TIMEOUT_S = 20.0
 HANDSHAKE_TIMEOUT_S = 15.0
@@ -55,6 +55,9 @@ class Session:
     root_attrs: dict[str, Any] = field(default_factory=dict)
     flush_interval_s: float = 0.5
     on_progress: Callable[[float], None] | None = None
+    # remote agents: RecorderConfig fields listen, server_key, allowed_keys, expected_hosts
+    recorder_options: dict[str, Any] = field(default_factory=dict)
+    agent_timeout_s: float = 60.0
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def request_stop(self) -> None:
@@ -82,7 +85,7 @@ class Session:
         }
         config = RecorderConfig(endpoint=endpoint, output=self.output, session_start_ns=t0_ns,
                                 root_attrs=attrs, expected_sources=expected,
-                                flush_interval_s=self.flush_interval_s)
+                                flush_interval_s=self.flush_interval_s, **self.recorder_options)
         return subprocess.Popen([sys.executable, "-m", "wattlab.sync.recorder", config.to_json()])
 
     def _wait_for(self, control: ControlClient, recorder: subprocess.Popen[bytes],
@@ -116,6 +119,10 @@ class Session:
                 expected += [d.source_id for d in runner.start()]
             self._wait_for(control, recorder, lambda s: set(expected) <= set(s["sources"]),
                            HANDSHAKE_TIMEOUT_S, f"the recorder to acknowledge {expected}")
+            hosts = list(self.recorder_options.get("expected_hosts", []))
+            if hosts:
+                self._wait_for(control, recorder, lambda s: hosts_ready(s, hosts),
+                               self.agent_timeout_s, f"agents {hosts} to connect and sync clocks")
             with _signals_stop(self):
                 marker_pub.send_marker(Marker(time.monotonic_ns(), "session", "begin", "session"))
                 exit_code = self._run_workload(endpoint, runners)

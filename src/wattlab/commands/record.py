@@ -16,6 +16,8 @@ from wattlab.analysis.run_file import Run
 from wattlab.analysis.summary import format_table, summarise
 from wattlab.errors import NvmlError, UsageError
 
+DEFAULT_LISTEN = "tcp://127.0.0.1:5560"
+
 
 def default_output(prefix: str) -> str:
     return f"{prefix}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.h5"
@@ -101,8 +103,38 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
                    help="an external meter, e.g. powersensor3:/dev/ttyACM0 or "
                         "wall=wt300e:USB0::0x0B21::0x0025::...::INSTR (repeatable)")
+    remote = p.add_argument_group("remote agents (see `wattlab agent`, `wattlab keys`)")
+    remote.add_argument("--listen", nargs="?", const=DEFAULT_LISTEN, metavar="tcp://ADDR:PORT",
+                        help=f"accept agents here, CurveZMQ only (default {DEFAULT_LISTEN}: "
+                             "loopback; give tcp://0.0.0.0:PORT to accept other hosts)")
+    remote.add_argument("--server-key", metavar="NAME.key_secret",
+                        help="this recorder's secret key file")
+    remote.add_argument("--allow-keys", metavar="DIR",
+                        help="folder of the agents' public NAME.key files (only those connect)")
+    remote.add_argument("--agent", action="append", default=[], metavar="NAME",
+                        help="wait for this agent before the workload starts (repeatable)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
+
+
+def remote_options(args: argparse.Namespace) -> dict[str, Any]:
+    """RecorderConfig fields for --listen; keys are checked here so mistakes fail early."""
+    if not args.listen:
+        if args.agent or args.server_key or args.allow_keys:
+            raise UsageError("--agent, --server-key and --allow-keys need --listen")
+        return {}
+    if not args.server_key or not args.allow_keys:
+        raise UsageError("--listen needs --server-key and --allow-keys: the remote bus is "
+                         "never open to unknown peers")
+    from wattlab.sync.security import load_allowed_keys, load_keypair
+
+    load_keypair(args.server_key)
+    names = set(load_allowed_keys(args.allow_keys).values())
+    unknown = sorted(set(args.agent) - names)
+    if unknown:
+        raise UsageError(f"--agent {unknown}: no such key in {args.allow_keys}")
+    return {"listen": args.listen, "server_key": args.server_key,
+            "allowed_keys": args.allow_keys, "expected_hosts": list(args.agent)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,12 +144,15 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         raise UsageError(f"--duration must be > 0 s, got {args.duration}")
     output = args.output or default_output("run")
+    options = remote_options(args)
     meters = meter_acquirers(args.meter)
     with nvml_acquirers(args.nvml, args.simulate, args.simulated_gpus, args.seed) as gpus:
         acquirers = gpus + meters
-        if not acquirers:
-            raise UsageError("nothing to record: no GPU selected (--nvml none) and no meter")
-        session = Session(output, acquirers, command=command or None, duration_s=args.duration)
+        if not acquirers and not args.agent:
+            raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
+                             "and no --agent")
+        session = Session(output, acquirers, command=command or None, duration_s=args.duration,
+                          recorder_options=options)
         result = session.run()
     report(result)
     return exit_status(result)

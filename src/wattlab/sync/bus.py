@@ -19,8 +19,26 @@ import zmq
 from wattlab.errors import BusError
 from wattlab.samples import Gap, Marker, SampleBatch, SourceDescriptor
 from wattlab.sync import message
+from wattlab.sync.security import ClientSecurity
 
 DEFAULT_SEND_HWM = 100_000
+_ENDPOINT_SECURITY: dict[str, ClientSecurity] = {}
+
+
+def set_endpoint_security(endpoint: str, security: ClientSecurity | None) -> None:
+    """Every BusPublisher to ``endpoint`` in this process uses these CURVE keys.
+
+    Why a registry: sources build their own publisher from an endpoint string (one per
+    thread), so the agent states once how to reach its recorder and every runner follows.
+    """
+    if security is None:
+        _ENDPOINT_SECURITY.pop(endpoint, None)
+    else:
+        _ENDPOINT_SECURITY[endpoint] = security
+
+
+def endpoint_security(endpoint: str) -> ClientSecurity | None:
+    return _ENDPOINT_SECURITY.get(endpoint)
 
 
 def local_endpoint() -> str:
@@ -33,7 +51,8 @@ class BusPublisher:
     """Sends one or more sources' messages to a recorder; one per thread (zmq rule)."""
 
     def __init__(
-        self, endpoint: str, context: zmq.Context[Any] | None = None, linger_ms: int = 10_000
+        self, endpoint: str, context: zmq.Context[Any] | None = None, linger_ms: int = 10_000,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._context = context or zmq.Context.instance()
@@ -41,7 +60,13 @@ class BusPublisher:
         self._socket.setsockopt(zmq.SNDHWM, DEFAULT_SEND_HWM)
         self._socket.setsockopt(zmq.LINGER, linger_ms)
         self._socket.setsockopt(zmq.IDENTITY, uuid.uuid4().hex.encode())
+        security = security or endpoint_security(endpoint)
+        # over the remote bus a refused or vanished recorder must not hang a source forever
+        self._send_timeout_ms = -1 if security is None else max(1000, linger_ms)
+        self._socket.setsockopt(zmq.SNDTIMEO, self._send_timeout_ms)
         try:
+            if security is not None:
+                security.apply(self._socket)
             self._socket.connect(endpoint)
         except zmq.ZMQError as e:
             self._socket.close(0)
@@ -56,6 +81,9 @@ class BusPublisher:
         self._unsynced = True
         try:
             self._socket.send_multipart(frames, copy=False)
+        except zmq.Again as e:
+            raise BusError(f"bus send to {self.endpoint} timed out: is the recorder there and "
+                           "does it accept this agent's key?") from e
         except zmq.ZMQError as e:
             raise BusError(f"bus send to {self.endpoint} failed: {e}") from e
 
@@ -114,7 +142,16 @@ class BusPublisher:
         terminating its ZeroMQ context (os._exit, a forked child) drops queued messages.
         """
         rid = uuid.uuid4().hex
-        self._send(message.encode_control("sync", rid=rid))
+        # a peer that refused us (CURVE) leaves no pipe and a plain send would block forever
+        self._socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
+        try:
+            self._socket.send_multipart(message.encode_control("sync", rid=rid))
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as e:
+            raise BusError(f"bus send to {self.endpoint} failed: {e}") from e
+        finally:
+            self._socket.setsockopt(zmq.SNDTIMEO, self._send_timeout_ms)
         deadline = time.monotonic() + timeout_s
         while rid not in self._replies:
             left_ms = int((deadline - time.monotonic()) * 1000)

@@ -26,7 +26,7 @@ from wattlab.samples import (
 PROTOCOL_VERSION = 1
 MAX_HEADER_BYTES = 65536
 MAX_ROWS_PER_BATCH = 10_000_000
-MESSAGE_TYPES = ("descriptor", "batch", "marker", "gap", "end", "control", "reply")
+MESSAGE_TYPES = ("descriptor", "batch", "marker", "gap", "end", "control", "reply", "clock")
 
 BufferLike = bytes | memoryview | np.ndarray[Any, Any]
 
@@ -88,6 +88,11 @@ def encode_reply(**fields: Any) -> list[BufferLike]:
     return [b"reply", _header("reply", "recorder", **fields)]
 
 
+def encode_clock(host: str, **fields: Any) -> list[BufferLike]:
+    """Clock-service traffic: hello, probe, probe reply, finish (see clock_service)."""
+    return [b"clock", _header("clock", host, **fields)]
+
+
 def decode_header(frames: list[Any]) -> dict[str, Any]:
     """Parse and check the envelope common to every message type."""
     if len(frames) < 2:
@@ -108,7 +113,7 @@ def decode_header(frames: list[Any]) -> dict[str, Any]:
     source = head.get("source")
     if not isinstance(source, str):
         raise MalformedMessageError("header field 'source' missing or not a string")
-    if head["type"] in ("descriptor", "batch", "gap", "end"):
+    if head["type"] in ("descriptor", "batch", "gap", "end", "clock"):
         try:
             check_source_id(source)
         except Exception as e:

@@ -4,6 +4,12 @@ Small messages are coalesced per source and written in large slices (one HDF5 wr
 source every flush interval or every ``COALESCE_ROWS`` rows), which is what lets the
 recorder keep up with many fast sources. Every sequence gap it sees becomes a row in
 ``/gaps``; a malformed message is rejected, counted and logged, and the session goes on.
+
+Remote agents (``listen``) reach a second ROUTER socket that speaks CURVE only and asks a
+ZAP authenticator about every peer. Each remote message carries its peer's name (the key
+file's name, ZeroMQ ``User-Id``); a peer may only send streams named ``<name>.*``, never
+control the session, and its times are mapped onto this host's clock by the clock service
+before they are written (and once more, with the final model, at close).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,14 +28,19 @@ import numpy as np
 import numpy.typing as npt
 import zmq
 
-from wattlab.errors import MalformedMessageError, WattlabError
+from wattlab.errors import MalformedMessageError, UsageError, WattlabError
 from wattlab.samples import Gap, Marker, SampleBatch, SourceDescriptor
 from wattlab.sync import message
+from wattlab.sync.clock_service import ClockPinger
 from wattlab.sync.run_writer import RunFileWriter
+from wattlab.sync.security import CurveServer, load_allowed_keys, load_keypair
 
 COALESCE_ROWS = 65536
 MAX_ORPHAN_BATCHES = 1000
 RECV_BURST = 256
+MAX_HELD_PER_HOST = 10_000
+MAX_ANNOUNCED_SOURCES = 1000
+REMOTE_CONTROL = ("sync",)
 
 
 @dataclass
@@ -43,6 +55,12 @@ class RecorderConfig:
     flush_interval_s: float = 0.5
     drain_timeout_s: float = 5.0
     swmr_after_s: float = 5.0
+    listen: str = ""  # tcp endpoint for remote agents (CURVE only); "" = local only
+    server_key: str = ""  # this recorder's NAME.key_secret
+    allowed_keys: str = ""  # folder of agents' NAME.key files
+    expected_hosts: list[str] = field(default_factory=list)
+    clock_interval_s: float = 0.1
+    clock_window_s: float = 1.0
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -59,7 +77,8 @@ class _SourceState:
     duplicates: int = 0
     ended: bool = False
     last_t_ns: int = -1
-    pending: list[tuple[Any, Any, Any, Any]] = field(default_factory=list)
+    host: str | None = None  # remote host that owns the stream; None: this host
+    pending: list[tuple[Any, Any, Any, Any, Any]] = field(default_factory=list)
     pending_rows: int = 0
 
 
@@ -72,12 +91,22 @@ class Recorder:
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.RCVHWM, 100_000)
         self._socket.setsockopt(zmq.LINGER, 1000)
+        self._remote: zmq.Socket[Any] | None = None
+        self._remote_context: zmq.Context[Any] | None = None
+        self._curve: CurveServer | None = None
         try:
             self._socket.bind(config.endpoint)
+            if config.listen:
+                self._bind_remote(config)
             self.writer = RunFileWriter(config.output, config.root_attrs, config.session_start_ns)
         except (zmq.ZMQError, WattlabError):
-            self._socket.close(0)
+            self._close_sockets()
             raise
+        self._peer_socket = self._socket
+        self._pinger = ClockPinger(config.clock_interval_s, config.clock_window_s)
+        self._held: dict[str, list[Callable[[], None]]] = {}
+        self._held_lost: dict[str, int] = {}
+        self._finish_sent = False
         self._sources: dict[str, _SourceState] = {}
         self._orphans: dict[str, list[tuple[bytes, SampleBatch]]] = {}
         self._markers: list[Marker] = []
@@ -88,9 +117,50 @@ class Recorder:
         self.rejected = 0
         self.last_rejection = ""
 
+    def _bind_remote(self, config: RecorderConfig) -> None:
+        """The CURVE-only socket for agents on other hosts."""
+        if not config.listen.startswith("tcp://"):
+            raise UsageError(f"listen endpoint {config.listen!r} must be tcp://ADDRESS:PORT")
+        if not config.server_key or not config.allowed_keys:
+            raise UsageError("listening for agents needs the recorder's secret key and a folder "
+                             "of allowed agent keys; the remote bus is never open")
+        keys = load_keypair(config.server_key)
+        allowed = load_allowed_keys(config.allowed_keys)
+        self._remote_context = zmq.Context()
+        self._curve = CurveServer(self._remote_context, keys, allowed)
+        self._remote = self._remote_context.socket(zmq.ROUTER)
+        self._remote.setsockopt(zmq.RCVHWM, 100_000)
+        self._remote.setsockopt(zmq.LINGER, 1000)
+        self._curve.apply(self._remote)
+        try:
+            self._remote.bind(config.listen)
+        except zmq.ZMQError as e:
+            raise UsageError(f"cannot listen on {config.listen}: {e}") from e
+
+    @property
+    def listen_endpoint(self) -> str:
+        """Where agents connect (with the port the OS chose for ``:0``)."""
+        if self._remote is None:
+            return ""
+        endpoint = self._remote.getsockopt(zmq.LAST_ENDPOINT)
+        return endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
+
+    def _close_sockets(self) -> None:
+        self._socket.close(0)
+        if self._remote is not None:
+            self._remote.close(0)
+        if self._curve is not None:
+            self._curve.stop()
+        if self._remote_context is not None:
+            self._remote_context.term()
+
     # ---- message handling -------------------------------------------------------------
     def _reply(self, identity: bytes, **fields: Any) -> None:
-        self._socket.send_multipart([identity, *message.encode_reply(**fields)])
+        self._peer_socket.send_multipart([identity, *message.encode_reply(**fields)])
+
+    def _send_remote(self, identity: bytes, frames: list[Any]) -> None:
+        if self._remote is not None:
+            self._remote.send_multipart([identity, *frames])
 
     def _reject(self, identity: bytes, reason: str) -> None:
         self.rejected += 1
@@ -98,12 +168,19 @@ class Recorder:
         print(f"wattlab recorder: rejected a message from peer {identity.hex()[:12]}: {reason}",
               file=sys.stderr)
 
-    def handle(self, frames: list[Any]) -> None:
+    def handle(self, frames: list[Any], host: str | None = None, t_recv_ns: int = 0) -> None:
+        """One message; ``host`` is the authenticated name of a remote peer (None: local)."""
         identity = bytes(frames[0])
         body = frames[1:]
+        self._peer_socket = self._socket if host is None else (self._remote or self._socket)
         try:
             head = message.decode_header(body)
+            if host is not None:
+                self._handle_remote(identity, host, head, body, t_recv_ns)
+                return
             kind = head["type"]
+            if kind in ("descriptor", "batch", "gap", "end"):
+                self._check_local_source(head["source"])
             if kind == "batch":
                 self._on_batch(identity, message.decode_batch(head, body))
             elif kind == "descriptor":
@@ -121,13 +198,120 @@ class Recorder:
         except MalformedMessageError as e:
             self._reject(identity, str(e))
 
-    def _on_descriptor(self, identity: bytes, desc: SourceDescriptor) -> None:
+    # ---- remote peers ---------------------------------------------------------------------
+    def _check_local_source(self, source_id: str) -> None:
+        state = self._sources.get(source_id)
+        if state is not None and state.host is not None:
+            raise MalformedMessageError(f"stream {source_id!r} belongs to host {state.host!r}")
+
+    def _check_remote_source(self, host: str, source_id: str) -> None:
+        """An agent may only speak for streams named after it (and already its own)."""
+        state = self._sources.get(source_id)
+        if state is not None and state.host != host:
+            owner = "this host" if state.host is None else f"host {state.host!r}"
+            raise MalformedMessageError(f"host {host!r} sent for stream {source_id!r} of {owner}")
+        if not source_id.startswith(f"{host}."):
+            raise MalformedMessageError(
+                f"host {host!r} may only send streams named '{host}.*', not {source_id!r}")
+
+    def _handle_remote(self, identity: bytes, host: str, head: dict[str, Any], body: list[Any],
+                       t_recv_ns: int) -> None:
+        kind = head["type"]
+        source = head["source"]
+        if kind == "clock":
+            self._on_clock(identity, host, head, t_recv_ns)
+        elif kind == "control":
+            if head.get("command") not in REMOTE_CONTROL:
+                raise MalformedMessageError(
+                    f"host {host!r} may not send control command {head.get('command')!r}")
+            self._on_control(identity, head)
+        elif kind == "descriptor":
+            self._check_remote_source(host, source)
+            self._on_descriptor(identity, message.decode_descriptor(head), host)
+        elif kind == "marker":
+            marker = message.decode_marker(head)
+            if marker.source != host and not marker.source.startswith(f"{host}."):
+                raise MalformedMessageError(
+                    f"host {host!r} sent a marker for source {marker.source!r}")
+            self._when_clock(host, lambda: self._markers.append(self._marker_to_local(host,
+                                                                                      marker)))
+        elif kind in ("batch", "gap", "end"):
+            self._check_remote_source(host, source)
+            if kind == "batch":
+                batch = message.decode_batch(head, body)
+                self._when_clock(host, lambda: self._on_batch(identity, batch))
+            elif kind == "gap":
+                gap = message.decode_gap(head)
+                self._when_clock(host, lambda: self._on_gap(self._gap_to_local(host, gap)))
+            else:
+                last_seq = head.get("last_seq")
+                self._when_clock(host, lambda: self._on_end(source, last_seq))
+        else:
+            raise MalformedMessageError(f"message type {kind!r} is not for the recorder")
+
+    def _when_clock(self, host: str, action: Callable[[], None]) -> None:
+        """Run now if the host's clock is known, else keep it (in order) until it is."""
+        tracker = self._pinger.trackers.get(host)
+        held = self._held.get(host)
+        if tracker is not None and tracker.ready and not held:
+            action()
+            return
+        held = self._held.setdefault(host, [])
+        if len(held) >= MAX_HELD_PER_HOST:
+            self._held_lost[host] = self._held_lost.get(host, 0) + 1
+            raise MalformedMessageError(f"host {host!r} sends but answers no clock probe; dropped")
+        held.append(action)
+
+    def _release_held(self, host: str) -> None:
+        for action in self._held.pop(host, []):
+            try:
+                action()
+            except MalformedMessageError as e:
+                self._reject(b"", f"(held from {host}) {e}")
+
+    def _on_clock(self, identity: bytes, host: str, head: dict[str, Any], t4_ns: int) -> None:
+        if head["source"] != host:
+            raise MalformedMessageError(f"host {host!r} sent clock traffic as {head['source']!r}")
+        if head.get("hello") is True:
+            sources = head.get("sources")
+            if sources is not None and (
+                not isinstance(sources, list) or len(sources) > MAX_ANNOUNCED_SOURCES
+                or not all(isinstance(x, str) and x.startswith(f"{host}.") for x in sources)
+            ):
+                raise MalformedMessageError(f"host {host!r} announced a bad source list")
+            self._pinger.hello(identity, host, sources)
+            if self._finish_sent:
+                self._pinger.finish_all(self._send_remote)
+        elif "probe" in head:
+            self._pinger.on_reply(identity, host, head, t4_ns)
+            if self._pinger.trackers[host].ready and self._held.get(host):
+                self._release_held(host)
+        else:
+            raise MalformedMessageError(f"clock message from {host!r} is neither hello nor reply")
+
+    def _to_local(self, host: str, t_ns: int) -> int:
+        if t_ns < 0:
+            return t_ns
+        return int(self._pinger.trackers[host].to_local_ns(np.array([t_ns]))[0])
+
+    def _marker_to_local(self, host: str, marker: Marker) -> Marker:
+        return Marker(self._to_local(host, marker.t_host_ns), marker.name, marker.kind,
+                      marker.source, {**marker.payload, "t_sender_ns": marker.t_host_ns})
+
+    def _gap_to_local(self, host: str, gap: Gap) -> Gap:
+        return Gap(gap.source, gap.reason, gap.seq_first, gap.seq_last,
+                   self._to_local(host, gap.t_first_ns), self._to_local(host, gap.t_last_ns),
+                   gap.samples_lost)
+
+    def _on_descriptor(
+        self, identity: bytes, desc: SourceDescriptor, host: str | None = None
+    ) -> None:
         try:
-            self.writer.add_source(desc)
+            self.writer.add_source(desc, remote_host=host or "")
         except WattlabError as e:
             raise MalformedMessageError(str(e)) from e
         if desc.source_id not in self._sources:
-            self._sources[desc.source_id] = _SourceState(desc)
+            self._sources[desc.source_id] = _SourceState(desc, host=host)
         self._reply(identity, ack=desc.source_id)
         for orphan_identity, batch in self._orphans.pop(desc.source_id, []):
             self._on_batch(orphan_identity, batch)
@@ -158,27 +342,33 @@ class Recorder:
         if batch.seq < state.next_seq:
             state.duplicates += 1
             return
+        t_host = batch.t_host_ns
+        sender = None
+        if state.host is not None:
+            sender = batch.t_host_ns
+            t_host = self._pinger.trackers[state.host].to_local_ns(sender)
         if batch.seq > state.next_seq:
             reason = "sent before the recorder joined" if state.batches == 0 else "sequence gap"
-            self._record_gap(state, state.next_seq, batch.seq - 1, batch, reason)
+            t_next = int(t_host[0]) if batch.n else -1
+            self._record_gap(state, state.next_seq, batch.seq - 1, t_next, reason)
         state.next_seq = batch.seq + 1
         state.batches += 1
         if batch.n == 0:
             return
         t_raw = batch.t_raw if batch.t_raw is not None else batch.t_host_ns
         flags = batch.flags if batch.flags is not None else np.zeros(batch.n, dtype=np.uint8)
-        state.pending.append((batch.t_host_ns, t_raw, batch.values, flags))
+        state.pending.append((t_host, t_raw, batch.values, flags, sender))
         state.pending_rows += batch.n
         state.rows += batch.n
-        state.last_t_ns = int(batch.t_host_ns[-1])
+        state.last_t_ns = int(t_host[-1])
         if state.pending_rows >= COALESCE_ROWS:
             self._write_pending(state)
 
     def _record_gap(
-        self, state: _SourceState, first: int, last: int, batch: SampleBatch | None, reason: str
+        self, state: _SourceState, first: int, last: int, t_next_ns: int, reason: str
     ) -> None:
-        t_last = int(batch.t_host_ns[0]) if batch is not None and batch.n else -1
-        self._gaps.append(Gap(state.desc.source_id, reason, first, last, state.last_t_ns, t_last))
+        self._gaps.append(Gap(state.desc.source_id, reason, first, last, state.last_t_ns,
+                              t_next_ns))
         state.gaps += 1
 
     def _on_gap(self, gap: Gap) -> None:
@@ -193,7 +383,7 @@ class Recorder:
         if state is None:
             raise MalformedMessageError(f"end from unknown source {source_id!r}")
         if isinstance(last_seq, int) and last_seq >= state.next_seq:
-            self._record_gap(state, state.next_seq, last_seq, None, "lost before the end")
+            self._record_gap(state, state.next_seq, last_seq, -1, "lost before the end")
             state.next_seq = last_seq + 1
         state.ended = True
 
@@ -221,7 +411,9 @@ class Recorder:
         def cat(i: int) -> npt.NDArray[Any]:
             return parts[0][i] if len(parts) == 1 else np.concatenate([p[i] for p in parts])
 
-        self.writer.append(state.desc.source_id, cat(0), cat(1), cat(2), cat(3))
+        sender = cat(4) if state.host is not None else None
+        self.writer.append(state.desc.source_id, cat(0), cat(1), cat(2), cat(3),
+                           t_sender_ns=sender)
 
     def flush(self) -> None:
         for state in self._sources.values():
@@ -252,7 +444,21 @@ class Recorder:
             "rejected": self.rejected,
             "last_rejection": self.last_rejection,
             "swmr": self.writer.swmr,
+            "hosts": self._hosts_status(),
+            "refused_peers": self._curve.refused if self._curve is not None else 0,
+            "listen": self.listen_endpoint,
         }
+
+    def _hosts_status(self) -> dict[str, Any]:
+        hosts: dict[str, Any] = {}
+        for host, tracker in self._pinger.trackers.items():
+            hosts[host] = {
+                "sources": sorted(s for s, st in self._sources.items() if st.host == host),
+                "announced": self._pinger.announced.get(host),
+                "clock": tracker.summary(),
+                "held": len(self._held.get(host, [])),
+            }
+        return hosts
 
     # ---- main loop ----------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -269,16 +475,29 @@ class Recorder:
         """Receive and write until a stop request has been drained; returns final status."""
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
+        if self._remote is not None:
+            poller.register(self._remote, zmq.POLLIN)
         next_flush = time.monotonic() + self.config.flush_interval_s
         while True:
             wait_ms = max(0, int((next_flush - time.monotonic()) * 1000))
-            if poller.poll(min(wait_ms, 100)):
+            probe_ns = self._pinger.next_due_ns()
+            if probe_ns is not None:
+                wait_ms = min(wait_ms, max(0, (probe_ns - time.monotonic_ns()) // 1_000_000))
+            ready = dict(poller.poll(min(wait_ms, 100)))
+            if self._remote is not None and self._remote in ready:
+                self._receive_remote(self._remote)
+            if self._socket in ready:
                 for _ in range(RECV_BURST):
                     try:
                         frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
                     self.handle(frames)
+            if self._remote is not None and not self._finish_sent:
+                self._pinger.send_due(self._send_remote)
+            if self._stop_requested is not None and not self._finish_sent:
+                self._finish_sent = True
+                self._pinger.finish_all(self._send_remote)
             if time.monotonic() >= next_flush:
                 self.flush()
                 next_flush = time.monotonic() + self.config.flush_interval_s
@@ -286,24 +505,77 @@ class Recorder:
                 break
         return self._finish()
 
+    def _receive_remote(self, sock: zmq.Socket[Any]) -> None:
+        """Each message is stamped on arrival (clock replies need t4) and named by its key."""
+        for _ in range(RECV_BURST):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            t_recv_ns = time.monotonic_ns()
+            try:
+                host = frames[-1].get("User-Id")
+            except (zmq.ZMQError, AttributeError):
+                host = None
+            if not host or host == "unknown":
+                self._reject(frames[0].bytes, "remote peer without an authenticated name")
+                continue
+            self.handle(frames, host=str(host), t_recv_ns=t_recv_ns)
+
     def _finish(self) -> dict[str, Any]:
+        for host, held in self._held.items():
+            lost = len(held) + self._held_lost.get(host, 0)
+            self._gaps.append(Gap(f"{host}.clock", f"host {host} never answered a clock probe; "
+                                  f"{lost} message(s) dropped"[:128]))
+        self._held.clear()
         for state in self._sources.values():
             if not state.ended:
-                self._record_gap(state, state.next_seq, -1, None, "source did not end cleanly")
+                self._record_gap(state, state.next_seq, -1, -1, "source did not end cleanly")
         for source_id, orphans in self._orphans.items():
             self._gaps.append(Gap(source_id, "never described; batches dropped",
                                   samples_lost=sum(b.n for _, b in orphans)))
         self.flush()
         final = self.status()
+        trackers = {h: t for h, t in self._pinger.trackers.items() if t.ready}
+        remaps: dict[str, Callable[[Any], Any]] = {
+            sid: trackers[s.host].to_local_ns for sid, s in self._sources.items()
+            if s.host is not None and s.host in trackers}
+        sync = {h: (t.rows(), _plain(t.summary())) for h, t in trackers.items()}
         self.writer.close({
             "session_end_monotonic_ns": time.monotonic_ns(),
             "recorder_status_json": json.dumps(final, sort_keys=True),
-        })
+        }, sync=sync, remaps=remaps)
         if self._stop_requested is not None and self._stop_requested[0]:
             identity, rid = self._stop_requested
+            self._peer_socket = self._socket
             self._reply(identity, rid=rid, stopped=True, **final)
         self._socket.close()
+        if self._remote is not None:
+            self._remote.close(0)
+            if self._curve is not None:
+                self._curve.stop()
+            if self._remote_context is not None:
+                self._remote_context.term()
         return final
+
+
+def hosts_ready(status: dict[str, Any], hosts: list[str], min_probes: int = 3) -> bool:
+    """Every named agent has announced its streams, each was acknowledged, clock known."""
+    known = status.get("hosts", {})
+    for host in hosts:
+        info = known.get(host)
+        if not info or info.get("announced") is None:
+            return False
+        if not set(info["announced"]) <= set(info["sources"]):
+            return False
+        if info["clock"].get("windows", 0) < 1 or info["clock"]["probes"] < min_probes:
+            return False
+    return True
+
+
+def _plain(summary: dict[str, Any]) -> dict[str, Any]:
+    """HDF5 attributes: numbers and strings only."""
+    return {k: v for k, v in summary.items() if isinstance(v, int | float | str)}
 
 
 def main(argv: list[str] | None = None) -> int:

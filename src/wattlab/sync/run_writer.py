@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import h5py
@@ -25,10 +26,12 @@ from wattlab.samples import (
     SourceDescriptor,
     flag_names,
 )
+from wattlab.sync.clock_fit import NOMINAL_NS_PER_UNIT, EnvelopeAccumulator
 
 FORMAT_VERSION = "1"
 UNKNOWN_TIME_NS = np.iinfo(np.int64).min
 CHUNK_BYTES = 512 * 1024
+CLOSE_PASS_ROWS = 1 << 20  # rows per read when re-timing or fitting at close
 
 MARKER_DTYPE = np.dtype(
     [
@@ -59,6 +62,7 @@ class _SourceDatasets:
     time_raw: h5py.Dataset
     values: h5py.Dataset
     flags: h5py.Dataset
+    time_host_raw: h5py.Dataset | None = None
 
 
 def _growable(
@@ -117,7 +121,8 @@ class RunFileWriter:
     def has_source(self, source_id: str) -> bool:
         return source_id in self._sources
 
-    def add_source(self, desc: SourceDescriptor) -> None:
+    def add_source(self, desc: SourceDescriptor, remote_host: str = "") -> None:
+        """Create a source's group; a remote host's source also keeps the sender's times."""
         if desc.source_id in self._sources:
             if desc.to_json() != self._descriptors[desc.source_id].to_json():
                 raise UsageError(f"source {desc.source_id!r} re-announced with another descriptor")
@@ -141,6 +146,11 @@ class RunFileWriter:
         values.attrs["meanings"] = [c.meaning or "-" for c in desc.channels]
         flags = _growable(group, "flags", "u1")
         flags.attrs["flag_bits"] = json.dumps(flag_names(), sort_keys=True)
+        if remote_host:
+            group.attrs["remote_host"] = remote_host
+            sender = _growable(group, "time_host_raw", "<i8")
+            sender.attrs["meaning"] = (f"monotonic ns of host {remote_host!r} when read; "
+                                       f"mapped by /sync/{remote_host} onto 'time'")
         self._descriptors[desc.source_id] = desc
         self._bind(desc.source_id)
         if was_swmr:
@@ -149,7 +159,8 @@ class RunFileWriter:
     def _bind(self, source_id: str) -> None:
         group = self._file["sources"][source_id]
         self._sources[source_id] = _SourceDatasets(
-            group["time"], group["time_raw"], group["values"], group["flags"]
+            group["time"], group["time_raw"], group["values"], group["flags"],
+            group.get("time_host_raw"),
         )
 
     def _reopen_for_new_objects(self) -> None:
@@ -169,13 +180,23 @@ class RunFileWriter:
         t_raw: npt.NDArray[Any],
         values: npt.NDArray[Any],
         flags: npt.NDArray[np.uint8],
+        *,
+        t_sender_ns: npt.NDArray[np.int64] | None = None,
     ) -> None:
-        """Append rows to a source; time goes onto the session timebase here."""
+        """Append rows to a source; time goes onto the session timebase here.
+
+        ``t_host_ns`` is already on the recorder host's clock; ``t_sender_ns`` is the remote
+        host's own time of the same rows (remote sources only).
+        """
         ds = self._sources[source_id]
         _append(ds.time, t_host_ns - self.session_start_ns)
         _append(ds.time_raw, t_raw)
         _append(ds.values, values)
         _append(ds.flags, flags)
+        if ds.time_host_raw is not None:
+            if t_sender_ns is None:
+                raise UsageError(f"source {source_id!r} is remote: its sender times are needed")
+            _append(ds.time_host_raw, t_sender_ns)
 
     def add_markers(self, markers: list[Marker]) -> None:
         rows = np.zeros(len(markers), dtype=MARKER_DTYPE)
@@ -214,11 +235,79 @@ class RunFileWriter:
     def flush(self) -> None:
         self._file.flush()
 
-    def close(self, final_attrs: dict[str, Any] | None = None) -> None:
-        """Close; final attributes (end time, stats) need a short non-SWMR reopen."""
+    def close(
+        self,
+        final_attrs: dict[str, Any] | None = None,
+        sync: dict[str, tuple[npt.NDArray[Any], dict[str, Any]]] | None = None,
+        remaps: dict[str, Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]]] | None = None,
+        fit_device_clocks: bool = True,
+    ) -> None:
+        """Close; what needs new objects or rewrites happens in a short non-SWMR reopen.
+
+        ``sync``: per host, the clock-service table and its summary (``/sync/<host>``).
+        ``remaps``: per remote source, the final sender → recorder clock mapping; its
+        ``time`` is recomputed from ``time_host_raw`` (the live mapping only extrapolated).
+        ``fit_device_clocks``: fit every device-clocked source's raw time against its
+        session time and store the fit under ``/sources/<id>/clock_fit``.
+        """
         self._file.flush()
         self._file.close()
-        if final_attrs:
-            with h5py.File(self.path, "r+", libver="latest") as f:
-                for key, value in final_attrs.items():
-                    f.attrs[key] = value
+        if not (final_attrs or sync or remaps or fit_device_clocks):
+            return
+        with h5py.File(self.path, "r+", libver="latest") as f:
+            for key, value in (final_attrs or {}).items():
+                f.attrs[key] = value
+            for host, (rows, attrs) in (sync or {}).items():
+                group = f.require_group("sync").create_group(host)
+                table = group.create_dataset("probes", data=rows)
+                table.attrs["meaning"] = ("best (smallest round-trip) probe per window: local = "
+                                          "recorder monotonic ns, remote = host's; offset = "
+                                          "remote - local")
+                for key, value in attrs.items():
+                    group.attrs[key] = value
+            for source_id, mapping in (remaps or {}).items():
+                _remap(f["sources"][source_id], mapping, self.session_start_ns)
+            if fit_device_clocks:
+                for source_id, desc in self._descriptors.items():
+                    nominal = NOMINAL_NS_PER_UNIT.get(desc.time_raw)
+                    if nominal is not None and desc.time_raw.startswith("device_"):
+                        _fit_clock(f["sources"][source_id], nominal)
+
+
+def _remap(
+    group: h5py.Group, mapping: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]],
+    session_start_ns: int,
+) -> None:
+    sender, time_ds = group["time_host_raw"], group["time"]
+    for start in range(0, sender.shape[0], CLOSE_PASS_ROWS):
+        stop = min(start + CLOSE_PASS_ROWS, sender.shape[0])
+        time_ds[start:stop] = mapping(sender[start:stop]) - session_start_ns
+    time_ds.attrs["mapped_by"] = "final clock-service model (see /sync/<remote_host>)"
+
+
+def _fit_clock(group: h5py.Group, nominal_ns_per_unit: float) -> None:
+    """Device raw time → session time by the lower envelope, with residual statistics."""
+    raw, time_ds = group["time_raw"], group["time"]
+    n = raw.shape[0]
+    if n < 2:
+        return
+    acc = EnvelopeAccumulator(nominal_ns_per_unit)
+    for start in range(0, n, CLOSE_PASS_ROWS):
+        acc.add(raw[start:start + CLOSE_PASS_ROWS], time_ds[start:start + CLOSE_PASS_ROWS])
+    fit = acc.fit()
+    if fit is None:
+        return
+    step = max(1, n // 2_000_000)  # percentiles from at most ~2 M rows, max from all
+    kept: list[npt.NDArray[np.float64]] = []
+    worst = 0.0
+    for start in range(0, n, CLOSE_PASS_ROWS):
+        r = fit.residuals_ns(raw[start:start + CLOSE_PASS_ROWS],
+                             time_ds[start:start + CLOSE_PASS_ROWS])
+        worst = max(worst, float(np.max(r)))
+        kept.append(r[::step])
+    fit = fit.with_residuals(np.concatenate(kept))
+    fit = replace(fit, residual_max_ns=worst)
+    target = group.require_group("clock_fit")
+    for key, value in fit.to_attrs().items():
+        target.attrs[key] = value
+    target.attrs["host_time"] = "session time (the 'time' dataset), ns"

@@ -1,0 +1,74 @@
+"""`wattlab agent`: publish this node's NVML and meters to a recorder on another host."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import Any
+
+from wattlab.acquisition.agent import ClockSkew, run_agent
+from wattlab.acquisition.meters import meter_acquirers
+from wattlab.commands.record import nvml_acquirers
+from wattlab.errors import UsageError
+from wattlab.sync.security import ClientSecurity, load_keypair, load_public_key
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5560"
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "agent", help="publish this node's GPUs and meters to a remote recorder",
+        description="Run on a GPU node: read NVML (and --meter devices) and send every "
+                    "sample, encrypted and authenticated with CurveZMQ, to a recorder started "
+                    "with `wattlab record --listen`. Streams are named <NAME>.<stream>. Stops "
+                    "when the recording ends or on Ctrl-C.")
+    p.add_argument("--connect", default=DEFAULT_ENDPOINT, metavar="tcp://HOST:PORT",
+                   help=f"the recorder's --listen address (default {DEFAULT_ENDPOINT})")
+    p.add_argument("--key", required=True, metavar="NAME.key_secret",
+                   help="this agent's secret key file (from `wattlab keys NAME`); NAME becomes "
+                        "the agent's name")
+    p.add_argument("--server-key", required=True, metavar="RECORDER.key",
+                   help="the recorder's public key file")
+    p.add_argument("--nvml", default="all",
+                   help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all)")
+    p.add_argument("--simulate", action="store_true",
+                   help="use the simulated GPU instead of NVML (no hardware needed)")
+    p.add_argument("--simulated-gpus", type=int, default=1, metavar="N",
+                   help="how many simulated GPUs with --simulate (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPU's workload")
+    p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
+                   help="an external meter on this node, as for `wattlab record` (repeatable)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    keys = load_keypair(args.key)
+    security = ClientSecurity(keys, load_public_key(args.server_key))
+    skew = ClockSkew.from_env()
+    stop = threading.Event()
+    meters = meter_acquirers(args.meter)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in previous:
+            signal.signal(s, lambda signum, frame: stop.set())
+    try:
+        with nvml_acquirers(args.nvml, args.simulate, args.simulated_gpus, args.seed) as gpus:
+            acquirers = gpus + meters
+            if not acquirers:
+                raise UsageError("nothing to publish: no GPU selected (--nvml none) and no meter")
+            print(f"wattlab agent {keys.name}: publishing "
+                  f"{', '.join(n for n, _ in acquirers)} to {args.connect}", flush=True)
+            result = run_agent(args.connect, keys.name, acquirers, security, stop=stop,
+                               skew=skew)
+    finally:
+        for s, h in (previous or {}).items():
+            signal.signal(s, h)
+    why = "the recording ended" if result.finished_by_recorder else "stopped"
+    print(f"wattlab agent {keys.name}: {why}; streams {', '.join(result.sources)}; "
+          f"{result.probes_answered} clock probes answered")
+    for name, error in result.source_errors.items():
+        print(f"wattlab agent: source {name} failed: {error}", file=sys.stderr)
+    return 1 if result.source_errors else (0 if result.finished_by_recorder else 130)

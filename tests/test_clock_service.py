@@ -1,0 +1,131 @@
+"""Clock service: NTP-style probes, min-RTT filtering, drift, and the real socket path."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from wattlab.acquisition.agent import ClockSkew
+from wattlab.errors import BusError, MalformedMessageError
+from wattlab.sync.bus import ControlClient, local_endpoint
+from wattlab.sync.clock_service import ClockPinger, ClockProbe, ClockResponder, ClockTracker
+from wattlab.sync.recorder import Recorder, RecorderConfig
+from wattlab.sync.security import ClientSecurity, create_keypair, load_keypair, load_public_key
+
+
+def simulated_probes(skew: ClockSkew, seconds: float, rate_hz: float = 10, seed: int = 0,
+                     start_ns: int = 10**12):
+    """Probes with random, asymmetric one-way delays (queueing only ever adds)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t1 in start_ns + (np.arange(int(seconds * rate_hz)) * 1e9 / rate_hz).astype(np.int64):
+        up = 40_000 + rng.exponential(200_000)
+        turn = 20_000 + rng.exponential(10_000)
+        down = 40_000 + rng.exponential(200_000)
+        t2 = skew(int(t1 + up))
+        t3 = skew(int(t1 + up + turn))
+        out.append(ClockProbe(int(t1), t2, t3, int(t1 + up + turn + down)))
+    return out
+
+
+def test_min_rtt_filter_and_drift_put_remote_times_on_the_local_clock():
+    skew = ClockSkew(offset_ns=-2_500_000_000, drift_ppm=80.0)
+    tracker = ClockTracker("node1", window_s=1.0)
+    for probe in simulated_probes(skew, 30):
+        tracker.add(probe)
+    local = 10**12 + np.arange(0, 30 * 10**9, 10**7, dtype=np.int64)
+    err = tracker.to_local_ns(skew.array(local)) - local
+    assert np.median(np.abs(err)) < 20_000  # µs-level although single probes err by ~100 µs
+    assert tracker.drift_ppm == pytest.approx(80.0, abs=2.0)
+    naive = np.array([p.offset_ns for p in simulated_probes(skew, 30)])
+    truth = np.array([skew(p.local_mid_ns) - p.local_mid_ns for p in simulated_probes(skew, 30)])
+    assert np.median(np.abs(naive - truth)) > 3 * np.median(np.abs(err))
+    rows = tracker.rows()
+    assert rows.shape == (30,) and rows["probes"].sum() == 300
+    summary = tracker.summary()
+    assert summary["windows"] == 30 and summary["probes"] == 300
+
+
+def test_drift_that_changes_is_followed_piecewise():
+    """Over a run longer than the fit span, a local line per point follows a drift change."""
+    tracker = ClockTracker("node1", window_s=1.0, fit_span_s=20.0)
+    first, second = ClockSkew(0, 20.0), ClockSkew(0, -30.0)
+    for p in simulated_probes(first, 60, start_ns=10**12, seed=1):
+        tracker.add(p)
+    turn = 10**12 + 60 * 10**9
+    joint = first(turn) - second(turn)
+    for p in simulated_probes(ClockSkew(joint, -30.0), 60, start_ns=turn, seed=2):
+        tracker.add(p)
+    local = turn + np.arange(20, 50, dtype=np.int64) * 10**9
+    err = tracker.to_local_ns(ClockSkew(joint, -30.0).array(local)) - local
+    assert np.max(np.abs(err)) < 30_000
+
+
+def test_impossible_probes_are_rejected_and_no_estimate_means_an_error():
+    tracker = ClockTracker("node1")
+    with pytest.raises(BusError, match="no clock estimate"):
+        tracker.to_local_ns(np.array([1]))
+    tracker.add(ClockProbe(100, 50, 40, 200))  # reply sent before it was received
+    tracker.add(ClockProbe(100, 0, 500, 200))  # negative round trip
+    assert tracker.rejected == 2 and not tracker.ready
+
+
+def test_pinger_accepts_only_the_reply_to_its_own_probe():
+    pinger = ClockPinger(interval_s=0.0)
+    pinger.hello(b"peer-a", "node1", None)
+    sent: list[bytes] = []
+    pinger.send_due(lambda identity, frames: sent.append(identity))
+    assert sent == [b"peer-a"]
+    with pytest.raises(MalformedMessageError, match="not 'node1'"):
+        pinger.on_reply(b"peer-b", "node1", {"probe": 1, "t2": 5, "t3": 6}, 10)
+    with pytest.raises(MalformedMessageError, match="integer"):
+        pinger.on_reply(b"peer-a", "node1", {"probe": 1, "t2": "x", "t3": 6}, 10)
+    pinger.on_reply(b"peer-a", "node1", {"probe": 99, "t2": 5, "t3": 6}, 10)  # stale: ignored
+    assert not pinger.trackers["node1"].ready
+    pinger.on_reply(b"peer-a", "node1", {"probe": 1, "t2": 5, "t3": 6}, time.monotonic_ns())
+    assert pinger.trackers["node1"].probes == 1
+
+
+def test_recorder_tracks_a_skewed_responder_over_real_curve_sockets(tmp_path):
+    keys = tmp_path / "keys"
+    create_keypair(keys, "recorder")
+    create_keypair(keys, "node1")
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "node1.key").write_bytes((keys / "node1.key").read_bytes())
+    endpoint = local_endpoint()
+    recorder = Recorder(RecorderConfig(
+        endpoint=endpoint, output=str(tmp_path / "run.h5"), session_start_ns=0,
+        listen="tcp://127.0.0.1:0", server_key=str(keys / "recorder.key_secret"),
+        allowed_keys=str(allowed), clock_interval_s=0.02, clock_window_s=0.25))
+    thread = threading.Thread(target=recorder.run)
+    thread.start()
+    skew = ClockSkew(offset_ns=7_000_000_000, drift_ppm=-60.0)
+    security = ClientSecurity(load_keypair(keys / "node1.key_secret"),
+                              load_public_key(keys / "recorder.key"))
+    responder = ClockResponder(recorder.listen_endpoint, "node1", clock_ns=skew.now_ns,
+                               configure=security.apply)
+    responder.start()
+    control = ControlClient(endpoint)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            clock = control.request("status", 5)["hosts"].get("node1", {}).get("clock", {})
+            if clock.get("windows", 0) >= 8:
+                break
+            time.sleep(0.1)
+        tracker = recorder._pinger.trackers["node1"]
+        now = time.monotonic_ns()
+        local = now + np.arange(-2 * 10**9, 0, 10**7, dtype=np.int64)
+        err = tracker.to_local_ns(skew.array(local)) - local
+        assert np.median(np.abs(err)) < 50_000, err
+        control.request("stop", 20)
+    finally:
+        control.close()
+        thread.join(20)
+        responder.stop()
+    assert responder.finish_requested.is_set()
+    assert responder.answered >= 20
