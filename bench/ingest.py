@@ -12,10 +12,8 @@ Prints a table and writes bench/results/ingest.json.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -25,6 +23,7 @@ import time
 import h5py
 import numpy as np
 
+from common import write_json
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
 from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
 from wattlab.sync.recorder import RecorderConfig
@@ -146,7 +145,6 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1000, help="samples per message")
     parser.add_argument("--messages", type=int, help="messages per source")
     parser.add_argument("--repeat", type=int, help="runs of each path; the median is reported")
-    parser.add_argument("--json", default="bench/results/ingest.json")
     args = parser.parse_args()
     messages = args.messages or (50 if args.quick else 1000)
     repeat = args.repeat or (1 if args.quick else 3)
@@ -167,16 +165,12 @@ def main() -> int:
               f"{r['cpu_s_per_million_values']:>15.4f}")
     print(f"median of {repeat}; ratio bus/floor: {ratio:.2f}; rows in file "
           f"{bus['rows_in_file']} of {bus['rows_expected']}; gaps {bus['gaps']}")
-    result = {
+    write_json("ingest", {
         "benchmark": "ingest", "quick": args.quick, "sources": args.sources,
         "messages_per_source": messages, "rows_per_message": args.rows, "channels": CHANNELS,
         "repeat": repeat, "floor": floor, "bus": bus, "ratio": ratio,
-        "all_floor": floors, "all_bus": buses, "machine": platform.node(),
-        "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
-    }
-    os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=2)
+        "all_floor": floors, "all_bus": buses,
+    })
     lossless = all(b["rows_in_file"] == b["rows_expected"] and b["gaps"] == 0 for b in buses)
     return 0 if lossless else 1
 

@@ -178,7 +178,10 @@ def main() -> int:
         return agent_process(*sys.argv[2:5])
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--quick", action="store_true", help="3 s of clock service, for CI")
     args = parser.parse_args()
+    if args.quick:
+        args.seconds = 3.0
     result = {"clock_service": clock_service(args.seconds), "device_clock_fit":
               device_clock_fit(), "lag_recovery": lag_recovery(),
               "goals": {"offset_median_us": 50, "offset_p99_us": 200, "lag_error_ms": 1}}
