@@ -261,6 +261,10 @@ def test_flags_and_raw_time_are_kept(tmp_path):
         np.testing.assert_array_equal(view.time_raw, [7, 8, 9])
         frame = view.to_pandas()
         assert list(frame.columns) == ["time_raw", "power_w", "flags"]
+        data = run.to_xarray()["dev"]
+        assert data["power_w"].attrs["units"] == "W"
+        np.testing.assert_array_equal(data["flags"].values, flags)
+        np.testing.assert_allclose(data["time_s"].values, [10e-9, 20e-9, 30e-9])
 
 
 def test_reader_errors_name_the_file(tmp_path):

@@ -135,6 +135,22 @@ class SourceView:
         frame.index = pd.Index(self.time_s, name="time_s")
         return frame
 
+    def to_xarray(self) -> Any:
+        """An xarray Dataset: one variable per channel (with its unit) on a ``time_s`` axis."""
+        import xarray as xr
+
+        values, time_s = self.values, self.time_s
+        data_vars = {
+            name: ("time_s", values[:, i], {"units": unit})
+            for i, (name, unit) in enumerate(zip(self.channel_names, self.units, strict=True))
+        }
+        data_vars["time_raw"] = ("time_s", self.time_raw, {"meaning": self.descriptor.get(
+            "time_raw", "")})
+        data_vars["flags"] = ("time_s", self.flags, {})
+        return xr.Dataset(data_vars, coords={"time_s": time_s},
+                          attrs={"source_id": self.source_id, "kind": self.kind,
+                                 "model": self.model})
+
 
 class Run:
     """A wattlab run file; use as a context manager or call ``close()``."""
@@ -209,3 +225,7 @@ class Run:
     def to_pandas(self) -> dict[str, Any]:
         """One DataFrame per source (streams have different rates, so no common index)."""
         return {sid: view.to_pandas() for sid, view in self.sources.items()}
+
+    def to_xarray(self) -> dict[str, Any]:
+        """One xarray Dataset per source, each on its own time axis."""
+        return {sid: view.to_xarray() for sid, view in self.sources.items()}
