@@ -54,7 +54,7 @@ def riser_pattern() -> np.ndarray:
 def publish_riser(endpoint: str, seconds: float) -> None:
     pattern = riser_pattern()
     channels = tuple(Channel(c, c.rsplit("_", 1)[1].upper()) for c in CHANNELS)
-    pub = BusPublisher(endpoint, linger_ms=-1)
+    pub = BusPublisher(endpoint, linger_ms=-1, coalesce_rows=65536)
     pub.announce(SourceDescriptor("ps3", "powersensor3", "synthetic", channels,
                                   value_dtype="<f4"))
     step_ns = 1_000_000_000 // RATE_HZ
@@ -78,7 +78,7 @@ def publish_nvml(endpoint: str, seconds: float) -> None:
         return np.interp(x, fine, cumulative[1:])
 
     average = energy_at(lagged) - energy_at(lagged - 1.0)
-    pub = BusPublisher(endpoint, linger_ms=-1)
+    pub = BusPublisher(endpoint, linger_ms=-1, coalesce_rows=65536)
     pub.announce(SourceDescriptor(
         "gpu0.power", "nvml", "Synthetic GPU", (Channel("average_power_w", "W"),),
         config={"power_channel": "average_power_w", "driver_version": "0"}))

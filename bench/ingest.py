@@ -44,7 +44,7 @@ def block(rows: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def publisher(endpoint: str, index: int, messages: int, rows: int, go: mp.Event) -> None:  # type: ignore[valid-type]
-    pub = BusPublisher(endpoint, linger_ms=-1)
+    pub = BusPublisher(endpoint, linger_ms=-1, coalesce_rows=65536)
     pub.announce(descriptor(index))
     pub.wait_ready(30)
     t_base, values = block(rows)

@@ -142,6 +142,9 @@ class SourceDescriptor:
 class SampleBatch:
     """n samples of one source: host time, optional raw device time, n × channels values.
 
+    ``seq`` numbers batches per source; a batch that joins several consecutive ones
+    (publisher-side coalescing) covers ``seq`` .. ``seq_last``.
+
     ``t_host_ns`` is the host's monotonic clock (``time.monotonic_ns``) for each sample;
     ``t_raw`` is the instrument's own clock where it has one (else omitted: the recorder
     then stores the host time as raw time).
@@ -153,8 +156,12 @@ class SampleBatch:
     values: npt.NDArray[np.floating[Any]]
     t_raw: npt.NDArray[Any] | None = None
     flags: npt.NDArray[np.uint8] | None = None
+    seq_last: int | None = None
 
     def __post_init__(self) -> None:
+        if self.seq_last is not None and self.seq_last < self.seq:
+            raise UsageError(f"batch of {self.source_id!r}: seq_last {self.seq_last} < seq "
+                             f"{self.seq}")
         n = self.t_host_ns.shape[0]
         if self.t_host_ns.ndim != 1 or self.values.ndim != 2 or self.values.shape[0] != n:
             raise UsageError(
@@ -168,6 +175,11 @@ class SampleBatch:
     @property
     def n(self) -> int:
         return int(self.t_host_ns.shape[0])
+
+    @property
+    def last_seq(self) -> int:
+        """The last sequence number this batch covers (several after coalescing)."""
+        return self.seq if self.seq_last is None else self.seq_last
 
 
 MARKER_KINDS = ("point", "begin", "end")

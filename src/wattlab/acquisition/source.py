@@ -60,6 +60,10 @@ class Flushable(Protocol):
         ...
 
 
+# A poll's chunks of one stream leave as one message (the runner flushes after each poll).
+COALESCE_ROWS = 65536
+
+
 class SourceRunner:
     """Drives one acquirer in its own thread and publishes its readings."""
 
@@ -104,9 +108,10 @@ class SourceRunner:
                 publisher.send_marker(item)
             else:
                 publisher.send_gap(item)
+        publisher.flush()
 
     def _run(self) -> None:
-        publisher = BusPublisher(self.endpoint)
+        publisher = BusPublisher(self.endpoint, coalesce_rows=COALESCE_ROWS)
         try:
             try:
                 self.descriptors = self.acquirer.open()

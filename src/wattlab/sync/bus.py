@@ -19,6 +19,7 @@ import zmq
 from wattlab.errors import BusError
 from wattlab.samples import Gap, Marker, SampleBatch, SourceDescriptor
 from wattlab.sync import message
+from wattlab.sync.coalesce import Coalescer
 from wattlab.sync.security import ClientSecurity
 
 DEFAULT_SEND_HWM = 100_000
@@ -52,8 +53,14 @@ class BusPublisher:
 
     def __init__(
         self, endpoint: str, context: zmq.Context[Any] | None = None, linger_ms: int = 10_000,
-        security: ClientSecurity | None = None,
+        security: ClientSecurity | None = None, coalesce_rows: int = 0,
     ) -> None:
+        """Connect a DEALER to ``endpoint`` (with CurveZMQ keys where given).
+
+        ``coalesce_rows`` > 0 joins a source's consecutive batches up to that many rows;
+        they leave on ``flush()`` (call it after each read), on any other message, or when
+        full.
+        """
         self.endpoint = endpoint
         self._context = context or zmq.Context.instance()
         self._socket = self._context.socket(zmq.DEALER)
@@ -76,6 +83,7 @@ class BusPublisher:
         self._unsynced = False
         self._linger_s = linger_ms / 1000 if linger_ms >= 0 else 3600.0
         self._replies: dict[str, dict[str, Any]] = {}
+        self._coalescer = Coalescer(coalesce_rows) if coalesce_rows > 0 else None
 
     def _send(self, frames: list[Any]) -> None:
         self._unsynced = True
@@ -89,6 +97,7 @@ class BusPublisher:
 
     def announce(self, desc: SourceDescriptor) -> None:
         """Tell the recorder what a source is; resent whenever the recorder asks."""
+        self.flush()
         self._descriptors[desc.source_id] = desc
         self._send(message.encode_descriptor(desc))
 
@@ -96,16 +105,27 @@ class BusPublisher:
         if batch.source_id not in self._descriptors:
             raise BusError(f"source {batch.source_id!r} sends data before announcing itself")
         self.serve_requests()
-        self._send(message.encode_batch(batch))
+        ready = [batch] if self._coalescer is None else self._coalescer.add(batch)
+        for item in ready:
+            self._send(message.encode_batch(item))
+
+    def flush(self) -> None:
+        """Send the batches held back for coalescing (order with other messages is kept)."""
+        if self._coalescer is not None:
+            for item in self._coalescer.take_all():
+                self._send(message.encode_batch(item))
 
     def send_marker(self, marker: Marker) -> None:
+        self.flush()
         self._send(message.encode_marker(marker))
 
     def send_gap(self, gap: Gap) -> None:
+        self.flush()
         self._send(message.encode_gap(gap))
 
     def end(self, source_id: str, last_seq: int) -> None:
         """Say a source has finished, so the recorder knows nothing more is coming."""
+        self.flush()
         self._send(message.encode_end(source_id, last_seq))
 
     def serve_requests(self) -> None:
@@ -141,6 +161,7 @@ class BusPublisher:
         A closed socket alone does not guarantee delivery: a process that exits without
         terminating its ZeroMQ context (os._exit, a forked child) drops queued messages.
         """
+        self.flush()
         rid = uuid.uuid4().hex
         # a peer that refused us (CURVE) leaves no pipe and a plain send would block forever
         self._socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
@@ -165,6 +186,7 @@ class BusPublisher:
 
     def close(self) -> None:
         """Close after the recorder confirmed it has everything (bounded by the linger time)."""
+        self.flush()
         delivered = not self._unsynced or self.sync(self._linger_s)
         self._socket.close(linger=None if delivered else 0)
 

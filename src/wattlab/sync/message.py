@@ -50,7 +50,8 @@ def encode_batch(batch: SampleBatch) -> list[BufferLike]:
     if batch.flags is not None:
         arrays.append(("flags", np.ascontiguousarray(batch.flags, dtype="u1")))
     specs = [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape)} for n, a in arrays]
-    head = _header("batch", batch.source_id, seq=batch.seq, n=batch.n, buffers=specs)
+    extra = {} if batch.seq_last is None else {"seq_last": batch.seq_last}
+    head = _header("batch", batch.source_id, seq=batch.seq, n=batch.n, buffers=specs, **extra)
     return [batch.source_id.encode(), head, *(a for _, a in arrays)]
 
 
@@ -165,6 +166,9 @@ def _decode_buffer(spec: Any, frame: Any, n: int) -> tuple[str, np.ndarray[Any, 
 def decode_batch(head: dict[str, Any], frames: list[Any]) -> SampleBatch:
     """Arrays are views on the received frames (no copy); every size is checked first."""
     seq = _int_field(head, "seq")
+    seq_last = _int_field(head, "seq_last") if "seq_last" in head else None
+    if seq_last is not None and seq_last < seq:
+        raise MalformedMessageError(f"seq_last {seq_last} is before seq {seq}")
     n = _int_field(head, "n")
     if n > MAX_ROWS_PER_BATCH:
         raise MalformedMessageError(f"batch of {n} rows is over the limit {MAX_ROWS_PER_BATCH}")
@@ -186,6 +190,7 @@ def decode_batch(head: dict[str, Any], frames: list[Any]) -> SampleBatch:
         values=arrays["values"],
         t_raw=arrays.get("t_raw"),
         flags=arrays.get("flags"),
+        seq_last=seq_last,
     )
 
 

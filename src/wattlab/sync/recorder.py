@@ -328,18 +328,18 @@ class Recorder:
                 orphans.append((identity, batch))
             else:
                 self._gaps.append(Gap(batch.source_id, "batch arrived with no descriptor; dropped",
-                                      batch.seq, batch.seq, samples_lost=batch.n))
+                                      batch.seq, batch.last_seq, samples_lost=batch.n))
             return
         width = len(state.desc.channels)
         if batch.values.shape[1] != width:
             self._gaps.append(Gap(batch.source_id, "malformed batch rejected: channel count",
-                                  batch.seq, batch.seq, samples_lost=batch.n))
-            state.next_seq = max(state.next_seq, batch.seq + 1)
+                                  batch.seq, batch.last_seq, samples_lost=batch.n))
+            state.next_seq = max(state.next_seq, batch.last_seq + 1)
             raise MalformedMessageError(
                 f"source {batch.source_id!r} sent {batch.values.shape[1]} channels, "
                 f"descriptor has {width}"
             )
-        if batch.seq < state.next_seq:
+        if batch.last_seq < state.next_seq:
             state.duplicates += 1
             return
         t_host = batch.t_host_ns
@@ -351,7 +351,7 @@ class Recorder:
             reason = "sent before the recorder joined" if state.batches == 0 else "sequence gap"
             t_next = int(t_host[0]) if batch.n else -1
             self._record_gap(state, state.next_seq, batch.seq - 1, t_next, reason)
-        state.next_seq = batch.seq + 1
+        state.next_seq = batch.last_seq + 1
         state.batches += 1
         if batch.n == 0:
             return
