@@ -114,7 +114,10 @@ def test_energy_of_a_demo_run_has_every_nvml_view(tmp_path):
     assert {("gpu0.samples", "power_w"), ("gpu0.power", "average_power_w"),
             ("gpu0.energy", "energy_j")} <= streams
     assert ("gpu0.state", "power_limit_w") not in streams
-    means = [r["mean_power_w"] for r in rep["rows"] if r["phase"] == "run"
-             and r["source"] in ("gpu0.samples", "gpu0.energy")]
-    assert max(means) / min(means) < 1.1
+    run_rows = {r["source"]: r for r in rep["rows"] if r["phase"] == "run"
+                and r["source"] in ("gpu0.samples", "gpu0.energy")}
+    samples, counter = run_rows["gpu0.samples"], run_rows["gpu0.energy"]
+    # the counter is read ~1 Hz: its edges are known only to within its stated uncertainty
+    assert abs(counter["energy_j"] - samples["energy_j"]) < (
+        counter["uncertainty_j"] + 0.05 * samples["energy_j"])
     assert rep["reference"] is not None  # the demo's emulated meter

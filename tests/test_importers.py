@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import wattlab
+import wattlab.analysis.energy
 from wattlab.analysis.importers import import_files
 from wattlab.cli import main
 from wattlab.errors import RunFileError, UsageError
@@ -131,3 +132,76 @@ def test_several_files_become_several_sources(tmp_path):
         np.testing.assert_allclose(run.source("b").time_s, [0.5, 1.5])
     with pytest.raises(UsageError, match="unknown import format"):
         import_files("xls", [str(a)], str(tmp_path / "z.h5"))
+
+
+def write_psrun_dump(path: Path, frames: int = 2000) -> None:
+    """A dump as upstream ``PowerSensor::dump`` writes it: pairs 0 and 2 active, 20 kHz.
+
+    Power steps from ~60 W to ~300 W at frame 1000; a one-character marker precedes frame
+    500 and an interval marker ``M t0 t1 tag "name"`` covers frames 1000..1999.
+    """
+    lines = ["marker time dt_micro device_timestamp current0 voltage0 power0 "
+             "current2 voltage2 power2 power_total"]
+    for k in range(frames):
+        t = 0.000213 + k * 50e-6
+        i0, v0 = (4.0, 12.1) if k < 1000 else (8.5, 12.0)
+        i2, v2 = (1.0, 12.05) if k < 1000 else (16.5, 11.9)
+        if k == 500:
+            lines.append("M A")
+        lines.append(f"S {t:.6f} {50 if k else 213} {(213 + 50 * k) % 1024} {i0:g} {v0:g} "
+                     f"{i0 * v0:g} {i2:g} {v2:g} {i2 * v2:g} {i0 * v0 + i2 * v2:g}")
+    t0, t1 = 0.000213 + 1000 * 50e-6, 0.000213 + (frames - 1) * 50e-6
+    lines.append(f'M {t0:.6f} {t1:.6f} 7 "gemm kernel"')
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_psrun_dump_imports_pairs_markers_and_raw_device_time(tmp_path):
+    dump = tmp_path / "ps3dump.txt"
+    write_psrun_dump(dump)
+    out = tmp_path / "ps.h5"
+    assert main(["import", "psrun", str(dump), "-o", str(out), "--source", "ps3"]) == 0
+    with wattlab.open(str(out)) as run:
+        view = run.source("ps3")
+        assert view.channel_names == ["current0_a", "voltage0_v", "power0_w", "current2_a",
+                                      "voltage2_v", "power2_w", "power_total_w"]
+        assert view.units == ["A", "V", "W", "A", "V", "W", "W"]
+        assert view.kind == "powersensor3" and len(view) == 2000
+        np.testing.assert_allclose(np.diff(view.time_s), 50e-6, atol=1e-9)
+        assert int(view.time_raw[1]) == 263 and int(np.max(view.time_raw)) < 1024
+        total = view.channel("power_total_w")
+        np.testing.assert_allclose(total[[0, -1]], [4 * 12.1 + 12.05, 8.5 * 12 + 16.5 * 11.9])
+        assert int(view.flags[500]) & 16 and int(np.sum(view.flags != 0)) == 1
+        marks = [(m.name, m.kind, round(m.time_ns / 1e3)) for m in run.markers]
+        assert marks[0] == ("A", "point", 500 * 50)  # the frame the device marked
+        assert marks[1:] == [("gemm kernel", "begin", 1000 * 50),
+                             ("gemm kernel", "end", 1999 * 50)]
+        report = wattlab.analysis.energy.energy_report(run, by_marker=True)
+    gemm = next(r for r in report["rows"] if r["phase"] == "gemm kernel"
+                and r["channel"] == "power_total_w")
+    assert gemm["mean_power_w"] == pytest.approx(8.5 * 12 + 16.5 * 11.9, rel=1e-6)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("time power\nS 0 0 0 1\n", r"d.txt:1: expected a PowerSensor3 dump header"),
+    ("marker time dt_micro device_timestamp current0 voltage0 power_total\nS 0 0 0 1 2 3\n",
+     r"d.txt:1: 2 pair columns"),
+    ("marker time dt_micro device_timestamp current0 voltage1 power0 power_total\n",
+     r"d.txt:1: columns \['current0', 'voltage1', 'power0'\]"),
+    ("marker time dt_micro device_timestamp current0 voltage0 power0 power_total\n"
+     "S 0.1 50 100 1 12 12 12\nS 0.2 50 150 1 12\n", r"d.txt:3: 6 fields, the header has 8"),
+    ("marker time dt_micro device_timestamp current0 voltage0 power0 power_total\n"
+     "\nS 0.1 50 100 1 12 12 x\n", r"d.txt:3: not a number"),
+    ("marker time dt_micro device_timestamp current0 voltage0 power0 power_total\n"
+     "S 0.2 50 100 1 12 12 12\nS 0.1 50 150 1 12 12 12\n", r"d.txt:3: time 0.1 s goes back"),
+    ("marker time dt_micro device_timestamp current0 voltage0 power0 power_total\n"
+     "S 0.1 50 100 1 12 12 12\nM 0.3 0.2 1 \"x\"\n", r"d.txt:3: malformed marker"),
+    ("marker time dt_micro device_timestamp current0 voltage0 power0 power_total\n"
+     "S 0.1 50 100 1 12 12 12\nX 1\n", r"d.txt:3: line starts with 'X'"),
+    ("marker time dt_micro device_timestamp current0 voltage0 power0 power_total\n",
+     r"no 'S' sample lines"),
+])
+def test_malformed_psrun_dump_is_named_by_line(tmp_path, text, match):
+    dump = tmp_path / "d.txt"
+    dump.write_text(text)
+    with pytest.raises(RunFileError, match=match):
+        import_files("psrun", [str(dump)], str(tmp_path / "d.h5"))

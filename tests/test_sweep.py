@@ -25,7 +25,10 @@ from wattlab.acquisition.sweep import (
 )
 from wattlab.analysis.sweep_results import measure_run, read_sweep
 from wattlab.cli import main
+from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError
+from wattlab.hardware.fake_nvml import FakeNvml
+from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule
 
 
 def test_parse_settings() -> None:
@@ -45,8 +48,11 @@ def test_dry_run_prints_plan_and_checks_range(capsys: pytest.CaptureFixture[str]
     assert "100 W outside its range 200-700 W" in capsys.readouterr().err
     assert main(["sweep", "--simulate", "--sm-clocks", "1000", "--dry-run"]) == 2
     assert "nearest: 1005 MHz" in capsys.readouterr().err
-    assert main(["sweep", "--simulate", "--mem-clocks", "1593", "--dry-run"]) == 2
-    assert "memory clock sweeps are not supported" in capsys.readouterr().err
+    assert main(["sweep", "--simulate", "--mem-clocks", "1600", "--dry-run"]) == 2
+    assert "memory clock(s) 1600 MHz not supported (nearest: 1593 MHz" in capsys.readouterr().err
+    assert main(["sweep", "--simulate", "--mem-clocks", "1593,2619", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "memory clock unlocked" in out and "memory clock 1593 MHz, repeat 1/1" in out
 
 
 def test_sweep_records_each_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,3 +150,85 @@ def test_signal_mid_sweep_restores(tmp_path: Path, signum: int) -> None:
     assert t.attrs["interrupted"] and not t.attrs["complete"]
     assert 1 <= len(t) < 6
     assert json.loads(t.attrs["restored_json"]) == {"power_limit_w": 700.0}
+
+
+def _fixed_clock_gpu(util: float = 1.0) -> tuple[SimulatedGpu, list[int]]:
+    now = [0]
+    gpu = SimulatedGpu(seed=5, schedule=WorkloadSchedule.constant(util, 100.0),
+                       clock_ns=lambda: now[0], start_ns=0, unix_offset_ns=0)
+    return gpu, now
+
+
+def test_memory_clock_physics_of_the_simulated_gpu() -> None:
+    s = 1_000_000_000
+    base, _ = _fixed_clock_gpu()
+    untouched = (base.work_done(0, 2 * s), base.true_energy_j(0, 2 * s))
+    gpu, now = _fixed_clock_gpu()
+    gpu.set_power_limit_w(400.0)
+    ref, _ = _fixed_clock_gpu()
+    ref.set_power_limit_w(400.0)
+    # locking the memory clock at its default (top) clock changes nothing, to the bit
+    gpu.set_locked_mem_clocks_mhz(2619, 2619)
+    assert gpu.mem_clock_mhz == 2619
+    assert (gpu.work_done(0, s), gpu.true_energy_j(0, s)) == (ref.work_done(0, s),
+                                                              ref.true_energy_j(0, s))
+    now[0] = s
+    gpu.set_locked_mem_clocks_mhz(1593, 1593)
+    assert gpu.mem_clock_mhz == 1593 and gpu.locked_mem_clocks_mhz == (1593.0, 1593.0)
+    w_low, p_low = gpu.work_done(s, 2 * s), gpu.mean_power_w(s, 2 * s)
+    w_ref, p_ref = ref.work_done(s, 2 * s), ref.mean_power_w(s, 2 * s)
+    # the memory-bound 30 % of the work takes 2619/1593 times as long; the power cap
+    # (400 W) gives the core the memory's saved watts, so it speeds up a little
+    slow = 1 + 0.3 * (2619 / 1593 - 1)
+    assert w_ref / w_low == pytest.approx(slow, rel=0.06)
+    assert w_ref / w_low < slow
+    assert p_low == pytest.approx(p_ref, rel=0.02)  # still at the cap
+    # uncapped (half load: 570 W under the 700 W limit): memory power falls with the clock
+    free, now2 = _fixed_clock_gpu(0.5)
+    now2[0] = s
+    free.set_locked_mem_clocks_mhz(1593, 1593)
+    now2[0] = 2 * s
+    free.reset_locked_mem_clocks()
+    assert free.mem_clock_mhz == 2619
+    drop = free.mean_power_w(0, s) - free.mean_power_w(s, 2 * s)
+    assert drop == pytest.approx((15 + 120 * 0.5) * (1 - 1593 / 2619), rel=0.1)
+    assert free.work_done(0, s) / free.work_done(s, 2 * s) == pytest.approx(slow, rel=1e-3)
+    assert (base.work_done(0, 2 * s), base.true_energy_j(0, 2 * s)) == untouched
+
+
+def test_memory_clock_driver_setters_through_fake_nvml() -> None:
+    gpu, _ = _fixed_clock_gpu()
+    fake = FakeNvml([gpu])
+    with NvmlDriver(fake) as driver:
+        driver.lock_memory_clocks(0, 1593, 1593)
+        assert driver.read_state(0)["mem_clock_hz"] == 1593e6
+        driver.reset_memory_clocks(0)
+        assert driver.read_state(0)["mem_clock_hz"] == 2619e6 and gpu.locked_mem_clocks_mhz is None
+        assert "nvmlDeviceSetMemoryLockedClocks" in fake.calls
+        with pytest.raises(UsageError, match="memory clock range 2000-1000 MHz"):
+            driver.lock_memory_clocks(0, 2000, 1000)
+        gpu.settable = False
+        with pytest.raises(NvmlError, match="GPU 0: locking the memory clock needs root"):
+            driver.lock_memory_clocks(0, 1593, 1593)
+        with pytest.raises(NvmlError, match="resetting the memory clock needs root"):
+            driver.reset_memory_clocks(0)
+
+
+def test_memory_clock_sweep_restores_on_error(tmp_path: Path) -> None:
+    driver, gpu, _ = open_driver(True, 0)
+    seen = []
+
+    def measure(path: str, g: int, runtime: float | None) -> tuple[float, dict[str, float],
+                                                                   dict[str, float]]:
+        seen.append(gpu.mem_clock_mhz)
+        raise RuntimeError("disk full")
+
+    try:
+        with pytest.raises(RuntimeError, match="disk full"):
+            run_sweep(SweepPlan("mem_clock", [1593.0, 2619.0], sim_work_s=0.1), driver,
+                      str(tmp_path / "m.h5"), measure=measure, save=lambda r, a: None,
+                      sim_gpu=gpu, log=lambda s: None)
+        assert seen == [1593] and gpu.locked_mem_clocks_mhz is None
+        assert gpu.mem_clock_mhz == 2619
+    finally:
+        driver.close()

@@ -1,8 +1,13 @@
-"""The session supervisor: recorder process, source threads, the workload, clean stops.
+"""The session supervisor: recorder process, sources, the workload, clean stops.
 
 Order matters for "nothing lost": the recorder starts first, every source is open and
 acknowledged (start handshake) before the workload starts, and at the end the sources
 say "end" before the recorder is told to stop, so it knows when it has everything.
+
+While the workload runs a supervisor thread watches the processes: a recorder that dies
+is restarted on the same file (it resumes from the last flush and the sources resend
+what it lacks, see docs/reliability.md); a source process that dies is recorded in
+``/gaps`` and, when asked (``restart_sources``), started again, numbering on.
 """
 
 from __future__ import annotations
@@ -22,7 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wattlab.acquisition.markers import BUS_ENV
-from wattlab.acquisition.source import Acquirer, SourceRunner
+from wattlab.acquisition.source import (
+    SOURCE_BACKLOG_BYTES,
+    SOURCE_WINDOW_BYTES,
+    Acquirer,
+    SourceRunner,
+)
+from wattlab.acquisition.source_process import ProcessSourceRunner, SourceSpec, describe_exit
 from wattlab.errors import BusError, UsageError, WattlabError
 from wattlab.runtime_env import workload_environ
 from wattlab.samples import Marker
@@ -31,6 +42,8 @@ from wattlab.sync.recorder import RecorderConfig, hosts_ready
 
 RECORDER_START_TIMEOUT_S = 20.0
 HANDSHAKE_TIMEOUT_S = 15.0
+SUPERVISE_INTERVAL_S = 0.1
+Runner = SourceRunner | ProcessSourceRunner
 
 
 @dataclass
@@ -42,6 +55,8 @@ class SessionResult:
     recorder_status: dict[str, Any]
     source_errors: dict[str, str]
     interrupted: bool
+    recorder_restarts: int = 0
+    source_restarts: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -58,6 +73,13 @@ class Session:
     # remote agents: RecorderConfig fields listen, server_key, allowed_keys, expected_hosts
     recorder_options: dict[str, Any] = field(default_factory=dict)
     agent_timeout_s: float = 60.0
+    # sources in their own processes (built from JSON specs), supervised
+    source_specs: list[SourceSpec] = field(default_factory=list)
+    restart_sources: bool = False
+    max_restarts: int = 3
+    restart_recorder: bool = True
+    window_bytes: int = SOURCE_WINDOW_BYTES
+    backlog_bytes: int = SOURCE_BACKLOG_BYTES
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def request_stop(self) -> None:
@@ -72,7 +94,7 @@ class Session:
             raise UsageError(f"{self.output}: folder {parent} does not exist")
 
     def _start_recorder(
-        self, endpoint: str, t0_ns: int, expected: list[str]
+        self, endpoint: str, t0_ns: int, expected: list[str], resume: bool = False
     ) -> subprocess.Popen[bytes]:
         attrs = {
             "wattlab_version": _version(),
@@ -85,13 +107,16 @@ class Session:
         }
         config = RecorderConfig(endpoint=endpoint, output=self.output, session_start_ns=t0_ns,
                                 root_attrs=attrs, expected_sources=expected,
-                                flush_interval_s=self.flush_interval_s, **self.recorder_options)
+                                flush_interval_s=self.flush_interval_s, resume=resume,
+                                parent_pid=os.getpid(), **self.recorder_options)
         return subprocess.Popen([sys.executable, "-m", "wattlab.sync.recorder", config.to_json()])
 
     def _wait_for(self, control: ControlClient, recorder: subprocess.Popen[bytes],
                   predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self._stop.is_set():
+                return  # stopping before the workload started: no need to wait
             if recorder.poll() is not None:
                 raise WattlabError(f"recorder exited with status {recorder.returncode} ({what})")
             try:
@@ -106,41 +131,60 @@ class Session:
         self._check_output()
         endpoint = local_endpoint()
         t0_ns = time.monotonic_ns()
-        runners = [SourceRunner(name, acq, endpoint) for name, acq in self.acquirers]
+        window, backlog = self.window_bytes, self.backlog_bytes
+        runners: list[Runner] = [
+            SourceRunner(name, acq, endpoint, window_bytes=window, backlog_bytes=backlog)
+            for name, acq in self.acquirers]
+        runners += [ProcessSourceRunner(spec, endpoint, window_bytes=window, backlog_bytes=backlog)
+                    for spec in self.source_specs]
         recorder = self._start_recorder(endpoint, t0_ns, [])
         control = ControlClient(endpoint)
         marker_pub = BusPublisher(endpoint)
+        supervisor = _Supervisor(self, endpoint, t0_ns, recorder, runners)
         exit_code: int | None = None
-        try:
-            self._wait_for(control, recorder, lambda s: True, RECORDER_START_TIMEOUT_S,
-                           "the recorder to start")
-            expected: list[str] = []
-            for runner in runners:
-                expected += [d.source_id for d in runner.start()]
-            self._wait_for(control, recorder, lambda s: set(expected) <= set(s["sources"]),
-                           HANDSHAKE_TIMEOUT_S, f"the recorder to acknowledge {expected}")
-            hosts = list(self.recorder_options.get("expected_hosts", []))
-            if hosts:
-                self._wait_for(control, recorder, lambda s: hosts_ready(s, hosts),
-                               self.agent_timeout_s, f"agents {hosts} to connect and sync clocks")
-            with _signals_stop(self):
+        # from here on Ctrl-C / SIGTERM stop the session cleanly, even while it starts
+        with _signals_stop(self):
+            try:
+                self._wait_for(control, recorder, lambda s: True, RECORDER_START_TIMEOUT_S,
+                               "the recorder to start")
+                expected: list[str] = []
+                for runner in runners:
+                    if isinstance(runner, ProcessSourceRunner):
+                        runner.launch()  # all children start (import, open) at the same time
+                for runner in runners:
+                    opened = (runner.wait_open() if isinstance(runner, ProcessSourceRunner)
+                              else runner.start())
+                    expected += [d.source_id for d in opened]
+                self._wait_for(control, recorder, lambda s: set(expected) <= set(s["sources"]),
+                               HANDSHAKE_TIMEOUT_S, f"the recorder to acknowledge {expected}")
+                hosts = list(self.recorder_options.get("expected_hosts", []))
+                if hosts:
+                    self._wait_for(control, recorder, lambda s: hosts_ready(s, hosts),
+                                   self.agent_timeout_s,
+                                   f"agents {hosts} to connect and sync clocks")
+                supervisor.start()
                 marker_pub.send_marker(Marker(time.monotonic_ns(), "session", "begin", "session"))
                 exit_code = self._run_workload(endpoint, runners)
                 marker_pub.send_marker(Marker(time.monotonic_ns(), "session", "end", "session",
                                               {"command_exit_code": exit_code}))
-        finally:
-            for runner in runners:
-                runner.stop()
-            marker_pub.close()
-            status = self._stop_recorder(control, recorder)
-            control.close()
+            finally:
+                for runner in runners:
+                    runner.request_stop()
+                for runner in runners:
+                    runner.stop()
+                marker_pub.close()
+                supervisor.stop()
+                status = self._stop_recorder(control, supervisor.recorder)
+                control.close()
         errors = {r.name: r.error for r in runners if r.error}
-        return SessionResult(self.output, exit_code, status, errors, self._stop.is_set())
+        errors.update(supervisor.errors)
+        return SessionResult(self.output, exit_code, status, errors, self._stop.is_set(),
+                             supervisor.recorder_restarts, dict(supervisor.source_restarts))
 
-    def _run_workload(self, endpoint: str, runners: list[SourceRunner]) -> int | None:
+    def _run_workload(self, endpoint: str, runners: list[Runner]) -> int | None:
         started = time.monotonic()
         child: subprocess.Popen[bytes] | None = None
-        if self.command:
+        if self.command and not self._stop.is_set():
             env = workload_environ(**{BUS_ENV: endpoint})
             try:
                 child = subprocess.Popen(self.command, env=env)
@@ -184,6 +228,91 @@ class Session:
             recorder.kill()
             recorder.wait()
         return status
+
+
+class _Supervisor:
+    """Watches the recorder and the source processes while the session runs (a thread).
+
+    It has its own control socket (ZeroMQ sockets are not shared between threads).
+    """
+
+    def __init__(self, session: Session, endpoint: str, t0_ns: int,
+                 recorder: subprocess.Popen[bytes], runners: list[Runner]) -> None:
+        self.session = session
+        self.endpoint = endpoint
+        self.t0_ns = t0_ns
+        self.recorder = recorder
+        self.runners = runners
+        self.recorder_restarts = 0
+        self.source_restarts: dict[str, int] = {}
+        self.errors: dict[str, str] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching, once the sources have ended.
+
+        Until then the recorder may still be restarted while they close, so their last
+        batches reach the file.
+        """
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        control = ControlClient(self.endpoint)
+        try:
+            while not self._done.wait(SUPERVISE_INTERVAL_S):
+                self._check_recorder()
+                for runner in self.runners:
+                    if isinstance(runner, ProcessSourceRunner):
+                        self._check_source(control, runner)
+        finally:
+            control.close()
+
+    def _check_recorder(self) -> None:
+        code = self.recorder.poll()
+        if code is None:
+            return
+        if not self.session.restart_recorder or self.recorder_restarts >= self.session.max_restarts:
+            self.errors["recorder"] = f"recorder exited with status {code}; not restarted"
+            self.session.request_stop()
+            self._done.set()
+            return
+        self.recorder_restarts += 1
+        print(f"wattlab: the recorder exited with status {code}; restarting it on "
+              f"{self.session.output} (restart {self.recorder_restarts})", file=sys.stderr)
+        self.recorder = self.session._start_recorder(self.endpoint, self.t0_ns, [], resume=True)
+
+    def _check_source(self, control: ControlClient, runner: ProcessSourceRunner) -> None:
+        code = runner.died()
+        if code is None:
+            return
+        how = describe_exit(code)
+        if code != 1:  # status 1: the source said so itself (gap and end already sent)
+            for desc in runner.descriptors:
+                try:
+                    control.request("source_lost", timeout_s=5.0, source_id=desc.source_id,
+                                    reason=f"{how}; samples lost")
+                except BusError as e:
+                    print(f"wattlab: could not tell the recorder about {runner.name}: {e}",
+                          file=sys.stderr)
+        done = self.source_restarts.get(runner.name, 0)
+        if not self.session.restart_sources or done >= self.session.max_restarts:
+            runner.stop(1.0)
+            self.errors[runner.name] = how
+            return
+        self.source_restarts[runner.name] = done + 1
+        print(f"wattlab: source {runner.name}: {how}; restarting it (restart {done + 1})",
+              file=sys.stderr)
+        try:
+            runner.start(continue_seq=True)
+        except WattlabError as e:
+            self.errors[runner.name] = f"{how}; restart failed: {e}"
+            runner.stop(1.0)
 
 
 @contextmanager

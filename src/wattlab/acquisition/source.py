@@ -62,17 +62,35 @@ class Flushable(Protocol):
 
 # A poll's chunks of one stream leave as one message (the runner flushes after each poll).
 COALESCE_ROWS = 65536
+# What a source keeps for the recorder: sent but not yet on disk (replayed to a restarted
+# recorder), then unsent; beyond both, batches are dropped and the loss sent as a gap.
+SOURCE_WINDOW_BYTES = 64 * 1024 * 1024
+SOURCE_BACKLOG_BYTES = 32 * 1024 * 1024
 
 
 class SourceRunner:
     """Drives one acquirer in its own thread and publishes its readings."""
 
-    def __init__(self, name: str, acquirer: Acquirer, endpoint: str) -> None:
+    def __init__(
+        self, name: str, acquirer: Acquirer, endpoint: str, *,
+        window_bytes: int = SOURCE_WINDOW_BYTES, backlog_bytes: int = SOURCE_BACKLOG_BYTES,
+        continue_seq: bool = False,
+    ) -> None:
+        """Prepare (the thread starts in ``start``).
+
+        ``continue_seq``: number batches on from where the recorder has the stream (a
+        restarted source process), after waiting for the recorder's acknowledgement.
+        """
         self.name = name
         self.acquirer = acquirer
         self.endpoint = endpoint
+        self.window_bytes = window_bytes
+        self.backlog_bytes = backlog_bytes
+        self.continue_seq = continue_seq
         self.descriptors: list[SourceDescriptor] = []
         self.error: str | None = None
+        self.dropped_batches = 0
+        self.dropped_rows = 0
         self._stop = threading.Event()
         self._opened = threading.Event()
         self._seq: dict[str, int] = {}
@@ -87,9 +105,14 @@ class SourceRunner:
             raise WattlabError(f"source {self.name}: {self.error}")
         return self.descriptors
 
+    def request_stop(self) -> None:
+        """Tell the thread to finish (it reads what is left, says "end", closes)."""
+        self._stop.set()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
-        self._thread.join(timeout_s)
+        if self._thread.ident is not None:  # never started (an earlier source failed)
+            self._thread.join(timeout_s)
 
     @property
     def alive(self) -> bool:
@@ -111,7 +134,8 @@ class SourceRunner:
         publisher.flush()
 
     def _run(self) -> None:
-        publisher = BusPublisher(self.endpoint, coalesce_rows=COALESCE_ROWS)
+        publisher = BusPublisher(self.endpoint, coalesce_rows=COALESCE_ROWS,
+                                 window_bytes=self.window_bytes, backlog_bytes=self.backlog_bytes)
         try:
             try:
                 self.descriptors = self.acquirer.open()
@@ -122,6 +146,9 @@ class SourceRunner:
             for desc in self.descriptors:
                 self._seq[desc.source_id] = 0
                 publisher.announce(desc)
+            if self.continue_seq:
+                publisher.wait_ready(30.0)
+                self._seq.update(publisher.acked_seq_next)
             self._opened.set()
             while not self._stop.is_set():
                 self._publish(publisher, self.acquirer.poll())
@@ -140,4 +167,6 @@ class SourceRunner:
                 for source_id, seq in self._seq.items():
                     publisher.end(source_id, seq - 1)
                 publisher.close()
+                self.dropped_batches = publisher.dropped_batches
+                self.dropped_rows = publisher.dropped_rows
                 self._opened.set()

@@ -113,9 +113,6 @@ class SettingsGuard:
     """Applies settings to one GPU and restores the original, exactly once, on any exit."""
 
     def __init__(self, driver: NvmlDriver, gpu: int, knob: str) -> None:
-        if knob == "mem_clock":
-            raise UsageError("memory clock sweeps are not supported yet: the NVML driver has "
-                             "no memory-clock setter (nvmlDeviceSetMemoryLockedClocks)")
         self.driver = driver
         self.gpu = gpu
         self.knob = knob
@@ -127,6 +124,8 @@ class SettingsGuard:
     def describe_original(self) -> str:
         if self.knob == "power_limit":
             return f"power limit {self.original_power_limit_w:g} W"
+        if self.knob == "mem_clock":
+            return "memory clock unlocked (restored by resetting the lock)"
         return "SM clock unlocked (restored by resetting the lock)"
 
     def check(self, settings: list[float]) -> None:
@@ -142,14 +141,16 @@ class SettingsGuard:
                 raise UsageError(f"GPU {gpu}: power limit(s) {', '.join(f'{b:g}' for b in bad)} "
                                  f"W outside its range {lo:g}-{hi:g} W")
         else:
-            allowed = self.info.sm_clocks_mhz
+            what = "memory" if self.knob == "mem_clock" else "SM"
+            allowed = (self.info.mem_clocks_mhz if self.knob == "mem_clock"
+                       else self.info.sm_clocks_mhz)
             if not allowed:
-                raise UsageError(f"GPU {gpu}: it lists no supported SM clocks")
+                raise UsageError(f"GPU {gpu}: it lists no supported {what} clocks")
             bad = [x for x in settings if int(x) != x or int(x) not in allowed]
             if bad:
                 near = [_nearest(allowed, b) for b in bad]
                 raise UsageError(
-                    f"GPU {gpu}: SM clock(s) {', '.join(f'{b:g}' for b in bad)} MHz not "
+                    f"GPU {gpu}: {what} clock(s) {', '.join(f'{b:g}' for b in bad)} MHz not "
                     f"supported (nearest: {', '.join(map(str, near))} MHz; range "
                     f"{min(allowed)}-{max(allowed)} MHz)")
 
@@ -157,6 +158,8 @@ class SettingsGuard:
         self.changed = True  # before the call: a half-applied setting is restored too
         if self.knob == "power_limit":
             self.driver.set_power_limit_w(self.gpu, x)
+        elif self.knob == "mem_clock":
+            self.driver.lock_memory_clocks(self.gpu, int(x), int(x))
         else:
             self.driver.lock_sm_clocks(self.gpu, int(x), int(x))
 
@@ -167,6 +170,9 @@ class SettingsGuard:
         if self.knob == "power_limit":
             self.driver.set_power_limit_w(self.gpu, self.original_power_limit_w)
             self.restored = {"power_limit_w": self.driver.get_power_limit_w(self.gpu)}
+        elif self.knob == "mem_clock":
+            self.driver.reset_memory_clocks(self.gpu)
+            self.restored = {"mem_clocks": "reset"}
         else:
             self.driver.reset_clocks(self.gpu)
             self.restored = {"sm_clocks": "reset"}

@@ -18,12 +18,32 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.run_file import Run, SourceView
-from wattlab.analysis.summary import power_channel
 from wattlab.errors import RunFileError, UsageError
 
 FloatArray = npt.NDArray[np.float64]
 GAP_FACTOR = 5.0
 """Two samples further apart than this many median spacings enclose a gap."""
+PREFERRED_POWER_CHANNELS = ("power_total_w", "power_w")
+
+
+def power_channel(view: SourceView) -> str | None:
+    """The channel that is the source's power draw.
+
+    A source names it in ``config["power_channel"]`` (null: it measures no power, e.g. a
+    stream whose only watts are a power *limit*); otherwise a preferred name, else the
+    first channel in W.
+    """
+    config = view.descriptor.get("config", {})
+    if "power_channel" in config:
+        chosen = config["power_channel"]
+        return chosen if chosen in view.channel_names else None
+    for name in PREFERRED_POWER_CHANNELS:
+        if name in view.channel_names and view.unit(name) == "W":
+            return name
+    for name, unit in zip(view.channel_names, view.units, strict=True):
+        if unit == "W":
+            return name
+    return None
 
 
 def json_safe(obj: Any) -> Any:
@@ -86,7 +106,9 @@ class Cumulative:
     ``integral`` is ∫value dt (J for a power stream) from the first sample; ``uncovered_s``
     counts time inside the data span that falls in gaps (not integrated); ``span_s`` is the
     (first, last) sample time. Queries outside the span are clipped to it: callers add the
-    outside part as uncovered.
+    outside part as uncovered. ``bridge`` is what the gaps would add if each were bridged
+    by a straight line between its edge samples (a best estimate, never part of
+    ``integral``), and ``unbridged_s`` the gap time where an edge value is not finite.
     """
 
     times_s: FloatArray
@@ -95,6 +117,8 @@ class Cumulative:
     span_s: tuple[float, float]
     n_gaps: int = 0
     gaps_s: list[tuple[float, float]] = field(default_factory=list)
+    bridge: FloatArray = field(default_factory=lambda: np.zeros(0))
+    unbridged_s: FloatArray = field(default_factory=lambda: np.zeros(0))
 
 
 def chunks_s(
@@ -124,10 +148,12 @@ def cumulative_at(
         raise UsageError("cumulative_at needs sorted query times")
     integral = np.full(q.shape, np.nan)
     uncovered = np.full(q.shape, np.nan)
+    bridge = np.full(q.shape, np.nan)
+    unbridged = np.full(q.shape, np.nan)
     gaps = sorted(known_gaps or [])
     gap_a = np.array([g[0] for g in gaps])
     gap_b = np.sort(np.array([g[1] for g in gaps]))
-    acc_i = acc_u = 0.0
+    acc_i = acc_u = acc_b = acc_n = 0.0
     prev: tuple[float, float] | None = None
     first = last = np.nan
     gap_list: list[tuple[float, float]] = []
@@ -149,27 +175,32 @@ def cumulative_at(
             lo = np.searchsorted(gap_a, t[1:], side="left")  # gaps starting before seg end
             hi = np.searchsorted(gap_b, t[:-1], side="right")  # gaps ending before seg start
             bad |= lo > hi
+        line = 0.5 * (v[1:] + v[:-1]) * dt
+        fin = np.isfinite(line)
+        brg = np.where(bad & fin, line, 0.0)
+        nob = np.where(bad & ~fin, dt, 0.0)
         seg = np.where(bad, 0.0, seg)
         unc = np.where(bad, dt, 0.0)
         for i in np.flatnonzero(bad):
             gap_list.append((float(t[i]), float(t[i + 1])))
-        cum_i = acc_i + np.concatenate(([0.0], np.cumsum(seg)))
-        cum_u = acc_u + np.concatenate(([0.0], np.cumsum(unc)))
+        cums = [acc + np.concatenate(([0.0], np.cumsum(x)))
+                for acc, x in ((acc_i, seg), (acc_u, unc), (acc_b, brg), (acc_n, nob))]
         a = int(np.searchsorted(q, t[0], side="left"))
         b = int(np.searchsorted(q, t[-1], side="right"))
         if b > a:
-            integral[a:b] = np.interp(q[a:b], t, cum_i)
-            uncovered[a:b] = np.interp(q[a:b], t, cum_u)
-        acc_i, acc_u = float(cum_i[-1]), float(cum_u[-1])
+            for out, cum in zip((integral, uncovered, bridge, unbridged), cums, strict=True):
+                out[a:b] = np.interp(q[a:b], t, cum)
+        acc_i, acc_u, acc_b, acc_n = (float(c[-1]) for c in cums)
         prev = (float(t[-1]), float(v[-1]))
         last = float(t[-1])
     if prev is None:
-        return Cumulative(q, integral, uncovered, (np.nan, np.nan))
-    integral[q < first] = 0.0
-    uncovered[q < first] = 0.0
-    integral[q > last] = acc_i
-    uncovered[q > last] = acc_u
-    return Cumulative(q, integral, uncovered, (first, last), len(gap_list), gap_list)
+        return Cumulative(q, integral, uncovered, (np.nan, np.nan), 0, [], bridge, unbridged)
+    for out, acc in ((integral, acc_i), (uncovered, acc_u), (bridge, acc_b),
+                     (unbridged, acc_n)):
+        out[q < first] = 0.0
+        out[q > last] = acc
+    return Cumulative(q, integral, uncovered, (first, last), len(gap_list), gap_list,
+                      bridge, unbridged)
 
 
 def bin_means(cum: Cumulative, tolerance: float = 1e-9) -> FloatArray:

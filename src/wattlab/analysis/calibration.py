@@ -55,6 +55,12 @@ FloatArray = npt.NDArray[np.float64]
 RECORD_FORMAT = "wattlab-calibration/1"
 KERNELS = ("boxcar", "first_order")
 MAX_KERNEL_S = 3.0
+MAX_HOLE_FRAC = 0.05
+"""A kernel window may miss this fraction of reference (a meter's lost data) and still count."""
+MIN_BLOCK_POINTS = 20
+"""Fewest readings per batch-means block; a short run gets fewer blocks (at least 3)."""
+MIN_OVERLAP_FACTOR = 3.0
+"""Reference and target must overlap this many (max lag + longest kernel) spans."""
 CONVENTION = ("causal kernels starting at 0 (a boxcar averages the trailing window "
               "[u-tau-w, u-tau]); tau is the pure delay; effective delay = tau + centroid")
 
@@ -69,7 +75,7 @@ def est(value: float, se: float) -> dict[str, float | None]:
 
 @dataclass
 class _Ref:
-    """The reference as a cumulative integral on a fine grid."""
+    """The reference as a cumulative integral on a fine grid (NaN bins: reference gaps)."""
 
     edges: FloatArray
     cum_j: FloatArray
@@ -79,26 +85,48 @@ class _Ref:
     def integral(self, t: FloatArray) -> FloatArray:
         return np.interp(t, self.edges, self.cum_j)
 
-    def bad(self, a: FloatArray, b: FloatArray) -> npt.NDArray[np.bool_]:
-        """Windows [a, b] that leave the grid or touch a reference gap."""
+    def hole_s(self, a: FloatArray, b: FloatArray) -> FloatArray:
+        """Seconds of reference gap inside each window [a, b]."""
+        bins = np.interp(b, self.edges, self.cum_nan) - np.interp(a, self.edges, self.cum_nan)
+        return np.asarray(bins * float(self.edges[1] - self.edges[0]), dtype=np.float64)
+
+    def bad(self, a: FloatArray, b: FloatArray, hole_frac: float = 0.0
+            ) -> npt.NDArray[np.bool_]:
+        """Windows [a, b] that leave the grid or have more than ``hole_frac`` of gap."""
         outside = (a < self.edges[0]) | (b > self.edges[-1])
-        holes = np.interp(b, self.edges, self.cum_nan) - np.interp(a, self.edges, self.cum_nan)
-        return np.asarray(outside | (holes > 1e-9), dtype=np.bool_)
+        holes = self.hole_s(a, b) > hole_frac * (b - a) + 1e-9
+        return np.asarray(outside | holes, dtype=np.bool_)
+
+    def cum_filled(self) -> FloatArray:
+        """Running integral with gaps bridged (for energies of windows with small gaps)."""
+        dt = np.diff(self.edges)
+        return np.concatenate(([0.0], np.cumsum(self.filled_means() * dt)))
+
+    def filled_means(self) -> FloatArray:
+        """Bin means with gaps filled by interpolation (only for kernels that need a series)."""
+        ok = np.isfinite(self.means)
+        if ok.all() or not ok.any():
+            return np.where(ok, self.means, 0.0)
+        centres = 0.5 * (self.edges[1:] + self.edges[:-1])
+        return np.asarray(np.interp(centres, centres[ok], self.means[ok]), dtype=np.float64)
 
 
 def _boxcar(ref: _Ref, x: FloatArray, tau: float, w: float) -> FloatArray:
+    """Mean over the covered part of each window; NaN where gaps exceed MAX_HOLE_FRAC."""
     a, b = x - tau - w, x - tau
-    m = (ref.integral(b) - ref.integral(a)) / w
-    return np.where(ref.bad(a, b), np.nan, m)
+    covered = w - ref.hole_s(a, b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = (ref.integral(b) - ref.integral(a)) / covered
+    return np.where(ref.bad(a, b, MAX_HOLE_FRAC), np.nan, m)
 
 
 def _first_order(ref: _Ref, x: FloatArray, tau: float, tc: float) -> FloatArray:
     dt = float(ref.edges[1] - ref.edges[0])
     alpha = math.exp(-dt / tc)
-    means = np.where(np.isfinite(ref.means), ref.means, 0.0)
+    means = ref.filled_means()
     y, _ = lfilter([1 - alpha], [1, -alpha], means, zi=[alpha * means[0]])
     m = np.interp(x - tau, ref.edges[1:], y)
-    return np.where(ref.bad(x - tau - 5 * tc, x - tau), np.nan, m)
+    return np.where(ref.bad(x - tau - 5 * tc, x - tau, MAX_HOLE_FRAC), np.nan, m)
 
 
 MODELS: dict[str, Callable[[_Ref, FloatArray, float, float], FloatArray]] = {
@@ -173,6 +201,40 @@ def _target_updates(view: SourceView, channel: str) -> tuple[FloatArray, FloatAr
     return t[new], v[new], held
 
 
+def update_lattice(x: FloatArray) -> tuple[FloatArray, float, float] | None:
+    """The driver's periodic update instants behind the times readings were first seen.
+
+    A reading is first seen at the poll after the driver's update, so first-seen times lag
+    the updates by 0..1 poll interval; if the updates are periodic (readings fall on a
+    lattice n·P + u0 with at most one reading per tick), the lattice's lower envelope gives
+    the update instants (a reading after a stalled poll keeps its own time, or the next
+    update's if that is earlier). Returns (update times, period s, mean poll delay s) or
+    None when the readings are not periodic.
+    """
+    if x.size < 20:
+        return None
+    p0 = float(np.median(np.diff(x)))
+    if not p0 > 0:
+        return None
+    n = np.round((x - x[0]) / p0)
+    period = float(np.polyfit(n, x, 1)[0])
+    n = np.round((x - x[0]) / period)
+    r = x - x[0] - n * period
+    half = x.size // 2  # lower envelope: the earliest reading in each half fixes the slope
+    i1, i2 = int(np.argmin(r[:half])), half + int(np.argmin(r[half:]))
+    if n[i2] > n[i1]:
+        period += float(r[i2] - r[i1]) / float(n[i2] - n[i1])
+    u0 = float(x[0] + (x - x[0] - np.round((x - x[0]) / period) * period).min())
+    n = np.floor((x - u0) / period + 1e-6)  # the tick each reading was first seen after
+    delay = x - u0 - n * period
+    snap = delay <= 0.8 * period  # a stalled poll: keep its first-seen time
+    snap[1:] &= np.diff(n) >= 1
+    if snap.mean() < 0.9:
+        return None
+    u = np.minimum.accumulate(np.where(snap, x - delay, x)[::-1])[::-1]
+    return u, period, float(delay[snap].mean())
+
+
 def _ref_grid(run: Run, view: SourceView, channel: str, span: tuple[float, float],
               rate_hz: float) -> _Ref:
     edges = grid_edges(span[0], span[1], rate_hz)
@@ -194,9 +256,11 @@ def _phase_errors(
         a, b = ph.t0_s, ph.t1_s
         if a < span[0] or b > span[1] or b <= a:
             continue
-        if ref.bad(np.array([a]), np.array([b]))[0]:
+        aa, bb = np.array([a]), np.array([b])
+        if ref.bad(aa, bb, MAX_HOLE_FRAC)[0]:
             continue
-        e_ref = float(ref.integral(np.array([b]))[0] - ref.integral(np.array([a]))[0])
+        hole = float(ref.hole_s(aa, bb)[0])  # a meter's lost data, bridged by a line
+        e_ref = float(np.diff(np.interp([a, b], ref.edges, ref.cum_filled()))[0])
         raw = tgt_cum(np.array([a, b]))
         e_raw = float(raw[1] - raw[0])
         shifted = tgt_cum(np.array([a + d[0], b + d[0]]))
@@ -205,7 +269,7 @@ def _phase_errors(
                                        p_edges_w=tgt_power(np.array([a + d[0], b + d[0]])))
         rows.append({
             "name": ph.name, "index": ph.index, "t0_s": a, "t1_s": b, "duration_s": b - a,
-            "reference_j": e_ref, "target_j": e_raw, "corrected_j": e_cor,
+            "reference_j": e_ref, "reference_gap_s": hole, "target_j": e_raw, "corrected_j": e_cor,
             "corrected_se_j": e_se,
             "error_before_pct": 100 * (e_raw - e_ref) / e_ref if e_ref else None,
             "error_after_pct": 100 * (e_cor - e_ref) / e_ref if e_ref else None,
@@ -223,12 +287,15 @@ def calibrate(
     max_lag_s: float = 2.0,
     kernels: tuple[str, ...] = KERNELS,
     min_phase_s: float = 2.0,
+    update_times: str = "auto",
 ) -> dict[str, Any]:
     """Fit ``target`` (e.g. ``gpu0.power:average_power_w``) against ``reference``.
 
     Returns a calibration record (JSON-safe dict): kernel, τ, width, gain, offset with
     standard errors, fit residual, update period and coverage, power-dependent gain test,
-    and energy error before/after correction overall and per phase.
+    and energy error before/after correction overall and per phase. ``update_times``:
+    held readings are observed at their driver update instants when these are periodic
+    (``auto``; see ``update_lattice``), or always (``lattice``) / never (``first_seen``).
     """
     for kern in kernels:
         if kern not in MODELS:
@@ -236,13 +303,22 @@ def calibrate(
     ref_view, ref_ch = resolve(run, reference)
     tgt_view, tgt_ch = resolve(run, target)
     r0, r1 = span_s(ref_view)
+    if update_times not in ("auto", "lattice", "first_seen"):
+        raise UsageError(f"update_times {update_times!r}: use auto, lattice or first_seen")
     x_all, y_all, held = _target_updates(tgt_view, tgt_ch)
     period = float(np.median(np.diff(x_all)))
+    lattice = update_lattice(x_all) if held and update_times != "first_seen" else None
+    if lattice is None and update_times == "lattice":
+        raise UsageError(f"{target}: readings are not on a periodic update lattice")
+    poll_delay = math.nan
+    if lattice is not None:
+        x_all, period, poll_delay = lattice
     t0 = max(r0, float(x_all[0]) - max_lag_s - MAX_KERNEL_S)
     t1 = min(r1, float(x_all[-1]) + max_lag_s)
-    if t1 - t0 < 4 * (max_lag_s + MAX_KERNEL_S):
+    if t1 - t0 < MIN_OVERLAP_FACTOR * (max_lag_s + MAX_KERNEL_S):
         raise UsageError(f"{run.path}: {reference} and {target} overlap for only "
-                         f"{max(t1 - t0, 0):.1f} s; calibration needs more")
+                         f"{max(t1 - t0, 0):.1f} s; calibration needs "
+                         f"{MIN_OVERLAP_FACTOR * (max_lag_s + MAX_KERNEL_S):.0f} s")
     ref = _ref_grid(run, ref_view, ref_ch, (t0, t1), grid_rate_hz)
     core = (x_all >= t0 + max_lag_s + MAX_KERNEL_S) & (x_all <= t1 - max_lag_s)
     x, y = x_all[core], y_all[core]
@@ -283,10 +359,12 @@ def calibrate(
     lo_x, hi_x = float(x[0]), float(x[-1])
 
     def delay_fit(a_s: float, b_s: float, gain: float, off: float, d0: float) -> float:
-        win = np.arange(a_s, b_s - 1.0, 1.0)
-        if win.size < 3:
-            return d0
+        """Shift matching 1 s target energies to the reference's; NaN if [a, b] is too short."""
+        win = np.arange(a_s, b_s - 1.0, 0.25)  # overlapping 1 s windows, gap-free reference
         e_ref = ref.integral(win + 1.0) - ref.integral(win)
+        e_ref[ref.bad(win, win + 1.0)] = np.nan
+        if np.isfinite(e_ref).sum() < 3:
+            return math.nan
 
         def cost(d: float) -> float:
             e_t = tgt_cum(win + 1.0 + d) - tgt_cum(win + d)
@@ -297,23 +375,30 @@ def calibrate(
                               options={"xatol": 1e-5})
         return float(res.x)
 
-    d_energy = delay_fit(lo_x, hi_x - max_lag_s, g, c, tau + centroid)
+    # the target must cover every shifted window [a + d, b + d] (d within ±0.3 s of d0)
+    tgt_end = float(x_all[-1]) - tau - centroid - 0.35
+    d_energy = delay_fit(lo_x, min(hi_x, tgt_end), g, c, tau + centroid)
+    if not math.isfinite(d_energy):
+        d_energy = tau + centroid
 
     # batch means: refit on consecutive blocks
     per_block: list[tuple[float, float, float, float, float, float]] = []
+    blocks = max(3, min(blocks, x.size // MIN_BLOCK_POINTS))
     bounds = np.linspace(lo_x, hi_x, blocks + 1)
     for k in range(blocks):
         sel = (x >= bounds[k]) & (x < bounds[k + 1])
-        if sel.sum() < 30:
+        if sel.sum() < MIN_BLOCK_POINTS:
             continue
         bt, bw, _ = _fit_kernel(kernel, ref, x[sel], y[sel], tau + centroid,
                                 start=(tau, width), maxiter=200)
         bg, bc, _, _ = _linear(model(ref, x[sel], bt, bw), y[sel])
-        bd = delay_fit(bounds[k], bounds[k + 1] - max_lag_s, bg, bc, d_energy)
+        bd = delay_fit(bounds[k], min(bounds[k + 1], tgt_end), bg, bc, d_energy)
         per_block.append((bt, bw, bg, bc, bt + (bw / 2 if kernel == "boxcar" else bw), bd))
     arr = np.array(per_block) if per_block else np.full((1, 6), np.nan)
-    se_b = (np.std(arr, axis=0, ddof=1) / math.sqrt(arr.shape[0])
-            if arr.shape[0] > 2 else np.full(6, np.nan))
+    n_ok = np.isfinite(arr).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se_b = np.where(n_ok > 2, np.nanstd(np.where(n_ok > 2, arr, 0.0), axis=0, ddof=1)
+                        / np.sqrt(np.maximum(n_ok, 1)), np.nan)
     # residual-based floor for g and c (inflated for autocorrelation: ~1 s correlated)
     mc = m[ok] - m[ok].mean()
     n_eff = max(2.0, (hi_x - lo_x) / max(width, period, 1e-3))
@@ -333,7 +418,7 @@ def calibrate(
     slopes = []
     for k in range(blocks):
         sel = (x[ok] >= bounds[k]) & (x[ok] < bounds[k + 1])
-        if sel.sum() > 30:
+        if sel.sum() >= MIN_BLOCK_POINTS:
             cb, *_ = np.linalg.lstsq(design[sel], y[ok][sel], rcond=None)
             slopes.append(cb[1])
     slope_se = float(np.std(slopes, ddof=1) / math.sqrt(len(slopes))) if len(slopes) > 2 \
@@ -341,7 +426,9 @@ def calibrate(
     warranted = bool(abs(coef[1]) > 3 * slope_se and mse_q < 0.98 * mse)
 
     g_e, c_e, d_e = (g, se["g"]), (c, se["c"]), (d_energy, se["d"])
-    span = (lo_x + 0.0, hi_x - max_lag_s)
+    # phases need the reference over [a, b] and the target over [a + d, b + d]
+    span = (max(float(ref.edges[0]), float(x_all[0]) - d_energy),
+            min(float(ref.edges[-1]), float(x_all[-1]) - d_energy))
     phases = [p for p in phases_from_markers(run.markers) if p.t1_s - p.t0_s > 0]
     terms: dict[str, Any] = {"tgt_cum": tgt_cum, "tgt_power": tgt_power, "g": g_e, "c": c_e,
                              "d": d_e, "span": span}
@@ -378,6 +465,8 @@ def calibrate(
         "cross_correlation_lag": lag.to_json(),
         "update_period_s": period,
         "held_readings": held,
+        "update_times": "lattice" if lattice is not None else "first_seen",
+        "poll_delay_s": poll_delay,
         "coverage": held_coverage,
         "fit": {"rmse_w": math.sqrt(mse), "r2": r2, "n_points": n,
                 "grid_rate_hz": grid_rate_hz, "blocks": len(per_block)},

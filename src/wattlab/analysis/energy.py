@@ -26,10 +26,10 @@ from wattlab.analysis.alignment import (
     known_gaps_s,
     median_spacing_s,
     parse_spec,
+    power_channel,
     span_s,
 )
 from wattlab.analysis.run_file import MarkerRow, Run, SourceView
-from wattlab.analysis.summary import power_channel
 from wattlab.errors import UsageError
 
 FloatArray = npt.NDArray[np.float64]
@@ -78,9 +78,11 @@ def phases_from_markers(markers: Sequence[MarkerRow]) -> list[Phase]:
 class EnergyRow:
     """Energy of one stream over one phase.
 
-    ``energy_j`` is the best estimate (measured part plus uncovered time at the phase's
-    mean power); ``low_j``..``high_j`` bound it (uncovered time at the lowest/highest power
-    seen, plus the uncertainty of the phase edges); ``uncertainty_j`` is the half-width.
+    ``energy_j`` is the best estimate: the measured part, plus each gap bridged by a line
+    between its edge samples, plus time outside the data (or next to a non-finite value) at
+    the phase's mean power; ``low_j``..``high_j`` bound it (uncovered time at the
+    lowest/highest power seen, plus the uncertainty of the phase edges); ``uncertainty_j``
+    is the half-width.
     """
 
     source: str
@@ -149,13 +151,15 @@ def integrate_power(
         outside = max(0.0, min(b, first) - a) + max(0.0, b - max(a, last))
         measured = at(b, cum.integral) - at(a, cum.integral)
         unc = at(b, cum.uncovered_s) - at(a, cum.uncovered_s) + outside
+        bridged = at(b, cum.bridge) - at(a, cum.bridge)
+        at_mean = at(b, cum.unbridged_s) - at(a, cum.unbridged_s) + outside
         covered = max(0.0, (b - a) - unc)
         gaps = sum(1 for g0, g1 in cum.gaps_s if g0 < b and g1 > a)
         mean = measured / covered if covered > 0 else None
         row = EnergyRow(view.source_id, channel, "power", p.label, a, b, None, mean, None,
                         None, None, measured if covered > 0 else None, covered, unc, gaps)
         if mean is not None:
-            row.energy_j = measured + mean * unc
+            row.energy_j = measured + bridged + mean * at_mean
             edge = spacing * abs(mean)  # each phase edge is known to within ~half a spacing
             row.uncertainty_j, row.low_j, row.high_j = edge, row.energy_j - edge, \
                 row.energy_j + edge

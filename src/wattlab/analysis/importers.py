@@ -13,7 +13,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from wattlab import __version__
 from wattlab.errors import RunFileError, UsageError
-from wattlab.samples import Channel, Marker, SourceDescriptor, check_source_id
+from wattlab.samples import Channel, Marker, SampleFlag, SourceDescriptor, check_source_id
 from wattlab.sync.run_writer import RunFileWriter
 
 TIME_UNITS_NS = {"s": 1e9, "ms": 1e6, "us": 1e3, "ns": 1.0}
@@ -221,6 +221,24 @@ def column_unit(column: str, units: dict[str, str]) -> tuple[str, str] | None:
     return None
 
 
+def _csv_header(reader: Iterator[list[str]], path: Path) -> list[str]:
+    try:
+        return [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise RunFileError(f"{path}: empty file") from None
+
+
+def _csv_rows(reader: Iterator[list[str]], width: int, path: Path
+              ) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of the non-blank rows after the header, each ``width`` wide."""
+    for lineno, parts in enumerate(reader, 2):
+        if not parts or all(not p.strip() for p in parts):
+            continue
+        if len(parts) != width:
+            raise RunFileError(f"{path}:{lineno}: {len(parts)} fields, the header has {width}")
+        yield lineno, parts
+
+
 def read_csv(path: Path, name: str, time_column: str | None = None, time_unit: str = "s",
              units: dict[str, str] | None = None) -> Imported:
     """A header row, a numeric time column (first unless named) and value columns with units."""
@@ -229,10 +247,7 @@ def read_csv(path: Path, name: str, time_column: str | None = None, time_unit: s
     units = units or {}
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
         reader = csv.reader(f, skipinitialspace=True)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise RunFileError(f"{path}: empty file") from None
+        header = _csv_header(reader, path)
         tcol = 0 if time_column is None else _index(header, time_column, path)
         value_cols = []
         for i, col in enumerate(header):
@@ -247,12 +262,7 @@ def read_csv(path: Path, name: str, time_column: str | None = None, time_unit: s
             raise RunFileError(f"{path}:1: no value columns besides the time column")
         times: list[float] = []
         rows: list[list[float]] = []
-        for lineno, parts in enumerate(reader, 2):
-            if not parts or all(not p.strip() for p in parts):
-                continue
-            if len(parts) != len(header):
-                raise RunFileError(f"{path}:{lineno}: {len(parts)} fields, the header has "
-                                   f"{len(header)}")
+        for lineno, parts in _csv_rows(reader, len(header), path):
             try:
                 times.append(float(parts[tcol]))
                 rows.append([float(parts[i]) if parts[i].strip() else math.nan
@@ -306,10 +316,7 @@ def read_nvidia_smi(path: Path, name: str) -> Imported:
     """
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
         reader = csv.reader(f, skipinitialspace=True)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise RunFileError(f"{path}: empty file") from None
+        header = _csv_header(reader, path)
         if "timestamp" not in header:
             raise RunFileError(f"{path}:1: no 'timestamp' column: record with "
                                "--query-gpu=timestamp,power.draw --format=csv (with header)")
@@ -325,12 +332,7 @@ def read_nvidia_smi(path: Path, name: str) -> Imported:
         if not numeric:
             raise RunFileError(f"{path}:1: no numeric columns with units (e.g. 'power.draw [W]')")
         per_gpu: dict[str, tuple[list[int], list[list[float]]]] = {}
-        for lineno, parts in enumerate(reader, 2):
-            if not parts or all(not p.strip() for p in parts):
-                continue
-            if len(parts) != len(header):
-                raise RunFileError(f"{path}:{lineno}: {len(parts)} fields, the header has "
-                                   f"{len(header)}")
+        for lineno, parts in _csv_rows(reader, len(header), path):
             try:
                 t = _smi_time_ns(parts[tcol])
                 row = [_smi_number(parts[i]) for i, _, _ in numeric]
@@ -367,6 +369,125 @@ def _smi_number(text: str) -> float:
     return float(t.split()[0])
 
 
+# --------------------------------------------------------------------------- PowerSensor3 psrun
+
+PSRUN_FIXED = ("marker", "time", "dt_micro", "device_timestamp")
+PSRUN_PAIR = re.compile(r"^(current|voltage|power)(\d+)$")
+PSRUN_UNITS = {"current": ("a", "A"), "voltage": ("v", "V"), "power": ("w", "W")}
+PSRUN_RANGE = re.compile(r'^M\s+(\S+)\s+(\S+)\s+(\S+)\s+"(.*)"\s*$')
+
+
+def _psrun_header(fields: list[str], path: Path, lineno: int) -> list[Channel]:
+    """Channels of a psrun header: (current, voltage, power) per active pair, then the total."""
+    where = f"{path}:{lineno}"
+    if tuple(fields[:4]) != PSRUN_FIXED or fields[-1:] != ["power_total"]:
+        raise RunFileError(f"{where}: expected a PowerSensor3 dump header 'marker time "
+                           f"dt_micro device_timestamp current0 voltage0 power0 … power_total', "
+                           f"got {' '.join(fields)[:80]!r}")
+    pair_cols = fields[4:-1]
+    if len(pair_cols) % 3:
+        raise RunFileError(f"{where}: {len(pair_cols)} pair columns, expected 3 per pair")
+    channels: list[Channel] = []
+    for k in range(0, len(pair_cols), 3):
+        got = [PSRUN_PAIR.match(c) for c in pair_cols[k:k + 3]]
+        pair = got[0].group(2) if got[0] else ""
+        if [(m.group(1), m.group(2)) if m else None for m in got] != [
+                (q, pair) for q in ("current", "voltage", "power")]:
+            raise RunFileError(f"{where}: columns {pair_cols[k:k + 3]} are not "
+                               "'currentN voltageN powerN'")
+        for quantity in ("current", "voltage", "power"):
+            suffix, unit = PSRUN_UNITS[quantity]
+            channels.append(Channel(f"{quantity}{pair}_{suffix}", unit,
+                                    f"psrun column {quantity}{pair}"))
+    channels.append(Channel("power_total_w", "W", "psrun column power_total"))
+    return channels
+
+
+def read_psrun(path: Path, name: str) -> Imported:
+    """A PowerSensor3 dump (``psrun -f FILE``, or ``PowerSensor::dump``) as one source.
+
+    Layout (upstream host library ``PowerSensor.cc``, checked against its ``dump`` and
+    ``dumpCurrentWattToFile``): a header ``marker time dt_micro device_timestamp``, then
+    ``currentN voltageN powerN`` for each *active* pair N, then ``power_total``; one line
+    ``S time dt_micro device_timestamp …`` per frame, where ``time`` is seconds since the
+    sensor was opened (the file's own clock), ``dt_micro`` the µs since the previous line
+    and ``device_timestamp`` the device's 10-bit µs counter (wraps every 1024 µs; kept as
+    the raw time). Markers: ``M c`` (one character, written just before the frame the
+    device marked: a point marker at that frame, which is also flagged MARKER), and
+    ``M t0 t1 tag "name"`` (an interval in the same seconds: a begin/end phase ``name``).
+    [unverified] Older host-library versions may differ (e.g. no header or other marker
+    forms); lines starting with ``#`` are skipped.
+    """
+    channels: list[Channel] | None = None
+    times: list[float] = []
+    raw: list[int] = []
+    rows: list[list[float]] = []
+    marked: list[int] = []  # frame index each one-character marker applies to
+    points: list[tuple[int, str]] = []
+    ranges: list[tuple[float, float, str, str]] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, text in enumerate(f, 1):
+            line = text.strip()
+            if not line or line.startswith("#"):
+                continue
+            fields = line.split()
+            if channels is None:
+                channels = _psrun_header(fields, path, lineno)
+                continue
+            if fields[0] == "S":
+                if len(fields) != len(channels) + 4:
+                    raise RunFileError(f"{path}:{lineno}: {len(fields)} fields, the header "
+                                       f"has {len(channels) + 4}")
+                try:
+                    t = float(fields[1])
+                    dev = int(fields[3])
+                    values = [float(x) for x in fields[4:]]
+                except ValueError as e:
+                    raise RunFileError(f"{path}:{lineno}: not a number ({e})") from e
+                if not math.isfinite(t) or (times and t < times[-1]):
+                    raise RunFileError(f"{path}:{lineno}: time {fields[1]} s goes backwards "
+                                       f"(previous {times[-1] if times else '-'} s)")
+                times.append(t)
+                raw.append(dev)
+                rows.append(values)
+            elif fields[0] == "M":
+                if len(fields) == 2 and len(fields[1]) == 1:
+                    points.append((len(times), fields[1]))
+                    continue
+                m = PSRUN_RANGE.match(line)
+                try:
+                    t0, t1 = (float(m.group(1)), float(m.group(2))) if m else (0.0, -1.0)
+                except ValueError:
+                    t0, t1 = 0.0, -1.0
+                if m is None or not t0 <= t1:
+                    raise RunFileError(f"{path}:{lineno}: malformed marker {line[:60]!r}: "
+                                       "expected 'M c' or 'M t0 t1 tag \"name\"' (t0 ≤ t1)")
+                ranges.append((t0, t1, m.group(3), m.group(4)))
+            else:
+                raise RunFileError(f"{path}:{lineno}: line starts with {fields[0][:20]!r}; "
+                                   "a dump line starts with 'S' (sample) or 'M' (marker)")
+    if channels is None or not rows:
+        raise RunFileError(f"{path}: no PowerSensor3 dump header or no 'S' sample lines")
+    t_ns = np.round(np.array(times) * 1e9).astype(np.int64)
+    flags = np.zeros(t_ns.shape, np.uint8)
+    markers: list[Marker] = []
+    for frame, char in points:
+        i = min(frame, len(times) - 1)
+        marked.append(i)
+        markers.append(Marker(int(t_ns[i]), char, "point", name, {"psrun_marker": char}))
+    flags[marked] |= np.uint8(SampleFlag.MARKER)
+    for t0, t1, tag, label in ranges:
+        payload = {"tag": tag, "text": label}
+        phase = label.strip()[:64] or f"tag{tag}"
+        markers.append(Marker(round(t0 * 1e9), phase, "begin", name, payload))
+        markers.append(Marker(round(t1 * 1e9), phase, "end", name, payload))
+    desc = _descriptor(name, channels, path, "psrun", kind="powersensor3",
+                       model="PowerSensor3", time_raw="device_us_mod1024",
+                       time_note="'time' column: s since the sensor was opened")
+    return Imported([ImportedSource(desc, t_ns, np.array(rows, dtype=np.float64),
+                                    np.array(raw, dtype=np.int64), flags)], markers)
+
+
 # --------------------------------------------------------------------------- the run file
 
 READERS: dict[str, Callable[..., Imported]] = {
@@ -374,6 +495,7 @@ READERS: dict[str, Callable[..., Imported]] = {
     "pmt": read_pmt_log,
     "csv": read_csv,
     "nvidia-smi": read_nvidia_smi,
+    "psrun": read_psrun,
 }
 
 

@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
+from wattlab.analysis.run_check import check_layout, check_not_truncated
 from wattlab.errors import RunFileError
 
 MARKER_FIELDS = ("time", "time_raw", "kind", "source", "name", "payload")
@@ -159,6 +160,7 @@ class Run:
         self.path = path
         if not os.path.exists(path):
             raise RunFileError(f"{path}: no such file")
+        check_not_truncated(path)
         try:
             self._file = h5py.File(path, "r", libver="latest", swmr=True)
         except OSError:
@@ -169,6 +171,11 @@ class Run:
         if "sources" not in self._file or "format_version" not in self._file.attrs:
             self._file.close()
             raise RunFileError(f"{path}: not a wattlab run file (no /sources or format_version)")
+        try:
+            check_layout(path, self._file)
+        except RunFileError:
+            self._file.close()
+            raise
         self.sources: dict[str, SourceView] = {
             sid: SourceView(sid, grp) for sid, grp in self._file["sources"].items()
         }

@@ -11,10 +11,20 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from wattlab.analysis.alignment import (
+    GAP_FACTOR,
+    PREFERRED_POWER_CHANNELS,
+    chunks_s,
+    cumulative_at,
+    median_spacing_s,
+    power_channel,
+    span_s,
+)
 from wattlab.analysis.run_file import Run, SourceView
 
-GAP_FACTOR = 5.0
-PREFERRED_POWER_CHANNELS = ("power_total_w", "power_w")
+__all__ = ["GAP_FACTOR", "PREFERRED_POWER_CHANNELS", "SourceSummary", "energy_channel",
+           "format_table", "integrate_power", "power_channel", "summarise",
+           "summarise_source"]
 
 
 @dataclass
@@ -37,26 +47,6 @@ class SourceSummary:
         return asdict(self)
 
 
-def power_channel(view: SourceView) -> str | None:
-    """The channel that is the source's power draw.
-
-    A source names it in ``config["power_channel"]`` (null: it measures no power, e.g. a
-    stream whose only watts are a power *limit*); otherwise a preferred name, else the
-    first channel in W.
-    """
-    config = view.descriptor.get("config", {})
-    if "power_channel" in config:
-        chosen = config["power_channel"]
-        return chosen if chosen in view.channel_names else None
-    for name in PREFERRED_POWER_CHANNELS:
-        if name in view.channel_names and view.unit(name) == "W":
-            return name
-    for name, unit in zip(view.channel_names, view.units, strict=True):
-        if unit == "W":
-            return name
-    return None
-
-
 def energy_channel(view: SourceView) -> str | None:
     for name, unit in zip(view.channel_names, view.units, strict=True):
         if unit == "J":
@@ -64,30 +54,17 @@ def energy_channel(view: SourceView) -> str | None:
     return None
 
 
-def _median_spacing_ns(view: SourceView) -> float:
-    diffs = np.diff(view.time_slice(0, 10_000))
-    return float(np.median(diffs)) if diffs.size else 0.0
-
-
 def integrate_power(view: SourceView, channel: str) -> tuple[float, float, float]:
-    """(energy J, covered seconds, uncovered seconds), streaming through the datasets."""
-    limit_ns = GAP_FACTOR * _median_spacing_ns(view)
-    energy_j = covered_s = uncovered_s = 0.0
-    prev_t: np.int64 | None = None
-    prev_p = 0.0
-    for chunk_t_ns, power in view.iter_chunks(channel):
-        t_ns, p = chunk_t_ns, power.astype(np.float64)
-        if prev_t is not None:
-            t_ns = np.concatenate(([prev_t], t_ns))
-            p = np.concatenate(([prev_p], p))
-        dt_s = np.diff(t_ns) / 1e9
-        mid_w = 0.5 * (p[1:] + p[:-1])
-        ok = (dt_s * 1e9 <= limit_ns) & np.isfinite(mid_w)
-        energy_j += float(np.sum(mid_w[ok] * dt_s[ok]))
-        covered_s += float(np.sum(dt_s[ok]))
-        uncovered_s += float(np.sum(dt_s[~ok]))
-        prev_t, prev_p = t_ns[-1], float(p[-1])
-    return energy_j, covered_s, uncovered_s
+    """(energy J, covered seconds, uncovered seconds) over the whole source, never bridged.
+
+    The same streaming integration as ``wattlab energy`` (``alignment.cumulative_at``).
+    """
+    spacing = median_spacing_s(view)
+    limit = GAP_FACTOR * spacing if spacing > 0 else np.inf
+    first, last = span_s(view)
+    cum = cumulative_at(chunks_s(view, channel), [first, last], limit)
+    uncovered_s = float(cum.uncovered_s[-1])
+    return float(cum.integral[-1]), (last - first) - uncovered_s, uncovered_s
 
 
 def summarise_source(run: Run, view: SourceView) -> SourceSummary:

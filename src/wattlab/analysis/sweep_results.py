@@ -11,6 +11,9 @@ The sweep file (HDF5, written by ``wattlab sweep``)::
     /runs/<col>   one 1-D dataset per column (workload, x, repeat, runtime_s, status, ...)
     /runs/energy_j  n × sources, attrs["sources"] = JSON list of source names
     /features/<name>  numeric workload features (for models across workloads)
+    /phases/<col>  one row per (run, phase name) where the workload marked phases:
+                   run (row index in /runs), phase, count (occurrences summed), time_s,
+                   energy_j (n × sources, attrs["sources"])
 """
 
 from __future__ import annotations
@@ -44,6 +47,38 @@ _KT_AXES = {"nvml_gr_clock": "sm_clock_mhz", "nvml_mem_clock": "mem_clock_mhz",
 
 
 @dataclass
+class PhaseTable:
+    """Energy and time per phase of each run: one row per (run row, phase name).
+
+    A phase that occurs several times in one run (a loop of ``wattlab.phase("step")``) is
+    summed: ``count`` says how often it occurred, ``time_s`` and ``energies_j`` are totals.
+    """
+
+    run: npt.NDArray[np.int64]
+    phase: list[str]
+    count: npt.NDArray[np.int64]
+    time_s: FloatArray
+    energies_j: dict[str, FloatArray]
+
+    def __len__(self) -> int:
+        return len(self.phase)
+
+    def names(self) -> list[str]:
+        """Phase names in first-seen order."""
+        return list(dict.fromkeys(self.phase))
+
+    def take(self, rows: npt.NDArray[np.int64], run_map: dict[int, int]) -> PhaseTable:
+        """These rows, their run indices renumbered by ``run_map`` (old -> new)."""
+        return PhaseTable(np.array([run_map[int(self.run[i])] for i in rows], dtype=np.int64),
+                          [self.phase[i] for i in rows], self.count[rows], self.time_s[rows],
+                          {k: v[rows] for k, v in self.energies_j.items()})
+
+    @classmethod
+    def empty(cls) -> PhaseTable:
+        return cls(np.zeros(0, np.int64), [], np.zeros(0, np.int64), np.zeros(0), {})
+
+
+@dataclass
 class SweepTable:
     """Rows of a sweep; ``energy_j`` is the energy of ``energy_source`` (J per run)."""
 
@@ -63,6 +98,7 @@ class SweepTable:
     default_x: float | None = None
     origin: str = ""
     attrs: dict[str, Any] = field(default_factory=dict)
+    phases: PhaseTable | None = None
 
     def __post_init__(self) -> None:
         n = len(self.workload)
@@ -99,6 +135,11 @@ class SweepTable:
     def select(self, mask: npt.NDArray[np.bool_]) -> SweepTable:
         """The rows where ``mask`` is true (a new table)."""
         idx = np.flatnonzero(mask)
+        phases = None
+        if self.phases is not None:
+            run_map = {int(old): new for new, old in enumerate(idx)}
+            keep = np.flatnonzero([int(r) in run_map for r in self.phases.run])
+            phases = self.phases.take(keep, run_map)
 
         def pick(a: FloatArray | None) -> FloatArray | None:
             return None if a is None else np.asarray(a)[idx]
@@ -111,7 +152,7 @@ class SweepTable:
             sm_clock_mhz=pick(self.sm_clock_mhz), mem_clock_mhz=pick(self.mem_clock_mhz),
             power_limit_w=pick(self.power_limit_w), status=[self.status[i] for i in idx],
             features={k: v[idx] for k, v in self.features.items()}, default_x=self.default_x,
-            origin=self.origin, attrs=dict(self.attrs),
+            origin=self.origin, attrs=dict(self.attrs), phases=phases,
         )
 
     def usable(self) -> SweepTable:
@@ -182,11 +223,42 @@ def write_sweep(path: str, table: SweepTable, attrs: dict[str, Any] | None = Non
             feats = f.create_group("features")
             for k, v in table.features.items():
                 feats[k] = v
+            if table.phases is not None and len(table.phases):
+                _write_phases(f.create_group("phases"), table.phases)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _write_phases(group: h5py.Group, phases: PhaseTable) -> None:
+    group["run"] = phases.run
+    group["phase"] = np.array(phases.phase, dtype=h5py.string_dtype())
+    group["count"] = phases.count
+    group["time_s"] = phases.time_s
+    sources = list(phases.energies_j)
+    n = len(phases)
+    energy = (np.column_stack([phases.energies_j[s] for s in sources]) if sources
+              else np.zeros((n, 0)))
+    ds = group.create_dataset("energy_j", data=energy.reshape(n, len(sources)))
+    ds.attrs["sources"] = json.dumps(sources)
+    ds.attrs["unit"] = "J"
+
+
+def _read_phases(path: str, group: h5py.Group, n_runs: int) -> PhaseTable:
+    missing = [c for c in ("run", "phase", "count", "time_s", "energy_j") if c not in group]
+    if missing:
+        raise RunFileError(f"{path}: sweep file lacks /phases/{', /phases/'.join(missing)}")
+    run = np.asarray(group["run"][:], dtype=np.int64)
+    if run.size and (run.min() < 0 or run.max() >= n_runs):
+        raise RunFileError(f"{path}: /phases/run refers to a run outside 0..{n_runs - 1}")
+    sources = json.loads(group["energy_j"].attrs["sources"])
+    energy = np.asarray(group["energy_j"][:], dtype=np.float64)
+    return PhaseTable(run, [_s(p) for p in group["phase"][:]],
+                      np.asarray(group["count"][:], dtype=np.int64),
+                      np.asarray(group["time_s"][:], dtype=np.float64),
+                      {s: energy[:, i] for i, s in enumerate(sources)})
 
 
 def read_sweep(path: str) -> SweepTable:
@@ -211,6 +283,7 @@ def read_sweep(path: str) -> SweepTable:
         x_name = str(attrs.pop("x_name"))
         energies = {s: energy[:, i] for i, s in enumerate(sources)}
         cols = {c: np.asarray(runs[c][:], dtype=np.float64) for c in _FLOAT_COLUMNS if c in runs}
+        phases = (_read_phases(path, f["phases"], len(cols["x"])) if "phases" in f else None)
         return SweepTable(
             x_name=x_name, workload=[_s(w) for w in runs["workload"][:]], x=cols["x"],
             runtime_s=cols["runtime_s"],
@@ -222,6 +295,7 @@ def read_sweep(path: str) -> SweepTable:
             features={k: np.asarray(v[:], dtype=np.float64) for k, v in f["features"].items()}
             if "features" in f else {},
             default_x=None if math.isnan(default) else default, origin=path, attrs=attrs,
+            phases=phases,
         )
 
 
@@ -487,8 +561,58 @@ def measure_run(path: str, gpu: int, runtime_s: float | None,
         return (e - b) / 1e9, energies, state
 
 
+@dataclass
+class PhaseMeasure:
+    """One phase name in one run: occurrences, total time (s), total energy per source (J)."""
+
+    phase: str
+    count: int
+    time_s: float
+    energies_j: dict[str, float]
+
+
+def measure_phases(path: str, gpu: int) -> list[PhaseMeasure]:
+    """Energy and time per phase name of a run file, from the workload's begin/end markers.
+
+    The session's own begin/end markers are not phases; occurrences of a name are summed.
+    """
+    from wattlab.analysis.energy import phases_from_markers
+
+    with Run(path) as run:
+        phases = phases_from_markers([m for m in run.markers if m.source != "session"])
+        out: dict[str, PhaseMeasure] = {}
+        prefix = f"gpu{gpu}."
+        views = [(name, run.sources.get(prefix + sid), channel, counter)
+                 for name, sid, channel, counter in RUN_ENERGY_SOURCES]
+        for ph in phases:
+            a_ns, b_ns = ph.t0_s * 1e9, ph.t1_s * 1e9
+            row = out.setdefault(ph.name, PhaseMeasure(ph.name, 0, 0.0, {}))
+            row.count += 1
+            row.time_s += ph.t1_s - ph.t0_s
+            for name, view, channel, counter in views:
+                if view is not None and channel in view.channel_names and len(view) > 1:
+                    e = _window_energy(view, channel, a_ns, b_ns, counter)
+                    row.energies_j[name] = row.energies_j.get(name, 0.0) + e
+        return list(out.values())
+
+
+def phase_table(phases_per_run: list[list[PhaseMeasure]]) -> PhaseTable:
+    """The per-phase rows of a sweep from each run's ``measure_phases`` (run = list index)."""
+    rows = [(i, p) for i, plist in enumerate(phases_per_run) for p in plist]
+    sources: list[str] = []
+    for _, p in rows:
+        sources += [s for s in p.energies_j if s not in sources]
+    return PhaseTable(
+        np.array([i for i, _ in rows], dtype=np.int64), [p.phase for _, p in rows],
+        np.array([p.count for _, p in rows], dtype=np.int64),
+        np.array([p.time_s for _, p in rows], dtype=np.float64),
+        {s: np.array([p.energies_j.get(s, np.nan) for _, p in rows], dtype=np.float64)
+         for s in sources})
+
+
 def table_from_runs(x_name: str, workload: str, runs: list[dict[str, Any]],
-                    default_x: float | None = None) -> SweepTable:
+                    default_x: float | None = None,
+                    phases: list[list[PhaseMeasure]] | None = None) -> SweepTable:
     """A table from the sweep runner's rows (dicts: x, repeat, status, runtime_s, energies_j).
 
     The first energy source other than the simulator's "true" is the primary one.
@@ -511,4 +635,5 @@ def table_from_runs(x_name: str, workload: str, runs: list[dict[str, Any]],
         repeat=np.array([int(r["repeat"]) for r in runs], dtype=np.int64), energies_j=energies,
         sm_clock_mhz=col("sm_clock_mhz"), mem_clock_mhz=col("mem_clock_mhz"),
         power_limit_w=col("power_limit_w"), status=[str(r["status"]) for r in runs],
-        default_x=default_x)
+        default_x=default_x,
+        phases=None if phases is None or not any(phases) else phase_table(phases))

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from wattlab.analysis.models import FAMILIES, OBJECTIVES, FitReport, fit_sweep
+from wattlab.analysis.phase_choice import choose_per_phase, format_phase_report
 from wattlab.analysis.sweep_results import X_NAMES, load_table
 from wattlab.errors import UsageError
 
@@ -33,6 +34,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="rows held out for the boosted family's LOO (it refits per row)")
     p.add_argument("--top", type=int, default=20, metavar="N",
                    help="workloads to print (default 20; --json has all)")
+    p.add_argument("--by-phase", action="store_true",
+                   help="also choose the best setting per marked phase (sweep files whose "
+                        "workload used wattlab.phase)")
     p.add_argument("--json", action="store_true", help="print JSON")
     return p
 
@@ -81,10 +85,30 @@ def run(args: argparse.Namespace) -> int:
     families = tuple(f.strip() for f in args.families.split(",") if f.strip())
     if args.max_boost_holdout < 1:
         raise UsageError("--max-boost-holdout must be at least 1")
-    report = fit_sweep(table, args.objective, args.max_slowdown, families=families,
-                       max_boost_holdout=args.max_boost_holdout)
+    if not args.by_phase:
+        report = fit_sweep(table, args.objective, args.max_slowdown, families=families,
+                           max_boost_holdout=args.max_boost_holdout)
+        if args.json:
+            print(json.dumps(report.to_json(), indent=1, allow_nan=True))
+        else:
+            print(format_report(report, args.top))
+        return 0
+    phases = choose_per_phase(table, args.objective, args.max_slowdown)
+    out: dict[str, Any] = {}
+    text: list[str] = []
+    try:  # a phase sweep may have too few settings to cross-validate the whole-run models
+        whole = fit_sweep(table, args.objective, args.max_slowdown, families=families,
+                          max_boost_holdout=args.max_boost_holdout)
+        out = whole.to_json()
+        text.append(format_report(whole, args.top))
+    except UsageError as e:
+        out = {"origin": table.origin, "x_name": table.x_name, "objective": args.objective,
+               "max_slowdown": args.max_slowdown, "fit_error": str(e)}
+        text.append(f"{table.origin}: whole-run models not fitted: {e}")
+    out["by_phase"] = phases.to_json()
     if args.json:
-        print(json.dumps(report.to_json(), indent=1, allow_nan=True))
+        print(json.dumps(out, indent=1, allow_nan=True))
     else:
-        print(format_report(report, args.top))
+        print("\n".join(text))
+        print(format_phase_report(phases, UNITS.get(table.x_name, "")))
     return 0

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from wattlab.acquisition.meters import meter_acquirers
+from wattlab.acquisition.meters import meter_acquirers, parse_meter_spec
 from wattlab.acquisition.session import Session, SessionResult
 from wattlab.acquisition.source import Acquirer
+from wattlab.acquisition.source_process import SourceSpec
 from wattlab.analysis.run_file import Run
 from wattlab.analysis.summary import format_table, summarise
 from wattlab.errors import NvmlError, UsageError
@@ -59,6 +60,24 @@ def nvml_acquirers(
         driver.close()
 
 
+def nvml_specs(spec: str, simulate: bool, simulated_gpus: int, seed: int) -> list[SourceSpec]:
+    """Source-process specs for the GPUs in ``spec`` (resolved here, read in the children)."""
+    with nvml_acquirers(spec, simulate, simulated_gpus, seed) as gpus:
+        indices = [int(name.removeprefix("gpu")) for name, _ in gpus]
+    return [SourceSpec(f"gpu{i}", "nvml", gpu_index=i, simulate=simulate,
+                       simulated_gpus=simulated_gpus, seed=seed) for i in indices]
+
+
+def meter_specs(texts: list[str]) -> list[SourceSpec]:
+    """Source-process specs for every ``--meter`` (checked here so mistakes fail early)."""
+    parsed = [parse_meter_spec(t) for t in texts]
+    ids = [p.source_id for p in parsed]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise UsageError(f"--meter: stream id(s) {duplicates} used twice; name them ID=KIND:...")
+    return [SourceSpec(p.source_id, "meter", meter=t) for p, t in zip(parsed, texts, strict=True)]
+
+
 def report(result: SessionResult) -> None:
     """Print the per-source summary of a finished session."""
     with Run(result.output) as run:
@@ -70,6 +89,11 @@ def report(result: SessionResult) -> None:
         print(f"  gap in {gap.source}: {gap.reason}")
     for name, error in result.source_errors.items():
         print(f"wattlab: source {name} failed: {error}", file=sys.stderr)
+    if result.recorder_restarts:
+        print(f"wattlab: the recorder was restarted {result.recorder_restarts} time(s); "
+              "see /gaps for anything lost", file=sys.stderr)
+    for name, count in result.source_restarts.items():
+        print(f"wattlab: source {name} was restarted {count} time(s)", file=sys.stderr)
     rejected = result.recorder_status.get("rejected", 0)
     if rejected:
         print(f"wattlab: the recorder rejected {rejected} malformed message(s): "
@@ -103,6 +127,22 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
                    help="an external meter, e.g. powersensor3:/dev/ttyACM0 or "
                         "wall=wt300e:USB0::0x0B21::0x0025::...::INSTR (repeatable)")
+    faults = p.add_argument_group("fault tolerance (see docs/reliability.md)")
+    faults.add_argument("--source-processes", action="store_true",
+                        help="run each GPU reader and meter in its own process")
+    faults.add_argument("--restart-sources", action="store_true",
+                        help="restart a source process that dies (implies --source-processes)")
+    faults.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                        help="restarts allowed per source and for the recorder (default 3)")
+    faults.add_argument("--no-restart-recorder", action="store_true",
+                        help="end the session if the recorder dies instead of restarting it")
+    faults.add_argument("--replay-buffer-mb", type=float, default=64.0, metavar="MB",
+                        help="per source: data kept until on disk, resent to a restarted "
+                             "recorder (default 64)")
+    faults.add_argument("--backlog-mb", type=float, default=32.0, metavar="MB",
+                        help="per source: unsent data kept while the recorder is slow or "
+                             "away; beyond it batches are dropped and recorded as gaps "
+                             "(default 32)")
     remote = p.add_argument_group("remote agents (see `wattlab agent`, `wattlab keys`)")
     remote.add_argument("--listen", nargs="?", const=DEFAULT_LISTEN, metavar="tcp://ADDR:PORT",
                         help=f"accept agents here, CurveZMQ only (default {DEFAULT_LISTEN}: "
@@ -137,6 +177,20 @@ def remote_options(args: argparse.Namespace) -> dict[str, Any]:
             "allowed_keys": args.allow_keys, "expected_hosts": list(args.agent)}
 
 
+def fault_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Session fields for the fault-tolerance options, checked."""
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    for name in ("replay_buffer_mb", "backlog_mb"):
+        value = getattr(args, name)
+        if not 0 < value <= 65536:
+            raise UsageError(f"--{name.replace('_', '-')} must be in (0, 65536] MB, got {value}")
+    return {"restart_sources": args.restart_sources, "max_restarts": args.max_restarts,
+            "restart_recorder": not args.no_restart_recorder,
+            "window_bytes": int(args.replay_buffer_mb * 2**20),
+            "backlog_bytes": int(args.backlog_mb * 2**20)}
+
+
 def run(args: argparse.Namespace) -> int:
     command = command_of(args)
     if not command and args.duration is None:
@@ -145,6 +199,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--duration must be > 0 s, got {args.duration}")
     output = args.output or default_output("run")
     options = remote_options(args)
+    faults = fault_options(args)
+    if args.source_processes or args.restart_sources:
+        specs = (nvml_specs(args.nvml, args.simulate, args.simulated_gpus, args.seed)
+                 + meter_specs(args.meter))
+        if not specs and not args.agent:
+            raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
+                             "and no --agent")
+        session = Session(output, [], command=command or None, duration_s=args.duration,
+                          recorder_options=options, source_specs=specs, **faults)
+        result = session.run()
+        report(result)
+        return exit_status(result)
     meters = meter_acquirers(args.meter)
     with nvml_acquirers(args.nvml, args.simulate, args.simulated_gpus, args.seed) as gpus:
         acquirers = gpus + meters
@@ -152,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")
         session = Session(output, acquirers, command=command or None, duration_s=args.duration,
-                          recorder_options=options)
+                          recorder_options=options, **faults)
         result = session.run()
     report(result)
     return exit_status(result)

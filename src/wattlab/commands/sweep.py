@@ -17,14 +17,20 @@ from wattlab.acquisition.sweep import (
     run_sweep,
     runs_folder,
 )
-from wattlab.analysis.sweep_results import measure_run, table_from_runs, write_sweep
+from wattlab.analysis.sweep_results import (
+    PhaseMeasure,
+    measure_phases,
+    measure_run,
+    table_from_runs,
+    write_sweep,
+)
 from wattlab.commands.record import command_of, default_output
-from wattlab.errors import UsageError
+from wattlab.errors import UsageError, WattlabError
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
-        "sweep", help="run a workload at each power limit or SM clock and record each run",
+        "sweep", help="run a workload at each power limit, SM or memory clock; record each run",
         description="Apply each setting through NVML (needs root), record the workload, and "
                     "restore the original setting on exit, error, Ctrl-C and SIGTERM. Put the "
                     "command after '--'. With --simulate (or without an NVIDIA driver) the "
@@ -35,7 +41,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="power limits in W: start:stop:step (stop included) or a,b,c")
     knob.add_argument("--sm-clocks", metavar="SPEC", help="locked SM clocks in MHz")
     knob.add_argument("--mem-clocks", metavar="SPEC",
-                      help="memory clocks in MHz (not supported by the driver yet)")
+                      help="locked memory clocks in MHz")
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per setting")
     p.add_argument("--gpu", type=int, default=0, metavar="I", help="GPU index (default 0)")
     p.add_argument("--simulate", action="store_true", help="use the simulated GPU")
@@ -93,8 +99,20 @@ def run(args: argparse.Namespace) -> int:
         default_x = max(plan.settings) if plan.knob == "power_limit" else None
         workload = " ".join(plan.command) if plan.command else "simulated"
 
+        phase_cache: dict[str, list[PhaseMeasure]] = {}
+
+        def phases_of(row: RunResult) -> list[PhaseMeasure]:
+            """The run's phases (begin/end markers of the workload), measured once."""
+            if row.run_file not in phase_cache:
+                try:
+                    phase_cache[row.run_file] = measure_phases(row.run_file, plan.gpu)
+                except (OSError, WattlabError):
+                    phase_cache[row.run_file] = []  # an interrupted run may have no file
+            return phase_cache[row.run_file]
+
         def save(rows: list[RunResult], attrs: dict[str, Any]) -> None:
-            table = table_from_runs(plan.x_name, workload, [asdict(r) for r in rows], default_x)
+            table = table_from_runs(plan.x_name, workload, [asdict(r) for r in rows], default_x,
+                                    phases=[phases_of(r) for r in rows])
             write_sweep(output, table, attrs)
 
         def log(line: str) -> None:

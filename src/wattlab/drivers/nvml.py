@@ -405,3 +405,23 @@ class NvmlDriver:
     def reset_clocks(self, gpu: int) -> None:
         """Free the SM clock again."""
         self._set(gpu, "resetting the SM clock", self.lib.nvmlDeviceResetGpuLockedClocks)
+
+    def lock_memory_clocks(self, gpu: int, min_mhz: int, max_mhz: int) -> None:
+        """Lock the memory clock into [min, max] MHz (``nvmlDeviceSetMemoryLockedClocks``)."""
+        if min_mhz > max_mhz or min_mhz < 0:
+            raise UsageError(
+                f"GPU {gpu}: memory clock range {min_mhz}-{max_mhz} MHz is not valid"
+            )
+        self._set(
+            gpu,
+            "locking the memory clock",
+            self.lib.nvmlDeviceSetMemoryLockedClocks,
+            int(min_mhz),
+            int(max_mhz),
+        )
+
+    def reset_memory_clocks(self, gpu: int) -> None:
+        """Free the memory clock again (``nvmlDeviceResetMemoryLockedClocks``)."""
+        self._set(
+            gpu, "resetting the memory clock", self.lib.nvmlDeviceResetMemoryLockedClocks
+        )

@@ -205,7 +205,7 @@ class FakeNvml:
         if type in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
             return gpu.sm_clock_mhz(gpu.clock_ns())
         if type == pynvml.NVML_CLOCK_MEM:
-            return gpu.model.mem_clocks_mhz[0]
+            return gpu.mem_clock_mhz
         raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
@@ -262,3 +262,16 @@ class FakeNvml:
     def nvmlDeviceResetGpuLockedClocks(self, handle: Any) -> None:
         """Free the SM clock; needs root on a real GPU."""
         self._settable(handle, "nvmlDeviceResetGpuLockedClocks").reset_locked_clocks()
+
+    def nvmlDeviceSetMemoryLockedClocks(
+        self, handle: Any, minMemClockMHz: int, maxMemClockMHz: int
+    ) -> None:
+        """Lock the memory clock into [min, max] MHz; needs root on a real GPU."""
+        gpu = self._settable(handle, "nvmlDeviceSetMemoryLockedClocks")
+        if minMemClockMHz > maxMemClockMHz:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.set_locked_mem_clocks_mhz(minMemClockMHz, maxMemClockMHz)
+
+    def nvmlDeviceResetMemoryLockedClocks(self, handle: Any) -> None:
+        """Free the memory clock; needs root on a real GPU."""
+        self._settable(handle, "nvmlDeviceResetMemoryLockedClocks").reset_locked_mem_clocks()

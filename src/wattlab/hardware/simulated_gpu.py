@@ -183,7 +183,13 @@ class GpuModel:
     power_limit_range_w: tuple[float, float] = (200.0, 700.0)
     default_power_limit_w: float = 700.0
     sm_clocks_mhz: tuple[int, ...] = field(default_factory=_h100_sm_clocks)
-    mem_clocks_mhz: tuple[int, ...] = (2619, 1593)
+    mem_clocks_mhz: tuple[int, ...] = (2619, 1593)  # the highest is the default
+    # Memory clock physics (inert at the default, top memory clock): this share of the work
+    # is memory-bound and takes f_mem_max / f_mem times as long at a lower memory clock, and
+    # this much of the idle / full-load power is memory power, proportional to f_mem.
+    mem_bound_frac: float = 0.3
+    mem_idle_w: float = 15.0
+    mem_dynamic_w: float = 120.0
     ripple_frac: float = 0.08  # std of the fast power ripple, as a fraction of dynamic power
     ripple_floor_w: float = 1.5
     ripple_corr_ms: float = 10.0
@@ -264,6 +270,8 @@ class SimulatedGpu:
         self._update_offset_ns = int((m.instant_window_s + rng.uniform(0, m.update_period_s)) * 1e9)
         self._power_limit_w = m.default_power_limit_w
         self._locked_mhz: tuple[float, float] | None = None
+        self._mem_locked_mhz: tuple[float, float] | None = None
+        self._mem_max = float(max(m.mem_clocks_mhz))
         self._lock = threading.RLock()
         self._n = 0  # ms bins computed
         self._cum_e = np.zeros(1 + 4 * BLOCK_MS)  # J at bin edges
@@ -308,6 +316,41 @@ class SimulatedGpu:
             self._settings_changed()
             self._locked_mhz = None
 
+    @property
+    def mem_clock_mhz(self) -> int:
+        """Memory clock in force now (MHz): the top one unless a lock says otherwise."""
+        return round(self._mem_clock_now())
+
+    @property
+    def locked_mem_clocks_mhz(self) -> tuple[float, float] | None:
+        """(min, max) memory clock lock in force now, or None when the clock is free."""
+        return self._mem_locked_mhz
+
+    def _mem_clock_now(self) -> float:
+        """The highest supported memory clock within the lock (the lowest one if none is)."""
+        if self._mem_locked_mhz is None:
+            return self._mem_max
+        lo, hi = self._mem_locked_mhz
+        inside = [c for c in self.model.mem_clocks_mhz if lo <= c <= hi]
+        below = [c for c in self.model.mem_clocks_mhz if c <= hi]
+        return float(max(inside or below or [min(self.model.mem_clocks_mhz)]))
+
+    def set_locked_mem_clocks_mhz(self, min_mhz: float, max_mhz: float) -> None:
+        """Lock the memory clock into [min, max] from now on."""
+        if min_mhz > max_mhz:
+            raise UsageError(
+                f"simulated GPU {self.index}: locked memory clocks {min_mhz} > {max_mhz}"
+            )
+        with self._lock:
+            self._settings_changed()
+            self._mem_locked_mhz = (float(min_mhz), float(max_mhz))
+
+    def reset_locked_mem_clocks(self) -> None:
+        """Free the memory clock (back to the top one) from now on."""
+        with self._lock:
+            self._settings_changed()
+            self._mem_locked_mhz = None
+
     def _settings_changed(self) -> None:
         """Forget the waveform from now on, so it is recomputed with the new settings."""
         k_now = max(0, math.ceil((self.clock_ns() - self.start_ns) / MS_NS))
@@ -348,17 +391,22 @@ class SimulatedGpu:
             if self._locked_mhz is not None:
                 f_top = min(self._f_max, max(self._f_min, self._locked_mhz[1]))
             dyn_top = u * m.dynamic_w * (f_top / self._f_max) ** m.clock_exponent
-            headroom = self._power_limit_w - m.idle_w
-            capped = m.idle_w + dyn_top > self._power_limit_w
+            mem_ratio = self._mem_clock_now() / self._mem_max  # 1.0 at the default clock
+            # memory power scales with the memory clock: 0 W change at the default clock
+            base = m.idle_w + (m.mem_idle_w + m.mem_dynamic_w * u) * (mem_ratio - 1.0)
+            headroom = self._power_limit_w - base
+            capped = base + dyn_top > self._power_limit_w
             with np.errstate(divide="ignore", invalid="ignore"):
                 f_cap = self._f_max * (headroom / (u * m.dynamic_w)) ** (1 / m.clock_exponent)
             f = np.where(capped, np.clip(f_cap, self._f_min, f_top), f_top)
             dyn = u * m.dynamic_w * (f / self._f_max) ** m.clock_exponent
             noise = self._noise(block)[n - block * BLOCK_MS :]
             ripple = (m.ripple_frac * dyn + m.ripple_floor_w) * noise
-            power = np.maximum(m.idle_w + dyn + ripple, 0.0)
+            power = np.maximum(base + dyn + ripple, 0.0)
             self._cum_e[n + 1 : e + 1] = self._cum_e[n] + np.cumsum(power) * 1e-3
-            work = np.cumsum(u * f / self._f_max) * 1e-3
+            # the memory-bound share of the work slows with the memory clock
+            slow = 1.0 + m.mem_bound_frac * (1.0 / mem_ratio - 1.0)
+            work = np.cumsum(u * f / self._f_max / slow) * 1e-3
             self._cum_work[n + 1 : e + 1] = self._cum_work[n] + work
             nearest = np.searchsorted(self._clocks_asc, f)
             lower = np.clip(nearest - 1, 0, len(self._clocks_asc) - 1)
@@ -534,6 +582,7 @@ class SimulatedGpu:
             "serial": self.serial,
             "power_limit_w": self._power_limit_w,
             "locked_clocks_mhz": self._locked_mhz,
+            "mem_clock_mhz": self.mem_clock_mhz,
             "schedule_s": self.schedule.duration_s,
         }
 

@@ -264,8 +264,9 @@ class ClockPinger:
             raise MalformedMessageError(f"clock reply from a peer that is not {host!r}'s responder")
         sent = self._outstanding.get(identity)
         t2, t3 = head.get("t2"), head.get("t3")
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in (t2, t3)):
-            raise MalformedMessageError("clock reply needs integer t2 and t3")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**62
+                   for t in (t2, t3)):
+            raise MalformedMessageError("clock reply needs integer t2 and t3 in [0, 2**62)")
         if sent is None or head.get("probe") != sent[0]:
             return  # a late reply to an older probe: harmless, ignored
         del self._outstanding[identity]

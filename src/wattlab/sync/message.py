@@ -26,6 +26,7 @@ from wattlab.samples import (
 PROTOCOL_VERSION = 1
 MAX_HEADER_BYTES = 65536
 MAX_ROWS_PER_BATCH = 10_000_000
+MAX_INT = 2**62  # every integer from the bus must fit the file's int64 columns, with room
 MESSAGE_TYPES = ("descriptor", "batch", "marker", "gap", "end", "control", "reply", "clock")
 
 BufferLike = bytes | memoryview | np.ndarray[Any, Any]
@@ -124,9 +125,25 @@ def decode_header(frames: list[Any]) -> dict[str, Any]:
 
 def _int_field(head: dict[str, Any], name: str) -> int:
     value = head.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise MalformedMessageError(f"header field {name!r} must be a non-negative integer")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < MAX_INT:
+        raise MalformedMessageError(f"header field {name!r} must be an integer in [0, 2**62)")
     return value
+
+
+def _int64(value: Any, name: str, default: int | None = None) -> int:
+    """An integer that fits an int64 column (the file), or the message is malformed."""
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not -MAX_INT < value < MAX_INT:
+        raise MalformedMessageError(f"field {name!r} must be an integer within +-2**62, "
+                                    f"got {str(value)[:40]!r}")
+    return value
+
+
+def decode_end(head: dict[str, Any]) -> int | None:
+    """The last sequence number an ``end`` message names (None: not given)."""
+    value = head.get("last_seq")
+    return None if value is None else _int64(value, "last_seq")
 
 
 _BATCH_BUFFER_DTYPES = {
@@ -213,7 +230,7 @@ def decode_marker(head: dict[str, Any]) -> Marker:
         raise MalformedMessageError("marker has no body")
     try:
         return Marker(
-            t_host_ns=int(body["t_host_ns"]),
+            t_host_ns=_int64(body["t_host_ns"], "t_host_ns"),
             name=str(body["name"]),
             kind=str(body.get("kind", "point")),
             source=head["source"],
@@ -231,11 +248,11 @@ def decode_gap(head: dict[str, Any]) -> Gap:
         return Gap(
             source=head["source"],
             reason=str(body["reason"])[:128],
-            seq_first=int(body.get("seq_first", -1)),
-            seq_last=int(body.get("seq_last", -1)),
-            t_first_ns=int(body.get("t_first_ns", -1)),
-            t_last_ns=int(body.get("t_last_ns", -1)),
-            samples_lost=int(body.get("samples_lost", -1)),
+            seq_first=_int64(body.get("seq_first"), "seq_first", -1),
+            seq_last=_int64(body.get("seq_last"), "seq_last", -1),
+            t_first_ns=_int64(body.get("t_first_ns"), "t_first_ns", -1),
+            t_last_ns=_int64(body.get("t_last_ns"), "t_last_ns", -1),
+            samples_lost=_int64(body.get("samples_lost"), "samples_lost", -1),
         )
     except Exception as e:
         raise MalformedMessageError(f"bad gap: {e}") from e

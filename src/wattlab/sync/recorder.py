@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import socket
 import sys
@@ -32,7 +33,7 @@ from wattlab.errors import MalformedMessageError, UsageError, WattlabError
 from wattlab.samples import Gap, Marker, SampleBatch, SourceDescriptor
 from wattlab.sync import message
 from wattlab.sync.clock_service import ClockPinger
-from wattlab.sync.run_writer import RunFileWriter
+from wattlab.sync.run_writer import ResumePoint, RunFileWriter
 from wattlab.sync.security import CurveServer, load_allowed_keys, load_keypair
 
 COALESCE_ROWS = 65536
@@ -40,7 +41,11 @@ MAX_ORPHAN_BATCHES = 1000
 RECV_BURST = 256
 MAX_HELD_PER_HOST = 10_000
 MAX_ANNOUNCED_SOURCES = 1000
-REMOTE_CONTROL = ("sync",)
+REMOTE_CONTROL = ("sync", "hello")
+RECV_HWM = 10_000
+FLUSH_BYTES = 8 * 1024 * 1024  # flush early past this much, so replay windows keep moving
+RESEND_TIMEOUT_S = 2.0  # a resumed source that does not resend in time: the hole is a gap
+MAX_HELD_ROWS = 4_000_000
 
 
 @dataclass
@@ -61,6 +66,9 @@ class RecorderConfig:
     expected_hosts: list[str] = field(default_factory=list)
     clock_interval_s: float = 0.1
     clock_window_s: float = 1.0
+    resume: bool = False  # reopen ``output`` after a crashed recorder (see docs/reliability.md)
+    test_write_delay_s: float = 0.0  # fault injection: a disk this much slower per write
+    parent_pid: int = 0  # the session: when it is gone, drain and close the file (0: never)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -80,6 +88,14 @@ class _SourceState:
     host: str | None = None  # remote host that owns the stream; None: this host
     pending: list[tuple[Any, Any, Any, Any, Any]] = field(default_factory=list)
     pending_rows: int = 0
+    identity: bytes | None = None  # the publisher that last sent for this stream
+    acked_seq: int = 0  # next_seq last confirmed to the publisher as on disk
+    progress_dirty: bool = False
+    resync: bool = False  # resumed after a crash: hold out-of-order batches, ask for resend
+    resend_deadline: float = 0.0
+    held: list[SampleBatch | Gap] = field(default_factory=list)
+    held_rows: int = 0
+    end_seq: int | None = None  # "end" that came while batches were held
 
 
 class Recorder:
@@ -89,7 +105,7 @@ class Recorder:
         self.config = config
         self._context = context or zmq.Context.instance()
         self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.RCVHWM, 100_000)
+        self._socket.setsockopt(zmq.RCVHWM, RECV_HWM)
         self._socket.setsockopt(zmq.LINGER, 1000)
         self._remote: zmq.Socket[Any] | None = None
         self._remote_context: zmq.Context[Any] | None = None
@@ -98,7 +114,13 @@ class Recorder:
             self._socket.bind(config.endpoint)
             if config.listen:
                 self._bind_remote(config)
-            self.writer = RunFileWriter(config.output, config.root_attrs, config.session_start_ns)
+            points: dict[str, ResumePoint] = {}
+            if config.resume:
+                self.writer, points = RunFileWriter.resume(config.output,
+                                                           config.session_start_ns)
+            else:
+                self.writer = RunFileWriter(config.output, config.root_attrs,
+                                            config.session_start_ns)
         except (zmq.ZMQError, WattlabError):
             self._close_sockets()
             raise
@@ -116,6 +138,23 @@ class Recorder:
         self._started = time.monotonic()
         self.rejected = 0
         self.last_rejection = ""
+        self._bytes_since_flush = 0
+        self._resyncing: set[str] = set()
+        if config.resume:
+            self._resume(points)
+
+    def _resume(self, points: dict[str, ResumePoint]) -> None:
+        """Carry on a crashed recorder's file: every stream waits for its publisher's resend."""
+        for source_id, point in points.items():
+            desc = self.writer.descriptor(source_id)
+            host = self.writer.remote_host(source_id) or None
+            self._sources[source_id] = _SourceState(
+                desc, next_seq=point.seq_next, rows=point.rows, ended=point.ended, host=host,
+                acked_seq=point.seq_next, resync=not point.ended)
+        cut = sum(p.rows_dropped for p in points.values())
+        self._markers.append(Marker(time.monotonic_ns(), "recorder restarted", "point",
+                                    "recorder", {"rows_cut": cut}))
+        self.writer.start_swmr()
 
     def _bind_remote(self, config: RecorderConfig) -> None:
         """The CURVE-only socket for agents on other hosts."""
@@ -188,9 +227,9 @@ class Recorder:
             elif kind == "marker":
                 self._markers.append(message.decode_marker(head))
             elif kind == "gap":
-                self._on_gap(message.decode_gap(head))
+                self._on_gap(message.decode_gap(head), identity)
             elif kind == "end":
-                self._on_end(head["source"], head.get("last_seq"))
+                self._on_end(head["source"], message.decode_end(head))
             elif kind == "control":
                 self._on_control(identity, head)
             else:
@@ -224,7 +263,7 @@ class Recorder:
             if head.get("command") not in REMOTE_CONTROL:
                 raise MalformedMessageError(
                     f"host {host!r} may not send control command {head.get('command')!r}")
-            self._on_control(identity, head)
+            self._on_control(identity, head, host)
         elif kind == "descriptor":
             self._check_remote_source(host, source)
             self._on_descriptor(identity, message.decode_descriptor(head), host)
@@ -244,7 +283,7 @@ class Recorder:
                 gap = message.decode_gap(head)
                 self._when_clock(host, lambda: self._on_gap(self._gap_to_local(host, gap)))
             else:
-                last_seq = head.get("last_seq")
+                last_seq = message.decode_end(head)
                 self._when_clock(host, lambda: self._on_end(source, last_seq))
         else:
             raise MalformedMessageError(f"message type {kind!r} is not for the recorder")
@@ -310,9 +349,17 @@ class Recorder:
             self.writer.add_source(desc, remote_host=host or "")
         except WattlabError as e:
             raise MalformedMessageError(str(e)) from e
-        if desc.source_id not in self._sources:
-            self._sources[desc.source_id] = _SourceState(desc, host=host)
-        self._reply(identity, ack=desc.source_id)
+        state = self._sources.get(desc.source_id)
+        if state is None:
+            state = self._sources[desc.source_id] = _SourceState(desc, host=host)
+        elif state.ended:
+            state.ended = False  # announced again: a restarted source carries on
+            state.end_seq = None
+            changed = sorted(k for k, v in desc.config.items()
+                             if state.desc.config.get(k) != v)[:20]
+            self._markers.append(Marker(time.monotonic_ns(), "source restarted", "point",
+                                        desc.source_id, {"config_changed": changed}))
+        self._reply(identity, ack=desc.source_id, next_seq=state.next_seq)
         for orphan_identity, batch in self._orphans.pop(desc.source_id, []):
             self._on_batch(orphan_identity, batch)
         if set(self.config.expected_sources) <= set(self._sources):
@@ -339,19 +386,106 @@ class Recorder:
                 f"source {batch.source_id!r} sent {batch.values.shape[1]} channels, "
                 f"descriptor has {width}"
             )
-        if batch.last_seq < state.next_seq:
-            state.duplicates += 1
+        state.identity = identity
+        self._order(state, batch.seq, batch.last_seq, batch)
+
+    def _order(self, state: _SourceState, seq: int, last_seq: int,
+               item: SampleBatch | Gap) -> None:
+        """Take a batch (or a gap covering sequence numbers) in sequence order."""
+        if last_seq < state.next_seq:
+            if isinstance(item, SampleBatch):
+                state.duplicates += 1
             return
+        if seq > state.next_seq and state.resync:
+            self._hold(state, item)
+            return
+        if seq > state.next_seq:
+            reason = "sent before the recorder joined" if state.batches == 0 else "sequence gap"
+            t_next = self._first_time(state, item)
+            self._record_gap(state, state.next_seq, seq - 1, t_next, reason)
+        state.next_seq = last_seq + 1
+        if isinstance(item, SampleBatch):
+            self._take_rows(state, item)
+        else:
+            self._gaps.append(item)
+            state.gaps += 1
+            state.samples_lost += max(item.samples_lost, 0)
+        if state.held:
+            self._release(state)
+        if not state.held and state.resync:
+            self._settled(state)
+
+    def _first_time(self, state: _SourceState, item: SampleBatch | Gap) -> int:
+        if isinstance(item, Gap):
+            return item.t_first_ns
+        if item.n == 0:
+            return -1
+        if state.host is not None:
+            return int(self._pinger.trackers[state.host].to_local_ns(item.t_host_ns[:1])[0])
+        return int(item.t_host_ns[0])
+
+    # ---- after a recorder restart ------------------------------------------------------------
+    def _hold(self, state: _SourceState, item: SampleBatch | Gap) -> None:
+        """Keep a batch that came ahead of what the crashed recorder lost; ask for the rest."""
+        if not state.held and state.identity is not None:
+            self._send_to(state, message.encode_reply(resend=state.desc.source_id,
+                                                      from_seq=state.next_seq))
+            state.resend_deadline = time.monotonic() + RESEND_TIMEOUT_S
+        state.held.append(item)
+        state.held_rows += item.n if isinstance(item, SampleBatch) else 0
+        self._resyncing.add(state.desc.source_id)
+        if state.held_rows > MAX_HELD_ROWS:
+            self._give_up_resync(state)
+
+    def _release(self, state: _SourceState) -> None:
+        """Process held batches that are in order now (resent ones filled the hole)."""
+        state.held.sort(key=_seq_of)
+        while state.held and _seq_of(state.held[0]) <= state.next_seq:
+            item = state.held.pop(0)
+            state.held_rows -= item.n if isinstance(item, SampleBatch) else 0
+            last = item.last_seq if isinstance(item, SampleBatch) else item.seq_last
+            if last < state.next_seq:
+                state.duplicates += isinstance(item, SampleBatch)
+                continue
+            state.next_seq = last + 1
+            if isinstance(item, SampleBatch):
+                self._take_rows(state, item)
+            else:
+                self._gaps.append(item)
+                state.gaps += 1
+                state.samples_lost += max(item.samples_lost, 0)
+
+    def _settled(self, state: _SourceState) -> None:
+        state.resync = False
+        self._resyncing.discard(state.desc.source_id)
+        if state.end_seq is not None:
+            end_seq, state.end_seq = state.end_seq, None
+            self._on_end(state.desc.source_id, end_seq)
+
+    def _give_up_resync(self, state: _SourceState) -> None:
+        """No resend came (publisher gone, or too much held): the hole is recorded as a gap."""
+        state.resync = False
+        held, state.held, state.held_rows = sorted(state.held, key=_seq_of), [], 0
+        for item in held:
+            if isinstance(item, SampleBatch):
+                self._order(state, item.seq, item.last_seq, item)
+            else:
+                self._order(state, item.seq_first, item.seq_last, item)
+        self._settled(state)
+
+    def _check_resync(self) -> None:
+        now = time.monotonic()
+        for source_id in list(self._resyncing):
+            state = self._sources[source_id]
+            if state.held and now >= state.resend_deadline:
+                self._give_up_resync(state)
+
+    def _take_rows(self, state: _SourceState, batch: SampleBatch) -> None:
         t_host = batch.t_host_ns
         sender = None
         if state.host is not None:
             sender = batch.t_host_ns
             t_host = self._pinger.trackers[state.host].to_local_ns(sender)
-        if batch.seq > state.next_seq:
-            reason = "sent before the recorder joined" if state.batches == 0 else "sequence gap"
-            t_next = int(t_host[0]) if batch.n else -1
-            self._record_gap(state, state.next_seq, batch.seq - 1, t_next, reason)
-        state.next_seq = batch.last_seq + 1
         state.batches += 1
         if batch.n == 0:
             return
@@ -371,9 +505,14 @@ class Recorder:
                               t_next_ns))
         state.gaps += 1
 
-    def _on_gap(self, gap: Gap) -> None:
-        self._gaps.append(gap)
+    def _on_gap(self, gap: Gap, identity: bytes | None = None) -> None:
         state = self._sources.get(gap.source)
+        if state is not None and identity is not None:
+            state.identity = identity
+        if state is not None and 0 <= gap.seq_first <= gap.seq_last:
+            self._order(state, gap.seq_first, gap.seq_last, gap)  # it stands for those batches
+            return
+        self._gaps.append(gap)
         if state is not None:
             state.gaps += 1
             state.samples_lost += max(gap.samples_lost, 0)
@@ -382,18 +521,55 @@ class Recorder:
         state = self._sources.get(source_id)
         if state is None:
             raise MalformedMessageError(f"end from unknown source {source_id!r}")
+        if state.held and isinstance(last_seq, int):
+            state.end_seq = last_seq  # resent batches may still come after the end
+            return
         if isinstance(last_seq, int) and last_seq >= state.next_seq:
             self._record_gap(state, state.next_seq, last_seq, -1, "lost before the end")
             state.next_seq = last_seq + 1
         state.ended = True
+        state.progress_dirty = True
+        self.flush()  # the publisher waits for "on disk" before it closes
 
-    def _on_control(self, identity: bytes, head: dict[str, Any]) -> None:
+    def _on_source_lost(self, head: dict[str, Any]) -> None:
+        """The supervisor saw a source process die: say so in /gaps and stop waiting for it."""
+        source_id = head.get("source_id")
+        state = self._sources.get(source_id) if isinstance(source_id, str) else None
+        if state is None:
+            raise MalformedMessageError(f"source_lost for unknown source {source_id!r}")
+        reason = str(head.get("reason", "source lost"))[:128]
+        self._gaps.append(Gap(state.desc.source_id, reason, state.next_seq, -1,
+                              state.last_t_ns, time.monotonic_ns()))
+        state.gaps += 1
+        state.held, state.held_rows, state.resync = [], 0, False
+        self._resyncing.discard(state.desc.source_id)
+        state.ended = True
+        state.progress_dirty = True
+
+    def _on_hello(self, identity: bytes, head: dict[str, Any], host: str | None) -> None:
+        """A publisher names its streams (it stalled): a resumed stream asks it to resend."""
+        sources = head.get("sources")
+        if not isinstance(sources, list) or len(sources) > MAX_ANNOUNCED_SOURCES:
+            raise MalformedMessageError("hello needs a list of at most 1000 stream names")
+        for source_id in sources:
+            state = self._sources.get(source_id) if isinstance(source_id, str) else None
+            if state is None or state.host != host or not state.resync or state.held:
+                continue
+            state.identity = identity
+            self._send_to(state, message.encode_reply(resend=source_id, from_seq=state.next_seq))
+
+    def _on_control(self, identity: bytes, head: dict[str, Any], host: str | None = None) -> None:
         command = head.get("command")
         rid = head.get("rid")
         if command == "sync":
             self._reply(identity, rid=rid)
         elif command == "status":
             self._reply(identity, rid=rid, **self.status())
+        elif command == "hello":
+            self._on_hello(identity, head, host)
+        elif command == "source_lost":
+            self._on_source_lost(head)
+            self._reply(identity, rid=rid)
         elif command == "stop":
             self._stop_requested = (identity, str(rid))
             self._drain_deadline = time.monotonic() + self.config.drain_timeout_s
@@ -412,10 +588,16 @@ class Recorder:
             return parts[0][i] if len(parts) == 1 else np.concatenate([p[i] for p in parts])
 
         sender = cat(4) if state.host is not None else None
-        self.writer.append(state.desc.source_id, cat(0), cat(1), cat(2), cat(3),
+        values = cat(2)
+        if self.config.test_write_delay_s > 0:
+            time.sleep(self.config.test_write_delay_s)
+        self.writer.append(state.desc.source_id, cat(0), cat(1), values, cat(3),
                            t_sender_ns=sender)
+        self._bytes_since_flush += values.nbytes
+        state.progress_dirty = True
 
     def flush(self) -> None:
+        """Write everything pending, say in /progress how far each source is, confirm it."""
         for state in self._sources.values():
             self._write_pending(state)
         if self._markers:
@@ -424,9 +606,28 @@ class Recorder:
         if self._gaps:
             self.writer.add_gaps(self._gaps)
             self._gaps = []
+        dirty = [s for s in self._sources.values() if s.progress_dirty]
+        if dirty:
+            self.writer.add_progress([(s.desc.source_id, s.next_seq, s.rows, s.ended)
+                                      for s in dirty])
         if not self.writer.swmr and time.monotonic() - self._started > self.config.swmr_after_s:
             self.writer.start_swmr()
         self.writer.flush()
+        self._bytes_since_flush = 0
+        for state in dirty:
+            state.progress_dirty = False
+            if state.identity is not None and state.next_seq > state.acked_seq:
+                state.acked_seq = state.next_seq
+                self._send_to(state, message.encode_reply(durable=state.desc.source_id,
+                                                          seq_next=state.next_seq))
+
+    def _send_to(self, state: _SourceState, frames: list[Any]) -> None:
+        """A message to the publisher of a stream, on the socket it came in on."""
+        if state.identity is None:
+            return
+        sock = self._socket if state.host is None else self._remote
+        if sock is not None:
+            sock.send_multipart([state.identity, *frames])
 
     def status(self) -> dict[str, Any]:
         return {
@@ -438,6 +639,7 @@ class Recorder:
                     "samples_lost": s.samples_lost,
                     "duplicates": s.duplicates,
                     "ended": s.ended,
+                    "held": len(s.held),
                 }
                 for sid, s in self._sources.items()
             },
@@ -447,6 +649,7 @@ class Recorder:
             "hosts": self._hosts_status(),
             "refused_peers": self._curve.refused if self._curve is not None else 0,
             "listen": self.listen_endpoint,
+            "resumed": self.config.resume,
         }
 
     def _hosts_status(self) -> dict[str, Any]:
@@ -495,10 +698,14 @@ class Recorder:
                     self.handle(frames)
             if self._remote is not None and not self._finish_sent:
                 self._pinger.send_due(self._send_remote)
+            if self.config.parent_pid and os.getppid() != self.config.parent_pid:
+                self.request_stop()  # the session died: close the file cleanly
             if self._stop_requested is not None and not self._finish_sent:
                 self._finish_sent = True
                 self._pinger.finish_all(self._send_remote)
-            if time.monotonic() >= next_flush:
+            if self._resyncing:
+                self._check_resync()
+            if time.monotonic() >= next_flush or self._bytes_since_flush >= FLUSH_BYTES:
                 self.flush()
                 next_flush = time.monotonic() + self.config.flush_interval_s
             if self._stop_requested is not None and self._drained():
@@ -523,6 +730,8 @@ class Recorder:
             self.handle(frames, host=str(host), t_recv_ns=t_recv_ns)
 
     def _finish(self) -> dict[str, Any]:
+        for source_id in list(self._resyncing):
+            self._give_up_resync(self._sources[source_id])
         for host, held in self._held.items():
             lost = len(held) + self._held_lost.get(host, 0)
             self._gaps.append(Gap(f"{host}.clock", f"host {host} never answered a clock probe; "
@@ -557,6 +766,10 @@ class Recorder:
             if self._remote_context is not None:
                 self._remote_context.term()
         return final
+
+
+def _seq_of(item: SampleBatch | Gap) -> int:
+    return item.seq if isinstance(item, SampleBatch) else item.seq_first
 
 
 def hosts_ready(status: dict[str, Any], hosts: list[str], min_probes: int = 3) -> bool:

@@ -54,6 +54,25 @@ GAP_DTYPE = np.dtype(
         ("reason", "S128"),
     ]
 )
+# one row per source per flush: how far the file holds it (what a restarted recorder resumes)
+PROGRESS_DTYPE = np.dtype(
+    [
+        ("source", "S64"),
+        ("seq_next", "<i8"),
+        ("rows", "<i8"),
+        ("ended", "u1"),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a source stands in a file reopened after a crash."""
+
+    seq_next: int
+    rows: int
+    ended: bool
+    rows_dropped: int  # rows written after the last complete flush, cut off on reopen
 
 
 @dataclass
@@ -101,13 +120,77 @@ class RunFileWriter:
         self._file.attrs["format_version"] = FORMAT_VERSION
         self._file.attrs["session_start_monotonic_ns"] = session_start_ns
         self._file.create_group("sources")
-        for name, dtype in (("markers", MARKER_DTYPE), ("gaps", GAP_DTYPE)):
+        for name, dtype in (("markers", MARKER_DTYPE), ("gaps", GAP_DTYPE),
+                            ("progress", PROGRESS_DTYPE)):
             _growable(self._file, name, dtype, chunk_rows=64, compression="gzip",
                       compression_opts=1)
         self._file["markers"].attrs["time_unit"] = "ns since session start"
         self._file["gaps"].attrs["unknown_time"] = UNKNOWN_TIME_NS
+        self._file["progress"].attrs["meaning"] = (
+            "per flush: the next sequence number and row count of each source on disk; "
+            "a recorder restarted after a crash resumes from the last complete row")
         self._sources: dict[str, _SourceDatasets] = {}
         self._descriptors: dict[str, SourceDescriptor] = {}
+
+    @classmethod
+    def resume(
+        cls, path: str, session_start_ns: int
+    ) -> tuple[RunFileWriter, dict[str, ResumePoint]]:
+        """Reopen a run file whose recorder died, cut back to its last complete flush.
+
+        Why cut: rows written after the last flush may be partly on disk (one dataset longer
+        than another); the ``progress`` table says where each source was whole, and the
+        sources resend from there.
+        """
+        from wattlab.sync.hdf5_repair import clear_crash_flags
+
+        if not os.path.exists(path):
+            raise UsageError(f"{path}: no run file to resume")
+        clear_crash_flags(path)
+        self = cls.__new__(cls)
+        self.path = path
+        self.session_start_ns = session_start_ns
+        try:
+            self._file = h5py.File(path, "r+", libver="latest")
+        except OSError as e:
+            raise RunFileError(f"{path}: cannot reopen for writing: {e}") from e
+        try:
+            if "progress" not in self._file or "sources" not in self._file:
+                raise RunFileError(f"{path}: not a resumable run file (no /progress)")
+            self._sources = {}
+            self._descriptors = {}
+            points = self._cut_to_progress()
+        except (RunFileError, KeyError, ValueError) as e:
+            self._file.close()
+            if isinstance(e, RunFileError):
+                raise
+            raise RunFileError(f"{path}: cannot resume: {e}") from e
+        return self, points
+
+    def _cut_to_progress(self) -> dict[str, ResumePoint]:
+        for name, dtype in (("markers", MARKER_DTYPE), ("gaps", GAP_DTYPE),
+                            ("progress", PROGRESS_DTYPE)):
+            _drop_blank_tail(self._file[name], dtype)
+        table = self._file["progress"][:]
+        points: dict[str, ResumePoint] = {}
+        for source_id, group in self._file["sources"].items():
+            desc = SourceDescriptor.from_json(json.loads(group.attrs["descriptor_json"]))
+            self._descriptors[source_id] = desc
+            self._bind(source_id)
+            ds = self._sources[source_id]
+            parts = [ds.time, ds.time_raw, ds.values, ds.flags]
+            if ds.time_host_raw is not None:
+                parts.append(ds.time_host_raw)
+            whole = min(int(p.shape[0]) for p in parts)
+            mine = table[table["source"] == source_id.encode()]
+            mine = mine[mine["rows"] <= whole]
+            seq_next, rows, ended = (0, 0, False) if len(mine) == 0 else (
+                int(mine["seq_next"][-1]), int(mine["rows"][-1]), bool(mine["ended"][-1]))
+            longest = max(int(p.shape[0]) for p in parts)
+            for p in parts:
+                p.resize(rows, axis=0)
+            points[source_id] = ResumePoint(seq_next, rows, ended, longest - rows)
+        return points
 
     @property
     def swmr(self) -> bool:
@@ -121,10 +204,19 @@ class RunFileWriter:
     def has_source(self, source_id: str) -> bool:
         return source_id in self._sources
 
+    def descriptor(self, source_id: str) -> SourceDescriptor:
+        return self._descriptors[source_id]
+
+    def remote_host(self, source_id: str) -> str:
+        """The agent host a stream came from ("" for this host's own)."""
+        return str(self._file["sources"][source_id].attrs.get("remote_host", ""))
+
     def add_source(self, desc: SourceDescriptor, remote_host: str = "") -> None:
         """Create a source's group; a remote host's source also keeps the sender's times."""
         if desc.source_id in self._sources:
-            if desc.to_json() != self._descriptors[desc.source_id].to_json():
+            # a restarted source may differ in its configuration (clock offsets, ...) but
+            # never in what its datasets hold
+            if _layout(desc) != _layout(self._descriptors[desc.source_id]):
                 raise UsageError(f"source {desc.source_id!r} re-announced with another descriptor")
             return
         was_swmr = self.swmr
@@ -225,6 +317,13 @@ class RunFileWriter:
             )
         _append(self._file["gaps"], rows)
 
+    def add_progress(self, rows: list[tuple[str, int, int, bool]]) -> None:
+        """(source, next sequence number, rows written, ended) after the data they cover."""
+        table = np.zeros(len(rows), dtype=PROGRESS_DTYPE)
+        for i, (source_id, seq_next, count, ended) in enumerate(rows):
+            table[i] = (source_id.encode()[:64], seq_next, count, ended)
+        _append(self._file["progress"], table)
+
     def _session_time(self, t_host_ns: int) -> int:
         return int(UNKNOWN_TIME_NS) if t_host_ns < 0 else t_host_ns - self.session_start_ns
 
@@ -272,6 +371,22 @@ class RunFileWriter:
                     nominal = NOMINAL_NS_PER_UNIT.get(desc.time_raw)
                     if nominal is not None and desc.time_raw.startswith("device_"):
                         _fit_clock(f["sources"][source_id], nominal)
+
+
+def _layout(desc: SourceDescriptor) -> dict[str, Any]:
+    """What a source's datasets are: everything in its descriptor but the configuration."""
+    return {k: v for k, v in desc.to_json().items() if k != "config"}
+
+
+def _drop_blank_tail(ds: h5py.Dataset, dtype: np.dtype[Any]) -> None:
+    """Rows a dead writer had sized but not filled read as all zero: drop them."""
+    n = int(ds.shape[0])
+    keep = n
+    blank = np.zeros((), dtype=dtype).tobytes()
+    while keep > 0 and ds[keep - 1].tobytes() == blank:
+        keep -= 1
+    if keep < n:
+        ds.resize(keep, axis=0)
 
 
 def _remap(
