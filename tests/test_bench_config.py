@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from wattlab.bench_config import (
     TEMPLATE,
-    acquirers_from_bench,
+    bench_acquirers,
     check_bench,
     load_bench,
     parse_bench,
@@ -24,8 +25,23 @@ from wattlab.hardware.wt300e_emulator import Wt300eEmulator
 def test_template_is_valid() -> None:
     config = parse_bench(TEMPLATE, "bench.toml")
     assert config.name == "my-bench"
-    assert [(d.kind, d.line) for d in config.devices] == [("nvml", 13)]
+    first_device_line = TEMPLATE.splitlines().index("[[device]]") + 1
+    assert [(d.kind, d.line) for d in config.devices] == [("nvml", first_device_line)]
     assert config.devices[0].options["gpus"] == "all"
+
+
+def test_template_examples_are_valid_when_uncommented() -> None:
+    """Every commented example (rails, gpu, elements, rail) must parse as documented."""
+    lines = [re.sub(r"^# (\[\[device\]\]|[a-z_]+ = )", r"\1", line)
+             for line in TEMPLATE.splitlines()]
+    text = "\n".join(lines).replace("simulated_gpus = 1", "simulated_gpus = 2")
+    config = parse_bench(text, "bench.toml")
+    assert [d.kind for d in config.devices] == ["nvml", "powersensor3", "pmd", "wt300e",
+                                                "hmc8015"]
+    ps3, pmd, wall, hmc = config.meters
+    assert (ps3.options["gpu"], pmd.options["gpu"]) == (0, 1)
+    assert ps3.options["rails"] == {"0": "slot_12v", "1": "slot_3v3", "2": "cable_12vhpwr"}
+    assert wall.options["elements"] == {"1": "wall"} and hmc.options["rail"] == "psu_ac"
 
 
 GOOD = """\
@@ -96,10 +112,11 @@ def test_acquirers_from_bench() -> None:
     text = GOOD + ('\n[[device]]\nkind = "nvml"\nsimulate = true\nsimulated_gpus = 2\n'
                    '\n[[device]]\nkind = "hmc8015"\nresource = "TCPIP::h::5025::SOCKET"\n'
                    '\n[[device]]\nkind = "pmd"\nport = "/dev/ttyUSB0"\n')
-    found = acquirers_from_bench(parse_bench(text))
-    assert [(name, type(acq).__name__) for name, acq in found] == [
-        ("ps3", "PowerSensor3Acquirer"), ("wall", "Wt300eAcquirer"), ("gpu0", "NvmlAcquirer"),
-        ("gpu1", "NvmlAcquirer"), ("hmc", "Hmc8015Acquirer"), ("pmd", "PmdAcquirer")]
+    with bench_acquirers(parse_bench(text)) as found:
+        kinds = [(name, type(getattr(acq, "inner", acq)).__name__) for name, acq in found]
+    assert kinds == [
+        ("gpu0", "NvmlAcquirer"), ("gpu1", "NvmlAcquirer"), ("ps3", "PowerSensor3Acquirer"),
+        ("wall", "Wt300eAcquirer"), ("hmc", "Hmc8015Acquirer"), ("pmd", "PmdAcquirer")]
 
 
 @pytest.fixture

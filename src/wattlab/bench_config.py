@@ -12,11 +12,13 @@ device with a ``kind``: nvml, powersensor3, pmd, wt300e, hmc8015.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,11 +56,62 @@ def _string_list(value: Any) -> str | None:
     return None if ok else "must be a non-empty list of strings"
 
 
+_RAIL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+RAIL_NAME_RULE = "1-32 lower-case letters, digits and '_', starting with a letter"
+
+
+def _rail_name(value: Any) -> str | None:
+    if not isinstance(value, str) or not _RAIL_NAME.match(value):
+        return f"must be a rail name: {RAIL_NAME_RULE} (it starts the channel names)"
+    if value == "board":
+        return "must not be 'board' (board_power_w is the sum of the rails)"
+    return None
+
+
+def _rail_table(inputs: list[str], what: str) -> Check:
+    """A check for ``{ input = "rail_name" }`` where input is one of the device's inputs."""
+
+    def check(value: Any) -> str | None:
+        example = f'{{ {inputs[0]} = "slot_12v" }}'
+        if not isinstance(value, dict) or not value:
+            return f"must be a table of {what} = rail name, e.g. {example}"
+        for key, name in value.items():
+            if key not in inputs:
+                return f"names {what} {key!r}, which does not exist ({what}s: " \
+                       f"{', '.join(inputs)})"
+            problem = _rail_name(name)
+            if problem:
+                return f"{key} = {name!r}: {problem}"
+        names = list(value.values())
+        twice = sorted({n for n in names if names.count(n) > 1})
+        return f"uses the rail name(s) {twice} twice" if twice else None
+
+    return check
+
+
+def _ps3_rails(value: Any) -> str | None:
+    from wattlab.drivers.powersensor3 import N_PAIRS
+
+    return _rail_table([str(p) for p in range(N_PAIRS)], "pair")(value)
+
+
+def _pmd_rails(value: Any) -> str | None:
+    from wattlab.drivers.pmd import RAILS
+
+    return _rail_table(list(RAILS), "input")(value)
+
+
+_WT_ELEMENTS = ["1", "2", "3", "SIGMA"]
+
+
 def _elements(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return _rail_table(_WT_ELEMENTS, "element")(value)
     ok = isinstance(value, list) and value and all(
         (isinstance(v, int) and not isinstance(v, bool) and v >= 1) or v == "SIGMA"
         for v in value)
-    return None if ok else "must be a non-empty list of element numbers (1, 2, 3) or \"SIGMA\""
+    return None if ok else ("must be a list of element numbers like [1, 2] (or \"SIGMA\"), "
+                            "or a table naming what each measures: { 1 = \"wall\" }")
 
 
 def _gpus(value: Any) -> str | None:
@@ -87,15 +140,18 @@ class KindSchema:
 
 
 COMMON: dict[str, tuple[Check, Any]] = {"note": (_string, "")}
+METER_COMMON: dict[str, tuple[Check, Any]] = {"gpu": (_non_negative_int, None)}
 KINDS: dict[str, KindSchema] = {
     "nvml": KindSchema({}, {"gpus": (_gpus, "all"), "simulate": (_bool, False),
                             "simulated_gpus": (_positive_int, 1),
                             "seed": (_non_negative_int, 0)},
                        "gpu", "GPUs read through NVML (source ids gpu<N>.*)"),
-    "powersensor3": KindSchema({"port": _string}, {"id": (_source_id, "ps3")}, "ps3",
+    "powersensor3": KindSchema({"port": _string}, {"id": (_source_id, "ps3"),
+                                                   "rails": (_ps3_rails, None)}, "ps3",
                                "PowerSensor3 on a USB serial port"),
     "pmd": KindSchema({"port": _string}, {"id": (_source_id, "pmd"),
-                                          "baud": (_positive_int, None)}, "pmd",
+                                          "baud": (_positive_int, None),
+                                          "rails": (_pmd_rails, None)}, "pmd",
                       "ElmorLabs PMD-USB on a USB serial port"),
     "wt300e": KindSchema({"resource": _string},
                          {"id": (_source_id, "wall"), "elements": (_elements, [1]),
@@ -105,7 +161,8 @@ KINDS: dict[str, KindSchema] = {
     "hmc8015": KindSchema({"resource": _string},
                           {"id": (_source_id, "hmc"),
                            "functions": (_string_list, ["URMS", "IRMS", "P"]),
-                           "rate_s": (_positive_number, 0.1), "auto_range": (_bool, True)},
+                           "rate_s": (_positive_number, 0.1), "auto_range": (_bool, True),
+                           "rail": (_rail_name, None)},
                           "hmc", "Rohde & Schwarz HMC8015 over VISA"),
 }
 BENCH_KEYS: dict[str, Check] = {"name": _string, "description": _string}
@@ -119,6 +176,12 @@ class DeviceConfig:
     id: str
     line: int
     options: dict[str, Any]
+    where: str = ""  # "bench.toml:12: device 'ps3' (powersensor3)", for errors at run time
+
+    @property
+    def address(self) -> str:
+        """The serial port or VISA resource of a meter."""
+        return str(self.options.get("port") or self.options.get("resource") or "")
 
 
 @dataclass(frozen=True)
@@ -129,6 +192,15 @@ class BenchConfig:
     name: str
     description: str
     devices: list[DeviceConfig] = field(default_factory=list)
+
+    @property
+    def nvml(self) -> DeviceConfig | None:
+        """The one nvml device, if the bench reads GPUs."""
+        return next((d for d in self.devices if d.kind == "nvml"), None)
+
+    @property
+    def meters(self) -> list[DeviceConfig]:
+        return [d for d in self.devices if d.kind != "nvml"]
 
     def to_json(self) -> dict[str, Any]:
         """What the recorder stores in the run's ``bench_config`` attribute."""
@@ -221,8 +293,55 @@ def parse_bench(text: str, path: str = "<bench>") -> BenchConfig:
         devices.append(device)
     if sum(d.kind == "nvml" for d in devices) > 1:
         raise UsageError(f"{path}: more than one nvml device; list the GPUs in one: gpus = ...")
+    devices = [DeviceConfig(d.kind, d.id, d.line, d.options,
+                            f"{path}:{d.line}: device {d.id!r} ({d.kind})") for d in devices]
+    _check_gpu_feeds(devices, lines, fail)
     return BenchConfig(path, str(bench.get("name", "")), str(bench.get("description", "")),
                        devices)
+
+
+def _known_gpus(nvml: DeviceConfig) -> list[int] | None:
+    """The GPU indices an nvml entry reads, where the file alone says (None: "all")."""
+    gpus = nvml.options["gpus"]
+    if isinstance(gpus, list):
+        return list(gpus)
+    if gpus.strip() != "all":
+        return [int(g) for g in gpus.split(",")]
+    return list(range(int(nvml.options["simulated_gpus"]))) if nvml.options["simulate"] else None
+
+
+def _check_gpu_feeds(devices: list[DeviceConfig], lines: _Lines,
+                     fail: Callable[[int, str], UsageError]) -> None:
+    """Every ``gpu = N`` names a GPU the bench reads, and is fed by one meter only."""
+    nvml = next((d for d in devices if d.kind == "nvml"), None)
+    known = None if nvml is None else _known_gpus(nvml)
+    fed: dict[int, DeviceConfig] = {}
+    for index, device in enumerate(devices):
+        gpu = device.options.get("gpu")
+        if gpu is None:
+            continue
+        line = lines.of("device", index, "gpu")
+        where = f"device {index + 1} ({device.kind})"
+        if nvml is None:
+            raise fail(line, f"{where}: gpu = {gpu}, but no [[device]] kind = \"nvml\" reads "
+                             "GPUs; add one, or drop gpu")
+        if known is not None and gpu not in known:
+            raise fail(line, f"{where}: gpu = {gpu} is not one of the GPUs the nvml device "
+                             f"at line {nvml.line} reads ({', '.join(map(str, known))})")
+        if gpu in fed:
+            raise fail(line, f"{where}: gpu {gpu} is already fed by device {fed[gpu].id!r} "
+                             f"at line {fed[gpu].line}; one meter measures a GPU's board power")
+        fed[gpu] = device
+
+
+def check_gpus_exist(config: BenchConfig, gpus: list[tuple[str, Any]]) -> None:
+    """Once NVML has said which GPUs exist (``gpu<N>`` names): each ``gpu = N`` is one."""
+    indices = [int(name.removeprefix("gpu")) for name, _ in gpus]
+    for device in config.meters:
+        gpu = device.options.get("gpu")
+        if gpu is not None and gpu not in indices:
+            raise UsageError(f"{device.where}: gpu = {gpu}, but the GPUs read are "
+                             f"{', '.join(map(str, indices)) or 'none'}")
 
 
 def _device(table: dict[str, Any], index: int, lines: _Lines,
@@ -237,7 +356,8 @@ def _device(table: dict[str, Any], index: int, lines: _Lines,
                    + _suggest(str(kind), list(KINDS)))
     schema = KINDS[kind]
     where = f"{where} ({kind})"
-    known = ["kind", *schema.required, *schema.optional, *COMMON]
+    common = COMMON if kind == "nvml" else {**COMMON, **METER_COMMON}
+    known = ["kind", *schema.required, *schema.optional, *common]
     options: dict[str, Any] = {}
     for key, value in table.items():
         if key == "kind":
@@ -245,7 +365,7 @@ def _device(table: dict[str, Any], index: int, lines: _Lines,
         if key not in known:
             raise fail(lines.of("device", index, key), f"{where}: unknown key {key!r}"
                        + _suggest(key, known[1:]))
-        check = schema.required.get(key) or {**schema.optional, **COMMON}[key][0]
+        check = schema.required.get(key) or {**schema.optional, **common}[key][0]
         problem = check(value)
         if problem:
             raise fail(lines.of("device", index, key), f"{where}: {key} {problem}, "
@@ -257,8 +377,31 @@ def _device(table: dict[str, Any], index: int, lines: _Lines,
     for key, (_, default) in schema.optional.items():
         if key not in options and default is not None:
             options[key] = default
+    if "gpu" in options:
+        problem = _board_problem(kind, options)
+        if problem:
+            raise fail(lines.of("device", index, "gpu"), f"{where}: gpu = {options['gpu']} "
+                       f"{problem}")
     source_id = str(options.pop("id", schema.default_id))
     return DeviceConfig(kind, source_id, header, options)
+
+
+def _board_problem(kind: str, options: dict[str, Any]) -> str | None:
+    """Board power is the sum of named rails that measure power: say what is missing."""
+    if kind == "hmc8015":
+        if "rail" not in options:
+            return 'needs rail = "..." naming what the HMC8015 measures'
+        has_p = any(f.strip().upper() == "P" for f in options["functions"])
+        return None if has_p else 'needs "P" (active power) in functions'
+    if kind == "wt300e":
+        if not isinstance(options["elements"], dict):
+            return 'needs elements = { 1 = "..." } naming what each element measures'
+        has_p = any(i.strip().upper() == "P" for i in options["items"])
+        return None if has_p else 'needs "P" (active power) in items'
+    if "rails" not in options:
+        first = "0" if kind == "powersensor3" else "pcie1"
+        return f'needs rails = {{ {first} = "slot_12v", ... }} naming what feeds the GPU'
+    return None
 
 
 def load_bench(path: str) -> BenchConfig:
@@ -277,67 +420,58 @@ def load_bench(path: str) -> BenchConfig:
 # ----------------------------------------------------------------------------- acquirers
 
 
-def _nvml_acquirers(device: DeviceConfig) -> list[tuple[str, Any]]:
-    from wattlab.acquisition.nvml_source import NvmlAcquirer
-    from wattlab.drivers.nvml import NvmlDriver
+def meter_acquirer(device: DeviceConfig) -> Any:
+    """A meter entry's acquirer, built as ``--meter`` builds one, with the entry's options."""
+    from wattlab.acquisition.meters import build_meter
 
-    opts = device.options
-    lib = None
-    if opts.get("simulate"):
-        from wattlab.hardware.fake_nvml import FakeNvml
-        from wattlab.hardware.simulated_gpu import simulated_gpus
+    return build_meter(device.kind, device.address, device.id,
+                       {**device.options, "where": device.where})
 
-        lib = FakeNvml(simulated_gpus(int(opts["simulated_gpus"]), int(opts["seed"])))
-    gpus = opts["gpus"]
+
+def meter_options_json(device: DeviceConfig) -> str:
+    """A meter entry's options for a source process (rebuilt there by ``build_meter``)."""
+    return json.dumps({**device.options, "where": device.where})
+
+
+def nvml_selection(config: BenchConfig) -> tuple[str, bool, int, int]:
+    """(gpus, simulate, simulated_gpus, seed) as ``--nvml`` and ``--simulate`` take them."""
+    nvml = config.nvml
+    if nvml is None:
+        return "none", False, 1, 0
+    gpus = nvml.options["gpus"]
     spec = ",".join(str(g) for g in gpus) if isinstance(gpus, list) else str(gpus)
-    driver = NvmlDriver(lib)
-    driver.open()  # counted: each acquirer opens and closes it again
-    try:
-        indices = driver.resolve_gpus(spec)
-    finally:
-        driver.close()
-    return [(f"gpu{i}", NvmlAcquirer(driver, i)) for i in indices]
+    return (spec, bool(nvml.options["simulate"]), int(nvml.options["simulated_gpus"]),
+            int(nvml.options["seed"]))
 
 
-def _meter_acquirer(device: DeviceConfig) -> Any:
-    opts = device.options
-    if device.kind == "powersensor3":
-        from wattlab.acquisition.powersensor3_source import PowerSensor3Acquirer
+@contextmanager
+def bench_acquirers(config: BenchConfig) -> Iterator[list[tuple[str, Any]]]:
+    """(name, Acquirer) for every device, unopened, ready for ``Session(acquirers=...)``.
 
-        return PowerSensor3Acquirer(opts["port"], device.id)
-    if device.kind == "pmd":
-        try:
-            from wattlab.acquisition.pmd_source import PmdAcquirer
-        except ImportError as e:
-            raise UsageError(f"device {device.id!r} (line {device.line}): PMD-USB support is "
-                             f"not in this installation ({e})") from e
-        baud = opts.get("baud")
-        return PmdAcquirer(opts["port"], device.id, baud=None if baud is None else int(baud))
-    if device.kind == "wt300e":
-        from wattlab.acquisition.scpi_sources import Wt300eAcquirer
+    NVML stays open while the context is; GPUs named by ``gpu = N`` are checked here,
+    once NVML has said which exist.
+    """
+    from wattlab.acquisition.meters import nvml_acquirers
 
-        return Wt300eAcquirer(opts["resource"], device.id, elements=opts["elements"],
-                              items=opts["items"], rate_s=float(opts["rate_s"]),
-                              model=opts.get("model"))
-    from wattlab.acquisition.scpi_sources import Hmc8015Acquirer
-
-    return Hmc8015Acquirer(opts["resource"], device.id, functions=opts["functions"],
-                           rate_s=float(opts["rate_s"]), auto_range=bool(opts["auto_range"]))
+    with nvml_acquirers(*nvml_selection(config)) as gpus:
+        check_gpus_exist(config, gpus)
+        yield gpus + [(d.id, meter_acquirer(d)) for d in config.meters]
 
 
-def device_acquirers(device: DeviceConfig) -> list[tuple[str, Any]]:
-    """The acquirers of one device (several for an nvml device with several GPUs)."""
-    if device.kind == "nvml":
-        return _nvml_acquirers(device)
-    return [(device.id, _meter_acquirer(device))]
+def record_bench(bench: str | BenchConfig, output: str, *, command: list[str] | None = None,
+                 duration_s: float | None = None, **session_options: Any) -> Any:
+    """``wattlab record --bench`` from Python: every device of the bench into one new run.
 
+    Returns the :class:`~wattlab.acquisition.session.SessionResult`; the run's root
+    attribute ``bench_config`` holds the validated bench as JSON.
+    """
+    from wattlab.acquisition.session import Session
 
-def acquirers_from_bench(config: BenchConfig) -> list[tuple[str, Any]]:
-    """(name, Acquirer) for every device, unopened, ready for ``Session(acquirers=...)``."""
-    found: list[tuple[str, Any]] = []
-    for device in config.devices:
-        found += device_acquirers(device)
-    return found
+    config = load_bench(bench) if isinstance(bench, str) else bench
+    with bench_acquirers(config) as acquirers:
+        session = Session(output, acquirers, command=command, duration_s=duration_s,
+                          bench_config=config.to_json(), **session_options)
+        return session.run()
 
 
 # ----------------------------------------------------------------------------- check
@@ -379,33 +513,46 @@ def check_device(name: str, acquirer: Any, device: DeviceConfig,
     result = DeviceCheck(device.kind, name, device.line, ok=False)
     try:
         descriptors = acquirer.open()
-        try:
-            result.streams = [{"source_id": d.source_id, "model": d.model, "serial": d.serial,
-                               "firmware": d.firmware, "transport": d.transport,
-                               "channels": [f"{c.name} [{c.unit}]" for c in d.channels]}
-                              for d in descriptors]
-            result.first_values = _first_values(acquirer, descriptors, timeout_s)
-            if not result.first_values:
-                result.error = f"opened, but no reading within {timeout_s:g} s"
-            else:
-                result.ok = True
-        finally:
-            acquirer.close()
+        result.streams = [{"source_id": d.source_id, "model": d.model, "serial": d.serial,
+                           "firmware": d.firmware, "transport": d.transport,
+                           "channels": [f"{c.name} [{c.unit}]" for c in d.channels],
+                           **{k: d.config[k] for k in ("rails", "feeds_gpu") if k in d.config}}
+                          for d in descriptors]
+        result.first_values = _first_values(acquirer, descriptors, timeout_s)
+        if not result.first_values:
+            result.error = f"opened, but no reading within {timeout_s:g} s"
+        else:
+            result.ok = True
     except (WattlabError, OSError) as e:
         result.error = str(e)
+    finally:
+        try:
+            acquirer.close()  # also after a failed open: a half-open port is released
+        except (WattlabError, OSError) as e:
+            result.error = result.error or f"close failed: {e}"
     return result
 
 
 def check_bench(config: BenchConfig, timeout_s: float = 3.0) -> list[DeviceCheck]:
     """Open every device in turn and report what it is and what it reads."""
-    results = []
-    for device in config.devices:
+    from wattlab.acquisition.meters import nvml_acquirers
+
+    results: list[DeviceCheck] = []
+    nvml = config.nvml
+    if nvml is not None:
         try:
-            acquirers = device_acquirers(device)
+            with nvml_acquirers(*nvml_selection(config)) as gpus:
+                check_gpus_exist(config, gpus)
+                results += [check_device(name, acq, nvml, timeout_s) for name, acq in gpus]
+        except WattlabError as e:
+            results.append(DeviceCheck(nvml.kind, "gpus", nvml.line, False, error=str(e)))
+    for device in config.meters:
+        try:
+            acquirer = meter_acquirer(device)
         except WattlabError as e:
             results.append(DeviceCheck(device.kind, device.id, device.line, False, error=str(e)))
             continue
-        results += [check_device(name, acq, device, timeout_s) for name, acq in acquirers]
+        results.append(check_device(device.id, acquirer, device, timeout_s))
     return results
 
 
@@ -413,11 +560,18 @@ def check_bench(config: BenchConfig, timeout_s: float = 3.0) -> list[DeviceCheck
 
 TEMPLATE = """\
 # wattlab bench file: the GPUs and meters of one bench.
-# Check it with `wattlab bench check bench.toml`; record with
-# `wattlab record --bench bench.toml -- python train.py`.
+# Check it with `wattlab bench check bench.toml` (opens every device and shows a first
+# reading); record with `wattlab record --bench bench.toml -- python train.py`.
 # One [[device]] table per device; `kind` is one of:
 #   nvml, powersensor3, pmd, wt300e, hmc8015.
 # `id` names the device's stream in the run file (letters, digits, '_', '.', '-').
+#
+# Rails: a meter may name what each of its inputs measures, and `gpu = N` says that
+# those rails together feed GPU N. The run file then has channels named after the rails
+# (slot_12v_power_w, slot_12v_voltage_v, slot_12v_current_a, ...) and board_power_w, their
+# sum, marked as GPU N's board power so analysis pairs it with the gpuN.* streams.
+# Rail names: 1-32 lower-case letters, digits and '_' (e.g. slot_12v, slot_3v3,
+# cable_8pin_1, cable_12vhpwr, wall). Each GPU is fed by at most one meter.
 
 [bench]
 name = "my-bench"
@@ -428,35 +582,43 @@ description = "GPU node with a riser sensor and a wall meter"
 kind = "nvml"
 gpus = "all"            # "all", "0,1" or [0, 1]
 # simulate = true       # a simulated GPU instead (no hardware needed)
+# simulated_gpus = 1
+# seed = 0
 
-# PowerSensor3 on the GPU's PCIe power (USB serial).
+# PowerSensor3 riser on GPU 0's PCIe power (USB serial). rails: pair number (0-3) = rail.
 # [[device]]
 # kind = "powersensor3"
 # id = "ps3"
 # port = "/dev/ttyACM0"
+# rails = { 0 = "slot_12v", 1 = "slot_3v3", 2 = "cable_12vhpwr" }
+# gpu = 0
 
-# ElmorLabs PMD-USB (USB serial).
+# ElmorLabs PMD-USB (USB serial). rails: input (pcie1, pcie2, eps1, eps2) = rail.
 # [[device]]
 # kind = "pmd"
 # id = "pmd"
 # port = "/dev/ttyUSB0"
+# rails = { pcie1 = "cable_8pin_1", pcie2 = "cable_8pin_2" }
+# gpu = 1
 
-# Yokogawa WT310E / WT332E / WT333E at the wall (VISA resource).
+# Yokogawa WT310E / WT332E / WT333E (VISA resource). elements: a list [1, 2], or a
+# table naming what each element measures: { 1 = "wall" } gives wall_power_w, ...
 # [[device]]
 # kind = "wt300e"
 # id = "wall"
 # resource = "TCPIP::192.168.1.50::10001::SOCKET"
-# elements = [1]
+# elements = { 1 = "wall" }
 # items = ["U", "I", "P"]
 # rate_s = 0.1          # update interval: 0.1, 0.25, 0.5, 1, 2, 5 s
 
-# Rohde & Schwarz HMC8015 (VISA resource).
+# Rohde & Schwarz HMC8015 (VISA resource). rail: what its one input measures.
 # [[device]]
 # kind = "hmc8015"
 # id = "hmc"
 # resource = "TCPIP::192.168.1.51::5025::SOCKET"
 # functions = ["URMS", "IRMS", "P"]
 # rate_s = 0.1
+# rail = "psu_ac"
 """
 
 

@@ -1,58 +1,238 @@
-"""External meters named on the command line: ``--meter [ID=]KIND:ADDRESS``.
+"""External meters, named on the command line (``--meter``) or in a bench file, and GPUs.
 
-KIND is ``powersensor3`` (alias ``ps3``), ``pmd``, ``wt300e`` (aliases ``wt310e``,
-``wt332e``, ``wt333e``) or ``hmc8015``; ADDRESS is a serial port or a VISA resource
-string (which contains colons itself, so only the first colon splits). ID names the
-stream in the run file (default: the kind's usual name).
+``--meter [ID=]KIND:ADDRESS``: KIND is ``powersensor3`` (alias ``ps3``), ``pmd``,
+``wt300e`` (aliases ``wt310e``, ``wt332e``, ``wt333e``) or ``hmc8015``; ADDRESS is a
+serial port or a VISA resource string (which contains colons itself, so only the first
+colon splits). ID names the stream in the run file (default: the kind's usual name).
+
+A bench file builds its meters through the same :func:`build_meter`, with options, and
+may name the meter's rails and the GPU they feed: the stream's channels are then named
+after the rails (``slot_12v_power_w``) and ``board_power_w`` (their sum) is added, with
+the descriptor saying which GPU it feeds (:class:`RailAcquirer`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
-from wattlab.acquisition.source import Acquirer
-from wattlab.errors import UsageError
-from wattlab.samples import check_source_id
+import numpy as np
 
+from wattlab.acquisition.source import Acquirer, Chunk, Reading
+from wattlab.errors import NvmlError, UsageError, WattlabError
+from wattlab.samples import Channel, SourceDescriptor, check_source_id
 
-def _powersensor3(address: str, source_id: str) -> Acquirer:
-    from wattlab.acquisition.powersensor3_source import PowerSensor3Acquirer
-
-    return PowerSensor3Acquirer(address, source_id)
-
-
-def _pmd(address: str, source_id: str) -> Acquirer:
-    from wattlab.acquisition.pmd_source import PmdAcquirer
-
-    return PmdAcquirer(address, source_id)
-
-
-def _wt300e(address: str, source_id: str) -> Acquirer:
-    from wattlab.acquisition.scpi_sources import Wt300eAcquirer
-
-    return Wt300eAcquirer(address, source_id)
-
-
-def _hmc8015(address: str, source_id: str) -> Acquirer:
-    from wattlab.acquisition.scpi_sources import Hmc8015Acquirer
-
-    return Hmc8015Acquirer(address, source_id)
+BOARD_POWER_CHANNEL = "board_power_w"
+RAIL_SUFFIXES = ("voltage_v", "current_a", "power_w")  # the PMD's channels per rail
 
 
 @dataclass(frozen=True)
-class MeterKind:
-    """How to build one kind of meter, and the stream id it gets by default."""
+class Rail:
+    """One named input of a meter: which device channels become ``<name>_...``."""
 
-    default_id: str
-    build: Callable[[str, str], Acquirer]
+    name: str
+    input: str  # what the device calls it: "pair 0", "pcie1", "element 1", "input"
+    renames: tuple[tuple[str, str], ...]  # (device channel, channel in the run file)
+    power_channel: str | None  # the device channel holding this rail's power, if measured
 
 
-METER_KINDS: dict[str, MeterKind] = {
-    "powersensor3": MeterKind("ps3", _powersensor3),
-    "pmd": MeterKind("pmd", _pmd),
-    "wt300e": MeterKind("wall", _wt300e),
-    "hmc8015": MeterKind("hmc", _hmc8015),
+def _rails_of(kind: str, options: Mapping[str, Any]) -> list[Rail]:
+    """The rails a bench entry names, with the device channels each one renames."""
+    named: dict[str, str] = dict(options.get("rails") or {})
+    if kind == "powersensor3":
+        return [Rail(name, f"pair {p}", ((f"current{p}_a", f"{name}_current_a"),
+                                         (f"voltage{p}_v", f"{name}_voltage_v"),
+                                         (f"power{p}_w", f"{name}_power_w")), f"power{p}_w")
+                for p, name in named.items()]
+    if kind == "pmd":
+        return [Rail(name, key, tuple((f"{key}_{s}", f"{name}_{s}") for s in RAIL_SUFFIXES),
+                     f"{key}_power_w") for key, name in named.items()]
+    if kind == "wt300e":
+        from wattlab.drivers.yokogawa_wt300e import FUNCTIONS, item_channels, normalise_function
+
+        labels = options.get("elements")
+        if not isinstance(labels, Mapping):
+            return []
+        elements = [element_key(e) for e in labels]
+        codes = [normalise_function(f) for f in options.get("items", ("U", "I", "P"))]
+        items = [(code, el) for el in elements for code in codes]
+        device = [c.name for c in item_channels(items)]
+        rails = []
+        for key, name in labels.items():
+            el = element_key(key)
+            picked = [(device[k], f"{name}_{FUNCTIONS[code].channel}")
+                      for k, (code, e) in enumerate(items) if e == el]
+            power = [device[k] for k, (code, e) in enumerate(items) if e == el and code == "P"]
+            rails.append(Rail(str(name), f"element {el}", tuple(picked),
+                              power[0] if power else None))
+        return rails
+    if kind == "hmc8015" and options.get("rail"):
+        from wattlab.drivers.hmc8015 import FUNCTIONS as HMC
+        from wattlab.drivers.hmc8015 import function_code
+
+        name = str(options["rail"])
+        codes = [function_code(f) for f in options.get("functions", ("URMS", "IRMS", "P"))]
+        return [Rail(name, "input", tuple((HMC[c].channel, f"{name}_{HMC[c].channel}")
+                                          for c in codes),
+                     HMC["P"].channel if "P" in codes else None)]
+    return []
+
+
+def element_key(key: Any) -> int | str:
+    """A WT300E element as the driver takes it: 1, 2, 3 or "SIGMA" (TOML keys are text)."""
+    text = str(key).strip()
+    return int(text) if text.isdigit() else text.upper()
+
+
+class RailAcquirer:
+    """Wraps a meter: channels named after its rails, plus the board power of one GPU.
+
+    Renaming only touches the descriptor; ``board_power_w`` is one column appended to each
+    chunk, the sum of the named rails' power (so it is exactly the sum of the rail
+    channels in the file). ``where`` (``bench.toml:12: device ps3``) prefixes every error.
+    """
+
+    def __init__(self, inner: Acquirer, source_id: str, rails: list[Rail], gpu: int | None,
+                 where: str) -> None:
+        self.inner = inner
+        self.source_id = source_id
+        self.rails = rails
+        self.gpu = gpu
+        self.where = where
+        self._sum_columns: list[int] = []
+        self._closed = False
+
+    def open(self) -> list[SourceDescriptor]:
+        """Open the meter and check that every rail is one of its measured inputs."""
+        try:
+            descriptors = self.inner.open()
+        except WattlabError as e:
+            raise type(e)(f"{self.where}: {e}") from e
+        return [self._describe(d) if d.source_id == self.source_id else d for d in descriptors]
+
+    def _describe(self, desc: SourceDescriptor) -> SourceDescriptor:
+        names = desc.channel_names
+        renames: dict[str, str] = {}
+        rail_of: dict[str, str] = {}
+        for rail in self.rails:
+            missing = [old for old, _ in rail.renames if old not in names]
+            if missing or not rail.renames:
+                self.close()
+                raise UsageError(f"{self.where}: rail {rail.name!r} is on {rail.input}, which "
+                                 f"this {desc.model} does not measure (its channels: "
+                                 f"{', '.join(names)})")
+            renames.update(rail.renames)
+            rail_of.update((old, rail.name) for old, _ in rail.renames)
+        channels = [Channel(renames.get(c.name, c.name), c.unit,
+                            f"{c.meaning} (rail {rail_of[c.name]})" if c.name in rail_of
+                            else c.meaning) for c in desc.channels]
+        config: dict[str, Any] = dict(desc.config)
+        if self.rails:
+            config["rails"] = {r.name: {"input": r.input, "channels": [n for _, n in r.renames]}
+                               for r in self.rails}
+        if self.gpu is not None:
+            powered = [r.power_channel for r in self.rails if r.power_channel]
+            if not powered:
+                self.close()
+                raise UsageError(f"{self.where}: gpu = {self.gpu}, but none of its rails "
+                                 "measures power; name the rails that feed the GPU")
+            self._sum_columns = [names.index(p) for p in powered]
+            left_out = [c.name for c in desc.channels if c.unit == "W" and c.name not in powered
+                        and c.name not in renames and c.name != "power_total_w"]
+            if left_out:  # measured, but not named as a rail: not part of the board power
+                config["not_in_board_power"] = left_out
+                print(f"wattlab: {self.where}: {', '.join(left_out)} measured but not named in "
+                      f"its rails, so not part of GPU {self.gpu}'s {BOARD_POWER_CHANNEL}",
+                      file=sys.stderr)
+            what = ", ".join(renames.get(p, p) for p in powered)
+            channels.append(Channel(BOARD_POWER_CHANNEL, "W",
+                                    f"board power of GPU {self.gpu}: {what}"))
+            config.update({"feeds_gpu": self.gpu, "gpu_source": f"gpu{self.gpu}",
+                           "board_power_channel": BOARD_POWER_CHANNEL,
+                           "power_channel": BOARD_POWER_CHANNEL})
+        config["bench_entry"] = self.where
+        fields = {**desc.to_json(), "channels": [c.to_json() for c in channels],
+                  "config": config}
+        return SourceDescriptor.from_json(fields)
+
+    def _map(self, readings: list[Reading]) -> list[Reading]:
+        if not self._sum_columns:
+            return readings
+        out: list[Reading] = []
+        for r in readings:
+            if isinstance(r, Chunk) and r.source_id == self.source_id:
+                board = r.values[:, self._sum_columns].sum(axis=1, keepdims=True,
+                                                           dtype=r.values.dtype)
+                out.append(Chunk(r.source_id, r.t_host_ns,
+                                 np.concatenate([r.values, board], axis=1), r.t_raw, r.flags))
+            else:
+                out.append(r)
+        return out
+
+    def poll(self) -> list[Reading]:
+        """The meter's readings, with the board power column added."""
+        return self._map(self.inner.poll())
+
+    def flush(self) -> list[Reading]:
+        """What the meter held back at the end (nothing for meters that hold nothing)."""
+        flush = getattr(self.inner, "flush", None)
+        return self._map(flush()) if flush is not None else []
+
+    def close(self) -> None:
+        """Close the meter (once: a failed rail check already closed it)."""
+        if not self._closed:
+            self._closed = True
+            self.inner.close()
+
+
+def build_meter(kind: str, address: str, source_id: str,
+                options: Mapping[str, Any] | None = None) -> Acquirer:
+    """One meter's acquirer: the shared path of ``--meter`` and bench files.
+
+    ``options`` are a bench entry's validated keys; ``rails``/``elements`` labels and
+    ``gpu`` wrap the meter in a :class:`RailAcquirer`, ``where`` names the entry in errors.
+    """
+    opts = dict(options or {})
+    inner: Acquirer
+    if kind == "powersensor3":
+        from wattlab.acquisition.powersensor3_source import PowerSensor3Acquirer
+
+        inner = PowerSensor3Acquirer(address, source_id)
+    elif kind == "pmd":
+        from wattlab.acquisition.pmd_source import PmdAcquirer
+
+        baud = opts.get("baud")
+        inner = PmdAcquirer(address, source_id, baud=None if baud is None else int(baud))
+    elif kind == "wt300e":
+        from wattlab.acquisition.scpi_sources import Wt300eAcquirer
+
+        elements = [element_key(e) for e in opts.get("elements", [1])]
+        inner = Wt300eAcquirer(address, source_id, elements=elements,
+                               items=opts.get("items", ("U", "I", "P")),
+                               rate_s=float(opts.get("rate_s", 0.1)), model=opts.get("model"))
+    elif kind == "hmc8015":
+        from wattlab.acquisition.scpi_sources import Hmc8015Acquirer
+
+        inner = Hmc8015Acquirer(address, source_id,
+                                functions=opts.get("functions", ("URMS", "IRMS", "P")),
+                                rate_s=float(opts.get("rate_s", 0.1)),
+                                auto_range=bool(opts.get("auto_range", True)))
+    else:
+        raise UsageError(f"unknown meter kind {kind!r}; known: {', '.join(METER_KINDS)}")
+    rails = _rails_of(kind, opts)
+    gpu = opts.get("gpu")
+    if not rails and gpu is None and "where" not in opts:
+        return inner
+    return RailAcquirer(inner, source_id, rails, None if gpu is None else int(gpu),
+                        str(opts.get("where", f"meter {source_id}")))
+
+
+METER_KINDS: dict[str, str] = {  # kind -> default stream id
+    "powersensor3": "ps3", "pmd": "pmd", "wt300e": "wall", "hmc8015": "hmc",
 }
 ALIASES = {"ps3": "powersensor3", "wt310e": "wt300e", "wt332e": "wt300e", "wt333e": "wt300e"}
 
@@ -65,8 +245,10 @@ class MeterSpec:
     kind: str
     address: str
 
-    def acquirer(self) -> Acquirer:
-        return METER_KINDS[self.kind].build(self.address, self.source_id)
+    def acquirer(self, options_json: str = "") -> Acquirer:
+        """Build it; ``options_json`` carries a bench entry's options into a source process."""
+        options = json.loads(options_json) if options_json else {}
+        return build_meter(self.kind, self.address, self.source_id, options)
 
 
 def parse_meter_spec(text: str) -> MeterSpec:
@@ -83,14 +265,49 @@ def parse_meter_spec(text: str) -> MeterSpec:
     if kind not in METER_KINDS:
         raise UsageError(f"--meter {text!r}: unknown meter kind {kind!r}; "
                          f"known: {', '.join(sorted([*METER_KINDS, *ALIASES]))}")
-    return MeterSpec(check_source_id(source_id or METER_KINDS[kind].default_id), kind, address)
+    return MeterSpec(check_source_id(source_id or METER_KINDS[kind]), kind, address)
+
+
+def check_unique_ids(ids: list[str], what: str = "--meter") -> None:
+    """Two streams with one id would write into one group: refuse before anything opens."""
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise UsageError(f"{what}: stream id(s) {duplicates} used twice; name them ID=KIND:...")
 
 
 def meter_acquirers(specs: list[str]) -> list[tuple[str, Acquirer]]:
     """Acquirers for every ``--meter``; stream ids must be unique."""
     parsed = [parse_meter_spec(s) for s in specs]
-    ids = [p.source_id for p in parsed]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise UsageError(f"--meter: stream id(s) {duplicates} used twice; name them ID=KIND:...")
+    check_unique_ids([p.source_id for p in parsed])
     return [(p.source_id, p.acquirer()) for p in parsed]
+
+
+@contextmanager
+def nvml_acquirers(
+    spec: str, simulate: bool, simulated_gpus: int, seed: int
+) -> Iterator[list[tuple[str, Acquirer]]]:
+    """NVML (or simulated) acquirers for the GPUs in ``spec``; the library stays open."""
+    if spec == "none":
+        yield []
+        return
+    from wattlab.acquisition.nvml_source import NvmlAcquirer
+    from wattlab.drivers.nvml import NvmlDriver
+
+    lib = None
+    if simulate:
+        from wattlab.hardware.fake_nvml import FakeNvml
+        from wattlab.hardware.simulated_gpu import simulated_gpus as make_gpus
+
+        if simulated_gpus < 1:
+            raise UsageError("--simulated-gpus must be at least 1")
+        lib = FakeNvml(make_gpus(simulated_gpus, seed))
+    driver = NvmlDriver(lib)
+    try:
+        driver.open()
+    except NvmlError as e:
+        raise UsageError(str(e)) from e
+    try:
+        indices = driver.resolve_gpus(spec)
+        yield [(f"gpu{i}", NvmlAcquirer(driver, i)) for i in indices]
+    finally:
+        driver.close()

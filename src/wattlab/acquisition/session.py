@@ -68,6 +68,7 @@ class Session:
     command: list[str] | None = None
     duration_s: float | None = None
     root_attrs: dict[str, Any] = field(default_factory=dict)
+    bench_config: dict[str, Any] | None = None  # a validated bench file (BenchConfig.to_json)
     flush_interval_s: float = 0.5
     on_progress: Callable[[float], None] | None = None
     # remote agents: RecorderConfig fields listen, server_key, allowed_keys, expected_hosts
@@ -102,7 +103,7 @@ class Session:
             "host": socket.gethostname(),
             "session_start_unix_ns": time.time_ns() - (time.monotonic_ns() - t0_ns),
             "command": json.dumps(self.command or []),
-            "bench_config": json.dumps({}),
+            "bench_config": json.dumps(self.bench_config or {}),
             **self.root_attrs,
         }
         config = RecorderConfig(endpoint=endpoint, output=self.output, session_start_ns=t0_ns,

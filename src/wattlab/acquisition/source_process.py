@@ -43,6 +43,7 @@ class SourceSpec:
     name: str
     kind: str  # "nvml" (a GPU, real or simulated) or "meter" (a --meter spec)
     meter: str = ""
+    meter_options: str = ""  # JSON: a bench entry's options (rails, gpu, ...) for the meter
     gpu_index: int = 0
     simulate: bool = False
     simulated_gpus: int = 1
@@ -71,7 +72,7 @@ class SourceSpec:
         if self.kind == "meter":
             from wattlab.acquisition.meters import parse_meter_spec
 
-            return parse_meter_spec(self.meter).acquirer(), lambda: None
+            return parse_meter_spec(self.meter).acquirer(self.meter_options), lambda: None
         from wattlab.acquisition.nvml_source import NvmlAcquirer
         from wattlab.drivers.nvml import NvmlDriver
 

@@ -1,21 +1,36 @@
-"""`wattlab record`: start sources and recorder, run the command, print a summary."""
+"""`wattlab record`: start sources and recorder, run the command, print a summary.
+
+The sources come from flags (``--nvml``, ``--simulate``, ``--meter``) or from a bench file
+(``--bench``), whose validated content is kept in the run's ``bench_config`` attribute.
+"""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from wattlab.acquisition.meters import meter_acquirers, parse_meter_spec
+from wattlab.acquisition.meters import (
+    check_unique_ids,
+    meter_acquirers,
+    nvml_acquirers,
+    parse_meter_spec,
+)
 from wattlab.acquisition.session import Session, SessionResult
-from wattlab.acquisition.source import Acquirer
 from wattlab.acquisition.source_process import SourceSpec
 from wattlab.analysis.run_file import Run
 from wattlab.analysis.summary import format_table, summarise
-from wattlab.errors import NvmlError, UsageError
+from wattlab.bench_config import (
+    BenchConfig,
+    DeviceConfig,
+    bench_acquirers,
+    check_gpus_exist,
+    load_bench,
+    meter_options_json,
+    nvml_selection,
+)
+from wattlab.errors import UsageError
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5560"
 
@@ -29,37 +44,6 @@ def command_of(args: argparse.Namespace) -> list[str]:
     return command[1:] if command[:1] == ["--"] else command
 
 
-@contextmanager
-def nvml_acquirers(
-    spec: str, simulate: bool, simulated_gpus: int, seed: int
-) -> Iterator[list[tuple[str, Acquirer]]]:
-    """NVML (or simulated) acquirers for the GPUs in ``spec``; the library stays open."""
-    if spec == "none":
-        yield []
-        return
-    from wattlab.acquisition.nvml_source import NvmlAcquirer
-    from wattlab.drivers.nvml import NvmlDriver
-
-    lib = None
-    if simulate:
-        from wattlab.hardware.fake_nvml import FakeNvml
-        from wattlab.hardware.simulated_gpu import simulated_gpus as make_gpus
-
-        if simulated_gpus < 1:
-            raise UsageError("--simulated-gpus must be at least 1")
-        lib = FakeNvml(make_gpus(simulated_gpus, seed))
-    driver = NvmlDriver(lib)
-    try:
-        driver.open()
-    except NvmlError as e:
-        raise UsageError(str(e)) from e
-    try:
-        indices = driver.resolve_gpus(spec)
-        yield [(f"gpu{i}", NvmlAcquirer(driver, i)) for i in indices]
-    finally:
-        driver.close()
-
-
 def nvml_specs(spec: str, simulate: bool, simulated_gpus: int, seed: int) -> list[SourceSpec]:
     """Source-process specs for the GPUs in ``spec`` (resolved here, read in the children)."""
     with nvml_acquirers(spec, simulate, simulated_gpus, seed) as gpus:
@@ -68,14 +52,52 @@ def nvml_specs(spec: str, simulate: bool, simulated_gpus: int, seed: int) -> lis
                        simulated_gpus=simulated_gpus, seed=seed) for i in indices]
 
 
-def meter_specs(texts: list[str]) -> list[SourceSpec]:
-    """Source-process specs for every ``--meter`` (checked here so mistakes fail early)."""
+def meter_specs(texts: list[str], bench: BenchConfig | None = None) -> list[SourceSpec]:
+    """Source-process specs for the bench's meters and every ``--meter``."""
+    specs = [SourceSpec(d.id, "meter", meter=f"{d.id}={d.kind}:{d.address}",
+                        meter_options=meter_options_json(d)) for d in bench_meters(bench)]
     parsed = [parse_meter_spec(t) for t in texts]
-    ids = [p.source_id for p in parsed]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise UsageError(f"--meter: stream id(s) {duplicates} used twice; name them ID=KIND:...")
-    return [SourceSpec(p.source_id, "meter", meter=t) for p, t in zip(parsed, texts, strict=True)]
+    return specs + [SourceSpec(p.source_id, "meter", meter=t)
+                    for p, t in zip(parsed, texts, strict=True)]
+
+
+def bench_meters(bench: BenchConfig | None) -> list[DeviceConfig]:
+    return [] if bench is None else bench.meters
+
+
+BENCH_CONFLICTS = {"nvml": "--nvml", "simulate": "--simulate",
+                   "simulated_gpus": "--simulated-gpus", "seed": "--seed"}
+
+
+def load_bench_for(args: argparse.Namespace) -> BenchConfig | None:
+    """The ``--bench`` file, refusing flags that would say differently which GPUs to read.
+
+    ``--meter`` adds meters to the bench's (stream ids must stay unique); ``--nvml``,
+    ``--simulate``, ``--simulated-gpus`` and ``--seed`` are the bench's nvml entry's job.
+    """
+    if args.bench is None:
+        ids = [parse_meter_spec(t).source_id for t in args.meter]
+        check_unique_ids(ids)
+        return None
+    given = [flag for key, flag in BENCH_CONFLICTS.items() if getattr(args, key) not in
+             (None, False)]
+    if given:
+        raise UsageError(f"--bench {args.bench} with {', '.join(given)}: the bench file's "
+                         "nvml device says which GPUs to read (gpus, simulate, "
+                         "simulated_gpus, seed); set them there or drop --bench")
+    bench = load_bench(args.bench)
+    check_unique_ids([d.id for d in bench.meters]
+                     + [parse_meter_spec(t).source_id for t in args.meter],
+                     f"--bench {args.bench} and --meter")
+    return bench
+
+
+def nvml_choice(args: argparse.Namespace, bench: BenchConfig | None) -> tuple[str, bool, int, int]:
+    """(gpus, simulate, simulated_gpus, seed) from the bench file or the flags."""
+    if bench is not None:
+        return nvml_selection(bench)
+    return (args.nvml or "all", args.simulate, 1 if args.simulated_gpus is None
+            else args.simulated_gpus, args.seed or 0)
 
 
 def report(result: SessionResult) -> None:
@@ -116,13 +138,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="Record every source into a new run file. Put the command to measure "
                     "after '--'; without one, give --duration.")
     p.add_argument("-o", "--output", help="run file to create (default: run-<time>.h5)")
-    p.add_argument("--nvml", default="all",
+    p.add_argument("--bench", metavar="BENCH.toml",
+                   help="a bench file listing the GPUs and meters to record (`wattlab bench "
+                        "init` writes a template); --meter adds meters to it")
+    p.add_argument("--nvml",
                    help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all)")
     p.add_argument("--simulate", action="store_true",
                    help="use the simulated GPU instead of NVML (no hardware needed)")
-    p.add_argument("--simulated-gpus", type=int, default=1, metavar="N",
+    p.add_argument("--simulated-gpus", type=int, metavar="N",
                    help="how many simulated GPUs with --simulate (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPU's workload")
+    p.add_argument("--seed", type=int, help="seed of the simulated GPU's workload (default 0)")
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
     p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
                    help="an external meter, e.g. powersensor3:/dev/ttyACM0 or "
@@ -197,28 +222,31 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("record needs a command after '--' or --duration S")
     if args.duration is not None and args.duration <= 0:
         raise UsageError(f"--duration must be > 0 s, got {args.duration}")
+    bench = load_bench_for(args)
     output = args.output or default_output("run")
     options = remote_options(args)
     faults = fault_options(args)
+    nvml = nvml_choice(args, bench)
+    common: dict[str, Any] = {"command": command or None, "duration_s": args.duration,
+                              "recorder_options": options,
+                              "bench_config": None if bench is None else bench.to_json(),
+                              **faults}
     if args.source_processes or args.restart_sources:
-        specs = (nvml_specs(args.nvml, args.simulate, args.simulated_gpus, args.seed)
-                 + meter_specs(args.meter))
+        gpu_specs = nvml_specs(*nvml)
+        if bench is not None:
+            check_gpus_exist(bench, [(s.name, s) for s in gpu_specs])
+        specs = gpu_specs + meter_specs(args.meter, bench)
         if not specs and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")
-        session = Session(output, [], command=command or None, duration_s=args.duration,
-                          recorder_options=options, source_specs=specs, **faults)
-        result = session.run()
+        result = Session(output, [], source_specs=specs, **common).run()
         report(result)
         return exit_status(result)
-    meters = meter_acquirers(args.meter)
-    with nvml_acquirers(args.nvml, args.simulate, args.simulated_gpus, args.seed) as gpus:
-        acquirers = gpus + meters
+    with (nvml_acquirers(*nvml) if bench is None else bench_acquirers(bench)) as sources:
+        acquirers = sources + meter_acquirers(args.meter)
         if not acquirers and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")
-        session = Session(output, acquirers, command=command or None, duration_s=args.duration,
-                          recorder_options=options, **faults)
-        result = session.run()
+        result = Session(output, acquirers, **common).run()
     report(result)
     return exit_status(result)
