@@ -5,9 +5,10 @@
 Runs at the same time: the load (tests/with_device/matmul_load.py, which logs its phase
 starts), `wattlab record --nvml 0`, `nvidia-smi --query-gpu=timestamp,power.draw
 --format=csv -lms 20`, and a plain pynvml loop polling nvmlDeviceGetPowerUsage every
-100 ms. Per reader: distinct driver readings per second, CPU time, energy over the window
-against the energy counter, and the delay until it shows the first idle -> full step.
-Zeus is not run: its wheel needs packages the GPU machine cannot fetch.
+100 ms, and Zeus's PowerMonitor (bench/zeus_reader.py) where ``import zeus`` works (the
+GPU machine cannot fetch packages: carry Zeus and its wheels, see BENCHMARKS.md). Per
+reader: distinct driver readings per second, CPU time, energy over the window against the
+energy counter, and the delay until it shows the first idle -> full step.
 """
 
 from __future__ import annotations
@@ -58,8 +59,18 @@ def read_smi(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_loop(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """'unix_ns mW' lines (the pynvml loop's and Zeus's timelines)."""
     rows = np.loadtxt(path, dtype=np.int64, ndmin=2)
     return rows[:, 0], rows[:, 1] / 1000.0
+
+
+def zeus_available() -> bool:
+    try:
+        import zeus.monitor  # noqa: F401
+    except Exception as e:  # any import failure means: no peer to run
+        print(f"nvml_compare: Zeus not run ({type(e).__name__}: {e})")
+        return False
+    return True
 
 
 def read_wattlab(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -113,6 +124,8 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="wattlab-nvml-"))
     run_path, smi_path = folder / "wattlab.h5", folder / "smi.csv"
     loop_path, steps_path = folder / "loop.txt", folder / "steps.txt"
+    zeus_prefix = folder / "zeus"
+    with_zeus = zeus_available()
     started = time.monotonic()
     with open(smi_path, "w") as smi_out:
         readers = {
@@ -124,6 +137,9 @@ def main() -> int:
             "pynvml loop 100 ms": start([sys.executable, str(HERE / "nvml_poll_loop.py"),
                                          str(loop_path), "0.1"]),
         }
+        if with_zeus:
+            readers["zeus PowerMonitor"] = start([sys.executable, str(HERE / "zeus_reader.py"),
+                                                  str(zeus_prefix)])
         time.sleep(3)
         load = start([sys.executable, str(LOAD), "--seconds", str(args.phase_s),
                       "--steps", str(steps_path)])
@@ -145,6 +161,11 @@ def main() -> int:
         "nvidia-smi -lms 20": (*read_smi(smi_path), False, "nvidia-smi -lms 20"),
         "pynvml loop 100 ms": (*read_loop(loop_path), False, "pynvml loop 100 ms"),
     }
+    for domain in ("device_instant", "device_average"):
+        timeline = Path(f"{zeus_prefix}.{domain}.txt")
+        if with_zeus and timeline.exists():
+            series[f"zeus PowerMonitor {domain}"] = (*read_loop(timeline), False,
+                                                     "zeus PowerMonitor")
     rows = []
     for name, (t, p, by_time, proc) in series.items():
         energy = window_energy(t, p, a, b)
@@ -167,7 +188,7 @@ def main() -> int:
                                 "rows": rows, "cpu_s": cpu, "phase_s": args.phase_s})
     out = os.environ.get("OUT")
     if out:
-        for f in (run_path, smi_path, loop_path, steps_path):
+        for f in (run_path, smi_path, loop_path, steps_path, *folder.glob("zeus.*.txt")):
             Path(out, f.name).write_bytes(f.read_bytes())
     return 0
 

@@ -85,3 +85,26 @@ def test_h100_views_lag_the_sample_buffer_as_measured(h100):
     assert 0.45 < avg.lag_s < 0.6  # a 1 s boxcar: centred half a second late
     for view in ("h100.instant", "h100.average"):
         assert np.nanmean(al.values[view]) / np.nanmean(ref) == pytest.approx(1.0, abs=0.01)
+
+
+def test_h100_views_lag_the_load_schedule_as_the_data_readme_states(h100):
+    """Issue 5: against the load edges themselves, ~25 ms, ~55-75 ms and ~550 ms."""
+    rate_hz = 200.0
+    with wattlab.open(str(h100)) as run:
+        al = aligned(run, rate_hz, "h100.samples", "h100.instant", "h100.average", hold=True)
+        edges = sorted((m.time_ns, m.payload["level"]) for m in run.markers
+                       if m.kind == "begin" and m.source == "load")
+    edge_s = np.array([t for t, _ in edges]) / 1e9
+    levels = np.array([lv for _, lv in edges], dtype=np.float64)
+    at = np.searchsorted(edge_s, al.t_s, side="right") - 1
+    schedule = np.where(at >= 0, levels[np.maximum(at, 0)], 0.0)
+    lags_s = {}
+    for view in ("h100.samples", "h100.instant", "h100.average"):
+        power = al.values[view]
+        ok = np.isfinite(power)
+        filled = np.where(ok, power, np.nanmean(power))
+        lags_s[view] = estimate_lag(schedule, filled, rate_hz, max_lag_s=2.0,
+                                    min_lag_s=0.0).lag_s
+    assert 0.010 < lags_s["h100.samples"] < 0.045, lags_s
+    assert 0.045 < lags_s["h100.instant"] < 0.090, lags_s
+    assert 0.45 < lags_s["h100.average"] < 0.65, lags_s
