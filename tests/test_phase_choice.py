@@ -144,8 +144,9 @@ def test_simulated_sweep_with_phases(tmp_path: Path, capsys: pytest.CaptureFixtu
     for source in ("nvml_energy", "nvml_samples"):
         e = t.phases.energies_j[source]
         power = e / t.phases.time_s
-        # the simulated GPU runs at full load all along: each phase draws the limit
-        np.testing.assert_allclose(power, t.x[t.phases.run], rtol=0.05)
+        # the simulated GPU runs at full load all along: each phase draws the limit (within
+        # 10 %: 0.1 s phases hold five 50 Hz samples, and the 1 Hz counter is interpolated)
+        np.testing.assert_allclose(power, t.x[t.phases.run], rtol=0.10)
         per_run = np.bincount(t.phases.run, weights=e)
         whole = t.energies_j[source]  # (NaN where the counter stopped before the end marker)
         assert np.all(per_run[np.isfinite(whole)] < whole[np.isfinite(whole)])

@@ -36,7 +36,8 @@ def emu() -> Iterator[PmdEmulator]:
 
 
 def open_driver(path: str) -> tuple[PmdUsb, SerialTransport]:
-    transport = SerialTransport(path, timeout_s=0.2)
+    # generous: the emulator thread shares the test's process and, in CI, two busy cores
+    transport = SerialTransport(path, timeout_s=1.0)
     return PmdUsb(transport), transport
 
 

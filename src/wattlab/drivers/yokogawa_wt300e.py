@@ -245,11 +245,12 @@ class Wt300e(ScpiInstrument):
         """
         self.transport.write(COMMANDS["event_wait"])
         reply = self.transport.query(COMMANDS["event_clear"])
-        try:
-            events = int(float(reply))
-        except ValueError as e:
-            raise MeterProtocolError(f"{self.resource}: :STAT:EESR? answered {reply!r}") from e
-        return bool(events & UPDATE_BIT)
+        # the extended event register is a 16-bit integer: anything else is a protocol error
+        text = reply.strip()
+        if not text.isdigit() or int(text) > 0xFFFF:
+            raise MeterProtocolError(f"{self.resource}: :STAT:EESR? answered {reply!r}, "
+                                     "not a register value 0..65535")
+        return bool(int(text) & UPDATE_BIT)
 
     def read_values(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]:
         """The selected items of the latest update in SI units, with bad-value flags."""
