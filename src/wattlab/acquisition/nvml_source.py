@@ -19,6 +19,7 @@ Readings the GPU does not support are left out (never zeros) and listed in ``con
 
 from __future__ import annotations
 
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -278,7 +279,7 @@ class NvmlAcquirer:
         rows = self._rows[key]
         previous = rows.prev
         flag = SampleFlag.NONE
-        if any(np.isnan(row)):
+        if any(math.isnan(v) for v in row):  # plain floats: no array per 20 ms reading
             flag |= SampleFlag.NO_DATA
         if previous is not None and previous == row:
             flag |= SampleFlag.REPEAT

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +34,9 @@ from wattlab.samples import Gap, Marker, SampleBatch, SourceDescriptor
 from wattlab.sync import message
 from wattlab.sync.clock_service import ClockPinger
 from wattlab.sync.run_writer import ResumePoint, RunFileWriter
-from wattlab.sync.security import CurveServer, load_allowed_keys, load_keypair
+
+if TYPE_CHECKING:
+    from wattlab.sync.security import CurveServer
 
 COALESCE_ROWS = 65536
 MAX_ORPHAN_BATCHES = 1000
@@ -163,6 +165,9 @@ class Recorder:
         if not config.server_key or not config.allowed_keys:
             raise UsageError("listening for agents needs the recorder's secret key and a folder "
                              "of allowed agent keys; the remote bus is never open")
+        # imported here: CURVE's authenticator pulls in asyncio, start-up a local run skips
+        from wattlab.sync.security import CurveServer, load_allowed_keys, load_keypair
+
         keys = load_keypair(config.server_key)
         allowed = load_allowed_keys(config.allowed_keys)
         self._remote_context = zmq.Context()
