@@ -1,4 +1,7 @@
-"""Figures of a run: power timeline with phases and gaps, sample-level zooms, energy bars.
+"""Figures of runs and sweeps, as plain functions of arrays.
+
+Power timeline with phases and gaps, sample-level zooms, energy bars, NVML calibration
+scatter and residuals, model curves of a sweep.
 
 Every function takes plain arrays / small dataclasses and returns a matplotlib Figure, so
 the HTML report, a notebook and other analyses (calibration, models) draw the same
@@ -7,6 +10,7 @@ pictures. The Agg backend is selected on import: no display is ever needed.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,7 +135,7 @@ def zoom_figure(windows: Sequence[ZoomWindow], phases: Sequence[Span],
                 gaps: Sequence[Span]) -> Figure:
     """Every sample in a few short windows, time in ms from each window's start."""
     n = max(1, len(windows))
-    fig, axes = plt.subplots(1, n, figsize=(13, 3.8), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(1, n, figsize=(13, 4.2), squeeze=False, layout="constrained")
     colors = _phase_colors([p.label for p in phases])
     cycle = plt.get_cmap("Dark2")
     for ax, win in zip(axes[0], windows, strict=False):
@@ -141,98 +145,145 @@ def zoom_figure(windows: Sequence[ZoomWindow], phases: Sequence[Span],
 
         _shade(ax, rel(phases), rel(gaps), colors)
         for i, trace in enumerate(win.traces):
-            shifted = Trace(f"{trace.label} ({trace.t_s.size} samples)", trace.unit,
-                            (trace.t_s - win.t0_s) * 1e3, trace.mean)
+            shifted = Trace(trace.label, trace.unit, (trace.t_s - win.t0_s) * 1e3, trace.mean)
             _draw_trace(ax, shifted, cycle(i % 8), marker=".")
         ax.set_xlim(0, (win.t1_s - win.t0_s) * 1e3)
         ax.set_title(win.title, fontsize=9)
         ax.set_xlabel(f"time from {win.t0_s:.3f} s (ms)")
         ax.set_ylabel("power (W)")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+    if windows and windows[0].traces:
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside upper center", ncols=min(5, len(labels)),
+                   fontsize=8, frameon=False)
     return fig
 
 
 def energy_bars_figure(phase_names: Sequence[str], sources: Sequence[str],
-                       energy_j: npt.NDArray[np.float64]) -> Figure:
+                       energy_j: FloatArray, uncertainty_j: FloatArray | None = None) -> Figure:
     """Grouped bars: energy of each phase name (summed over its instances) per source."""
     n_phase, n_src = len(phase_names), max(1, len(sources))
-    fig, ax = plt.subplots(figsize=(13, 3.2 + 0.1 * n_phase), layout="constrained")
+    fig, ax = plt.subplots(figsize=(13, 3.6 + 0.1 * n_phase), layout="constrained")
     width = 0.8 / n_src
     x = np.arange(n_phase)
     cycle = plt.get_cmap("Dark2")
     for j, source in enumerate(sources):
+        err = None if uncertainty_j is None else uncertainty_j[:, j]
         ax.bar(x + (j - (n_src - 1) / 2) * width, energy_j[:, j], width, label=source,
-               color=cycle(j % 8))
-    ax.set_xticks(x, list(phase_names), rotation=30 if n_phase > 6 else 0, ha="right"
-                  if n_phase > 6 else "center", fontsize=8)
+               color=cycle(j % 8), yerr=err, capsize=2, error_kw={"lw": 0.8})
+    tilt = n_phase > 6
+    ax.set_xticks(x, list(phase_names), rotation=30 if tilt else 0,
+                  ha="right" if tilt else "center", fontsize=8)
     ax.set_ylabel("energy (J)")
     ax.set_xlabel("phase (all instances of a name summed)")
-    ax.set_title("Energy per phase and source")
     ax.grid(True, axis="y", alpha=0.3)
     if sources:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, ncols=min(3, n_src))
     return fig
 
 
-def calibration_figure(reference_w: FloatArray, target_w: FloatArray, *,
-                       corrected_w: FloatArray | None = None, fit_text: str = "",
+def calibration_figure(t_s: FloatArray, seen_w: FloatArray, target_w: FloatArray, *,
+                       gain: float, offset_w: float, fit_text: str = "",
                        reference_label: str = "reference", target_label: str = "NVML") -> Figure:
-    """NVML vs reference scatter with the identity line, and residuals before/after a fit."""
-    fig, (ax, res_ax) = plt.subplots(1, 2, figsize=(13, 4.2), layout="constrained")
-    ax.scatter(reference_w, target_w, s=3, alpha=0.4, label=f"{target_label} as read")
-    if corrected_w is not None:
-        ax.scatter(reference_w, corrected_w, s=3, alpha=0.4, label="corrected")
-    both = np.concatenate([reference_w, target_w]) if reference_w.size else np.zeros(1)
-    lo, hi = float(np.nanmin(both)), float(np.nanmax(both))
-    ax.plot([lo, hi], [lo, hi], color="0.3", lw=1, ls="--", label="identity")
-    ax.set_xlabel(f"{reference_label} power (W)")
-    ax.set_ylabel(f"{target_label} power (W)")
-    ax.set_title("NVML vs reference")
-    ax.legend(fontsize=8)
+    """NVML readings vs the reference seen through the fitted kernel, the fit, residuals."""
+    fig, (ax, res_ax) = plt.subplots(1, 2, figsize=(13, 4.6), layout="constrained",
+                                     gridspec_kw={"width_ratios": [1.0, 1.4]})
+    ok = np.isfinite(seen_w) & np.isfinite(target_w)
+    ax.scatter(seen_w[ok], target_w[ok], s=6, alpha=0.5, color="C0",
+               label=f"{ok.sum()} of {ok.size} readings (others: reference gaps or edges)")
+    if ok.any():
+        lo = float(min(seen_w[ok].min(), target_w[ok].min()))
+        hi = float(max(seen_w[ok].max(), target_w[ok].max()))
+        line = np.array([lo, hi])
+        ax.plot(line, line, color="0.4", lw=1, ls=":", label="identity")
+        if np.isfinite(gain) and np.isfinite(offset_w):
+            ax.plot(line, gain * line + offset_w, color=GAP_COLOR, lw=1.2,
+                    label=f"fit: {gain:.4f} x + {offset_w:.1f} W")
+    else:
+        ax.text(0.5, 0.5, "no reading with reference coverage", ha="center",
+                transform=ax.transAxes, color="0.4")
+    ax.set_xlabel(f"{reference_label} through the fitted kernel (W)")
+    ax.set_ylabel(f"{target_label} (W)")
+    ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, alpha=0.3)
-    res_ax.scatter(reference_w, target_w - reference_w, s=3, alpha=0.4, label="as read")
-    if corrected_w is not None:
-        res_ax.scatter(reference_w, corrected_w - reference_w, s=3, alpha=0.4,
-                       label="corrected")
+    resid = target_w - (gain * seen_w + offset_w)
+    res_ax.plot(t_s[ok], resid[ok], ".", ms=3, color="C0")
     res_ax.axhline(0, color="0.3", lw=1)
-    res_ax.set_xlabel(f"{reference_label} power (W)")
-    res_ax.set_ylabel("residual (W)")
-    res_ax.set_title("Residuals")
-    res_ax.legend(fontsize=8)
+    res_ax.set_xlabel("time since session start (s)")
+    res_ax.set_ylabel("residual: reading − fit (W)")
     res_ax.grid(True, alpha=0.3)
+    if ok.any():
+        rms = float(np.sqrt(np.mean(resid[ok] ** 2)))
+        res_ax.set_title(f"residuals, {rms:.2f} W rms", fontsize=9, loc="left")
     if fit_text:
         fig.suptitle(fit_text, fontsize=9)
     return fig
 
 
-def model_curves_figure(x: FloatArray, measured: FloatArray, curves: dict[str, FloatArray],
-                        x_grid: FloatArray, *, x_label: str, y_label: str,
-                        optimum_x: float | None = None, loo_error: dict[str, float] | None = None
-                        ) -> Figure:
-    """Measured points, one curve per model (legend carries its LOO error), the optimum."""
-    fig, ax = plt.subplots(figsize=(13, 4.2), layout="constrained")
-    ax.scatter(x, measured, color="k", s=14, zorder=3, label="measured")
-    for name, y in curves.items():
-        err = (loo_error or {}).get(name)
-        ax.plot(x_grid, y, lw=1.2, label=name if err is None else f"{name} (LOO {err:.1f} %)")
-    if optimum_x is not None:
-        ax.axvline(optimum_x, color=GAP_COLOR, ls="--", lw=1, label=f"optimum {optimum_x:g}")
-    ax.set_xlabel(x_label)
-    ax.set_ylabel(y_label)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+@dataclass
+class SweepCurves:
+    """One workload of a sweep: the runs, and (time, power) curves per model family."""
+
+    x: FloatArray
+    time_s: FloatArray
+    power_w: FloatArray
+    x_grid: FloatArray
+    curves: dict[str, tuple[FloatArray, FloatArray]]
+    mape_pct: dict[str, dict[str, float]]
+    chosen: str
+    objective: str
+    chosen_points: tuple[FloatArray, FloatArray] | None = None
+    """The chosen family's objective at the settings, when it has no curve (boosted)."""
+
+
+SWEEP_QUANTITIES = (("time", "runtime (s)"), ("power", "mean power (W)"),
+                    ("energy", "energy (J)"), ("edp", "energy-delay product (J·s)"))
+
+
+def sweep_models_figure(data: SweepCurves, *, x_label: str, title: str,
+                        recommended_x: float | None = None, default_x: float | None = None,
+                        measured_best_x: float | None = None) -> Figure:
+    """Runtime, power, energy (and EDP when it is the objective) against the setting."""
+    shown = [q for q in SWEEP_QUANTITIES if q[0] != "edp" or data.objective == "edp"]
+    fig, axes = plt.subplots(1, len(shown), figsize=(13, 4.4), squeeze=False,
+                             layout="constrained")
+    measured = {"time": data.time_s, "power": data.power_w,
+                "energy": data.time_s * data.power_w,
+                "edp": data.time_s ** 2 * data.power_w}
+    cycle = plt.get_cmap("tab10")
+    for ax, (quantity, label) in zip(axes[0], shown, strict=True):
+        for k, (family, (t, p)) in enumerate(data.curves.items()):
+            y = {"time": t, "power": p, "energy": t * p, "edp": t * t * p}[quantity]
+            err = data.mape_pct.get(family, {}).get(data.objective, float("nan"))
+            chosen = family == data.chosen
+            ax.plot(data.x_grid, y, color=cycle(k % 10), lw=2.4 if chosen else 1.0,
+                    alpha=1.0 if chosen else 0.75, zorder=2 if chosen else 1,
+                    label=f"{family}{' (chosen)' if chosen else ''}: {err:.1f} %")
+        if data.chosen_points is not None and quantity == data.objective:
+            err = data.mape_pct.get(data.chosen, {}).get(data.objective, float("nan"))
+            ax.plot(*data.chosen_points, "s-", color="k", ms=4, lw=1.6,
+                    label=f"{data.chosen} (chosen): {err:.1f} %")
+        ax.scatter(data.x, measured[quantity], color="k", s=12, zorder=3, label="measured")
+        if recommended_x is not None:
+            ax.axvline(recommended_x, color=GAP_COLOR, ls="--", lw=1.2,
+                       label=f"recommended {recommended_x:g}")
+        if default_x is not None and default_x != recommended_x:
+            ax.axvline(default_x, color="0.4", ls=":", lw=1.2, label=f"default {default_x:g}")
+        if measured_best_x is not None and quantity == "energy":
+            ax.set_title(f"measured best: {measured_best_x:g}", fontsize=9, loc="left")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5),
+                       frameon=False, title=f"LOO MAPE of {data.objective}",
+                       title_fontsize=7)
+    fig.suptitle(title, fontsize=10)
     return fig
 
 
-def save_png(fig: Figure, path: str, dpi: int = 110) -> bytes:
-    """Write the figure to ``path`` and return the PNG bytes (for embedding); closes it."""
-    import io
-
+def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
+    """The figure as PNG bytes (written to files by the caller); closes it."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     plt.close(fig)
-    data = buffer.getvalue()
-    with open(path, "wb") as f:
-        f.write(data)
-    return data
+    return buffer.getvalue()

@@ -2,10 +2,14 @@
 
 What a person at the bench wants to see first: every power stream on one time axis with
 the workload's phases and the holes in the data, a few windows where every sample shows,
-and the energy of each phase per source. Calibration and model panels are added when the
-run holds such results (``/analysis/...``) or the analysis modules offer them.
+the energy of each phase per source, and how the driver's reading relates to an external
+meter. For a sweep results file: the model curves of every family with their
+leave-one-out error and the chosen setting.
 
-All reading is streamed in chunks, so an hour at 20 kHz is drawn without loading it whole.
+Nothing here computes energy, calibration or models a second way: the page draws what
+``energy.energy_report``, ``calibration.calibrate`` and ``models.fit_sweep`` return, so it
+agrees with ``wattlab energy``, ``wattlab calibrate`` and ``wattlab fit``. Power streams are
+read in chunks, so an hour at 20 kHz is drawn without loading it whole.
 """
 
 from __future__ import annotations
@@ -13,113 +17,123 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
-import importlib
 import json
+import math
 import os
-from collections.abc import Callable, Sequence
+import tempfile
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import h5py
 import numpy as np
 import numpy.typing as npt
+from scipy.signal import lfilter
 
 from wattlab.analysis import plots
-from wattlab.analysis.run_file import GapRow, MarkerRow, Run, SourceView, _text
-from wattlab.analysis.summary import (
+from wattlab.analysis.alignment import (
     GAP_FACTOR,
-    energy_channel,
+    grid_edges,
+    median_spacing_s,
     power_channel,
-    summarise,
+    resample_view,
+    resolve,
+    span_s,
 )
-from wattlab.errors import UsageError, WattlabError
+from wattlab.analysis.calibration import calibrate, load_from_run, update_lattice
+from wattlab.analysis.energy import (
+    default_reference,
+    energy_report,
+    energy_streams,
+    phases_from_markers,
+)
+from wattlab.analysis.models import (
+    BOOST_MIN_WORKLOADS,
+    CURVE_FITS,
+    FAMILIES,
+    OBJECTIVES,
+    FitReport,
+    fit_sweep,
+)
+from wattlab.analysis.run_file import GapRow, MarkerRow, Run, SourceView
+from wattlab.analysis.summary import summarise
+from wattlab.analysis.sweep_results import SWEEP_FORMAT, SweepTable, load_table
+from wattlab.errors import RunFileError, UsageError, WattlabError
 
+FloatArray = npt.NDArray[np.float64]
 DISPLAY_BINS = 2000
 RAW_DISPLAY_MAX = 4000
 ZOOM_SAMPLES = 60
 MAX_ZOOMS = 3
 SESSION_SOURCE = "session"
+CAL_GRID_HZ = 1000.0
+MAX_HOLE_FRAC = 0.05
+"""A kernel window missing more than this fraction of reference gives no scatter point."""
+MAX_SWEEP_WORKLOADS = 6
+X_LABELS = {"power_limit_w": "power limit (W)", "sm_clock_mhz": "SM clock (MHz)",
+            "mem_clock_mhz": "memory clock (MHz)"}
+PREFERRED_TARGETS = ("average_power_w", "power_w", "instant_power_w")
+"""NVML channel calibrated by default: the 1 s average is what most tools report."""
 
 
-@dataclass(frozen=True)
-class Phase:
-    """A begin/end marker pair: ns since session start; depth = how many phases enclose it."""
-
-    name: str
-    source: str
-    start_ns: int
-    end_ns: int
-    depth: int = 0
-    payload: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def duration_s(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e9
+# ----------------------------------------------------------------------------- phases
 
 
 @dataclass
-class Phases:
-    """Phases, point markers, and what could not be paired (said in the report)."""
+class PhaseMarks:
+    """Phases as spans, point markers, and what could not be paired (said on the page).
 
-    phases: list[Phase]
+    A span's depth is how many workload phases enclose it; -1 marks the session's own.
+    """
+
+    spans: list[plots.Span]
     points: list[MarkerRow]
     warnings: list[str]
 
 
-def phases_from_markers(markers: Sequence[MarkerRow]) -> Phases:
-    """Pair begin/end markers by (source, name), innermost first, like nested brackets."""
-    open_: dict[tuple[str, str], list[MarkerRow]] = {}
-    pairs: list[tuple[MarkerRow, MarkerRow]] = []
-    points: list[MarkerRow] = []
-    warnings: list[str] = []
-    for m in sorted(markers, key=lambda r: r.time_ns):
-        key = (m.source, m.name)
-        if m.kind == "begin":
-            open_.setdefault(key, []).append(m)
-        elif m.kind == "end":
-            stack = open_.get(key)
-            if stack:
-                pairs.append((stack.pop(), m))
-            else:
-                warnings.append(f"end of phase {m.name!r} from {m.source} at "
-                                f"{m.time_ns / 1e9:.3f} s has no begin")
-        else:
-            points.append(m)
-    for (source, name), stack in open_.items():
-        for m in stack:
-            warnings.append(f"phase {name!r} from {source} begun at {m.time_ns / 1e9:.3f} s "
-                            "never ends")
-    pairs.sort(key=lambda p: (p[0].time_ns, -p[1].time_ns))
-    phases: list[Phase] = []
-    enclosing: list[int] = []  # end times of the workload phases that enclose the current one
-    for begin, end in pairs:
-        if begin.source == SESSION_SOURCE:
-            phases.append(Phase(begin.name, begin.source, begin.time_ns, end.time_ns, -1,
-                                begin.payload))
+def phase_marks(markers: Sequence[MarkerRow]) -> PhaseMarks:
+    """Phases paired exactly as ``wattlab energy --by-marker`` pairs them, with nesting depth."""
+    phases = sorted(phases_from_markers(markers), key=lambda p: (p.t0_s, -p.t1_s))
+    spans: list[plots.Span] = []
+    enclosing: list[float] = []  # end times of the workload phases enclosing the current one
+    for p in phases:
+        if p.source == SESSION_SOURCE:
+            spans.append(plots.Span(p.t0_s, p.t1_s, p.name, -1))
             continue
-        while enclosing and enclosing[-1] <= begin.time_ns:
+        while enclosing and enclosing[-1] <= p.t0_s:
             enclosing.pop()
-        phases.append(Phase(begin.name, begin.source, begin.time_ns, end.time_ns,
-                            len(enclosing), begin.payload))
-        enclosing.append(end.time_ns)
-    return Phases(phases, points, warnings)
+        spans.append(plots.Span(p.t0_s, p.t1_s, p.name, len(enclosing)))
+        enclosing.append(p.t1_s)
+    counts: dict[tuple[str, str, str], int] = {}
+    for m in markers:
+        counts[(m.source, m.name, m.kind)] = counts.get((m.source, m.name, m.kind), 0) + 1
+    paired: dict[tuple[str, str], int] = {}
+    for p in phases:
+        paired[(p.source, p.name)] = paired.get((p.source, p.name), 0) + 1
+    notes = []
+    for source, name in sorted({(s, nm) for s, nm, _ in counts}):
+        n = paired.get((source, name), 0)
+        if (extra := counts.get((source, name, "begin"), 0) - n) > 0:
+            notes.append(f"phase {name!r} from {source}: {extra} begin marker(s) never end")
+        if (extra := counts.get((source, name, "end"), 0) - n) > 0:
+            notes.append(f"phase {name!r} from {source}: {extra} end marker(s) have no begin")
+    points = [m for m in markers if m.kind not in ("begin", "end")]
+    return PhaseMarks(spans, points, notes)
 
 
 # ----------------------------------------------------------------------------- reading
 
 
-def power_sources(run: Run) -> list[tuple[SourceView, str]]:
-    """Every source that measures power, with its power channel (see summary.power_channel)."""
-    found = []
-    for view in run.sources.values():
-        channel = power_channel(view)
-        if channel is not None and len(view) > 0:
-            found.append((view, channel))
-    return found
+def shown_streams(run: Run, *, counters: bool = False) -> list[tuple[SourceView, str]]:
+    """Streams the page draws: each meter's power channel and every NVML power reading.
 
-
-def median_spacing_s(view: SourceView) -> float:
-    diffs = np.diff(view.time_slice(0, 10_000))
-    return float(np.median(diffs)) / 1e9 if diffs.size else 0.0
+    A meter's per-rail channels would crowd the page (``wattlab energy`` lists them); with
+    ``counters`` the energy counters (J) are included too.
+    """
+    return [(v, c) for v, c, method in energy_streams(run)
+            if (method == "counter" and counters)
+            or (method == "power" and (v.kind == "nvml" or c == power_channel(v)))]
 
 
 def row_at(view: SourceView, t_ns: int) -> int:
@@ -135,8 +149,8 @@ def row_at(view: SourceView, t_ns: int) -> int:
 
 
 def window(view: SourceView, channel: str, t0_ns: int, t1_ns: int
-           ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """Raw samples of one channel with t0_ns <= time <= t1_ns."""
+           ) -> tuple[npt.NDArray[np.int64], FloatArray]:
+    """Raw samples of one channel with t0_ns <= time <= t1_ns (only those rows are read)."""
     start, stop = row_at(view, t0_ns), row_at(view, t1_ns + 1)
     col = view.channel_index(channel)
     times = view.time_slice(start, stop)
@@ -144,8 +158,7 @@ def window(view: SourceView, channel: str, t0_ns: int, t1_ns: int
     return times, values
 
 
-def _break_holes(t_s: npt.NDArray[np.float64], v: npt.NDArray[np.float64], spacing_s: float
-                 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+def _break_holes(t_s: FloatArray, v: FloatArray, spacing_s: float) -> tuple[FloatArray, FloatArray]:
     """Insert NaN where samples are far apart so a line is never drawn across a hole."""
     if t_s.size < 2 or spacing_s <= 0:
         return t_s, v
@@ -188,129 +201,233 @@ def display_trace(view: SourceView, channel: str, t0_ns: int, t1_ns: int,
     return plots.Trace(label, unit, centre_s, mean, low, high)
 
 
-def cumulative_energy_j(view: SourceView, channel: str, times_ns: npt.NDArray[np.int64]
-                        ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Energy and covered seconds from the first sample up to each time.
-
-    Trapezoids between samples, interpolated inside the interval a time falls in; an
-    interval longer than GAP_FACTOR x the median spacing is a hole and adds nothing, so a
-    difference of two values never bridges lost data (its covered time says so). Before
-    the first sample both are 0, after the last both are the totals; NaN if no samples.
-    """
-    times = np.asarray(times_ns, dtype=np.int64)
-    energy = np.full(times.shape, np.nan)
-    covered = np.full(times.shape, np.nan)
-    limit_ns = GAP_FACTOR * median_spacing_s(view) * 1e9
-    e_carry = c_carry = 0.0
-    prev: tuple[int, float] | None = None
-    first_ns: int | None = None
-    for chunk_t, chunk_v in view.iter_chunks(channel):
-        t, p = chunk_t.astype(np.int64), chunk_v.astype(np.float64)
-        if prev is not None:
-            t = np.r_[prev[0], t]
-            p = np.r_[prev[1], p]
-        if t.size >= 2:
-            dt_ns = np.diff(t).astype(np.float64)
-            ok = (dt_ns <= limit_ns) & np.isfinite(p[1:]) & np.isfinite(p[:-1])
-            seg_e = np.where(ok, 0.5 * (p[1:] + p[:-1]) * dt_ns / 1e9, 0.0)
-            seg_c = np.where(ok, dt_ns / 1e9, 0.0)
-            cum_e = e_carry + np.r_[0.0, np.cumsum(seg_e)]
-            cum_c = c_carry + np.r_[0.0, np.cumsum(seg_c)]
-            sel = (times >= t[0]) & (times <= t[-1])
-            if sel.any():
-                q = times[sel]
-                i = np.clip(np.searchsorted(t, q, side="right") - 1, 0, t.size - 2)
-                f = np.clip((q - t[i]) / np.maximum(dt_ns[i], 1.0), 0.0, 1.0)
-                part_e = (p[i] * f + 0.5 * (p[i + 1] - p[i]) * f * f) * dt_ns[i] / 1e9
-                energy[sel] = cum_e[i] + np.where(ok[i], part_e, 0.0)
-                covered[sel] = cum_c[i] + np.where(ok[i], f * dt_ns[i] / 1e9, 0.0)
-            e_carry, c_carry = float(cum_e[-1]), float(cum_c[-1])
-        if first_ns is None:
-            first_ns = int(t[0])
-        prev = (int(t[-1]), float(p[-1]))
-    if prev is not None and first_ns is not None:
-        # outside the stream nothing was observed: zero before it, the total after it
-        before, after = times < first_ns, times > prev[0]
-        energy[before], covered[before] = 0.0, 0.0
-        energy[after], covered[after] = e_carry, c_carry
-    return energy, covered
-
-
-def counter_energy_j(view: SourceView, channel: str, times_ns: npt.NDArray[np.int64]
-                     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """An energy counter read at each time, and the seconds it spans up to there.
-
-    Linear between readings; before the first reading 0, after the last the total, like
-    ``cumulative_energy_j``, so differences only count the time the counter observed.
-    """
-    t = view.time_ns
-    e = view.channel(channel).astype(np.float64)
-    if t.size < 2:
-        nan = np.full(times_ns.shape, np.nan)
-        return nan, nan.copy()
-    energy = np.interp(times_ns, t, e - e[0])
-    covered = (np.clip(times_ns, t[0], t[-1]) - t[0]) / 1e9
-    return energy.astype(np.float64), covered.astype(np.float64)
+# ----------------------------------------------------------------------------- energy
 
 
 @dataclass
 class PhaseEnergy:
-    """Energy of every phase instance per source; NaN where a source does not cover it."""
+    """``energy_report`` rows summed per phase name and stream (one table row each).
 
-    phases: list[Phase]
-    sources: list[str]
-    energy_j: npt.NDArray[np.float64]  # n_phases x n_sources
-    coverage: npt.NDArray[np.float64]  # fraction of the phase the source observed
+    Streams: see ``shown_streams`` (with counters); ``report`` keeps their rows only.
 
-    def by_name(self) -> list[dict[str, Any]]:
-        """One row per phase name: instances, total duration, energy per source (summed).
+    Arrays are phases x streams, NaN where a stream has no estimate for a phase;
+    ``uncertainty_j`` is the sum of the instances' half-widths (edges may be correlated).
+    """
 
-        ``coverage`` is the fraction of the phases' total time each source observed.
-        """
-        rows: dict[str, dict[str, Any]] = {}
-        n = len(self.sources)
-        for i, ph in enumerate(self.phases):
-            row = rows.setdefault(ph.name, {"phase": ph.name, "instances": 0, "duration_s": 0.0,
-                                            "energy_j": np.zeros(n), "covered_s": np.zeros(n)})
-            row["instances"] += 1
-            row["duration_s"] += ph.duration_s
-            row["energy_j"] = row["energy_j"] + np.nan_to_num(self.energy_j[i])
-            row["covered_s"] = row["covered_s"] + self.coverage[i] * ph.duration_s
-        for row in rows.values():
-            row["coverage"] = row.pop("covered_s") / max(row["duration_s"], 1e-12)
-        return list(rows.values())
+    report: dict[str, Any]
+    phases: list[str]
+    streams: list[str]
+    instances: list[int]
+    duration_s: list[float]
+    energy_j: FloatArray
+    uncertainty_j: FloatArray
+    measured_j: FloatArray
+    covered_s: FloatArray
+    uncovered_s: FloatArray
+
+    @property
+    def reference(self) -> str | None:
+        return self.report["reference"]
+
+    def mean_power_w(self) -> FloatArray:
+        """Measured energy over observed time (W)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.covered_s > 0, self.measured_j / self.covered_s, np.nan)
+
+    def error_pct(self) -> FloatArray:
+        """Summed energy relative to the reference stream's (%), NaN without a reference."""
+        out = np.full(self.energy_j.shape, np.nan)
+        if self.reference in self.streams:
+            ref = self.energy_j[:, [self.streams.index(self.reference)]]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out = 100 * (self.energy_j - ref) / ref
+        return out
 
 
-def phase_energy(run: Run, phases: Sequence[Phase]) -> PhaseEnergy:
-    """Energy per phase and source, from power samples or from energy counters."""
-    starts = np.array([p.start_ns for p in phases], dtype=np.int64)
-    ends = np.array([p.end_ns for p in phases], dtype=np.int64)
-    both = np.r_[starts, ends]
-    duration_s = np.maximum((ends - starts) / 1e9, 1e-12)
-    columns, cover, names = [], [], []
+def phase_energy(run: Run) -> PhaseEnergy:
+    """Energy per phase name and stream, from ``energy_report(run, by_marker=True)``."""
+    report = energy_report(run, by_marker=True)
+    names = list(dict.fromkeys(p["name"] for p in report["phases"]))
+    name_of = {p["label"]: p["name"] for p in report["phases"]}
+    shown = {f"{v.source_id}:{c}" for v, c in shown_streams(run, counters=True)}
+    report["rows"] = [r for r in report["rows"] if f"{r['source']}:{r['channel']}" in shown]
+    streams = list(dict.fromkeys(f"{r['source']}:{r['channel']}" for r in report["rows"]))
+    shape = (len(names), len(streams))
+    sums = {k: np.zeros(shape) for k in ("energy_j", "uncertainty_j", "measured_j",
+                                          "covered_s", "uncovered_s")}
+    seen = np.zeros(shape, dtype=bool)
+    for r in report["rows"]:
+        i, j = names.index(name_of[r["phase"]]), streams.index(f"{r['source']}:{r['channel']}")
+        for key, total in sums.items():
+            total[i, j] += r[key] or 0.0
+        seen[i, j] |= r["energy_j"] is not None
+    for key in ("energy_j", "uncertainty_j", "measured_j"):
+        sums[key][~seen] = np.nan
+    instances = [sum(1 for p in report["phases"] if p["name"] == n) for n in names]
+    durations = [sum(p["t1_s"] - p["t0_s"] for p in report["phases"] if p["name"] == n)
+                 for n in names]
+    return PhaseEnergy(report, names, streams, instances, durations, **sums)
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+@dataclass
+class CalibrationView:
+    """A calibration record and the readings it explains.
+
+    At each driver update ``t_s``: the reference seen through the fitted kernel and lag
+    (``seen_w``) and the reading (``target_w``); the fit is ``target = gain * seen + offset``.
+    """
+
+    record: dict[str, Any]
+    t_s: FloatArray
+    seen_w: FloatArray
+    target_w: FloatArray
+    stored: bool
+
+    @property
+    def label(self) -> str:
+        t, r = self.record["target"], self.record["reference"]
+        return f"{t['source']}:{t['channel']} vs {r['source']}:{r['channel']}"
+
+    def param(self, name: str) -> float:
+        value = self.record["params"].get(name, {}).get("value")
+        return math.nan if value is None else float(value)
+
+
+def _seen_through_kernel(run: Run, ref_view: SourceView, ref_ch: str, x_s: FloatArray,
+                         record: dict[str, Any]) -> FloatArray:
+    """The reference at times ``x_s`` as the fitted kernel and lag see it (NaN: not covered).
+
+    Bin means on a fine grid (gaps stay NaN): a boxcar is a difference of the running
+    integral over the window, a first-order lag an exponential filter of the bin means.
+    """
+    tau = float(record["params"]["tau_s"]["value"])
+    boxcar = "w_s" in record["params"]
+    width = float(record["params"]["w_s" if boxcar else "time_constant_s"]["value"])
+    reach = width if boxcar else 5 * width
+    first, last = span_s(ref_view)
+    lo, hi = max(first, float(x_s.min()) - tau - reach), min(last, float(x_s.max()) - tau)
+    out = np.full(x_s.shape, np.nan)
+    if hi - lo < 2 / CAL_GRID_HZ:
+        return out
+    edges = grid_edges(lo, hi, CAL_GRID_HZ)
+    means = resample_view(run, ref_view, ref_ch, edges)
+    hole = ~np.isfinite(means)
+    step = 1 / CAL_GRID_HZ
+    holes_s = np.r_[0.0, np.cumsum(hole * step)]
+    start, end = x_s - tau - reach, x_s - tau
+    inside = (start >= edges[0]) & (end <= edges[-1])
+    missing = np.interp(end, edges, holes_s) - np.interp(start, edges, holes_s)
+    ok = inside & (missing <= MAX_HOLE_FRAC * reach + 1e-9)
+    if boxcar:
+        integral = np.r_[0.0, np.cumsum(np.where(hole, 0.0, means) * step)]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = (np.interp(end, edges, integral) - np.interp(start, edges, integral)) \
+                / (width - missing)
+        out[ok] = mean[ok]
+        return out
+    filled = means.copy()
+    if hole.any() and (~hole).any():
+        centres = 0.5 * (edges[1:] + edges[:-1])
+        filled[hole] = np.interp(centres[hole], centres[~hole], means[~hole])
+    alpha = math.exp(-step / width)
+    smooth, _ = lfilter([1 - alpha], [1, -alpha], filled, zi=[alpha * filled[0]])
+    out[ok] = np.interp(end[ok], edges[1:], smooth)
+    return out
+
+
+def calibration_view(run: Run, record: dict[str, Any], stored: bool) -> CalibrationView:
+    """Readings and kernel-seen reference for a record, observed as ``calibrate`` does.
+
+    Each distinct reading counts once, at its driver update instant when the fit used those.
+    """
+    ref_view, ref_ch = resolve(run, f"{record['reference']['source']}:"
+                                    f"{record['reference']['channel']}")
+    tgt_view, tgt_ch = resolve(run, f"{record['target']['source']}:{record['target']['channel']}")
+    t = tgt_view.time_s
+    v = tgt_view.channel(tgt_ch).astype(np.float64)
+    t, v = t[np.isfinite(v)], v[np.isfinite(v)]
+    new = np.r_[True, v[1:] != v[:-1]]
+    x, y = t[new], v[new]
+    if record.get("update_times") == "lattice" and (lattice := update_lattice(x)) is not None:
+        x = lattice[0]
+    seen = _seen_through_kernel(run, ref_view, ref_ch, x, record) if x.size else x
+    return CalibrationView(record, x, seen, y, stored)
+
+
+def default_targets(run: Run) -> list[str]:
+    """One NVML power reading per GPU: the 1 s average where recorded, else its samples."""
+    per_gpu: dict[str, list[str]] = {}
     for view in run.sources.values():
-        channel = power_channel(view)
-        if channel is not None and len(view) > 1:
-            e, c = cumulative_energy_j(view, channel, both)
-            columns.append(e[len(phases):] - e[:len(phases)])
-            cover.append((c[len(phases):] - c[:len(phases)]) / duration_s)
-            names.append(f"{view.source_id}:{channel}")
-        elif (counter := energy_channel(view)) is not None and len(view) > 1:
-            e, c = counter_energy_j(view, counter, both)
-            columns.append(e[len(phases):] - e[:len(phases)])
-            cover.append((c[len(phases):] - c[:len(phases)]) / duration_s)
-            names.append(f"{view.source_id}:{counter}")
-    shape = (len(phases), len(names))
-    energy = np.column_stack(columns) if columns else np.zeros(shape)
-    coverage = np.nan_to_num(np.column_stack(cover), nan=0.0) if cover else np.zeros(shape)
-    return PhaseEnergy(list(phases), names, energy.reshape(shape), coverage.reshape(shape))
+        if view.kind != "nvml" or len(view) < 2:
+            continue
+        gpu = view.source_id.rsplit(".", 1)[0]
+        for channel, unit in zip(view.channel_names, view.units, strict=True):
+            if unit == "W" and channel in PREFERRED_TARGETS:
+                per_gpu.setdefault(gpu, []).append(f"{view.source_id}:{channel}")
+    return [min(specs, key=lambda s: PREFERRED_TARGETS.index(s.split(":")[1]))
+            for specs in per_gpu.values()]
+
+
+def calibration_views(run: Run, reference: str | None, targets: Sequence[str] | None
+                      ) -> tuple[list[CalibrationView], list[str]]:
+    """Calibrations to draw: stored by ``wattlab calibrate``, else fitted here.
+
+    Without stored records the default targets are fitted against the external meter;
+    explicit ``targets`` are always fitted. Nothing is written to the run.
+    """
+    notes: list[str] = []
+    stored = [] if targets else load_from_run(run.path)
+    records = [(r, True) for r in stored
+               if r["reference"]["source"] in run.sources and r["target"]["source"] in run.sources]
+    if not records:
+        ref = reference or default_reference(run)
+        if ref is None:
+            return [], ["NVML calibration: no panel (no external meter in this run to compare "
+                        "NVML with; name one with --reference)"]
+        wanted = list(targets) if targets else default_targets(run)
+        if not wanted:
+            return [], [f"NVML calibration: no panel (no NVML power reading to compare "
+                        f"with {ref})"]
+        for target in wanted:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    records.append((calibrate(run, ref, target), False))
+            except (WattlabError, ValueError) as e:
+                notes.append(f"NVML calibration of {target} against {ref}: no panel ({e})")
+    views = []
+    for record, was_stored in records:
+        try:
+            views.append(calibration_view(run, record, was_stored))
+        except WattlabError as e:
+            notes.append(f"NVML calibration {record['target']['source']}: no panel ({e})")
+    return views, notes
+
+
+def _pm(obj: dict[str, Any], scale: float = 1.0, fmt: str = ".3g") -> str:
+    value, se = obj.get("value"), obj.get("se")
+    if value is None:
+        return "-"
+    text = format(value * scale, fmt)
+    return text if se is None else f"{text} ± {float(format(se * scale, '.2g')):g}"
+
+
+def calibration_summary(view: CalibrationView) -> str:
+    """One line with the fitted model: kernel, lag, width, gain, offset, residual."""
+    rec = view.record
+    p = rec["params"]
+    width = (f"w = {_pm(p['w_s'], 1e3)} ms" if "w_s" in p
+             else f"T = {_pm(p['time_constant_s'], 1e3)} ms")
+    return (f"{rec['kernel']} kernel, τ = {_pm(p['tau_s'], 1e3)} ms, {width}, gain "
+            f"{_pm(p['gain'], fmt='.4f')}, offset {_pm(p['offset_w'])} W, effective delay "
+            f"{_pm(rec['effective_delay_s'], 1e3)} ms; residual {rec['fit']['rmse_w']:.2f} W "
+            f"rms, R² {rec['fit']['r2']:.4f}")
 
 
 # ----------------------------------------------------------------------------- figures
-
-
-def _spans(phases: Sequence[Phase]) -> list[plots.Span]:
-    return [plots.Span(p.start_ns / 1e9, p.end_ns / 1e9, p.name, p.depth) for p in phases]
 
 
 def gap_spans(gaps: Sequence[GapRow]) -> list[plots.Span]:
@@ -324,7 +441,7 @@ def gap_spans(gaps: Sequence[GapRow]) -> list[plots.Span]:
     return spans
 
 
-def zoom_windows(found: Sequence[tuple[SourceView, str]], phases: Sequence[Phase],
+def zoom_windows(found: Sequence[tuple[SourceView, str]], phases: Sequence[plots.Span],
                  gaps: Sequence[GapRow], *, t0_ns: int, t1_ns: int) -> list[plots.ZoomWindow]:
     """Where single samples matter: the sharpest phase transition, the largest gap, steady."""
     if not found:
@@ -338,14 +455,15 @@ def zoom_windows(found: Sequence[tuple[SourceView, str]], phases: Sequence[Phase
         return []
     fast_view, fast_channel = found[int(np.argmin([s if s > 0 else np.inf for s in spacings]))]
     centres: list[tuple[str, int, int]] = []  # title, first and last time to show
-    boundaries = sorted({p.start_ns for p in phases if p.depth == 0}
-                        | {p.end_ns for p in phases if p.depth == 0})[:200]
+    workload = [p for p in phases if p.depth == 0]
+    boundaries = sorted({int(p.start_s * 1e9) for p in workload}
+                        | {int(p.end_s * 1e9) for p in workload})[:200]
     best, best_step = None, 0.0
     for b in boundaries:
         _, before = window(fast_view, fast_channel, b - width_ns // 2, b)
         _, after = window(fast_view, fast_channel, b, b + width_ns // 2)
         if before.size and after.size:
-            step = abs(float(np.mean(after)) - float(np.mean(before)))
+            step = abs(float(np.nanmean(after)) - float(np.nanmean(before)))
             if step > best_step:
                 best, best_step = b, step
     if best is not None:
@@ -355,10 +473,10 @@ def zoom_windows(found: Sequence[tuple[SourceView, str]], phases: Sequence[Phase
         g = max(known, key=lambda r: (r.time_last_ns or 0) - (r.time_first_ns or 0))
         centres.append((f"largest gap ({g.source}: {g.reason})", g.time_first_ns or 0,
                         g.time_last_ns or 0))
-    workload = [p for p in phases if p.depth == 0]
-    longest = max(workload, key=lambda p: p.end_ns - p.start_ns) if workload else None
-    centre = (longest.start_ns + longest.end_ns) // 2 if longest else (t0_ns + t1_ns) // 2
-    centres.append((f"steady state ({longest.name})" if longest else "middle of the run",
+    longest = max(workload, key=lambda p: p.end_s - p.start_s) if workload else None
+    centre = (int((longest.start_s + longest.end_s) * 0.5e9) if longest
+              else (t0_ns + t1_ns) // 2)
+    centres.append((f"steady state ({longest.label})" if longest else "middle of the run",
                     centre, centre))
     windows = []
     for title, first, last in centres[:MAX_ZOOMS]:
@@ -374,9 +492,6 @@ def zoom_windows(found: Sequence[tuple[SourceView, str]], phases: Sequence[Phase
     return windows
 
 
-# ----------------------------------------------------------------------------- panels
-
-
 @dataclass
 class Panel:
     """One figure of the report, with the words under it."""
@@ -387,83 +502,72 @@ class Panel:
     caption: str = ""
 
 
-PanelProvider = Callable[[Run], list[Panel]]
-OPTIONAL_PANELS = (
-    ("calibration", "NVML calibration", "wattlab.analysis.calibration"),
-    ("models", "Energy models", "wattlab.analysis.models"),
-)
+# ----------------------------------------------------------------------------- sweeps
 
 
-def _stored(run: Run, key: str) -> Any:
-    group = run._file.get("analysis")
-    return None if group is None else group.get(key)
+def is_sweep_file(path: str) -> bool:
+    """A results file of ``wattlab sweep`` (or a published table ``wattlab fit`` reads)."""
+    if not os.path.exists(path):
+        raise RunFileError(f"{path}: no such file")
+    if os.path.isdir(path):
+        return True
+    with open(path, "rb") as f:
+        if not f.read(8).startswith(b"\x89HDF"):
+            return True
+    try:
+        with h5py.File(path, "r") as f:
+            return bool(f.attrs.get("format") == SWEEP_FORMAT)
+    except OSError as e:
+        raise RunFileError(f"{path}: not a readable HDF5 file ({e})") from e
 
 
-def _stored_calibration_panels(run: Run) -> list[Panel]:
-    """Groups /analysis/calibration/<name> with reference_w, target_w [, corrected_w]."""
-    panels = []
-    for name, g in (_stored(run, "calibration") or {}).items():
-        if "reference_w" not in g or "target_w" not in g:
-            continue
-        corrected = np.asarray(g["corrected_w"][:]) if "corrected_w" in g else None
-        fit = ", ".join(f"{k} = {_text(v)}" for k, v in g.attrs.items() if np.isscalar(v))
-        fig = plots.calibration_figure(
-            np.asarray(g["reference_w"][:]), np.asarray(g["target_w"][:]),
-            corrected_w=corrected, fit_text=fit,
-            reference_label=_text(g.attrs.get("reference", "reference")),
-            target_label=_text(g.attrs.get("target", "NVML")))
-        panels.append(Panel(f"calibration_{name}", f"NVML calibration: {name}", fig, fit))
-    return panels
+def family_curves(table: SweepTable, workload: str, families: Sequence[str],
+                  x_grid: FloatArray) -> dict[str, tuple[FloatArray, FloatArray]]:
+    """(time, power) of each per-workload family fitted on all rows of one workload."""
+    rows = np.array([w == workload for w in table.workload])
+    x, t, p = table.x[rows], table.runtime_s[rows], table.mean_power_w[rows]
+    out = {}
+    for family in families:
+        fit = CURVE_FITS.get(family)
+        t_curve, p_curve = (fit(x, t), fit(x, p)) if fit else (None, None)
+        if t_curve is not None and p_curve is not None:
+            out[family] = (t_curve(x_grid), p_curve(x_grid))
+    return out
 
 
-def _stored_model_panels(run: Run) -> list[Panel]:
-    """Groups /analysis/models/<name> with x, measured, x_grid and curve_<model> datasets."""
-    panels = []
-    for name, g in (_stored(run, "models") or {}).items():
-        if not {"x", "measured", "x_grid"} <= set(g):
-            continue
-        curves = {k[len("curve_"):]: np.asarray(g[k][:]) for k in g if k.startswith("curve_")}
-        loo = {k[len("loo_mape_pct_"):]: float(v) for k, v in g.attrs.items()
-               if k.startswith("loo_mape_pct_")}
-        optimum = g.attrs.get("optimum_x")
-        fig = plots.model_curves_figure(
-            np.asarray(g["x"][:]), np.asarray(g["measured"][:]), curves,
-            np.asarray(g["x_grid"][:]), x_label=_text(g.attrs.get("x_label", "setting")),
-            y_label=_text(g.attrs.get("y_label", "value")),
-            optimum_x=None if optimum is None else float(optimum), loo_error=loo)
-        panels.append(Panel(f"models_{name}", f"Energy model: {name}", fig,
-                            "curves with their leave-one-out error (MAPE); dashed: optimum"))
-    return panels
-
-
-def optional_panels(run: Run) -> tuple[list[Panel], list[str]]:
-    """Stored /analysis results, else the analysis module's ``report_panels(run)``."""
-    panels: list[Panel] = []
-    notes: list[str] = []
-    stored = {"calibration": _stored_calibration_panels, "models": _stored_model_panels}
-    for key, title, module_name in OPTIONAL_PANELS:
-        found = stored[key](run)
-        if found:
-            panels += found
-            continue
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            notes.append(f"{title}: no panel ({module_name} is not in this installation and "
-                         f"the run holds no /analysis/{key} results)")
-            continue
-        provider: PanelProvider | None = getattr(module, "report_panels", None)
-        if provider is None:
-            notes.append(f"{title}: no panel ({module_name} offers no report_panels(run))")
-            continue
-        try:
-            found = provider(run)
-        except WattlabError as e:
-            notes.append(f"{title}: no panel ({e})")
-            continue
-        if not found:
-            notes.append(f"{title}: nothing to show for this run")
-        panels += found
+def sweep_panels(table: SweepTable, fit: FitReport) -> tuple[list[Panel], list[str]]:
+    """Per workload: time, power and energy against the setting, one curve per family."""
+    data = table.usable()
+    mape = {s.family: s.mape for s in fit.families}
+    x_label = X_LABELS.get(fit.x_name, fit.x_name)
+    panels, notes = [], []
+    recs = {r.workload: r for r in fit.recommendations}
+    names = data.workloads()
+    for k, workload in enumerate(names[:MAX_SWEEP_WORKLOADS]):
+        rows = np.array([w == workload for w in data.workload])
+        x = data.x[rows]
+        x_grid = np.linspace(float(x.min()), float(x.max()), 200)
+        curves = family_curves(data, workload, [s.family for s in fit.families], x_grid)
+        rec = recs.get(workload)
+        chosen_points = None
+        if fit.chosen not in curves and rec is not None:  # the boosted family: its settings
+            chosen_points = (np.array(rec.settings), np.array(rec.predicted_objective))
+        figure = plots.sweep_models_figure(
+            plots.SweepCurves(x, data.runtime_s[rows], data.mean_power_w[rows], x_grid, curves,
+                              mape, fit.chosen, fit.objective, chosen_points),
+            x_label=x_label, title=workload,
+            recommended_x=None if rec is None else rec.recommended_x,
+            default_x=None if rec is None else rec.default_x,
+            measured_best_x=None if rec is None else rec.measured_best_x)
+        caption = ("Measured runs (dots) and each model family fitted to all of them (time "
+                   "and power are fitted; energy = time x power). The legend gives each "
+                   f"family's leave-one-out MAPE of the objective ({fit.objective}); the table "
+                   f"above has every quantity. Thick: the family chosen by LOO ({fit.chosen}). "
+                   "Dashed: the recommended setting; dotted: the default.")
+        panels.append(Panel(f"models_{k}", f"Models: {workload}", figure, caption))
+    if len(names) > MAX_SWEEP_WORKLOADS:
+        notes.append(f"{len(names) - MAX_SWEEP_WORKLOADS} more workloads are in the tables "
+                     "but have no figure")
     return panels, notes
 
 
@@ -472,32 +576,119 @@ def optional_panels(run: Run) -> tuple[list[Panel], list[str]]:
 
 @dataclass
 class ReportResult:
-    """What was written: the page, the PNGs beside it, and notes shown on the page."""
+    """What was written, the notes shown on the page, and the analysis behind it.
+
+    ``energy`` and ``calibrations`` are set for a run, ``fit`` for a sweep.
+    """
 
     html_path: str
     png_paths: list[str]
     notes: list[str]
-    phase_energy: PhaseEnergy
+    energy: PhaseEnergy | None = None
+    calibrations: list[CalibrationView] = field(default_factory=list)
+    fit: FitReport | None = None
+
+
+@dataclass
+class ReportOptions:
+    """Choices beyond the file names (see ``wattlab report --help``)."""
+
+    dpi: int = 110
+    reference: str | None = None
+    calibrate: list[str] = field(default_factory=list)
+    calibration: bool = True
+    objective: str = "energy"
+    max_slowdown: float | None = None
 
 
 def default_output(run_path: str) -> str:
-    root, _ = os.path.splitext(run_path)
+    root, _ = os.path.splitext(run_path.rstrip("/"))
     return root + ".html"
 
 
-def build_report(run_path: str, output: str | None = None, *, dpi: int = 110) -> ReportResult:
-    """Write the HTML report of ``run_path`` and its PNGs; returns what it wrote."""
-    output = output or default_output(run_path)
+def build_report(path: str, output: str | None = None,
+                 options: ReportOptions | None = None) -> ReportResult:
+    """Write the HTML report of a run or sweep file and its PNGs; returns what it wrote.
+
+    Everything is drawn before anything is written: on bad input no file appears.
+    """
+    options = options or ReportOptions()
+    output = output or default_output(path)
     out_dir = os.path.dirname(os.path.abspath(output))
+    if options.dpi < 20 or options.dpi > 600:
+        raise UsageError(f"--dpi {options.dpi}: use 20..600")
+    if options.objective not in OBJECTIVES:
+        raise UsageError(f"objective {options.objective!r}: use one of {', '.join(OBJECTIVES)}")
     if not os.path.isdir(out_dir):
         raise UsageError(f"{output}: folder {out_dir} does not exist")
+    if os.path.exists(output) and os.path.exists(path) and os.path.samefile(output, path):
+        raise UsageError(f"{output}: is the input file; choose another -o")
+    page = _sweep_page(path, options) if is_sweep_file(path) else _run_page(path, options)
     stem = os.path.splitext(os.path.basename(output))[0]
+    images = [(panel, plots.png_bytes(panel.figure, options.dpi)) for panel in page.panels]
+    pngs = [os.path.join(out_dir, f"{stem}_{panel.key}.png") for panel, _ in images]
+    html_text = page.render({p.key: base64.b64encode(data).decode() for p, data in images})
+    _write_all([*zip(pngs, (data for _, data in images), strict=True),
+                (output, html_text.encode())])
+    return ReportResult(output, pngs, page.notes, page.energy, page.calibrations, page.fit)
+
+
+def _write_all(files: Sequence[tuple[str, bytes]]) -> None:
+    """Write every file whole (temp file, then rename); on failure remove what was written."""
+    done: list[str] = []
+    try:
+        for path, data in files:
+            fd, tmp = tempfile.mkstemp(prefix=".report-", dir=os.path.dirname(
+                os.path.abspath(path)))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+            done.append(path)
+    except OSError as e:
+        for path in done:
+            os.unlink(path)
+        raise UsageError(f"cannot write the report: {e}") from e
+
+
+@dataclass
+class Page:
+    """Panels to draw and the HTML around them (``render`` gets each panel's base64 PNG)."""
+
+    title: str
+    meta: str
+    panels: list[Panel]
+    notes: list[str]
+    sections: list[tuple[str, str]]  # (panel key it follows, HTML); "" = before the figures
+    energy: PhaseEnergy | None = None
+    calibrations: list[CalibrationView] = field(default_factory=list)
+    fit: FitReport | None = None
+
+    def render(self, images: dict[str, str]) -> str:
+        parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+                 f"<title>{_e(self.title)}</title><style>{CSS}</style></head><body>",
+                 f"<h1>{_e(self.title)}</h1><p class='meta'>{self.meta}</p>"]
+        parts += [f"<div class='note'>{_e(n)}</div>" for n in self.notes]
+        parts += [h for key, h in self.sections if key == ""]
+        for panel in self.panels:
+            parts.append(f"<h2>{_e(panel.title)}</h2><img alt='{_e(panel.title)}' "
+                         f"src='data:image/png;base64,{images[panel.key]}'>"
+                         f"<p class='cap'>{_e(panel.caption)}</p>")
+            parts += [h for key, h in self.sections if key == panel.key]
+        parts += [h for key, h in self.sections if key == "end"]
+        parts.append("</body></html>")
+        return "\n".join(parts)
+
+
+def _made() -> str:
+    return f"report made {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}"
+
+
+def _run_page(run_path: str, options: ReportOptions) -> Page:
     with Run(run_path) as run:
-        found = power_sources(run)
-        found_phases = phases_from_markers(run.markers)
-        phases = found_phases.phases
+        found = shown_streams(run)
+        marks = phase_marks(run.markers)
         gaps = run.gaps
-        notes = list(found_phases.warnings)
+        notes = list(marks.warnings)
         if not found:
             notes.append("no source in this run measures power: nothing to plot over time")
         firsts = [int(v.time_slice(0, 1)[0]) for v, _ in found]
@@ -505,44 +696,86 @@ def build_report(run_path: str, output: str | None = None, *, dpi: int = 110) ->
         t0_ns, t1_ns = (min(firsts), max(lasts)) if found else (0, 1)
         t1_ns = max(t1_ns, t0_ns + 1)
         panels: list[Panel] = []
-        traces = [display_trace(v, c, t0_ns, t1_ns) for v, c in found]
-        points = [(m.time_ns / 1e9, m.name) for m in found_phases.points]
-        panels.append(Panel("timeline", "Power over time", plots.timeline_figure(
-            traces, _spans(phases), gap_spans(gaps), points),
-            "Every power stream on the session timebase. Coloured bands and the lanes below: "
-            "phases from begin/end markers (thin lines: point markers). Red hatching: gaps "
-            "the recorder logged; line breaks: holes in a stream."))
-        windows = zoom_windows(found, phases, gaps, t0_ns=t0_ns, t1_ns=t1_ns)
+        if found:
+            traces = [display_trace(v, c, t0_ns, t1_ns) for v, c in found]
+            points = [(m.time_ns / 1e9, m.name) for m in marks.points]
+            panels.append(Panel("timeline", "Power over time", plots.timeline_figure(
+                traces, marks.spans, gap_spans(gaps), points),
+                "Every power stream on the session timebase. Coloured bands and the lanes "
+                "below: phases from begin/end markers (thin grey lines: point markers). Red "
+                "hatching and red lane bars: gaps the recorder logged; line breaks: holes in "
+                "a stream."))
+        windows = zoom_windows(found, marks.spans, gaps, t0_ns=t0_ns, t1_ns=t1_ns)
         if windows:
             panels.append(Panel("zoom", "Sample-level zoom", plots.zoom_figure(
-                windows, _spans(phases), gap_spans(gaps)),
+                windows, marks.spans, gap_spans(gaps)),
                 "Every sample (dots) in short windows: how each meter and the driver see a "
-                "transition, how much they lag and smooth."))
-        energy = phase_energy(run, [p for p in phases if p.end_ns > p.start_ns])
-        rows = energy.by_name()
-        if rows and energy.sources:
-            matrix = np.array([np.nan_to_num(r["energy_j"]) for r in rows])
+                "transition, how much they lag and smooth, and what a gap loses."))
+        sections: list[tuple[str, str]] = [("", _sources_table(summarise(run)))]
+        energy = None
+        try:
+            energy = phase_energy(run)
+        except UsageError as e:
+            notes.append(f"energy per phase: none ({e})")
+        if energy is not None:
             panels.append(Panel("energy", "Energy per phase", plots.energy_bars_figure(
-                [r["phase"] for r in rows], energy.sources, matrix),
-                "Energy of each phase name, all its instances summed, per source."))
-        extra, extra_notes = optional_panels(run)
-        panels += extra
-        notes += extra_notes
-        summary = summarise(run)
+                energy.phases, energy.streams, np.nan_to_num(energy.energy_j),
+                np.nan_to_num(energy.uncertainty_j)),
+                "Energy of each phase name (all its instances summed) per stream, with its "
+                "interval; 'run' is the span every stream covers."))
+            sections.append(("energy", _energy_table(energy)))
+            notes += energy.report["notes"]
+        cal_views: list[CalibrationView] = []
+        if options.calibration:
+            cal_views, cal_notes = calibration_views(run, options.reference,
+                                                     options.calibrate or None)
+            notes += cal_notes
+        for k, view in enumerate(cal_views):
+            key = f"calibration_{k}"
+            panels.append(Panel(key, f"NVML calibration: {view.label}", plots.calibration_figure(
+                view.t_s, view.seen_w, view.target_w, gain=view.param("gain"),
+                offset_w=view.param("offset_w"), fit_text=calibration_summary(view),
+                reference_label=f"{view.record['reference']['source']}:"
+                                f"{view.record['reference']['channel']}",
+                target_label=f"{view.record['target']['source']}:"
+                             f"{view.record['target']['channel']}"),
+                ("Stored in the run by wattlab calibrate. " if view.stored else
+                 "Fitted for this report by the same code as wattlab calibrate (not stored). ")
+                + "Left: each distinct NVML reading against the reference power seen through "
+                  "the fitted kernel and lag, with the fit line. Right: the residuals over "
+                  "time."))
+            sections.append((key, _calibration_table(view)))
+        if gaps:
+            sections.append(("end", _gaps_table(gaps)))
         attrs = run.attrs
-        markers_n = len(run.markers)
-    pngs: list[str] = []
-    images: list[tuple[Panel, str]] = []
-    for panel in panels:
-        png = os.path.join(out_dir, f"{stem}_{panel.key}.png")
-        data = plots.save_png(panel.figure, png, dpi)
-        pngs.append(png)
-        images.append((panel, base64.b64encode(data).decode()))
-    page = _html(run_path, attrs, summary, images=images, energy_rows=rows,
-                 energy_sources=energy.sources, gaps=gaps, notes=notes, markers_n=markers_n)
-    with open(output, "w", encoding="utf-8") as f:
-        f.write(page)
-    return ReportResult(output, pngs, notes, energy)
+    command = " ".join(json.loads(str(attrs.get("command", "[]")) or "[]")) or "-"
+    meta = (f"run file {_e(os.path.abspath(run_path))} &middot; recorded "
+            f"{_e(attrs.get('created', '?'))} on {_e(attrs.get('host', '?'))} &middot; command "
+            f"<code>{_e(command)}</code> &middot; {len(marks.spans)} phases, "
+            f"{len(marks.points)} point markers, {len(gaps)} gaps &middot; {_made()} by "
+            f"wattlab {_e(attrs.get('wattlab_version', ''))}")
+    return Page(f"wattlab report: {os.path.basename(run_path)}", meta, panels, notes,
+                sections, energy, cal_views)
+
+
+def _sweep_page(path: str, options: ReportOptions) -> Page:
+    table = load_table(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        fit = fit_sweep(table, options.objective, options.max_slowdown, families=FAMILIES)
+    panels, notes = sweep_panels(table, fit)
+    failed = len(table) - len(table.usable())
+    if failed:
+        notes.append(f"{failed} run(s) did not finish or have no energy; they are left out")
+    unit = X_LABELS.get(fit.x_name, fit.x_name)
+    meta = (f"sweep file {_e(os.path.abspath(path))} &middot; {fit.n_rows} runs, "
+            f"{fit.n_workloads} workload(s) &middot; x = {_e(unit)} &middot; objective "
+            f"{_e(fit.objective)}, max slowdown "
+            f"{'none' if fit.max_slowdown is None else f'{fit.max_slowdown:g}'} &middot; "
+            f"energy from {_e(table.energy_source)} &middot; {_made()}")
+    sections = [("", _loo_table(fit)), ("", _recommendations_table(fit, unit))]
+    return Page(f"wattlab report: {os.path.basename(path)}", meta, panels, notes, sections,
+                fit=fit)
 
 
 # ----------------------------------------------------------------------------- HTML
@@ -557,7 +790,7 @@ th,td{border:1px solid #ddd;padding:3px 8px;text-align:right}
 th{background:#f4f4f4}td.l,th.l{text-align:left}
 img{max-width:100%;border:1px solid #eee}.cap{color:#555;font-size:.85em;margin:4px 0 0}
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:4px 10px;margin:4px 0;
-font-size:.9em}.low{color:#c00}
+font-size:.9em}.low{color:#c00}tr.chosen td{font-weight:bold}
 """
 
 
@@ -569,79 +802,102 @@ def _num(value: float | None, fmt: str = ".2f") -> str:
     return "-" if value is None or not np.isfinite(value) else format(value, fmt)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1,
+           row_class: Sequence[str] = ()) -> str:
     head = "".join(f'<th class="{"l" if i < left else ""}">{_e(h)}</th>'
                    for i, h in enumerate(header))
-    body = "".join("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>'
-                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    body = "".join(
+        f"<tr class='{row_class[k] if k < len(row_class) else ''}'>"
+        + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>' for i, c in enumerate(r))
+        + "</tr>" for k, r in enumerate(rows))
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _html(run_path: str, attrs: dict[str, Any], summary: Sequence[Any], *,
-          images: Sequence[tuple[Panel, str]], energy_rows: Sequence[dict[str, Any]],
-          energy_sources: Sequence[str], gaps: Sequence[GapRow], notes: Sequence[str],
-          markers_n: int) -> str:
-    command = " ".join(json.loads(str(attrs.get("command", "[]")) or "[]")) or "-"
-    parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>wattlab report: {_e(os.path.basename(run_path))}</title>",
-        f"<style>{CSS}</style></head><body>",
-        f"<h1>wattlab report: {_e(os.path.basename(run_path))}</h1>",
-        f"<p class='meta'>run file {_e(os.path.abspath(run_path))} &middot; recorded "
-        f"{_e(attrs.get('created', '?'))} on {_e(attrs.get('host', '?'))} &middot; command "
-        f"<code>{_e(command)}</code> &middot; {markers_n} markers, {len(gaps)} gaps &middot; "
-        f"report made {_e(dt.datetime.now(dt.UTC).isoformat(timespec='seconds'))} by wattlab "
-        f"{_e(attrs.get('wattlab_version', ''))}</p>",
-    ]
-    parts += [f"<div class='note'>{_e(n)}</div>" for n in notes]
-    parts.append("<h2>Sources</h2>")
-    parts.append(_table(
+def _sources_table(summary: Sequence[Any]) -> str:
+    return "<h2>Sources</h2>" + _table(
         ["source", "kind", "model", "samples", "rate (Hz)", "duration (s)", "mean power (W)",
          "energy (J)", "uncovered (s)", "gaps", "channel"],
         [[_e(s.source_id), _e(s.kind), _e(s.model), str(s.samples), _num(s.rate_hz),
           _num(s.duration_s), _num(s.mean_power_w), _num(s.energy_j), _num(s.uncovered_s),
-          str(s.gaps), _e(s.channel or "-")] for s in summary], left=3))
-    by_key = {p.key: (p, b64) for p, b64 in images}
-    for key in ("timeline", "zoom"):
-        if key in by_key:
-            parts.append(_figure(*by_key.pop(key)))
-    if energy_rows:
-        parts.append("<h2>Energy per phase</h2>")
-        body = []
-        for r in energy_rows:
-            for j, source in enumerate(energy_sources):
-                e = float(r["energy_j"][j])
-                cover = float(r["coverage"][j])
-                covered = (f"{cover:.0%}" if cover >= 0.99
-                           else f"<span class='low'>{cover:.0%}</span>")
-                mean = e / (cover * r["duration_s"]) if cover * r["duration_s"] > 0 else None
-                first = j == 0
-                body.append([_e(r["phase"]) if first else "", str(r["instances"]) if first else "",
-                             _num(r["duration_s"], ".3f") if first else "", _e(source),
-                             _num(e) if cover > 0 else "-", _num(mean), covered])
-        parts.append(_table(["phase", "instances", "duration (s)", "source", "energy (J)",
-                             "mean power (W)", "covered"], body))
-        parts.append("<p class='cap'>Trapezoidal integration on the session timebase; holes "
-                     "in a stream are not bridged: energy counts observed time only, mean power "
-                     "is over observed time, coverage below 99 % is in red.</p>")
-    if "energy" in by_key:
-        panel, b64 = by_key.pop("energy")
-        parts.append(_figure(panel, b64, heading=False))
-    for panel, b64 in by_key.values():
-        parts.append(_figure(panel, b64))
-    if gaps:
-        parts.append("<h2>Gaps</h2>")
-        parts.append(_table(
-            ["source", "seq", "from (s)", "to (s)", "samples lost", "reason"],
-            [[_e(g.source), f"{g.seq_first}..{g.seq_last}",
-              _num(None if g.time_first_ns is None else g.time_first_ns / 1e9, ".3f"),
-              _num(None if g.time_last_ns is None else g.time_last_ns / 1e9, ".3f"),
-              str(g.samples_lost), _e(g.reason)] for g in gaps]))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+          str(s.gaps), _e(s.channel or "-")] for s in summary], left=3)
 
 
-def _figure(panel: Panel, b64: str, heading: bool = True) -> str:
-    title = f"<h2>{_e(panel.title)}</h2>" if heading else ""
-    return (f"{title}<img alt='{_e(panel.title)}' "
-            f"src='data:image/png;base64,{b64}'><p class='cap'>{_e(panel.caption)}</p>")
+def _energy_table(energy: PhaseEnergy) -> str:
+    body = []
+    mean, error = energy.mean_power_w(), energy.error_pct()
+    for i, name in enumerate(energy.phases):
+        for j, stream in enumerate(energy.streams):
+            duration = energy.duration_s[i]
+            uncovered = float(energy.uncovered_s[i, j])
+            unc_text = _num(uncovered, ".3f")
+            if uncovered > 0.01 * duration:
+                unc_text = f"<span class='low'>{unc_text}</span>"
+            first = j == 0
+            body.append([_e(name) if first else "", str(energy.instances[i]) if first else "",
+                         _num(duration, ".3f") if first else "", _e(stream),
+                         _num(float(energy.energy_j[i, j])),
+                         _num(float(energy.uncertainty_j[i, j])), _num(float(mean[i, j])),
+                         unc_text, _num(float(error[i, j]), "+.2f")])
+    ref = energy.reference or "- (no external meter in this run)"
+    return (_table(["phase", "instances", "duration (s)", "stream", "energy (J)", "± (J)",
+                    "mean power (W)", "uncovered (s)", f"vs {ref} (%)"], body)
+            + "<p class='cap'>The numbers of <code>wattlab energy --by-marker</code>, summed "
+              "over the instances of each phase name. Holes in a stream are never integrated "
+              "over: their time is uncovered (red above 1 % of the phase) and widens the "
+              "interval; mean power is over observed time. Energy counters are read at the "
+              f"phase edges. Errors are relative to {_e(ref)}.</p>")
+
+
+def _calibration_table(view: CalibrationView) -> str:
+    rec = view.record
+    energy = rec["energy"]
+    overall = energy.get("overall") or {}
+    rows = [["model", _e(calibration_summary(view))],
+            ["update period", f"{rec['update_period_s'] * 1e3:.1f} ms ({_e(rec['update_times'])}"
+                              f" times), coverage {rec['coverage'] * 100:.0f} %"],
+            ["energy error, whole overlap",
+             f"{_num(overall.get('error_before_pct'), '+.2f')} % as read, "
+             f"{_num(overall.get('error_after_pct'), '+.2f')} % corrected"],
+            [f"phases ≥ {energy['min_phase_s']:g} s ({energy['phases_considered']})",
+             f"mean |error| {_num(energy.get('mean_abs_error_before_pct'))} % as read, "
+             f"{_num(energy.get('mean_abs_error_after_pct'))} % corrected"]]
+    return _table(["", _e(view.label)], rows, left=2)
+
+
+def _gaps_table(gaps: Sequence[GapRow]) -> str:
+    return "<h2>Gaps</h2>" + _table(
+        ["source", "seq", "from (s)", "to (s)", "samples lost", "reason"],
+        [[_e(g.source), f"{g.seq_first}..{g.seq_last}",
+          _num(None if g.time_first_ns is None else g.time_first_ns / 1e9, ".3f"),
+          _num(None if g.time_last_ns is None else g.time_last_ns / 1e9, ".3f"),
+          str(g.samples_lost), _e(g.reason)] for g in gaps])
+
+
+def _loo_table(fit: FitReport) -> str:
+    quantities = ("time", "power", "energy", "edp")
+    rows = [[_e(s.family) + (" (chosen)" if s.family == fit.chosen else ""),
+             f"{s.n_predicted}/{s.n_heldout}", *(_num(s.mape[q]) for q in quantities)]
+            for s in fit.families]
+    marks = ["chosen" if s.family == fit.chosen else "" for s in fit.families]
+    return ("<h2>Leave-one-out error per model family</h2>"
+            + _table(["family", "predicted / held out", "time MAPE (%)", "power MAPE (%)",
+                      "energy MAPE (%)", "EDP MAPE (%)"], rows, row_class=marks)
+            + f"<p class='cap'>Each run held out once and predicted by the family refitted "
+              f"without it. The family with the lowest LOO error of the objective "
+              f"({_e(fit.objective)}) on the runs every family predicted is chosen; the "
+              f"boosted family shares its curve shape across workloads and needs at least "
+              f"{BOOST_MIN_WORKLOADS} of them.</p>")
+
+
+def _recommendations_table(fit: FitReport, unit: str) -> str:
+    rows = [[_e(r.workload), _num(r.default_x, "g"), _num(r.recommended_x, "g"),
+             f"{100 * r.predicted_saving:.1f} [{100 * r.saving_interval[0]:.1f}, "
+             f"{100 * r.saving_interval[1]:.1f}]", f"{100 * r.predicted_slowdown:+.1f}",
+             _num(r.measured_best_x, "g"),
+             "-" if r.measured_saving is None else f"{100 * r.measured_saving:.1f}"]
+            for r in fit.recommendations]
+    return ("<h2>Recommended setting per workload</h2>"
+            + _table(["workload", f"default {unit}", f"recommended {unit}",
+                      f"predicted {fit.objective} saving (%, 95 % interval)",
+                      "predicted time change (%)", f"measured best {unit}",
+                      "measured saving at recommended (%)"], rows))
