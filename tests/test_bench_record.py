@@ -261,6 +261,10 @@ gpu = 0
         assert dc["channels"][-1] == "board_power_w [W]" and dc["feeds_gpu"] == 0
         values = report["hmc"]["first_values"]
         assert values["hmc:board_power_w"] == pytest.approx(values["hmc:gpu_dc_in_power_w"])
+        assert main(["bench", "check", str(bench)]) == 0
+        text = capsys.readouterr().out
+        assert "rails: wall on element 1, monitor on element 2\n" in text
+        assert "rails: gpu_dc_in on input; board_power_w (their sum) feeds GPU 0" in text
     finally:
         wt.close()
         hmc.close()

@@ -47,6 +47,12 @@ def run(args: argparse.Namespace) -> int:
                                              f"serial {stream['serial']}", stream["firmware"]
                                              and f"firmware {stream['firmware']}") if x)
                 print(f"      {stream['source_id']}: {ident} - {', '.join(stream['channels'])}")
+                if stream.get("rails"):
+                    rails = ", ".join(f"{name} on {r['input']}"
+                                      for name, r in stream["rails"].items())
+                    fed = ("" if stream.get("feeds_gpu") is None else
+                           f"; board_power_w (their sum) feeds GPU {stream['feeds_gpu']}")
+                    print(f"      rails: {rails}{fed}")
             if r.first_values:
                 values = ", ".join(f"{k} = {v:.4g}" for k, v in list(r.first_values.items())[:6])
                 print(f"      first reading: {values}")
