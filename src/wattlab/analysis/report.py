@@ -158,11 +158,22 @@ def window(view: SourceView, channel: str, t0_ns: int, t1_ns: int
     return times, values
 
 
-def _break_holes(t_s: FloatArray, v: FloatArray, spacing_s: float) -> tuple[FloatArray, FloatArray]:
-    """Insert NaN where samples are far apart so a line is never drawn across a hole."""
-    if t_s.size < 2 or spacing_s <= 0:
+def _break_holes(t_s: FloatArray, v: FloatArray, spacing_s: float,
+                 gaps_s: Sequence[tuple[float, float]] = ()) -> tuple[FloatArray, FloatArray]:
+    """Insert NaN where a line would be drawn across lost data.
+
+    Lost: samples further apart than ``GAP_FACTOR`` spacings, or a gap the recorder logged
+    between them (the same holes ``wattlab energy`` does not integrate over).
+    """
+    if t_s.size < 2:
         return t_s, v
-    holes = np.flatnonzero(np.diff(t_s) > GAP_FACTOR * spacing_s)
+    far = np.diff(t_s) > GAP_FACTOR * spacing_s if spacing_s > 0 else np.zeros(t_s.size - 1,
+                                                                                 dtype=bool)
+    for g0, g1 in gaps_s:  # segments [t_i, t_i+1] that overlap a logged gap
+        first = max(0, int(np.searchsorted(t_s, g0, side="right")) - 1)
+        last = min(t_s.size - 1, int(np.searchsorted(t_s, g1, side="left")))
+        far[first:last] = True
+    holes = np.flatnonzero(far)
     if holes.size == 0:
         return t_s, v
     return (np.insert(t_s, holes + 1, t_s[holes] + spacing_s),
@@ -170,13 +181,15 @@ def _break_holes(t_s: FloatArray, v: FloatArray, spacing_s: float) -> tuple[Floa
 
 
 def display_trace(view: SourceView, channel: str, t0_ns: int, t1_ns: int,
-                  bins: int = DISPLAY_BINS) -> plots.Trace:
+                  *, bins: int = DISPLAY_BINS, gaps_s: Sequence[tuple[float, float]] = ()
+                  ) -> plots.Trace:
     """Raw samples when few, else min / mean / max per time bin (empty bins stay NaN)."""
     label = f"{view.source_id}:{channel}"
     unit = view.unit(channel)
     spacing_s = median_spacing_s(view)
     if len(view) <= RAW_DISPLAY_MAX:
-        t_s, v = _break_holes(view.time_s, view.channel(channel).astype(np.float64), spacing_s)
+        t_s, v = _break_holes(view.time_s, view.channel(channel).astype(np.float64), spacing_s,
+                              gaps_s)
         return plots.Trace(label, unit, t_s.astype(np.float64), v)
     width_ns = max(1.0, (t1_ns - t0_ns) / bins)
     low = np.full(bins, np.inf)
@@ -407,11 +420,11 @@ def calibration_views(run: Run, reference: str | None, targets: Sequence[str] | 
     return views, notes
 
 
-def _pm(obj: dict[str, Any], scale: float = 1.0, fmt: str = ".3g") -> str:
+def _pm(obj: dict[str, Any], scale: float = 1.0, fmt: str = ".4g") -> str:
     value, se = obj.get("value"), obj.get("se")
     if value is None:
         return "-"
-    text = format(value * scale, fmt)
+    text = format(value * scale, fmt)  # '.4g': 1000 ms stays 1000, never 1e+03
     return text if se is None else f"{text} ± {float(format(se * scale, '.2g')):g}"
 
 
@@ -428,6 +441,13 @@ def calibration_summary(view: CalibrationView) -> str:
 
 
 # ----------------------------------------------------------------------------- figures
+
+
+def _gaps_of(gaps: Sequence[GapRow], source_id: str) -> list[tuple[float, float]]:
+    """A source's logged gaps with known times, in session seconds."""
+    return [(g.time_first_ns / 1e9, g.time_last_ns / 1e9) for g in gaps
+            if g.source == source_id and g.time_first_ns is not None
+            and g.time_last_ns is not None]
 
 
 def gap_spans(gaps: Sequence[GapRow]) -> list[plots.Span]:
@@ -485,7 +505,8 @@ def zoom_windows(found: Sequence[tuple[SourceView, str]], phases: Sequence[plots
         win = plots.ZoomWindow(title, lo / 1e9, hi / 1e9)
         for view, channel in found:
             t, v = window(view, channel, lo, hi)
-            t_s, v = _break_holes(t / 1e9, v, median_spacing_s(view))
+            t_s, v = _break_holes(t / 1e9, v, median_spacing_s(view),
+                                  _gaps_of(gaps, view.source_id))
             win.traces.append(plots.Trace(f"{view.source_id}:{channel}", view.unit(channel),
                                           t_s, v))
         windows.append(win)
@@ -697,7 +718,8 @@ def _run_page(run_path: str, options: ReportOptions) -> Page:
         t1_ns = max(t1_ns, t0_ns + 1)
         panels: list[Panel] = []
         if found:
-            traces = [display_trace(v, c, t0_ns, t1_ns) for v, c in found]
+            traces = [display_trace(v, c, t0_ns, t1_ns, gaps_s=_gaps_of(gaps, v.source_id))
+                      for v, c in found]
             points = [(m.time_ns / 1e9, m.name) for m in marks.points]
             panels.append(Panel("timeline", "Power over time", plots.timeline_figure(
                 traces, marks.spans, gap_spans(gaps), points),
