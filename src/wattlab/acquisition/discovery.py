@@ -8,6 +8,7 @@ when the user names them with ``--probe``.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -84,16 +85,41 @@ def serial_ports() -> list[FoundDevice]:
     return found
 
 
-def visa_resources() -> list[FoundDevice]:
-    """VISA instruments pyvisa-py can list (USB TMC, serial); TCP ones must be named."""
-    try:
-        import pyvisa
+# pyvisa-py session classes that list local buses only; serial ports are listed above
+LOCAL_VISA_SESSIONS = (("pyvisa_py.usb", "USBInstrSession"), ("pyvisa_py.usb", "USBRawSession"),
+                       ("pyvisa_py.gpib", "GPIBSession"))
 
-        manager = pyvisa.ResourceManager("@py")
+
+def _local_visa_names() -> list[str]:
+    """USB TMC (and GPIB) resources, without the network broadcast a full listing sends."""
+    names: list[str] = []
+    for module_name, class_name in LOCAL_VISA_SESSIONS:
         try:
-            names = manager.list_resources()
-        finally:
-            manager.close()
+            module = importlib.import_module(module_name)
+            names += getattr(module, class_name).list_resources()
+        except Exception:  # a bus whose backend (pyusb, gpib-ctypes) is not installed
+            continue
+    return names
+
+
+def _all_visa_names() -> list[str]:
+    import pyvisa
+
+    manager = pyvisa.ResourceManager("@py")
+    try:
+        return list(manager.list_resources())
+    finally:
+        manager.close()
+
+
+def visa_resources(network: bool = False) -> list[FoundDevice]:
+    """VISA instruments on local buses; ``network``: also VXI-11 / HiSLIP discovery.
+
+    Network discovery broadcasts on every interface, so it is asked for, never implied;
+    a TCP instrument can always be named directly (``TCPIP::host::port::SOCKET``).
+    """
+    try:
+        names = _all_visa_names() if network else _local_visa_names()
     except Exception as e:
         return [FoundDevice("visa", "-", notes=[f"VISA listing failed: {e}"])]
     return [FoundDevice("visa", name, meter_spec=f"wt300e:{name}") for name in names]
@@ -119,7 +145,7 @@ def nvml_gpus() -> list[FoundDevice]:
         driver.close()
 
 
-def discover(probe: list[str]) -> list[FoundDevice]:
+def discover(probe: list[str], network: bool = False) -> list[FoundDevice]:
     """Everything, plus the ports named with ``--probe`` (e.g. an emulator's pty)."""
-    return [*serial_ports(), *(identify_serial(p) for p in probe), *visa_resources(),
+    return [*serial_ports(), *(identify_serial(p) for p in probe), *visa_resources(network),
             *nvml_gpus()]

@@ -14,12 +14,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "devices", help="list serial ports (recognising PowerSensor3 / PMD), VISA resources, GPUs")
     p.add_argument("--probe", action="append", default=[], metavar="PORT",
                    help="also identify this serial port (e.g. an emulator's /dev/pts/N)")
+    p.add_argument("--network", action="store_true",
+                   help="also discover VXI-11 / HiSLIP instruments (broadcasts on the LAN)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    found = discover(args.probe)
+    found = discover(args.probe, args.network)
     if args.json:
         print(json.dumps([d.to_json() for d in found], indent=2))
         return 0
