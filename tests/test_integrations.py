@@ -306,9 +306,8 @@ def test_record_with_auto_markers_marks_plain_torch(tmp_path: Path) -> None:
     """))
     out = tmp_path / "run.h5"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(auto_marker_env(env))
     result = subprocess.run([sys.executable, "-m", "wattlab.cli", "record", "--simulate",
-                             "-o", str(out), "--", sys.executable, str(script)],
+                             "--auto-markers", "-o", str(out), "--", sys.executable, str(script)],
                             env=env, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     import wattlab

@@ -214,3 +214,26 @@ def test_emulator_cli_prints_port_and_stops_on_ctrl_c() -> None:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_acquirer_reports_frames_lost_at_the_device_as_a_gap(emu: PowerSensor3Emulator) -> None:
+    """A stall past the device's buffer loses frames with no corrupt byte: /gaps says so."""
+    acq = PowerSensor3Acquirer(emu.path, source_id="ps3")
+    try:
+        acq.open()
+        readings = acq.poll()
+        emu.stall(0.2)
+        time.sleep(0.25)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not any(isinstance(r, Gap) for r in readings):
+            readings += acq.poll()
+        readings += acq.poll()
+    finally:
+        acq.close()
+    gaps = [r for r in readings if isinstance(r, Gap)]
+    assert emu.frames_lost > 0
+    assert gaps and all(g.reason.startswith("device time jumped") for g in gaps)
+    # whole 1024 µs wraps are re-anchored on the host clock: each hole's count is good to
+    # a wrap or so (a busy machine can stall the emulator more than once)
+    assert abs(sum(g.samples_lost for g in gaps) - emu.frames_lost) <= len(gaps) * 2 * 1024 // 50
+    assert all(g.t_first_ns < g.t_last_ns for g in gaps)

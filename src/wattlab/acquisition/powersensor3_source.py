@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.powersensor3 import PowerSensor3, StreamBlock
 from wattlab.drivers.transport import ByteTransport, SerialTransport
@@ -18,6 +20,7 @@ from wattlab.samples import Gap, Marker, SourceDescriptor
 POLL_COLLECT_S = 0.05
 CLOSE_DRAIN_S = 0.5
 NOMINAL_RATE_HZ = 20000
+FRAME_PERIOD_US = 1_000_000 // NOMINAL_RATE_HZ
 
 
 def open_serial(port: str) -> ByteTransport:
@@ -36,7 +39,9 @@ class PowerSensor3Acquirer:
         self.driver: PowerSensor3 | None = None
         self._transport: ByteTransport | None = None
         self.bytes_skipped = 0
+        self.frames_lost = 0
         self._stopped = False
+        self._last_frame: tuple[int, int] | None = None  # (device µs, host ns) of the newest
 
     def open(self) -> list[SourceDescriptor]:
         """Connect, read version and configuration, describe channels, start streaming."""
@@ -86,7 +91,37 @@ class PowerSensor3Acquirer:
             after = int(block.t_host_ns[i]) if i < block.n else -1
             out.append(Gap(self.source_id, f"resync: {nbytes} corrupt bytes skipped",
                            t_first_ns=before, t_last_ns=after))
+        out += self._device_time_jumps(block)
         return out
+
+    def _device_time_jumps(self, block: StreamBlock) -> list[Gap]:
+        """Frames the device took but the host never got (its USB buffer overflowed).
+
+        Their bytes are simply absent, so only the device clock shows the hole: a step of
+        more than one frame period between neighbours (also across reads). Where bytes were
+        skipped the resync gap already says so.
+        """
+        if not block.n:
+            return []
+        dev_us, host_ns = block.t_device_us, block.t_host_ns
+        if self._last_frame is not None:
+            dev_us = np.concatenate(([self._last_frame[0]], dev_us))
+            host_ns = np.concatenate(([self._last_frame[1]], host_ns))
+        self._last_frame = (int(block.t_device_us[-1]), int(block.t_host_ns[-1]))
+        steps_us = np.diff(dev_us)
+        offset = 0 if dev_us.shape[0] == block.n else 1
+        resynced = {i + offset - 1 for i, _ in block.skip_events}
+        gaps = []
+        for i in np.flatnonzero(steps_us > FRAME_PERIOD_US * 3 // 2).tolist():
+            if i in resynced:
+                continue
+            lost = round(int(steps_us[i]) / FRAME_PERIOD_US) - 1
+            self.frames_lost += lost
+            gaps.append(Gap(self.source_id, f"device time jumped {int(steps_us[i]) / 1000:.2f}"
+                            " ms: frames lost before they reached the host",
+                            t_first_ns=int(host_ns[i]), t_last_ns=int(host_ns[i + 1]),
+                            samples_lost=lost))
+        return gaps
 
     def flush(self) -> list[Reading]:
         """Stop with ``X`` and return every frame sent before the terminator (bounded wait)."""

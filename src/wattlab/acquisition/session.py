@@ -35,6 +35,7 @@ from wattlab.acquisition.source import (
 )
 from wattlab.acquisition.source_process import ProcessSourceRunner, SourceSpec, describe_exit
 from wattlab.errors import BusError, UsageError, WattlabError
+from wattlab.integrations.auto_markers import auto_marker_env
 from wattlab.runtime_env import workload_environ
 from wattlab.samples import Marker
 from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
@@ -69,6 +70,7 @@ class Session:
     duration_s: float | None = None
     root_attrs: dict[str, Any] = field(default_factory=dict)
     bench_config: dict[str, Any] | None = None  # a validated bench file (BenchConfig.to_json)
+    auto_markers: bool = False  # install the framework callbacks in a Python workload
     flush_interval_s: float = 0.5
     on_progress: Callable[[float], None] | None = None
     # remote agents: RecorderConfig fields listen, server_key, allowed_keys, expected_hosts
@@ -186,7 +188,10 @@ class Session:
         started = time.monotonic()
         child: subprocess.Popen[bytes] | None = None
         if self.command and not self._stop.is_set():
-            env = workload_environ(**{BUS_ENV: endpoint})
+            extra = {BUS_ENV: endpoint}
+            if self.auto_markers:
+                extra.update(auto_marker_env(workload_environ()))
+            env = workload_environ(**extra)
             try:
                 child = subprocess.Popen(self.command, env=env)
             except OSError as e:

@@ -11,6 +11,7 @@ import datetime as dt
 import sys
 from typing import Any
 
+from wattlab.acquisition.live import live_panel
 from wattlab.acquisition.meters import (
     check_unique_ids,
     meter_acquirers,
@@ -178,6 +179,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         help="folder of the agents' public NAME.key files (only those connect)")
     remote.add_argument("--agent", action="append", default=[], metavar="NAME",
                         help="wait for this agent before the workload starts (repeatable)")
+    p.add_argument("--auto-markers", action="store_true",
+                   help="a Python workload gets phase markers from Keras, Lightning, the "
+                        "Hugging Face Trainer or torch without a code change")
+    p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
+                   help="draw the live panel (default: only when stdout is a terminal)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
 
@@ -230,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     common: dict[str, Any] = {"command": command or None, "duration_s": args.duration,
                               "recorder_options": options,
                               "bench_config": None if bench is None else bench.to_json(),
-                              **faults}
+                              "auto_markers": args.auto_markers, **faults}
     if args.source_processes or args.restart_sources:
         gpu_specs = nvml_specs(*nvml)
         if bench is not None:
@@ -239,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
         if not specs and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")
-        result = Session(output, [], source_specs=specs, **common).run()
+        with live_panel(output, enabled=args.live):
+            result = Session(output, [], source_specs=specs, **common).run()
         report(result)
         return exit_status(result)
     with (nvml_acquirers(*nvml) if bench is None else bench_acquirers(bench)) as sources:
@@ -247,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         if not acquirers and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")
-        result = Session(output, acquirers, **common).run()
+        with live_panel(output, enabled=args.live):
+            result = Session(output, acquirers, **common).run()
     report(result)
     return exit_status(result)
