@@ -151,11 +151,14 @@ def _wait_for_rows(path: Path) -> None:
 def session_kill(folder: str, victim: str, *extra: str) -> dict[str, Any]:
     """kill -9 of a source process or the recorder inside a `wattlab record` session."""
     path = Path(folder) / f"session_{victim}_{len(extra)}.h5"
-    session = _record(path, "--source-processes", *extra)
+    # 10 s: the file turns SWMR-readable 5 s in, and the kill must land mid-run
+    session = _record(path, "--source-processes", *extra, seconds=10.0)
     needle = "wattlab.sync.recorder" if victim == "recorder" else '"name": "gpu0"'
     pid = _child(session.pid, needle)
     _wait_for_rows(path)
     time.sleep(1.0)
+    if session.poll() is not None:  # a kill after the end would prove nothing
+        raise RuntimeError(f"session ended (exit {session.returncode}) before the kill")
     os.kill(pid, signal.SIGKILL)
     session.communicate(timeout=120)
     with Run(str(path)) as run:
@@ -170,7 +173,10 @@ def session_kill(folder: str, victim: str, *extra: str) -> dict[str, Any]:
         return {"samples_lost": 0 if not all_gaps and worst_s < 0.2 else "see gaps",
                 "in_gaps": all_gaps, "survived": survived,
                 "note": f"longest step in gpu0.power {worst_s * 1000:.0f} ms (polled every 20 ms)"}
-    return {"samples_lost": f"{gap_s / 1e9:.2f} s of gpu0", "in_gaps": f"yes ({len(gaps)} row)",
+    lost = sum(g.samples_lost for g in gaps)
+    return {"samples_lost": f"{gap_s / 1e9:.2f} s of gpu0.power"
+                            + (f" ({lost} rows)" if lost >= 0 else " (rows unknown)"),
+            "in_gaps": f"yes ({len(gaps)} row)" if gaps else "NO",
             "survived": survived, "note": "restarted, numbering on" if extra else
             "gpu0 stopped, gpu1 went on"}
 
@@ -293,10 +299,13 @@ SCENARIOS: list[tuple[str, Callable[[str], dict[str, Any]]]] = [
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.parse_args()
+    parser.add_argument("--only", default="", help="run the scenarios whose name has this")
+    args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="wattlab-faults-") as folder:
         for name, scenario in SCENARIOS:
+            if args.only not in name:
+                continue
             try:
                 outcome = scenario(folder)
             except Exception as e:  # a scenario that breaks is a result too

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,5 +18,16 @@ def test_run_all_quick_regenerates_the_summary():
                             cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = (ROOT / "bench" / "results" / "summary.md").read_text()
-    for name in ("ingest", "decode", "ps3_stream", "visa", "sync", "analysis_scale"):
+    for name in ("ingest", "decode", "ps3_stream", "visa", "sync", "analysis_scale", "soak"):
         assert f"| {name} |" in summary
+    # issue 9: CI runs 30 s of the soak; every PowerSensor3 frame the emulator sent is in
+    # the file, nothing in /gaps, time never runs backwards, memory stays bounded
+    soak = json.loads((ROOT / "bench" / "results" / "soak.json").read_text())
+    assert soak["seconds"] == 30 and soak["exit_status"] == 0
+    assert soak["ps3_frames_sent"] > 30 * 20_000 * 0.5  # the 20 kHz stream really ran
+    assert soak["ps3_rows"] == soak["ps3_frames_sent"]
+    assert soak["gaps"] == [] and soak["time_backwards"] == {}
+    assert {"recorder", "session", "source gpu0", "source ps3", "source wall"} <= set(
+        soak["processes"])
+    for role, p in soak["processes"].items():
+        assert p["rss_growth_mb"] < 25, (role, p["rss_curve_s_mb"])
