@@ -10,7 +10,7 @@ becomes NaN on the grid instead of being bridged.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,13 +90,16 @@ def median_spacing_s(view: SourceView) -> float:
     return float(np.median(diffs)) / 1e9 if diffs.size else 0.0
 
 
+def known_gaps_ns(run: Run, source_id: str) -> list[tuple[int, int]]:
+    """Gaps the recorder wrote for a source, as (first, last) session ns, where known."""
+    return [(g.time_first_ns, g.time_last_ns) for g in run.gaps
+            if g.source == source_id and g.time_first_ns is not None
+            and g.time_last_ns is not None]
+
+
 def known_gaps_s(run: Run, source_id: str) -> list[tuple[float, float]]:
     """Gaps the recorder wrote for a source, as (first, last) session seconds, where known."""
-    out = []
-    for g in run.gaps:
-        if g.source == source_id and g.time_first_ns is not None and g.time_last_ns is not None:
-            out.append((g.time_first_ns / 1e9, g.time_last_ns / 1e9))
-    return out
+    return [(a / 1e9, b / 1e9) for a, b in known_gaps_ns(run, source_id)]
 
 
 @dataclass
@@ -129,6 +132,148 @@ def chunks_s(
         yield t_ns.astype(np.float64) / 1e9, np.asarray(values, dtype=np.float64)
 
 
+class StreamIntegral:
+    """Running integrals of some channels of one stream at sorted query times, fed in chunks.
+
+    Why: an hour of 20 kHz data must be read once for all its channels and never whole.
+    Between two samples the stream is a trapezoid (``hold=False``) or the earlier value held
+    (``hold=True``, right for readings that only change at driver updates). A segment longer
+    than ``gap_limit``, with a non-finite end, or overlapping a ``known_gaps`` interval is a
+    gap: not integrated, counted as uncovered. Times (and ``gap_limit``, ``known_gaps``) are
+    in units of ``unit_s`` seconds: with int64 ns (``unit_s=1e-9``) segment lengths are
+    exact. Chunks without a gap take a fast path (block sums, no per-sample cumulative).
+    ``bridges=False`` leaves ``bridge``/``unbridged_s`` out (half the memory per query).
+    """
+
+    def __init__(self, query_s: npt.ArrayLike, columns: Sequence[int], gap_limit: float, *,
+                 known_gaps: Sequence[tuple[float, float]] = (), hold: bool = False,
+                 unit_s: float = 1.0, bridges: bool = True) -> None:
+        self.query_s = np.asarray(query_s, dtype=np.float64)
+        if self.query_s.size and np.any(np.diff(self.query_s) < 0):
+            raise UsageError("cumulative_at needs sorted query times")
+        self._q = self.query_s / unit_s
+        self.columns = list(columns)
+        self.gap_limit = gap_limit
+        self.hold = hold
+        self.unit_s = unit_s
+        gaps = sorted(known_gaps)
+        self._gap_a = np.array([g[0] for g in gaps], dtype=np.float64)
+        self._gap_b = np.sort(np.array([g[1] for g in gaps], dtype=np.float64))
+        # integral, uncovered s, bridge, unbridged s: at each query, per channel
+        self._out = np.full((4 if bridges else 2, self.query_s.size, len(self.columns)), np.nan)
+        self._acc = np.zeros((self._out.shape[0], len(self.columns)))
+        self._gaps: list[list[tuple[float, float]]] = [[] for _ in self.columns]
+        self._prev: tuple[Any, npt.NDArray[Any]] | None = None
+        self._first: Any = None
+        self._last: Any = None
+
+    def feed(self, t: npt.NDArray[Any], values: npt.NDArray[Any]) -> None:
+        """Add the next rows: times (n,) and values (n × all channels) in time order."""
+        if t.size == 0:
+            return
+        if self._prev is None:
+            self._first = t[0]
+        else:  # the segment joining the previous chunk to this one
+            self._block(np.array([self._prev[0], t[0]], dtype=t.dtype),
+                        np.stack([self._prev[1], values[0]]))
+        if t.size > 1:
+            self._block(t, values)
+        self._prev = (t[-1], np.array(values[-1]))
+        self._last = t[-1]
+
+    def _block(self, t: npt.NDArray[Any], values: npt.NDArray[Any]) -> None:
+        """Integrate rows with no sample before them left to join (n ≥ 2)."""
+        dt = np.diff(t)
+        if dt.min() < 0:
+            raise RunFileError("stream time goes backwards; cannot integrate it")
+        a = int(np.searchsorted(self._q, t[0], side="left"))
+        b = int(np.searchsorted(self._q, t[-1], side="right"))
+        touches_gap = bool(np.any((self._gap_a < t[-1]) & (self._gap_b > t[0])))
+        if dt.max() > self.gap_limit or touches_gap:
+            for c, col in enumerate(self.columns):
+                self._slow(c, t, dt, values[:, col], rows=(a, b))
+            return
+        key = self._q[a:b]
+        if t.dtype.kind in "iu":  # t_k <= q  <=>  t_k <= floor(q) for integer times
+            key = np.floor(key).astype(np.int64)
+        k = np.clip(np.searchsorted(t, key, side="right") - 1, 0, t.size - 2)
+        new = np.ones(k.size, dtype=bool)
+        new[1:] = k[1:] != k[:-1]
+        ends = np.concatenate((k[new], [t.size - 1]))  # k is sorted and at most n − 2
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        at_k = np.searchsorted(ends, k)
+        frac_s = (self._q[a:b] - t[k]) * self.unit_s
+        uniform = dt.min() == dt.max()
+        dt_s = dt * self.unit_s
+        weights = None if uniform else self._weights(dt_s)
+        for c, col in enumerate(self.columns):
+            v = values[:, col]
+            sums = np.cumsum(np.add.reduceat(v if weights is None else weights * v, starts,
+                                             dtype=np.float64))
+            if not math.isfinite(sums[-1]):
+                self._slow(c, t, dt, v, rows=(a, b))
+                continue
+            v_end = v[ends].astype(np.float64)
+            if weights is not None:  # prefix sums of weights·v up to each end, less its own
+                held = np.concatenate((dt_s, [0.0]))[ends]
+                at_end = sums - (held if self.hold else 0.5 * held) * v_end
+            elif self.hold:
+                at_end = float(dt_s[0]) * (sums - v_end)
+            else:
+                at_end = float(dt_s[0]) * (sums - 0.5 * float(v[0]) - 0.5 * v_end)
+            v_k = v[k].astype(np.float64)
+            step = v_k if self.hold else 0.5 * (v_k + v[k + 1])
+            self._out[0, a:b, c] = self._acc[0, c] + at_end[at_k] + step * frac_s
+            self._out[1:, a:b, c] = self._acc[1:, c, None]
+            self._acc[0, c] += float(at_end[-1])
+
+    def _weights(self, dt_s: FloatArray) -> FloatArray:
+        """Per-sample weights whose prefix sums give the integral up to a sample (and past it)."""
+        if self.hold:
+            return np.concatenate((dt_s, [0.0]))
+        return 0.5 * (np.concatenate(([0.0], dt_s)) + np.concatenate((dt_s, [0.0])))
+
+    def _slow(self, c: int, t: npt.NDArray[Any], dt: npt.NDArray[Any], v_in: npt.NDArray[Any],
+              *, rows: tuple[int, int]) -> None:
+        """Segment by segment, for chunks with gaps or non-finite values (queries a:b)."""
+        a, b = rows
+        v = np.asarray(v_in, dtype=np.float64)
+        dt_s = dt * self.unit_s
+        line = 0.5 * (v[1:] + v[:-1]) * dt_s
+        seg = v[:-1] * dt_s if self.hold else line
+        bad = (dt > self.gap_limit) | ~np.isfinite(seg)
+        if self._gap_a.size:
+            lo = np.searchsorted(self._gap_a, t[1:], side="left")  # gaps starting before end
+            hi = np.searchsorted(self._gap_b, t[:-1], side="right")  # gaps ending before start
+            bad |= lo > hi
+        fin = np.isfinite(line)
+        parts = (np.where(bad, 0.0, seg), np.where(bad, dt_s, 0.0),
+                 np.where(bad & fin, line, 0.0), np.where(bad & ~fin, dt_s, 0.0))
+        for i in np.flatnonzero(bad):
+            self._gaps[c].append((float(t[i] * self.unit_s), float(t[i + 1] * self.unit_s)))
+        rel = (t - t[0]).astype(np.float64)
+        for j, x in enumerate(parts[:self._out.shape[0]]):
+            cum = self._acc[j, c] + np.concatenate(([0.0], np.cumsum(x)))
+            if b > a:
+                self._out[j, a:b, c] = np.interp(self._q[a:b] - t[0], rel, cum)
+            self._acc[j, c] = float(cum[-1])
+
+    def result(self) -> list[Cumulative]:
+        """One ``Cumulative`` per column, in the order of ``columns``."""
+        if self._prev is None:
+            span = (math.nan, math.nan)
+        else:
+            self._out[:, self._q < self._first, :] = 0.0
+            self._out[:, self._q > self._last, :] = self._acc[:, None, :]
+            span = (float(self._first * self.unit_s), float(self._last * self.unit_s))
+        out = [Cumulative(self.query_s, self._out[0, :, c], self._out[1, :, c], span,
+                          len(self._gaps[c]), self._gaps[c]) for c in range(len(self.columns))]
+        if self._out.shape[0] == 4:
+            for c, cum in enumerate(out):
+                cum.bridge, cum.unbridged_s = self._out[2, :, c], self._out[3, :, c]
+        return out
+
+
 def cumulative_at(
     chunks: Iterable[tuple[FloatArray, FloatArray]],
     query_s: npt.ArrayLike,
@@ -136,71 +281,43 @@ def cumulative_at(
     known_gaps: list[tuple[float, float]] | None = None,
     hold: bool = False,
 ) -> Cumulative:
-    """Running integral of a stream at sorted query times, one chunk at a time.
+    """Running integral of one stream (chunks of seconds, values) at sorted query times.
 
-    Between two samples the stream is a trapezoid (``hold=False``) or the earlier value held
-    (``hold=True``, right for readings that only change at driver updates). A segment longer
-    than ``gap_limit_s``, with a non-finite end, or overlapping a ``known_gaps`` interval is a
-    gap: not integrated, counted as uncovered.
+    The rules are ``StreamIntegral``'s; ``known_gaps`` are (first, last) seconds.
     """
-    q = np.asarray(query_s, dtype=np.float64)
-    if q.size and np.any(np.diff(q) < 0):
-        raise UsageError("cumulative_at needs sorted query times")
-    integral = np.full(q.shape, np.nan)
-    uncovered = np.full(q.shape, np.nan)
-    bridge = np.full(q.shape, np.nan)
-    unbridged = np.full(q.shape, np.nan)
-    gaps = sorted(known_gaps or [])
-    gap_a = np.array([g[0] for g in gaps])
-    gap_b = np.sort(np.array([g[1] for g in gaps]))
-    acc_i = acc_u = acc_b = acc_n = 0.0
-    prev: tuple[float, float] | None = None
-    first = last = np.nan
-    gap_list: list[tuple[float, float]] = []
-    for t_chunk, v_chunk in chunks:
-        if t_chunk.size == 0:
-            continue
-        if prev is None:
-            first = float(t_chunk[0])
-            t, v = t_chunk, v_chunk
-        else:
-            t = np.concatenate(([prev[0]], t_chunk))
-            v = np.concatenate(([prev[1]], v_chunk))
-        dt = np.diff(t)
-        if np.any(dt < 0):
-            raise RunFileError("stream time goes backwards; cannot integrate it")
-        seg = v[:-1] * dt if hold else 0.5 * (v[1:] + v[:-1]) * dt
-        bad = (dt > gap_limit_s) | ~np.isfinite(seg)
-        if gaps:
-            lo = np.searchsorted(gap_a, t[1:], side="left")  # gaps starting before seg end
-            hi = np.searchsorted(gap_b, t[:-1], side="right")  # gaps ending before seg start
-            bad |= lo > hi
-        line = 0.5 * (v[1:] + v[:-1]) * dt
-        fin = np.isfinite(line)
-        brg = np.where(bad & fin, line, 0.0)
-        nob = np.where(bad & ~fin, dt, 0.0)
-        seg = np.where(bad, 0.0, seg)
-        unc = np.where(bad, dt, 0.0)
-        for i in np.flatnonzero(bad):
-            gap_list.append((float(t[i]), float(t[i + 1])))
-        cums = [acc + np.concatenate(([0.0], np.cumsum(x)))
-                for acc, x in ((acc_i, seg), (acc_u, unc), (acc_b, brg), (acc_n, nob))]
-        a = int(np.searchsorted(q, t[0], side="left"))
-        b = int(np.searchsorted(q, t[-1], side="right"))
-        if b > a:
-            for out, cum in zip((integral, uncovered, bridge, unbridged), cums, strict=True):
-                out[a:b] = np.interp(q[a:b], t, cum)
-        acc_i, acc_u, acc_b, acc_n = (float(c[-1]) for c in cums)
-        prev = (float(t[-1]), float(v[-1]))
-        last = float(t[-1])
-    if prev is None:
-        return Cumulative(q, integral, uncovered, (np.nan, np.nan), 0, [], bridge, unbridged)
-    for out, acc in ((integral, acc_i), (uncovered, acc_u), (bridge, acc_b),
-                     (unbridged, acc_n)):
-        out[q < first] = 0.0
-        out[q > last] = acc
-    return Cumulative(q, integral, uncovered, (first, last), len(gap_list), gap_list,
-                      bridge, unbridged)
+    acc = StreamIntegral(query_s, [0], gap_limit_s, known_gaps=known_gaps or (), hold=hold)
+    for t, v in chunks:
+        acc.feed(np.asarray(t), np.asarray(v).reshape(-1, 1))
+    return acc.result()[0]
+
+
+def gap_limit_ns(view: SourceView, gap_factor: float = GAP_FACTOR) -> float:
+    """Longest segment of a stream that is not a hole: ``gap_factor`` median spacings."""
+    limit = gap_factor * median_spacing_s(view) * 1e9
+    return limit if limit > 0 else math.inf
+
+
+def integrate_view(
+    view: SourceView,
+    channels: Sequence[str],
+    query_s: npt.ArrayLike,
+    *,
+    known_gaps_ns: Sequence[tuple[int, int]] = (),
+    hold: bool = False,
+    gap_factor: float = GAP_FACTOR,
+    gap_limit_s: float | None = None,
+    bridges: bool = True,
+) -> list[Cumulative]:
+    """Cumulative integrals of several channels of a source at sorted times, in one pass.
+
+    A segment is a hole beyond ``gap_limit_s`` (default: ``gap_factor`` median spacings).
+    """
+    limit_ns = gap_limit_ns(view, gap_factor) if gap_limit_s is None else gap_limit_s * 1e9
+    acc = StreamIntegral(query_s, [view.channel_index(ch) for ch in channels], limit_ns,
+                         known_gaps=known_gaps_ns, hold=hold, unit_s=1e-9, bridges=bridges)
+    for t_ns, values in view.iter_rows():
+        acc.feed(t_ns, values)
+    return acc.result()
 
 
 def bin_means(cum: Cumulative, tolerance: float = 1e-9) -> FloatArray:
@@ -242,11 +359,8 @@ def resample_view(
     gap_factor: float = GAP_FACTOR,
 ) -> FloatArray:
     """Bin means of one channel on a grid (edges), NaN where a bin touches a gap."""
-    limit = gap_factor * median_spacing_s(view)
-    cum = cumulative_at(
-        chunks_s(view, channel), edges_s, limit if limit > 0 else np.inf,
-        known_gaps_s(run, view.source_id), hold=hold,
-    )
+    cum = integrate_view(view, [channel], edges_s, hold=hold, gap_factor=gap_factor,
+                         known_gaps_ns=known_gaps_ns(run, view.source_id), bridges=False)[0]
     return bin_means(cum)
 
 

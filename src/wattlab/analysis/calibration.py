@@ -30,15 +30,15 @@ from scipy.signal import lfilter
 
 from wattlab.analysis.alignment import (
     GAP_FACTOR,
-    chunks_s,
-    cumulative_at,
+    Cumulative,
+    bin_means,
     estimate_lag,
     grid_edges,
+    integrate_view,
     json_safe,
-    known_gaps_s,
+    known_gaps_ns,
     median_spacing_s,
     resample_points,
-    resample_view,
     resolve,
     span_s,
 )
@@ -59,6 +59,14 @@ MAX_HOLE_FRAC = 0.05
 """A kernel window may miss this fraction of reference (a meter's lost data) and still count."""
 MIN_BLOCK_POINTS = 20
 """Fewest readings per batch-means block; a short run gets fewer blocks (at least 3)."""
+SEARCH_POINTS = 20_000
+"""Readings beyond which the (τ, w) search runs on every k-th reading and a coarser grid
+(``SEARCH_RATE_HZ``) and only its result is refined on all readings and the fine grid."""
+SEARCH_RATE_HZ = 100.0
+SEARCH_XATOL = 1e-3
+"""How closely the search locates (τ in s, log w) before the refinement on the full data."""
+REFINE_FACTOR = 2.0
+"""A kernel whose searched fit is this many times worse than the best one is not refined."""
 MIN_OVERLAP_FACTOR = 3.0
 """Reference and target must overlap this many (max lag + longest kernel) spans."""
 CONVENTION = ("causal kernels starting at 0 (a boxcar averages the trailing window "
@@ -75,40 +83,73 @@ def est(value: float, se: float) -> dict[str, float | None]:
 
 @dataclass
 class _Ref:
-    """The reference as a cumulative integral on a fine grid (NaN bins: reference gaps)."""
+    """The reference as a cumulative integral on a uniform fine grid (NaN bins: its gaps).
+
+    Why a uniform grid: a value at any time is an index computation, not a binary search
+    over millions of edges, which is what makes thousands of fit evaluations affordable.
+    """
 
     edges: FloatArray
     cum_j: FloatArray
-    cum_nan: FloatArray
+    cum_hole_s: FloatArray
     means: FloatArray
 
+    def __post_init__(self) -> None:
+        self.step_s = float(self.edges[-1] - self.edges[0]) / (self.edges.size - 1)
+        self.has_holes = bool(self.cum_hole_s[-1] > 0)
+        self._filled: FloatArray | None = None
+
+    def at(self, arr: FloatArray, t: FloatArray) -> FloatArray:
+        """``arr`` (given at the edges) linearly interpolated at ``t``, held past the ends."""
+        pos = np.clip((t - self.edges[0]) / self.step_s, 0.0, self.edges.size - 1.0)
+        i = np.minimum(pos.astype(np.int64), self.edges.size - 2)
+        lo = arr[i]
+        return np.asarray(lo + (pos - i) * (arr[i + 1] - lo), dtype=np.float64)
+
     def integral(self, t: FloatArray) -> FloatArray:
-        return np.interp(t, self.edges, self.cum_j)
+        return self.at(self.cum_j, t)
 
     def hole_s(self, a: FloatArray, b: FloatArray) -> FloatArray:
         """Seconds of reference gap inside each window [a, b]."""
-        bins = np.interp(b, self.edges, self.cum_nan) - np.interp(a, self.edges, self.cum_nan)
-        return np.asarray(bins * float(self.edges[1] - self.edges[0]), dtype=np.float64)
+        if not self.has_holes:
+            return np.zeros(np.broadcast(a, b).shape)
+        return self.at(self.cum_hole_s, b) - self.at(self.cum_hole_s, a)
 
     def bad(self, a: FloatArray, b: FloatArray, hole_frac: float = 0.0
             ) -> npt.NDArray[np.bool_]:
         """Windows [a, b] that leave the grid or have more than ``hole_frac`` of gap."""
         outside = (a < self.edges[0]) | (b > self.edges[-1])
+        if not self.has_holes:
+            return np.asarray(outside, dtype=np.bool_)
         holes = self.hole_s(a, b) > hole_frac * (b - a) + 1e-9
         return np.asarray(outside | holes, dtype=np.bool_)
 
     def cum_filled(self) -> FloatArray:
         """Running integral with gaps bridged (for energies of windows with small gaps)."""
+        if not self.has_holes:
+            return self.cum_j
         dt = np.diff(self.edges)
         return np.concatenate(([0.0], np.cumsum(self.filled_means() * dt)))
 
     def filled_means(self) -> FloatArray:
         """Bin means with gaps filled by interpolation (only for kernels that need a series)."""
-        ok = np.isfinite(self.means)
-        if ok.all() or not ok.any():
-            return np.where(ok, self.means, 0.0)
-        centres = 0.5 * (self.edges[1:] + self.edges[:-1])
-        return np.asarray(np.interp(centres, centres[ok], self.means[ok]), dtype=np.float64)
+        if self._filled is None:
+            ok = np.isfinite(self.means)
+            if ok.all() or not ok.any():
+                self._filled = np.where(ok, self.means, 0.0)
+            else:
+                centres = 0.5 * (self.edges[1:] + self.edges[:-1])
+                self._filled = np.asarray(np.interp(centres, centres[ok], self.means[ok]),
+                                          dtype=np.float64)
+        return self._filled
+
+    def decimated(self, factor: int) -> _Ref:
+        """The same reference on a grid ``factor`` times coarser (exact bin means)."""
+        cum, hole = self.cum_j[::factor], self.cum_hole_s[::factor]
+        edges = self.edges[::factor]
+        means = np.diff(cum) / np.diff(edges)
+        means[np.diff(hole) > 0] = np.nan
+        return _Ref(edges, cum, hole, means)
 
 
 def _boxcar(ref: _Ref, x: FloatArray, tau: float, w: float) -> FloatArray:
@@ -121,11 +162,10 @@ def _boxcar(ref: _Ref, x: FloatArray, tau: float, w: float) -> FloatArray:
 
 
 def _first_order(ref: _Ref, x: FloatArray, tau: float, tc: float) -> FloatArray:
-    dt = float(ref.edges[1] - ref.edges[0])
-    alpha = math.exp(-dt / tc)
+    alpha = math.exp(-ref.step_s / tc)
     means = ref.filled_means()
     y, _ = lfilter([1 - alpha], [1, -alpha], means, zi=[alpha * means[0]])
-    m = np.interp(x - tau, ref.edges[1:], y)
+    m = ref.at(np.concatenate((y[:1], y)), x - tau)  # y is the filter's output at bin ends
     return np.where(ref.bad(x - tau - 5 * tc, x - tau, MAX_HOLE_FRAC), np.nan, m)
 
 
@@ -154,11 +194,14 @@ def _linear(m: FloatArray, y: FloatArray) -> tuple[float, float, float, int]:
 
 
 def _fit_kernel(kernel: str, ref: _Ref, x: FloatArray, y: FloatArray, d0: float,
-                *, start: tuple[float, float] | None = None, maxiter: int = 400
-                ) -> tuple[float, float, float]:
-    """Best (tau, width, mse) for one kernel: a coarse scan, then Nelder-Mead in (tau, log w)."""
+                *, start: tuple[float, float] | None = None, maxiter: int = 400,
+                search: bool = False) -> tuple[float, float, float]:
+    """Best (tau, width, mse) for one kernel: a coarse scan, then Nelder-Mead in (tau, log w).
+
+    ``search``: stop once (τ, log w) is known to ``SEARCH_XATOL`` (a start for refinement).
+    """
     model = MODELS[kernel]
-    min_w = 2.0 * float(ref.edges[1] - ref.edges[0])
+    min_w = 2.0 * ref.step_s
 
     def cost(p: FloatArray) -> float:
         tau, w = float(p[0]), math.exp(float(p[1]))
@@ -180,12 +223,39 @@ def _fit_kernel(kernel: str, ref: _Ref, x: FloatArray, y: FloatArray, d0: float,
     best = (math.inf, np.array([d0, math.log(min_w)]))
     for p0 in starts:
         res = minimize(cost, p0, method="Nelder-Mead",
-                       options={"xatol": 1e-5, "fatol": 1e-10, "maxiter": maxiter,
+                       options={"xatol": SEARCH_XATOL if search else 1e-5,
+                                "fatol": math.inf if search else 1e-10, "maxiter": maxiter,
                                 "initial_simplex": [p0, p0 + np.array([0.01, 0]),
                                                     p0 + np.array([0, 0.05])]})
         if res.fun < best[0]:
             best = (float(res.fun), res.x)
     return float(best[1][0]), math.exp(float(best[1][1])), best[0]
+
+
+def _fit_kernels(kernels: tuple[str, ...], ref: _Ref, x: FloatArray, y: FloatArray,
+                 d0: float) -> dict[str, tuple[float, float, float]]:
+    """Each kernel's best (tau, width, mse); a long recording is searched on a subset first.
+
+    Why: each evaluation is a pass over the readings (and for a first-order lag a filter
+    pass over the grid), so a full search over an hour of 50 Hz readings against a 1 kHz
+    grid takes tens of seconds. The search on every k-th reading and a ~100 Hz grid finds
+    the basin; Nelder-Mead on all readings and the fine grid then refines it to the same
+    optimum. A kernel whose searched fit is far worse than the best is not refined.
+    """
+    stride = math.ceil(x.size / SEARCH_POINTS)
+    if stride <= 1:
+        return {k: _fit_kernel(k, ref, x, y, d0) for k in kernels}
+    coarse = ref.decimated(max(1, round(1.0 / (ref.step_s * SEARCH_RATE_HZ))))
+    found = {k: _fit_kernel(k, coarse, x[::stride], y[::stride], d0, search=True)
+             for k in kernels}
+    best = min(f[2] for f in found.values())
+    fits = {}
+    for k, (tau, w, mse) in found.items():
+        if mse <= REFINE_FACTOR * best:
+            fits[k] = _fit_kernel(k, ref, x, y, d0, start=(tau, w))
+        else:  # its error on all the data, at the searched point
+            fits[k] = (tau, w, _linear(MODELS[k](ref, x, tau, w), y)[2])
+    return fits
 
 
 def _target_updates(view: SourceView, channel: str) -> tuple[FloatArray, FloatArray, bool]:
@@ -236,14 +306,23 @@ def update_lattice(x: FloatArray) -> tuple[FloatArray, float, float] | None:
 
 
 def _ref_grid(run: Run, view: SourceView, channel: str, span: tuple[float, float],
-              rate_hz: float) -> _Ref:
+              rate_hz: float) -> tuple[_Ref, Cumulative]:
+    """The reference on the fine grid, and its running integral there (one pass)."""
     edges = grid_edges(span[0], span[1], rate_hz)
-    means = resample_view(run, view, channel, edges)
+    cum_raw = integrate_view(view, [channel], edges, bridges=False,
+                             known_gaps_ns=known_gaps_ns(run, view.source_id))[0]
+    means = bin_means(cum_raw)
     dt = np.diff(edges)
     nan = ~np.isfinite(means)
     cum = np.concatenate(([0.0], np.cumsum(np.where(nan, 0.0, means) * dt)))
-    cum_nan = np.concatenate(([0.0], np.cumsum(nan.astype(np.float64))))
-    return _Ref(edges, cum, cum_nan, means)
+    cum_hole = np.concatenate(([0.0], np.cumsum(np.where(nan, dt, 0.0))))
+    return _Ref(edges, cum, cum_hole, means), cum_raw
+
+
+def _coarser(cum: Cumulative, edges_s: FloatArray) -> FloatArray:
+    """Bin means on a coarser grid from a running integral on a fine one (no re-reading)."""
+    return bin_means(Cumulative(edges_s, np.interp(edges_s, cum.times_s, cum.integral),
+                                np.interp(edges_s, cum.times_s, cum.uncovered_s), cum.span_s))
 
 
 def _phase_errors(
@@ -319,20 +398,19 @@ def calibrate(
         raise UsageError(f"{run.path}: {reference} and {target} overlap for only "
                          f"{max(t1 - t0, 0):.1f} s; calibration needs "
                          f"{MIN_OVERLAP_FACTOR * (max_lag_s + MAX_KERNEL_S):.0f} s")
-    ref = _ref_grid(run, ref_view, ref_ch, (t0, t1), grid_rate_hz)
+    ref, ref_cum = _ref_grid(run, ref_view, ref_ch, (t0, t1), grid_rate_hz)
     core = (x_all >= t0 + max_lag_s + MAX_KERNEL_S) & (x_all <= t1 - max_lag_s)
     x, y = x_all[core], y_all[core]
     # first guess of the effective delay by cross-correlation on a 100 Hz grid
     coarse = min(100.0, grid_rate_hz)
     c_edges = grid_edges(t0, t1, coarse)
-    c_ref = resample_view(run, ref_view, ref_ch, c_edges)
+    c_ref = _coarser(ref_cum, c_edges)
+    del ref_cum
     c_tgt = resample_points(x_all, y_all, 0.5 * (c_edges[1:] + c_edges[:-1]),
                             GAP_FACTOR * max(period, 1e-3))
     lag = estimate_lag(c_ref, c_tgt, coarse, max_lag_s=max_lag_s)
 
-    fits: dict[str, tuple[float, float, float]] = {}
-    for kern in kernels:
-        fits[kern] = _fit_kernel(kern, ref, x, y, lag.lag_s)
+    fits = _fit_kernels(kernels, ref, x, y, lag.lag_s)
     kernel = min(fits, key=lambda name: fits[name][2])
     tau, width, mse = fits[kernel]
     model = MODELS[kernel]
@@ -343,14 +421,14 @@ def calibrate(
     r2 = 1 - float(resid @ resid) / float(((y[ok] - y[ok].mean()) ** 2).sum())
 
     # energy-window shift d: the target's energy over [a+d, b+d] matches the reference's
-    tgt_limit = GAP_FACTOR * max(median_spacing_s(tgt_view), 1e-3)
-    tgt_edges = ref.edges
-    tgt_c = cumulative_at(chunks_s(tgt_view, tgt_ch), tgt_edges, tgt_limit,
-                          known_gaps_s(run, tgt_view.source_id))
-    tgt_cum_vals = np.where(np.isfinite(tgt_c.integral), tgt_c.integral, np.nan)
+    # at the target's own sample times: between them the running integral is linear
+    tgt_t = tgt_view.time_ns / 1e9
+    tgt_c = integrate_view(tgt_view, [tgt_ch], tgt_t, bridges=False,
+                           known_gaps_ns=known_gaps_ns(run, tgt_view.source_id),
+                           gap_limit_s=GAP_FACTOR * max(median_spacing_s(tgt_view), 1e-3))[0]
 
     def tgt_cum(t: FloatArray) -> FloatArray:
-        return np.interp(t, tgt_edges, tgt_cum_vals)
+        return np.interp(t, tgt_t, tgt_c.integral)
 
     def tgt_power(t: FloatArray) -> FloatArray:
         return resample_points(x_all, y_all, t, np.inf)
@@ -381,17 +459,21 @@ def calibrate(
     if not math.isfinite(d_energy):
         d_energy = tau + centroid
 
-    # batch means: refit on consecutive blocks
+    # batch means: refit on consecutive blocks; for a long recording on every k-th reading
+    # and a grid of ~width/10 steps (block estimates only need their spread)
     per_block: list[tuple[float, float, float, float, float, float]] = []
     blocks = max(3, min(blocks, x.size // MIN_BLOCK_POINTS))
     bounds = np.linspace(lo_x, hi_x, blocks + 1)
+    stride = math.ceil(x.size / SEARCH_POINTS)
+    block_ref = ref if stride <= 1 else ref.decimated(
+        int(np.clip(round(0.1 * width / ref.step_s), 1, round(1 / (ref.step_s * SEARCH_RATE_HZ)))))
     for k in range(blocks):
-        sel = (x >= bounds[k]) & (x < bounds[k + 1])
-        if sel.sum() < MIN_BLOCK_POINTS:
+        sel = np.flatnonzero((x >= bounds[k]) & (x < bounds[k + 1]))[::stride]
+        if sel.size < MIN_BLOCK_POINTS:
             continue
-        bt, bw, _ = _fit_kernel(kernel, ref, x[sel], y[sel], tau + centroid,
+        bt, bw, _ = _fit_kernel(kernel, block_ref, x[sel], y[sel], tau + centroid,
                                 start=(tau, width), maxiter=200)
-        bg, bc, _, _ = _linear(model(ref, x[sel], bt, bw), y[sel])
+        bg, bc, _, _ = _linear(model(block_ref, x[sel], bt, bw), y[sel])
         bd = delay_fit(bounds[k], min(bounds[k + 1], tgt_end), bg, bc, d_energy)
         per_block.append((bt, bw, bg, bc, bt + (bw / 2 if kernel == "boxcar" else bw), bd))
     arr = np.array(per_block) if per_block else np.full((1, 6), np.nan)

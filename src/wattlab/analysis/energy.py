@@ -19,11 +19,10 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.alignment import (
-    GAP_FACTOR,
     chunks_s,
-    cumulative_at,
+    integrate_view,
     json_safe,
-    known_gaps_s,
+    known_gaps_ns,
     median_spacing_s,
     parse_spec,
     power_channel,
@@ -111,82 +110,91 @@ class EnergyRow:
                 for k, v in asdict(self).items()}
 
 
-def _window_minmax(view: SourceView, channel: str, windows: list[tuple[float, float]]
-                   ) -> tuple[FloatArray, FloatArray]:
-    """Lowest and highest value inside each window, in one pass over the chunks."""
-    lo = np.full(len(windows), np.inf)
-    hi = np.full(len(windows), -np.inf)
-    for t, v in chunks_s(view, channel):
-        ok = np.isfinite(v)
-        for i, (a, b) in enumerate(windows):
-            i0, i1 = np.searchsorted(t, [a, b])
-            sel = v[i0:i1][ok[i0:i1]]
-            if sel.size:
-                lo[i] = min(lo[i], float(sel.min()))
-                hi[i] = max(hi[i], float(sel.max()))
-    return lo, hi
+def _window_minmax(view: SourceView, windows: dict[str, list[tuple[float, float]]]
+                   ) -> dict[str, tuple[FloatArray, FloatArray]]:
+    """Lowest and highest finite value of each channel inside its windows, in one pass."""
+    cols = {ch: view.channel_index(ch) for ch in windows}
+    edges_ns = {ch: np.ceil(np.array(w, dtype=np.float64).reshape(-1, 2) * 1e9).astype(np.int64)
+                for ch, w in windows.items()}  # integer t >= x  <=>  t >= ceil(x)
+    out = {ch: (np.full(len(w), np.inf), np.full(len(w), -np.inf)) for ch, w in windows.items()}
+    for t_ns, values in view.iter_rows():
+        for ch, (lo, hi) in out.items():
+            idx = np.searchsorted(t_ns, edges_ns[ch])
+            for i, (i0, i1) in enumerate(idx):
+                sel = values[i0:i1, cols[ch]]
+                sel = sel[np.isfinite(sel)]
+                if sel.size:
+                    lo[i] = min(lo[i], float(sel.min()))
+                    hi[i] = max(hi[i], float(sel.max()))
+    return out
 
 
 def integrate_power(
-    run: Run, view: SourceView, channel: str, phases: list[Phase],
+    run: Run, view: SourceView, channels: Sequence[str], phases: list[Phase],
     shifts_s: Sequence[float] = (),
-) -> tuple[list[EnergyRow], dict[float, FloatArray]]:
-    """Energy rows for a power channel; per shift, (∫power, uncovered s) of each phase shifted."""
+) -> dict[str, tuple[list[EnergyRow], dict[float, FloatArray]]]:
+    """Energy rows of power channels of one source, all integrated in one pass over it.
+
+    Per channel: the rows, and per shift s, (∫power, uncovered s) of each phase shifted by s.
+    """
     spacing = median_spacing_s(view)
-    limit = GAP_FACTOR * spacing if spacing > 0 else math.inf
     first, last = span_s(view)
     windows = [(p.t0_s, p.t1_s) for p in phases]
     shifted = [(a + s, b + s) for s in shifts_s for a, b in windows]
     edges = np.array([x for w in windows + shifted for x in w])
     q = np.unique(np.clip(edges, first, last))
-    cum = cumulative_at(chunks_s(view, channel), q, limit, known_gaps_s(run, view.source_id))
+    cums = integrate_view(view, channels, q, known_gaps_ns=known_gaps_ns(run, view.source_id))
+    out: dict[str, tuple[list[EnergyRow], dict[float, FloatArray]]] = {}
+    need_bounds: dict[str, list[int]] = {}
+    for channel, cum in zip(channels, cums, strict=True):
+        def at(t: float, arr: FloatArray) -> float:
+            return float(np.interp(min(max(t, first), last), q, arr))
 
-    def at(t: float, arr: FloatArray) -> float:
-        return float(np.interp(min(max(t, first), last), q, arr))
+        def outside_s(a: float, b: float) -> float:
+            return max(0.0, min(b, first) - a) + max(0.0, b - max(a, last))
 
-    rows: list[EnergyRow] = []
-    need_bounds: list[int] = []
-    for i, p in enumerate(phases):
-        a, b = p.t0_s, p.t1_s
-        outside = max(0.0, min(b, first) - a) + max(0.0, b - max(a, last))
-        measured = at(b, cum.integral) - at(a, cum.integral)
-        unc = at(b, cum.uncovered_s) - at(a, cum.uncovered_s) + outside
-        bridged = at(b, cum.bridge) - at(a, cum.bridge)
-        at_mean = at(b, cum.unbridged_s) - at(a, cum.unbridged_s) + outside
-        covered = max(0.0, (b - a) - unc)
-        gaps = sum(1 for g0, g1 in cum.gaps_s if g0 < b and g1 > a)
-        mean = measured / covered if covered > 0 else None
-        row = EnergyRow(view.source_id, channel, "power", p.label, a, b, None, mean, None,
-                        None, None, measured if covered > 0 else None, covered, unc, gaps)
-        if mean is not None:
-            row.energy_j = measured + bridged + mean * at_mean
-            edge = spacing * abs(mean)  # each phase edge is known to within ~half a spacing
-            row.uncertainty_j, row.low_j, row.high_j = edge, row.energy_j - edge, \
-                row.energy_j + edge
-            if unc > 1e-9:
-                need_bounds.append(i)
-                row.notes.append(f"{unc:.3f} s not covered ({gaps} gap(s)); not bridged")
-        rows.append(row)
+        rows: list[EnergyRow] = []
+        for i, p in enumerate(phases):
+            a, b = p.t0_s, p.t1_s
+            measured = at(b, cum.integral) - at(a, cum.integral)
+            unc = at(b, cum.uncovered_s) - at(a, cum.uncovered_s) + outside_s(a, b)
+            bridged = at(b, cum.bridge) - at(a, cum.bridge)
+            at_mean = at(b, cum.unbridged_s) - at(a, cum.unbridged_s) + outside_s(a, b)
+            covered = max(0.0, (b - a) - unc)
+            gaps = sum(1 for g0, g1 in cum.gaps_s if g0 < b and g1 > a)
+            mean = measured / covered if covered > 0 else None
+            row = EnergyRow(view.source_id, channel, "power", p.label, a, b, None, mean, None,
+                            None, None, measured if covered > 0 else None, covered, unc, gaps)
+            if mean is not None:
+                row.energy_j = measured + bridged + mean * at_mean
+                edge = spacing * abs(mean)  # each phase edge is known to within ~half a spacing
+                row.uncertainty_j, row.low_j, row.high_j = edge, row.energy_j - edge, \
+                    row.energy_j + edge
+                if unc > 1e-9:
+                    need_bounds.setdefault(channel, []).append(i)
+                    row.notes.append(f"{unc:.3f} s not covered ({gaps} gap(s)); not bridged")
+            rows.append(row)
+        shifted_out: dict[float, FloatArray] = {}
+        for s in shifts_s:  # (integral, uncovered s) over each window shifted by s
+            shifted_out[s] = np.array([
+                (at(b + s, cum.integral) - at(a + s, cum.integral),
+                 at(b + s, cum.uncovered_s) - at(a + s, cum.uncovered_s)
+                 + outside_s(a + s, b + s)) for a, b in windows]).reshape(-1, 2)
+        out[channel] = rows, shifted_out
     if need_bounds:
-        lo, hi = _window_minmax(view, channel, [windows[i] for i in need_bounds])
-        for j, i in enumerate(need_bounds):
-            r = rows[i]
-            if r.measured_j is None or not math.isfinite(lo[j]):
-                continue
-            edge = r.uncertainty_j or 0.0
-            r.low_j = r.measured_j + lo[j] * r.uncovered_s - edge
-            r.high_j = r.measured_j + hi[j] * r.uncovered_s + edge
-            r.uncertainty_j = 0.5 * (r.high_j - r.low_j)
-    shifted_out: dict[float, FloatArray] = {}
-    for s in shifts_s:  # (integral, uncovered s) over each window shifted by s
-        out = []
-        for a, b in windows:
-            a_s, b_s = a + s, b + s
-            outside = max(0.0, min(b_s, first) - a_s) + max(0.0, b_s - max(a_s, last))
-            out.append((at(b_s, cum.integral) - at(a_s, cum.integral),
-                        at(b_s, cum.uncovered_s) - at(a_s, cum.uncovered_s) + outside))
-        shifted_out[s] = np.array(out).reshape(-1, 2)
-    return rows, shifted_out
+        bounds = _window_minmax(view, {ch: [windows[i] for i in idx]
+                                       for ch, idx in need_bounds.items()})
+        for ch, idx in need_bounds.items():
+            lo, hi = bounds[ch]
+            for j, i in enumerate(idx):
+                r = out[ch][0][i]
+                if r.measured_j is None or not math.isfinite(lo[j]):
+                    continue
+                edge = r.uncertainty_j or 0.0
+                r.low_j = r.measured_j + lo[j] * r.uncovered_s - edge
+                r.high_j = r.measured_j + hi[j] * r.uncovered_s + edge
+                r.uncertainty_j = 0.5 * (r.high_j - r.low_j)
+    return out
 
 
 def counter_energy(view: SourceView, channel: str, phases: list[Phase]) -> list[EnergyRow]:
@@ -328,16 +336,22 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
         ref_key = (src, ch or power_channel(view) or "")
     notes: list[str] = []
     rows: list[EnergyRow] = []
+    integrated = {}  # one pass per source for all its power channels
+    for view in {id(v): v for v, _, m in streams if m == "power"}.values():
+        chans = [ch for v, ch, m in streams if v is view and m == "power"]
+        shift = (correction_terms(calibration)[2][0],) if calibration and any(
+            record_applies(calibration, view, ch) is not None for ch in chans) else ()
+        integrated[view.source_id] = integrate_power(run, view, chans, phases, shift)
     for view, channel, method in streams:
         if method == "counter":
             rows += counter_energy(view, channel, phases)
             continue
         warn = record_applies(calibration, view, channel) if calibration else None
+        got, shifted = integrated[view.source_id][channel]
         if warn is None:
-            rows += integrate_power(run, view, channel, phases)[0]
+            rows += got
             continue
         g, c, d = correction_terms(calibration)  # type: ignore[arg-type]
-        got, shifted = integrate_power(run, view, channel, phases, [d[0]])
         for row, (e_shift, unc_s) in zip(got, shifted[d[0]], strict=True):
             duration = row.t1_s - row.t0_s
             if row.energy_j is None or unc_s >= duration:

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
 from wattlab.analysis.alignment import (
     GAP_FACTOR,
     PREFERRED_POWER_CHANNELS,
-    chunks_s,
-    cumulative_at,
-    median_spacing_s,
+    integrate_view,
     power_channel,
     span_s,
 )
@@ -57,12 +53,10 @@ def energy_channel(view: SourceView) -> str | None:
 def integrate_power(view: SourceView, channel: str) -> tuple[float, float, float]:
     """(energy J, covered seconds, uncovered seconds) over the whole source, never bridged.
 
-    The same streaming integration as ``wattlab energy`` (``alignment.cumulative_at``).
+    The same streaming integration as ``wattlab energy`` (``alignment.integrate_view``).
     """
-    spacing = median_spacing_s(view)
-    limit = GAP_FACTOR * spacing if spacing > 0 else np.inf
     first, last = span_s(view)
-    cum = cumulative_at(chunks_s(view, channel), [first, last], limit)
+    cum = integrate_view(view, [channel], [first, last])[0]
     uncovered_s = float(cum.uncovered_s[-1])
     return float(cum.integral[-1]), (last - first) - uncovered_s, uncovered_s
 

@@ -7,8 +7,6 @@ import json
 import os
 from typing import Any
 
-from wattlab.analysis.calibration import calibrate, store_in_run
-from wattlab.analysis.run_file import Run
 from wattlab.errors import UsageError
 
 
@@ -40,6 +38,10 @@ def _fmt(obj: dict[str, Any], unit: str, scale: float = 1.0) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, not at the top: building the parser imports every verb's module
+    from wattlab.analysis.calibration import calibrate, store_in_run
+    from wattlab.analysis.run_file import Run
+
     if args.output and os.path.exists(args.output):
         raise UsageError(f"{args.output}: already exists; choose another -o")
     with Run(args.run) as run_file:

@@ -6,10 +6,6 @@ import argparse
 import json
 from typing import Any
 
-from wattlab.analysis.calibration import load_record
-from wattlab.analysis.energy import energy_report, format_report
-from wattlab.analysis.run_file import Run
-
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
@@ -26,6 +22,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here: every verb's module is imported to build the parser, and its
+    # dependencies (scipy) would otherwise cost every `wattlab` command their start-up time
+    from wattlab.analysis.calibration import load_record
+    from wattlab.analysis.energy import energy_report, format_report
+    from wattlab.analysis.run_file import Run
+
     record = load_record(args.calibration) if args.calibration else None
     with Run(args.run) as run_file:
         report = energy_report(run_file, by_marker=args.by_marker, reference=args.reference,
