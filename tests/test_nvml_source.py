@@ -124,7 +124,7 @@ def test_descriptors_of_the_four_streams() -> None:
         assert d.config["power_limit_range_w"] == [200.0, 700.0]
         assert d.config["missing"] == {}
         assert d.config["nvml_calls"] == {c.name: c.meaning for c in d.channels}
-        assert d.config["intervals_s"]["drain"] == 0.5
+        assert d.config["intervals_s"]["drain"] == 1.0
         assert d.config["unix_minus_monotonic_ns"] == UNIX_MINUS_MONO
         assert d.to_json()["config"] == d.config
 

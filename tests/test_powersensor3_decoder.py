@@ -217,3 +217,32 @@ def test_breaks_locate_the_jump() -> None:
     times = clock.unwrap((nxt & 0x3FF).astype(np.uint16), int(nxt[-1]) * 1000, breaks=[10])
     assert times.estimated.tolist() == [False] * 10 + [True] * 10
     np.testing.assert_array_equal(times.t_device_us, nxt)
+
+
+def test_late_read_of_an_unbroken_stream_is_buffered_data_not_lost_wraps() -> None:
+    """A busy host reads 60 ms late: the frames waited in a buffer, nothing was lost."""
+    clock = DeviceClock()
+    us = 1_000_000 + np.arange(3000, dtype=np.int64) * 50
+    raw = (us & 0x3FF).astype(np.uint16)
+    first = clock.unwrap(raw[:1000], int(us[999] - us[0]) * 1000 + 30_000)
+    late = clock.unwrap(raw[1000:2000], int(us[1999] - us[0]) * 1000 + 60_000_000)
+    after = clock.unwrap(raw[2000:], int(us[2999] - us[0]) * 1000 + 30_000)
+    assert not (late.estimated.any() or after.estimated.any())
+    dev = np.concatenate([first.t_device_us, late.t_device_us, after.t_device_us])
+    np.testing.assert_array_equal(np.diff(dev), 50)
+    host = np.concatenate([first.t_host_ns, late.t_host_ns, after.t_host_ns])
+    assert np.all(np.diff(host) > 0)
+    # still the envelope: read latency plus the 200 ppm drift it may creep by (~30 µs here)
+    assert np.abs(host - (us - us[0]) * 1000).max() <= 60_000
+
+
+def test_reanchor_after_a_break_never_steps_back() -> None:
+    clock = DeviceClock(slack_ns=2_000_000)
+    us = np.arange(200, dtype=np.int64) * 50
+    # the first read came late (the envelope is high), the next one shows a loss
+    a = clock.unwrap((us[:100] & 0x3FF).astype(np.uint16), int(us[99]) * 1000 + 900_000)
+    later = np.concatenate([us[100:150], us[149] + 5_030 + np.arange(50) * 50])
+    b = clock.unwrap((later & 0x3FF).astype(np.uint16), int(later[-1]) * 1000 + 10_000)
+    host = np.concatenate([a.t_host_ns, b.t_host_ns])
+    assert np.all(np.diff(host) >= 0)
+    assert b.estimated.tolist() == [False] * 50 + [True] * 50

@@ -4,14 +4,14 @@ Why four streams: the NVML views of power differ in rate, window and lag (PROTOC
 and calibration needs each as the driver gave it:
 
 - ``gpu{i}.samples``: the driver's own 50 Hz buffer, with its unix-µs timestamps as raw time;
-  drained every ~0.5 s (it holds ~2.4 s: 119 samples on an H100, driver 580), without
+  drained every ~1 s (it holds ~2.4 s: 119 samples on an H100, driver 580), without
   duplicates or loss. A Gap is emitted where the buffer came back full and its oldest sample
   is more than 1.5 periods after the last one seen (overflow), or where two samples are more
   than 3 periods apart (a hole). Not 1.5 periods alone: real stamps jitter up to ~46 ms.
 - ``gpu{i}.power``: the instant field and the 1 s average, polled every ~20 ms and kept as
   read; a reading equal to the previous one is flagged REPEAT so the ~100 ms update rhythm
   stays visible.
-- ``gpu{i}.energy``: the energy counter (~3 ms per call on an H100, so every ~100 ms).
+- ``gpu{i}.energy``: the energy counter (~3 ms per call on an H100, so once a second).
 - ``gpu{i}.state``: clocks, utilisation, temperature and power limit.
 
 Readings the GPU does not support are left out (never zeros) and listed in ``config["missing"]``.
@@ -41,7 +41,7 @@ STATE_UNITS = {
 
 
 class _Rows:
-    """Rows read one at a time, sent as one Chunk every ~150 ms."""
+    """Rows read one at a time, sent as one Chunk every ~0.5 s."""
 
     def __init__(self, source_id: str) -> None:
         self.source_id = source_id
@@ -81,11 +81,11 @@ class NvmlAcquirer:
         driver: NvmlDriver,
         gpu_index: int,
         *,
-        drain_interval_s: float = 0.5,
+        drain_interval_s: float = 1.0,
         power_interval_s: float = 0.02,
         energy_interval_s: float = 1.0,
         state_interval_s: float = 0.2,
-        emit_interval_s: float = 0.15,
+        emit_interval_s: float = 0.5,
         sample_period_s: float = 0.02,
         buffer_capacity: int = 120,
         max_block_s: float = 0.1,

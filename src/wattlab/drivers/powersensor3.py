@@ -272,14 +272,19 @@ class DeviceClock:
     true step. The device → host offset is the lower envelope of ``read time − device time
     of the newest sample`` (a sample is always read after it was taken), allowed to creep
     up by ``drift_ppm`` for crystal drift; a change is slewed over a batch so host times
-    stay monotonic. When a read lands more than ``slack_ns`` later
-    than the envelope predicts, whole 1024 µs wraps were lost with the stream: the time is
-    re-anchored on the host clock and the samples are flagged ``ESTIMATED_TIME``.
+    stay monotonic. When a read lands more than ``slack_ns`` later than the envelope
+    predicts *and* the stream shows a break (a step other than one frame period, or bytes
+    the decoder skipped), whole 1024 µs wraps were lost with it: the time is re-anchored on
+    the host clock from the break on and those samples are flagged ``ESTIMATED_TIME``. A
+    late read with an unbroken stream is data that waited in the OS or USB buffers (a busy
+    host), not lost data: the envelope stands. Host times never go backwards.
     """
 
-    def __init__(self, slack_ns: int = 20_000_000, drift_ppm: float = 200.0) -> None:
+    def __init__(self, slack_ns: int = 20_000_000, drift_ppm: float = 200.0,
+                 period_us: int = 50) -> None:
         self.slack_ns = slack_ns
         self.drift_ppm = drift_ppm
+        self.period_us = period_us
         self.reset()
 
     def reset(self) -> None:
@@ -288,6 +293,7 @@ class DeviceClock:
         self._last_dev_us = 0
         self._offset_ns = 0
         self._last_read_ns = 0
+        self._last_host_ns: int | None = None
 
     @property
     def offset_ns(self) -> int:
@@ -306,23 +312,29 @@ class DeviceClock:
         prev_raw = int(t[0]) if self._last_raw is None else self._last_raw
         steps = np.diff(t, prepend=prev_raw) % DEVICE_CLOCK_WRAP_US
         dev = (int(t[0]) if first else self._last_dev_us) + np.cumsum(steps)
+        odd = np.flatnonzero(steps != self.period_us)
+        all_breaks = sorted({int(b) for b in breaks} | {int(i) for i in odd if i or not first})
         candidate = host_read_ns - int(dev[-1]) * 1000
+        at = n  # first sample on a new anchor (n: none)
         if first:
             offset = candidate
         else:
             elapsed = max(0, host_read_ns - self._last_read_ns)
             allowed = self._offset_ns + int(elapsed * self.drift_ppm * 1e-6)
             excess = candidate - allowed
-            if excess > self.slack_ns:
+            if excess > self.slack_ns and all_breaks:
                 # Read latency only adds, so round down, forgiving 100 µs of clock jitter.
                 wraps = (candidate - self._offset_ns + 100_000) // WRAP_NS
-                at = int(breaks[0]) if len(breaks) else 0
+                at = all_breaks[0]
                 dev[at:] += wraps * DEVICE_CLOCK_WRAP_US
                 estimated[at:] = True
                 candidate -= wraps * WRAP_NS
             offset = min(candidate, allowed)
-        if first or estimated[-1]:
+        if first:
             offsets = np.full(n, offset, dtype=np.int64)
+        elif at < n:
+            offsets = np.full(n, self._offset_ns, dtype=np.int64)
+            offsets[at:] = offset
         else:
             # Slew a changed offset across the batch (at most half its span) so host
             # times stay monotonic instead of stepping back when the envelope drops.
@@ -335,6 +347,9 @@ class DeviceClock:
         self._last_dev_us = int(dev[-1])
         self._last_read_ns = host_read_ns
         t_host = (dev * 1000 + offsets).astype(np.int64)
+        if self._last_host_ns is not None:  # a re-anchor may not step back
+            t_host = np.maximum.accumulate(np.maximum(t_host, self._last_host_ns))
+        self._last_host_ns = int(t_host[-1])
         return UnwrappedTimes(dev.astype(np.int64), t_host, estimated)
 
 
