@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Everything wattlab measures on a lent GPU machine, in one call (read-only on the card).
+# The machine cannot fetch packages: wheels travel in .whl/ (see BENCHMARKS.md, "NVML
+# readers side by side"); wattlab itself runs from src/.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/bench PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv
+echo "== issue 2: wattlab record --nvml 0 under a matmul load"
+WATTLAB_DEVICE=1 python3 -m pytest -q -s -p no:cacheprovider tests/with_device 2>&1 | tail -25
+echo "== issue 10: NVML readers side by side"
+python3 bench/nvml_compare.py
+echo "== issue 10: where the reader's CPU goes"
+python3 bench/nvml_cost.py --seconds 30
+cp bench/results/*.json "${OUT:-/tmp}/" 2>/dev/null || true
