@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.analysis.alignment import bin_means, cumulative_at
+from wattlab.analysis.alignment import StreamIntegral, bin_means, cumulative_at
 from wattlab.analysis.energy import energy_report, phases_from_markers
 from wattlab.cli import main
+from wattlab.errors import RunFileError
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
 from wattlab.sync.run_writer import RunFileWriter
 
@@ -121,3 +122,47 @@ def test_energy_of_a_demo_run_has_every_nvml_view(tmp_path):
     assert abs(counter["energy_j"] - samples["energy_j"]) < (
         counter["uncertainty_j"] + 0.05 * samples["energy_j"])
     assert rep["reference"] is not None  # the demo's emulated meter
+
+
+def _trapezoid_at(t_s, v, q_s, hold=False):
+    """Reference: the running integral at each sample, linear in between (no gaps)."""
+    dt = np.diff(t_s)
+    seg = v[:-1] * dt if hold else 0.5 * (v[1:] + v[:-1]) * dt
+    return np.interp(q_s, t_s, np.concatenate(([0.0], np.cumsum(seg))))
+
+
+@pytest.mark.parametrize("jitter_ns", [0, 3_000])
+@pytest.mark.parametrize("hold", [False, True])
+def test_one_pass_over_integer_ns_matches_a_trapezoid_per_channel(jitter_ns, hold):
+    rng = np.random.default_rng(7)
+    n = 20_000
+    t_ns = np.arange(n, dtype=np.int64) * 50_000 + 1_000_000_000
+    t_ns += rng.integers(0, jitter_ns + 1, n)  # 20 kHz, exact or jittered
+    values = rng.uniform(0, 600, (n, 3)).astype(np.float32)
+    t_s = t_ns / 1e9
+    q = np.sort(np.concatenate([rng.uniform(t_s[0], t_s[-1], 300), t_s[[0, 998, 999, 5000, -1]],
+                                [t_s[0] - 1.0, t_s[-1] + 1.0]]))
+    acc = StreamIntegral(q, [2, 0], 1e9, hold=hold, per_s=1e9)
+    for i in range(0, n, 999):  # chunk edges fall anywhere, one query on a chunk's first row
+        acc.feed(t_ns[i:i + 999], values[i:i + 999])
+    for cum, col in zip(acc.result(), [2, 0], strict=True):
+        expect = _trapezoid_at(t_s, values[:, col].astype(np.float64), q, hold)
+        np.testing.assert_allclose(cum.integral, expect, rtol=1e-11, atol=1e-9)
+        assert np.all(cum.uncovered_s == 0) and cum.n_gaps == 0
+        assert cum.span_s == (t_s[0], t_s[-1])
+
+
+def test_a_nan_in_one_channel_is_a_gap_in_that_channel_only():
+    t_ns = np.arange(10_001, dtype=np.int64) * 1_000_000  # 1 kHz for 10 s
+    values = np.full((t_ns.size, 2), 100.0)
+    values[5000, 1] = np.nan
+    acc = StreamIntegral([0.0, 4.0, 10.0], [0, 1], 5e6, per_s=1e9)
+    for i in range(0, t_ns.size, 4096):
+        acc.feed(t_ns[i:i + 4096], values[i:i + 4096])
+    clean, holed = acc.result()
+    np.testing.assert_allclose(clean.integral, [0.0, 400.0, 1000.0], rtol=1e-12)
+    assert clean.n_gaps == 0 and holed.n_gaps == 2  # the two segments touching the NaN
+    np.testing.assert_allclose(holed.integral, [0.0, 400.0, 999.8], rtol=1e-12)
+    np.testing.assert_allclose(holed.uncovered_s, [0.0, 0.0, 0.002], atol=1e-12)
+    with pytest.raises(RunFileError, match="backwards"):
+        StreamIntegral([0.0], [0], 1e9, per_s=1e9).feed(t_ns[::-1], values)

@@ -24,8 +24,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def build_parser() -> _Parser:
-    """Every module in ``wattlab.commands`` is a verb: it adds its own sub-parser."""
+def build_parser(verb: str | None = None) -> _Parser:
+    """Every module in ``wattlab.commands`` is a verb: it adds its own sub-parser.
+
+    Given the module name of the verb being run, only that module is imported: start-up
+    then costs that verb's dependencies, not every verb's (matplotlib, scipy, …).
+    """
     import importlib
     import pkgutil
 
@@ -34,7 +38,10 @@ def build_parser() -> _Parser:
     parser = _Parser(prog="wattlab", description="Measure how much energy GPU work really takes.")
     parser.add_argument("--version", action="version", version=f"wattlab {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+    infos = sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name)
+    if any(info.name == verb for info in infos):
+        infos = [info for info in infos if info.name == verb]
+    for info in infos:
         module = importlib.import_module(f"wattlab.commands.{info.name}")
         command = module.add_parser(sub)
         command.set_defaults(handler=module.run)
@@ -46,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     quiet_math_threads()
     try:
-        args = build_parser().parse_args(args_list)
+        args = build_parser(args_list[0] if args_list else None).parse_args(args_list)
         handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)
     except UsageError as e:

@@ -140,22 +140,22 @@ class StreamIntegral:
     (``hold=True``, right for readings that only change at driver updates). A segment longer
     than ``gap_limit``, with a non-finite end, or overlapping a ``known_gaps`` interval is a
     gap: not integrated, counted as uncovered. Times (and ``gap_limit``, ``known_gaps``) are
-    in units of ``unit_s`` seconds: with int64 ns (``unit_s=1e-9``) segment lengths are
+    in units of 1 / ``per_s`` seconds: with int64 ns (``per_s=1e9``) segment lengths are
     exact. Chunks without a gap take a fast path (block sums, no per-sample cumulative).
     ``bridges=False`` leaves ``bridge``/``unbridged_s`` out (half the memory per query).
     """
 
     def __init__(self, query_s: npt.ArrayLike, columns: Sequence[int], gap_limit: float, *,
                  known_gaps: Sequence[tuple[float, float]] = (), hold: bool = False,
-                 unit_s: float = 1.0, bridges: bool = True) -> None:
+                 per_s: float = 1.0, bridges: bool = True) -> None:
         self.query_s = np.asarray(query_s, dtype=np.float64)
         if self.query_s.size and np.any(np.diff(self.query_s) < 0):
             raise UsageError("cumulative_at needs sorted query times")
-        self._q = self.query_s / unit_s
+        self._q = self.query_s * per_s
         self.columns = list(columns)
         self.gap_limit = gap_limit
         self.hold = hold
-        self.unit_s = unit_s
+        self.per_s = per_s
         gaps = sorted(known_gaps)
         self._gap_a = np.array([g[0] for g in gaps], dtype=np.float64)
         self._gap_b = np.sort(np.array([g[1] for g in gaps], dtype=np.float64))
@@ -184,28 +184,34 @@ class StreamIntegral:
     def _block(self, t: npt.NDArray[Any], values: npt.NDArray[Any]) -> None:
         """Integrate rows with no sample before them left to join (n ≥ 2)."""
         dt = np.diff(t)
-        if dt.min() < 0:
+        dt_min, dt_max = dt.min(), dt.max()
+        if dt_min < 0:
             raise RunFileError("stream time goes backwards; cannot integrate it")
         a = int(np.searchsorted(self._q, t[0], side="left"))
         b = int(np.searchsorted(self._q, t[-1], side="right"))
         touches_gap = bool(np.any((self._gap_a < t[-1]) & (self._gap_b > t[0])))
-        if dt.max() > self.gap_limit or touches_gap:
+        if dt_max > self.gap_limit or touches_gap:
             for c, col in enumerate(self.columns):
                 self._slow(c, t, dt, values[:, col], rows=(a, b))
             return
+        uniform = dt_min == dt_max
         key = self._q[a:b]
         if t.dtype.kind in "iu":  # t_k <= q  <=>  t_k <= floor(q) for integer times
             key = np.floor(key).astype(np.int64)
-        k = np.clip(np.searchsorted(t, key, side="right") - 1, 0, t.size - 2)
+            if uniform and dt_min > 0:  # the sample at or before each query, by division
+                k = np.clip((key - t[0]) // dt_min, 0, t.size - 2)
+            else:
+                k = np.clip(np.searchsorted(t, key, side="right") - 1, 0, t.size - 2)
+        else:
+            k = np.clip(np.searchsorted(t, key, side="right") - 1, 0, t.size - 2)
         new = np.ones(k.size, dtype=bool)
         new[1:] = k[1:] != k[:-1]
         ends = np.concatenate((k[new], [t.size - 1]))  # k is sorted and at most n − 2
         starts = np.concatenate(([0], ends[:-1] + 1))
-        at_k = np.searchsorted(ends, k)
-        frac_s = (self._q[a:b] - t[k]) * self.unit_s
-        uniform = dt.min() == dt.max()
-        dt_s = dt * self.unit_s
-        weights = None if uniform else self._weights(dt_s)
+        at_k = np.cumsum(new) - 1  # where each query's sample is among the ends
+        frac_s = (self._q[a:b] - t[k]) / self.per_s
+        step_s = float(dt_min) / self.per_s
+        weights = None if uniform else self._weights(dt / self.per_s)
         for c, col in enumerate(self.columns):
             v = values[:, col]
             sums = np.cumsum(np.add.reduceat(v if weights is None else weights * v, starts,
@@ -215,12 +221,12 @@ class StreamIntegral:
                 continue
             v_end = v[ends].astype(np.float64)
             if weights is not None:  # prefix sums of weights·v up to each end, less its own
-                held = np.concatenate((dt_s, [0.0]))[ends]
+                held = np.append(dt[ends[:-1]], 0) / self.per_s  # the last end is n − 1
                 at_end = sums - (held if self.hold else 0.5 * held) * v_end
             elif self.hold:
-                at_end = float(dt_s[0]) * (sums - v_end)
+                at_end = step_s * (sums - v_end)
             else:
-                at_end = float(dt_s[0]) * (sums - 0.5 * float(v[0]) - 0.5 * v_end)
+                at_end = step_s * (sums - 0.5 * float(v[0]) - 0.5 * v_end)
             v_k = v[k].astype(np.float64)
             step = v_k if self.hold else 0.5 * (v_k + v[k + 1])
             self._out[0, a:b, c] = self._acc[0, c] + at_end[at_k] + step * frac_s
@@ -238,7 +244,7 @@ class StreamIntegral:
         """Segment by segment, for chunks with gaps or non-finite values (queries a:b)."""
         a, b = rows
         v = np.asarray(v_in, dtype=np.float64)
-        dt_s = dt * self.unit_s
+        dt_s = dt / self.per_s
         line = 0.5 * (v[1:] + v[:-1]) * dt_s
         seg = v[:-1] * dt_s if self.hold else line
         bad = (dt > self.gap_limit) | ~np.isfinite(seg)
@@ -250,7 +256,7 @@ class StreamIntegral:
         parts = (np.where(bad, 0.0, seg), np.where(bad, dt_s, 0.0),
                  np.where(bad & fin, line, 0.0), np.where(bad & ~fin, dt_s, 0.0))
         for i in np.flatnonzero(bad):
-            self._gaps[c].append((float(t[i] * self.unit_s), float(t[i + 1] * self.unit_s)))
+            self._gaps[c].append((float(t[i] / self.per_s), float(t[i + 1] / self.per_s)))
         rel = (t - t[0]).astype(np.float64)
         for j, x in enumerate(parts[:self._out.shape[0]]):
             cum = self._acc[j, c] + np.concatenate(([0.0], np.cumsum(x)))
@@ -265,7 +271,7 @@ class StreamIntegral:
         else:
             self._out[:, self._q < self._first, :] = 0.0
             self._out[:, self._q > self._last, :] = self._acc[:, None, :]
-            span = (float(self._first * self.unit_s), float(self._last * self.unit_s))
+            span = (float(self._first / self.per_s), float(self._last / self.per_s))
         out = [Cumulative(self.query_s, self._out[0, :, c], self._out[1, :, c], span,
                           len(self._gaps[c]), self._gaps[c]) for c in range(len(self.columns))]
         if self._out.shape[0] == 4:
@@ -314,7 +320,7 @@ def integrate_view(
     """
     limit_ns = gap_limit_ns(view, gap_factor) if gap_limit_s is None else gap_limit_s * 1e9
     acc = StreamIntegral(query_s, [view.channel_index(ch) for ch in channels], limit_ns,
-                         known_gaps=known_gaps_ns, hold=hold, unit_s=1e-9, bridges=bridges)
+                         known_gaps=known_gaps_ns, hold=hold, per_s=1e9, bridges=bridges)
     for t_ns, values in view.iter_rows():
         acc.feed(t_ns, values)
     return acc.result()
@@ -322,15 +328,16 @@ def integrate_view(
 
 def bin_means(cum: Cumulative, tolerance: float = 1e-9) -> FloatArray:
     """Means over the bins between consecutive query times; NaN where a bin is not covered."""
-    dt = np.diff(cum.times_s)
-    d_int = np.diff(cum.integral)
-    d_unc = np.diff(cum.uncovered_s)
-    a, b = cum.span_s
-    inside = (cum.times_s[:-1] >= a - tolerance) & (cum.times_s[1:] <= b + tolerance)
-    ok = inside & (d_unc <= tolerance * np.maximum(dt, 1.0)) & (dt > 0)
-    out = np.full(dt.shape, np.nan)
-    out[ok] = d_int[ok] / dt[ok]
-    return out
+    t = cum.times_s
+    dt = np.diff(t)
+    a, b = cum.span_s  # the bins inside the span are a contiguous run (times are sorted)
+    i0 = int(np.searchsorted(t[:-1], a - tolerance, side="left"))
+    i1 = max(i0, int(np.searchsorted(t[1:], b + tolerance, side="right")))
+    ok = np.zeros(dt.shape, dtype=bool)
+    inner = dt[i0:i1]
+    ok[i0:i1] = (np.diff(cum.uncovered_s[i0:i1 + 1]) <= tolerance * np.maximum(inner, 1.0)) \
+        & (inner > 0)
+    return np.divide(np.diff(cum.integral), dt, out=np.full(dt.shape, np.nan), where=ok)
 
 
 def grid_edges(t0_s: float, t1_s: float, rate_hz: float) -> FloatArray:
@@ -338,7 +345,10 @@ def grid_edges(t0_s: float, t1_s: float, rate_hz: float) -> FloatArray:
     if rate_hz <= 0 or t1_s <= t0_s:
         raise UsageError(f"empty grid: {t0_s:.3f}..{t1_s:.3f} s at {rate_hz} Hz")
     n = int(np.floor((t1_s - t0_s) * rate_hz + 1e-9))
-    return t0_s + np.arange(n + 1) / rate_hz
+    edges = np.arange(n + 1, dtype=np.float64)  # in place: grids can be millions of edges
+    edges /= rate_hz
+    edges += t0_s
+    return edges
 
 
 def span_s(view: SourceView) -> tuple[float, float]:

@@ -62,7 +62,7 @@ MIN_BLOCK_POINTS = 20
 SEARCH_POINTS = 20_000
 """Readings beyond which the (τ, w) search runs on every k-th reading and a coarser grid
 (``SEARCH_RATE_HZ``) and only its result is refined on all readings and the fine grid."""
-SEARCH_RATE_HZ = 100.0
+SEARCH_RATE_HZ = 50.0
 SEARCH_XATOL = 1e-3
 """How closely the search locates (τ in s, log w) before the refinement on the full data."""
 REFINE_FACTOR = 2.0
@@ -98,16 +98,27 @@ class _Ref:
         self.step_s = float(self.edges[-1] - self.edges[0]) / (self.edges.size - 1)
         self.has_holes = bool(self.cum_hole_s[-1] > 0)
         self._filled: FloatArray | None = None
+        # (value, step to the next edge) side by side: one memory access per lookup
+        self._cum_pairs = np.empty((self.cum_j.size - 1, 2))
+        self._cum_pairs[:, 0] = self.cum_j[:-1]
+        np.subtract(self.cum_j[1:], self.cum_j[:-1], out=self._cum_pairs[:, 1])
+
+    def _index(self, t: FloatArray) -> tuple[npt.NDArray[np.int64], FloatArray]:
+        """Grid bin of each time and the fraction of the bin before it (clamped to the grid)."""
+        pos = np.clip((t - self.edges[0]) / self.step_s, 0.0, self.edges.size - 1.0)
+        i = np.minimum(pos.astype(np.int64), self.edges.size - 2)
+        return i, pos - i
 
     def at(self, arr: FloatArray, t: FloatArray) -> FloatArray:
         """``arr`` (given at the edges) linearly interpolated at ``t``, held past the ends."""
-        pos = np.clip((t - self.edges[0]) / self.step_s, 0.0, self.edges.size - 1.0)
-        i = np.minimum(pos.astype(np.int64), self.edges.size - 2)
+        i, frac = self._index(t)
         lo = arr[i]
-        return np.asarray(lo + (pos - i) * (arr[i + 1] - lo), dtype=np.float64)
+        return np.asarray(lo + frac * (arr[i + 1] - lo), dtype=np.float64)
 
     def integral(self, t: FloatArray) -> FloatArray:
-        return self.at(self.cum_j, t)
+        i, frac = self._index(t)
+        pair = np.take(self._cum_pairs, i, axis=0)
+        return np.asarray(pair[:, 0] + frac * pair[:, 1], dtype=np.float64)
 
     def hole_s(self, a: FloatArray, b: FloatArray) -> FloatArray:
         """Seconds of reference gap inside each window [a, b]."""
@@ -155,7 +166,7 @@ class _Ref:
 def _boxcar(ref: _Ref, x: FloatArray, tau: float, w: float) -> FloatArray:
     """Mean over the covered part of each window; NaN where gaps exceed MAX_HOLE_FRAC."""
     a, b = x - tau - w, x - tau
-    covered = w - ref.hole_s(a, b)
+    covered = w - ref.hole_s(a, b) if ref.has_holes else w
     with np.errstate(invalid="ignore", divide="ignore"):
         m = (ref.integral(b) - ref.integral(a)) / covered
     return np.where(ref.bad(a, b, MAX_HOLE_FRAC), np.nan, m)
@@ -182,7 +193,7 @@ def _linear(m: FloatArray, y: FloatArray) -> tuple[float, float, float, int]:
     n = int(ok.sum())
     if n < 10:
         return math.nan, math.nan, math.inf, n
-    mm, yy = m[ok], y[ok]
+    mm, yy = (m, y) if n == m.size else (m[ok], y[ok])
     mc, yc = mm - mm.mean(), yy - yy.mean()
     var = float(mc @ mc)
     if var <= 0:
@@ -195,10 +206,12 @@ def _linear(m: FloatArray, y: FloatArray) -> tuple[float, float, float, int]:
 
 def _fit_kernel(kernel: str, ref: _Ref, x: FloatArray, y: FloatArray, d0: float,
                 *, start: tuple[float, float] | None = None, maxiter: int = 400,
-                search: bool = False) -> tuple[float, float, float]:
+                search: bool = False, simplex: tuple[float, float] = (0.01, 0.05)
+                ) -> tuple[float, float, float]:
     """Best (tau, width, mse) for one kernel: a coarse scan, then Nelder-Mead in (tau, log w).
 
-    ``search``: stop once (τ, log w) is known to ``SEARCH_XATOL`` (a start for refinement).
+    ``search``: stop once (τ, log w) is known to ``SEARCH_XATOL`` (a start for refinement);
+    ``simplex``: the first steps in τ and log w from each start.
     """
     model = MODELS[kernel]
     min_w = 2.0 * ref.step_s
@@ -225,8 +238,8 @@ def _fit_kernel(kernel: str, ref: _Ref, x: FloatArray, y: FloatArray, d0: float,
         res = minimize(cost, p0, method="Nelder-Mead",
                        options={"xatol": SEARCH_XATOL if search else 1e-5,
                                 "fatol": math.inf if search else 1e-10, "maxiter": maxiter,
-                                "initial_simplex": [p0, p0 + np.array([0.01, 0]),
-                                                    p0 + np.array([0, 0.05])]})
+                                "initial_simplex": [p0, p0 + np.array([simplex[0], 0]),
+                                                    p0 + np.array([0, simplex[1]])]})
         if res.fun < best[0]:
             best = (float(res.fun), res.x)
     return float(best[1][0]), math.exp(float(best[1][1])), best[0]
@@ -252,7 +265,8 @@ def _fit_kernels(kernels: tuple[str, ...], ref: _Ref, x: FloatArray, y: FloatArr
     fits = {}
     for k, (tau, w, mse) in found.items():
         if mse <= REFINE_FACTOR * best:
-            fits[k] = _fit_kernel(k, ref, x, y, d0, start=(tau, w))
+            fits[k] = _fit_kernel(k, ref, x, y, d0, start=(tau, w),
+                                  simplex=(2 * SEARCH_XATOL, 2 * SEARCH_XATOL))
         else:  # its error on all the data, at the searched point
             fits[k] = (tau, w, _linear(MODELS[k](ref, x, tau, w), y)[2])
     return fits
@@ -312,8 +326,11 @@ def _ref_grid(run: Run, view: SourceView, channel: str, span: tuple[float, float
     cum_raw = integrate_view(view, [channel], edges, bridges=False,
                              known_gaps_ns=known_gaps_ns(run, view.source_id))[0]
     means = bin_means(cum_raw)
-    dt = np.diff(edges)
     nan = ~np.isfinite(means)
+    if not nan.any():  # the running integral itself (fewer arrays of millions of bins)
+        return _Ref(edges, cum_raw.integral - cum_raw.integral[0], np.zeros(edges.size),
+                    means), cum_raw
+    dt = np.diff(edges)
     cum = np.concatenate(([0.0], np.cumsum(np.where(nan, 0.0, means) * dt)))
     cum_hole = np.concatenate(([0.0], np.cumsum(np.where(nan, dt, 0.0))))
     return _Ref(edges, cum, cum_hole, means), cum_raw

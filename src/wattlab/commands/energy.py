@@ -24,11 +24,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     # imported here: every verb's module is imported to build the parser, and its
     # dependencies (scipy) would otherwise cost every `wattlab` command their start-up time
-    from wattlab.analysis.calibration import load_record
     from wattlab.analysis.energy import energy_report, format_report
     from wattlab.analysis.run_file import Run
 
-    record = load_record(args.calibration) if args.calibration else None
+    record = None
+    if args.calibration:
+        from wattlab.analysis.calibration import load_record
+
+        record = load_record(args.calibration)
     with Run(args.run) as run_file:
         report = energy_report(run_file, by_marker=args.by_marker, reference=args.reference,
                                calibration=record)
