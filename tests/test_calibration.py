@@ -10,6 +10,7 @@ import pytest
 
 import wattlab
 from wattlab.acquisition.simulated_phases import schedule_phases
+from wattlab.analysis import calibration
 from wattlab.analysis.calibration import calibrate, load_from_run, load_record, store_in_run
 from wattlab.analysis.energy import energy_report
 from wattlab.analysis.importers import import_files
@@ -204,3 +205,26 @@ def test_calibration_json_is_strict_json(sim_run, capsys):
 def test_unknown_stream_is_a_usage_error(sim_run):
     assert main(["calibrate", str(sim_run), "--reference", "nope", "--target", "meter",
                  "--no-store"]) == 2
+
+
+@pytest.mark.parametrize(("target", "kernels"), [
+    ("gpu0.power:average_power_w", ("boxcar", "first_order")),
+    ("gpu0.power:instant_power_w", ("boxcar",)),  # part-time: 25 ms, below the search grid
+    ("gpu0.scaled", ("boxcar", "first_order")),
+])
+def test_a_long_recording_searched_on_a_subset_finds_the_same_fit(sim_run, monkeypatch,
+                                                                  target, kernels):
+    """Past SEARCH_POINTS readings the search runs on every k-th reading and a coarse grid,
+    then refines on everything: it must land where the full search does."""
+    with wattlab.open(str(sim_run)) as run:
+        full = calibrate(run, "meter", target, kernels=kernels)
+        monkeypatch.setattr(calibration, "SEARCH_POINTS", 60)  # ~400 readings: every 7th
+        searched = calibrate(run, "meter", target, kernels=kernels)
+    assert searched["kernel"] == full["kernel"]
+    width = "w_s" if "w_s" in full["params"] else "time_constant_s"
+    assert abs(_v(searched, "tau_s")[0] - _v(full, "tau_s")[0]) < 1e-3
+    assert abs(_v(searched, width)[0] / _v(full, width)[0] - 1) < 0.05
+    assert abs(_v(searched, "gain")[0] / _v(full, "gain")[0] - 1) < 0.01
+    assert abs(_v(searched, "effective_delay_s")[0] - _v(full, "effective_delay_s")[0]) < 1e-3
+    assert searched["fit"]["rmse_w"] < 1.01 * full["fit"]["rmse_w"] + 1e-9
+    assert searched["fit"]["blocks"] >= 3

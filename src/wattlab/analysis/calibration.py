@@ -98,15 +98,21 @@ class _Ref:
         self.step_s = float(self.edges[-1] - self.edges[0]) / (self.edges.size - 1)
         self.has_holes = bool(self.cum_hole_s[-1] > 0)
         self._filled: FloatArray | None = None
-        # (value, step to the next edge) side by side: one memory access per lookup
-        self._cum_pairs = np.empty((self.cum_j.size - 1, 2))
-        self._cum_pairs[:, 0] = self.cum_j[:-1]
-        np.subtract(self.cum_j[1:], self.cum_j[:-1], out=self._cum_pairs[:, 1])
+        # (value, step to the next edge) side by side: one memory access per lookup; the
+        # last edge's row (step 0) serves a time exactly at the end of the grid
+        self._cum_pairs = np.zeros((self.cum_j.size, 2))
+        self._cum_pairs[:, 0] = self.cum_j
+        np.subtract(self.cum_j[1:], self.cum_j[:-1], out=self._cum_pairs[:-1, 1])
 
     def _index(self, t: FloatArray) -> tuple[npt.NDArray[np.int64], FloatArray]:
         """Grid bin of each time and the fraction of the bin before it (clamped to the grid)."""
-        pos = np.clip((t - self.edges[0]) / self.step_s, 0.0, self.edges.size - 1.0)
-        i = np.minimum(pos.astype(np.int64), self.edges.size - 2)
+        pos = (t - self.edges[0]) / self.step_s
+        last = self.edges.size - 1
+        if pos.size and (pos.min() < 0 or pos.max() >= last):
+            np.clip(pos, 0.0, last, out=pos)
+            i = np.minimum(pos.astype(np.int64), last - 1)
+        else:
+            i = pos.astype(np.int64)
         return i, pos - i
 
     def at(self, arr: FloatArray, t: FloatArray) -> FloatArray:
@@ -481,11 +487,14 @@ def calibrate(
     per_block: list[tuple[float, float, float, float, float, float]] = []
     blocks = max(3, min(blocks, x.size // MIN_BLOCK_POINTS))
     bounds = np.linspace(lo_x, hi_x, blocks + 1)
-    stride = math.ceil(x.size / SEARCH_POINTS)
-    block_ref = ref if stride <= 1 else ref.decimated(
-        int(np.clip(round(0.1 * width / ref.step_s), 1, round(1 / (ref.step_s * SEARCH_RATE_HZ)))))
+    long_run = x.size > SEARCH_POINTS
+    block_ref = ref.decimated(int(np.clip(round(0.1 * width / ref.step_s), 1, round(
+        1 / (ref.step_s * SEARCH_RATE_HZ))))) if long_run else ref
+    per_block_points = max(MIN_BLOCK_POINTS, SEARCH_POINTS // blocks)
     for k in range(blocks):
-        sel = np.flatnonzero((x >= bounds[k]) & (x < bounds[k + 1]))[::stride]
+        sel = np.flatnonzero((x >= bounds[k]) & (x < bounds[k + 1]))
+        if long_run:
+            sel = sel[::max(1, sel.size // per_block_points)]
         if sel.size < MIN_BLOCK_POINTS:
             continue
         bt, bw, _ = _fit_kernel(kernel, block_ref, x[sel], y[sel], tau + centroid,
