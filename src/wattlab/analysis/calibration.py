@@ -59,10 +59,10 @@ MAX_HOLE_FRAC = 0.05
 """A kernel window may miss this fraction of reference (a meter's lost data) and still count."""
 MIN_BLOCK_POINTS = 20
 """Fewest readings per batch-means block; a short run gets fewer blocks (at least 3)."""
-SEARCH_POINTS = 20_000
+SEARCH_POINTS = 10_000
 """Readings beyond which the (τ, w) search runs on every k-th reading and a coarser grid
 (``SEARCH_RATE_HZ``) and only its result is refined on all readings and the fine grid."""
-SEARCH_RATE_HZ = 50.0
+SEARCH_RATE_HZ = 25.0
 SEARCH_XATOL = 1e-3
 """How closely the search locates (τ in s, log w) before the refinement on the full data."""
 REFINE_FACTOR = 2.0
@@ -483,13 +483,13 @@ def calibrate(
         d_energy = tau + centroid
 
     # batch means: refit on consecutive blocks; for a long recording on every k-th reading
-    # and a grid of ~width/10 steps (block estimates only need their spread)
+    # (and, for a first-order lag, whose filter runs over the whole grid, a grid of ~T/10)
     per_block: list[tuple[float, float, float, float, float, float]] = []
     blocks = max(3, min(blocks, x.size // MIN_BLOCK_POINTS))
     bounds = np.linspace(lo_x, hi_x, blocks + 1)
     long_run = x.size > SEARCH_POINTS
     block_ref = ref.decimated(int(np.clip(round(0.1 * width / ref.step_s), 1, round(
-        1 / (ref.step_s * SEARCH_RATE_HZ))))) if long_run else ref
+        1 / (ref.step_s * SEARCH_RATE_HZ))))) if long_run and kernel != "boxcar" else ref
     per_block_points = max(MIN_BLOCK_POINTS, SEARCH_POINTS // blocks)
     for k in range(blocks):
         sel = np.flatnonzero((x >= bounds[k]) & (x < bounds[k + 1]))
