@@ -7,7 +7,8 @@ The file is made with the real recorder (publisher processes -> bus -> recorder)
 stream `ps3` (8 float32 channels at 20 kHz) and an NVML-like `gpu0.power` stream (50 Hz,
 a 1 s average lagging 0.5 s). Each command then runs as its own process; wall time and
 peak memory (max RSS) are compared with the floor: one process reading every dataset of
-the file once, in chunks, with h5py.
+the file once, in chunks, with h5py. The three run in turn ``--repeat`` times (so load
+from other processes falls on all of them alike) and the median of each is reported.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import write_json
+from common import median, write_json
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
 from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
 from wattlab.sync.recorder import RecorderConfig
@@ -139,31 +140,44 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="60 s of data instead of 1 hour")
     parser.add_argument("--seconds", type=float)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each command (median)")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     seconds = args.seconds or (60.0 if args.quick else 3600.0)
     wattlab = [sys.executable, "-m", "wattlab.cli"]
     with tempfile.TemporaryDirectory(prefix="wattlab-scale-") as folder:
         path = str(Path(folder) / "hour.h5")
         make_s = make_file(path, seconds)
         size_gb = os.path.getsize(path) / 1e9
-        rows = {
-            "h5py: read every dataset once (floor)": timed([sys.executable, "-c", FLOOR, path]),
-            "wattlab energy": timed([*wattlab, "energy", path, "--json"]),
-            "wattlab calibrate": timed([*wattlab, "calibrate", path, "--reference",
-                                        "ps3:power_total_w", "--target",
-                                        "gpu0.power:average_power_w", "--no-store"]),
+        commands = {
+            "h5py: read every dataset once (floor)": [sys.executable, "-c", FLOOR, path],
+            "wattlab energy": [*wattlab, "energy", path, "--json"],
+            "wattlab calibrate": [*wattlab, "calibrate", path, "--reference",
+                                  "ps3:power_total_w", "--target",
+                                  "gpu0.power:average_power_w", "--no-store"],
         }
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in commands}
+        for _ in range(args.repeat):
+            for name, cmd in commands.items():
+                runs[name].append(timed(cmd))
+    rows = {name: {"seconds": median([r["seconds"] for r in rs]),
+                   "runs_s": [r["seconds"] for r in rs],
+                   "cpu_s": median([r["cpu_s"] for r in rs]),
+                   "peak_rss_mb": max(r["peak_rss_mb"] for r in rs)} for name, rs in runs.items()}
     floor_s = rows["h5py: read every dataset once (floor)"]["seconds"]
     values = int(seconds * RATE_HZ) * len(CHANNELS)
     print(f"analysis at scale: {seconds:g} s x 20 kHz x 8 channels = {values / 1e6:.0f} M "
           f"values, file {size_gb:.2f} GB, made by the recorder in {make_s:.1f} s")
-    print(f"{'command':<40} {'seconds':>8} {'x floor':>8} {'peak RSS MB':>12}")
+    print(f"{'command':<40} {'median s':>8} {'runs s':>18} {'x floor':>8} {'CPU s':>6} "
+          f"{'peak RSS MB':>12}")
     for name, r in rows.items():
-        print(f"{name:<40} {r['seconds']:>8.1f} {r['seconds'] / floor_s:>8.2f} "
-              f"{r['peak_rss_mb']:>12.0f}")
+        spread = f"{min(r['runs_s']):.2f}-{max(r['runs_s']):.2f}"
+        print(f"{name:<40} {r['seconds']:>8.2f} {spread:>18} {r['seconds'] / floor_s:>8.2f} "
+              f"{r['cpu_s']:>6.2f} {r['peak_rss_mb']:>12.0f}")
     write_json("analysis_scale", {"benchmark": "analysis_scale", "seconds_of_data": seconds,
                                   "values": values, "file_gb": size_gb, "make_s": make_s,
-                                  "rows": rows})
+                                  "repeat": args.repeat, "rows": rows})
     return 0
 
 

@@ -189,19 +189,21 @@ class StreamIntegral:
             raise RunFileError("stream time goes backwards; cannot integrate it")
         a = int(np.searchsorted(self._q, t[0], side="left"))
         b = int(np.searchsorted(self._q, t[-1], side="right"))
-        touches_gap = bool(np.any((self._gap_a < t[-1]) & (self._gap_b > t[0])))
+        # some recorded gap is open inside the chunk: more started before its end than ended
+        # by its start (the same count as per segment in ``_slow``)
+        touches_gap = int(np.searchsorted(self._gap_a, t[-1], side="left")) > int(
+            np.searchsorted(self._gap_b, t[0], side="right"))
         if dt_max > self.gap_limit or touches_gap:
             for c, col in enumerate(self.columns):
                 self._slow(c, t, dt, values[:, col], rows=(a, b))
             return
         uniform = dt_min == dt_max
         key = self._q[a:b]
-        if t.dtype.kind in "iu":  # t_k <= q  <=>  t_k <= floor(q) for integer times
+        integer = t.dtype.kind in "iu"
+        if integer:  # t_k <= q  <=>  t_k <= floor(q) for integer times
             key = np.floor(key).astype(np.int64)
-            if uniform and dt_min > 0:  # the sample at or before each query, by division
-                k = np.clip((key - t[0]) // dt_min, 0, t.size - 2)
-            else:
-                k = np.clip(np.searchsorted(t, key, side="right") - 1, 0, t.size - 2)
+        if integer and uniform and dt_min > 0:  # the sample at or before each query
+            k = np.clip((key - t[0]) // dt_min, 0, t.size - 2)
         else:
             k = np.clip(np.searchsorted(t, key, side="right") - 1, 0, t.size - 2)
         new = np.ones(k.size, dtype=bool)

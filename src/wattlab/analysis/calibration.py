@@ -25,8 +25,6 @@ from typing import Any
 import h5py
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import minimize, minimize_scalar
-from scipy.signal import lfilter
 
 from wattlab.analysis.alignment import (
     GAP_FACTOR,
@@ -181,6 +179,8 @@ def _boxcar(ref: _Ref, x: FloatArray, tau: float, w: float) -> FloatArray:
 def _first_order(ref: _Ref, x: FloatArray, tau: float, tc: float) -> FloatArray:
     alpha = math.exp(-ref.step_s / tc)
     means = ref.filled_means()
+    from scipy.signal import lfilter  # here: scipy costs ~1 s to import (see _fit_kernel)
+
     y, _ = lfilter([1 - alpha], [1, -alpha], means, zi=[alpha * means[0]])
     m = ref.at(np.concatenate((y[:1], y)), x - tau)  # y is the filter's output at bin ends
     return np.where(ref.bad(x - tau - 5 * tc, x - tau, MAX_HOLE_FRAC), np.nan, m)
@@ -219,6 +219,10 @@ def _fit_kernel(kernel: str, ref: _Ref, x: FloatArray, y: FloatArray, d0: float,
     ``search``: stop once (τ, log w) is known to ``SEARCH_XATOL`` (a start for refinement);
     ``simplex``: the first steps in τ and log w from each start.
     """
+    # scipy is imported where it is used: reading or applying a calibration record
+    # (`wattlab energy --calibration`) needs none of it, and it costs ~1 s to import
+    from scipy.optimize import minimize
+
     model = MODELS[kernel]
     min_w = 2.0 * ref.step_s
 
@@ -471,6 +475,8 @@ def calibrate(
             e_t = tgt_cum(win + 1.0 + d) - tgt_cum(win + d)
             r = (e_t - off) / gain - e_ref
             return float(np.nanmean(r * r))
+
+        from scipy.optimize import minimize_scalar
 
         res = minimize_scalar(cost, bounds=(d0 - 0.3, d0 + 0.3), method="bounded",
                               options={"xatol": 1e-5})
