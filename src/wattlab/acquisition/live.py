@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import h5py
 import numpy as np
 
 from wattlab.analysis.run_file import Run, SourceView
@@ -30,36 +29,6 @@ SPARK_WIDTH = 24
 SPARK_WINDOW_S = 12.0
 RATE_WINDOW_S = 2.0
 END_ATTR = "session_end_monotonic_ns"
-
-
-class _UnlockedRun(Run):
-    """A Run opened without an HDF5 file lock, so the writer can always reopen the file.
-
-    HDF5 reads ``HDF5_USE_FILE_LOCKING`` only once, when the library starts, so the lock
-    is switched off per file (h5py ``locking=False``) instead.
-    TODO(lead): drop this once ``Run`` takes ``locking=False`` itself.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        if not os.path.exists(path):
-            raise RunFileError(f"{path}: no such file")
-        try:
-            self._file = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
-        except OSError:
-            try:
-                self._file = h5py.File(path, "r", locking=False)
-            except OSError as e:
-                raise RunFileError(f"{path}: not a readable HDF5 file ({e})") from e
-        if "sources" not in self._file or "format_version" not in self._file.attrs:
-            self._file.close()
-            raise RunFileError(f"{path}: not a wattlab run file (yet)")
-        self.sources = {sid: SourceView(sid, grp) for sid, grp in self._file["sources"].items()}
-
-
-def open_unlocked(path: str) -> Run:
-    """Open a run for following without ever blocking the recorder (see _UnlockedRun)."""
-    return _UnlockedRun(path)
 
 
 def sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
@@ -185,7 +154,7 @@ class RunFollower:
             return self._run
         self.close()  # every handle must go for a fresh open to see the final attributes
         try:
-            self._run = open_unlocked(self.path)
+            self._run = Run(self.path)
         except (RunFileError, OSError):
             return None  # not created yet, or the recorder is between SWMR phases
         self._opened_at = time.monotonic()

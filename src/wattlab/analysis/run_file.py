@@ -181,11 +181,13 @@ class Run:
         if not os.path.exists(path):
             raise RunFileError(f"{path}: no such file")
         check_not_truncated(path)
+        # No HDF5 file lock: a reader (a live view, a test polling for rows) must never stop
+        # the recorder from reopening the file to add a source or write its final attributes.
         try:
-            self._file = h5py.File(path, "r", libver="latest", swmr=True)
+            self._file = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
         except OSError:
             try:
-                self._file = h5py.File(path, "r")
+                self._file = h5py.File(path, "r", locking=False)
             except OSError as e:
                 raise RunFileError(f"{path}: not a readable HDF5 file ({e})") from e
         if "sources" not in self._file or "format_version" not in self._file.attrs:
