@@ -142,3 +142,17 @@ def test_an_existing_run_file_is_never_overwritten(files: dict[str, Path], tmp_p
         assert main(argv) == 2
         assert "never overwrites" in capsys.readouterr().err
     assert hashlib.sha256(target.read_bytes()).hexdigest() == before
+
+
+def test_every_reader_opens_the_same_way_while_a_run_is_open(files: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    """HDF5 refuses a second handle whose locking flag differs; the report once hit that."""
+    import wattlab
+    from wattlab.analysis.calibration import load_from_run
+    from wattlab.analysis.report import build_report
+
+    with wattlab.open(str(files["good"])) as run:
+        assert load_from_run(str(files["good"])) == []
+        check_run_file(str(files["good"]))
+        build_report(str(files["good"]), str(tmp_path / "r.html"))
+        assert len(run.source("ref")) == 1000

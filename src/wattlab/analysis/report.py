@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import h5py
 import numpy as np
 import numpy.typing as npt
 from scipy.signal import lfilter
@@ -48,6 +47,7 @@ from wattlab.analysis.energy import (
     energy_streams,
     phases_from_markers,
 )
+from wattlab.analysis.h5_read import open_read_only
 from wattlab.analysis.models import (
     BOOST_MIN_WORKLOADS,
     CURVE_FITS,
@@ -535,11 +535,8 @@ def is_sweep_file(path: str) -> bool:
     with open(path, "rb") as f:
         if not f.read(8).startswith(b"\x89HDF"):
             return True
-    try:
-        with h5py.File(path, "r") as f:
-            return bool(f.attrs.get("format") == SWEEP_FORMAT)
-    except OSError as e:
-        raise RunFileError(f"{path}: not a readable HDF5 file ({e})") from e
+    with open_read_only(path, swmr=False) as f:
+        return bool(f.attrs.get("format") == SWEEP_FORMAT)
 
 
 def family_curves(table: SweepTable, workload: str, families: Sequence[str],

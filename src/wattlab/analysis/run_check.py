@@ -16,6 +16,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from wattlab.analysis.h5_read import open_read_only
 from wattlab.errors import RunFileError
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -96,8 +97,5 @@ def check_run_file(path: str, f: h5py.File | None = None) -> None:
     if f is not None:
         check_layout(path, f)
         return
-    try:
-        with h5py.File(path, "r", libver="latest", swmr=True) as opened:
-            check_layout(path, opened)
-    except OSError as e:
-        raise RunFileError(f"{path}: not a readable HDF5 file ({e})") from e
+    with open_read_only(path) as opened:
+        check_layout(path, opened)

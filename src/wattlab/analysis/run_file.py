@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
+from wattlab.analysis.h5_read import open_read_only
 from wattlab.analysis.run_check import check_layout, check_not_truncated
 from wattlab.errors import RunFileError
 
@@ -181,15 +182,7 @@ class Run:
         if not os.path.exists(path):
             raise RunFileError(f"{path}: no such file")
         check_not_truncated(path)
-        # No HDF5 file lock: a reader (a live view, a test polling for rows) must never stop
-        # the recorder from reopening the file to add a source or write its final attributes.
-        try:
-            self._file = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
-        except OSError:
-            try:
-                self._file = h5py.File(path, "r", locking=False)
-            except OSError as e:
-                raise RunFileError(f"{path}: not a readable HDF5 file ({e})") from e
+        self._file = open_read_only(path)
         if "sources" not in self._file or "format_version" not in self._file.attrs:
             self._file.close()
             raise RunFileError(f"{path}: not a wattlab run file (no /sources or format_version)")

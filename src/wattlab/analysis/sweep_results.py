@@ -32,6 +32,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
+from wattlab.analysis.h5_read import open_read_only
 from wattlab.analysis.run_file import Run, SourceView
 from wattlab.errors import RunFileError, UsageError
 
@@ -263,11 +264,7 @@ def _read_phases(path: str, group: h5py.Group, n_runs: int) -> PhaseTable:
 
 def read_sweep(path: str) -> SweepTable:
     """Read a sweep file written by ``write_sweep``."""
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise RunFileError(f"{path}: not a readable HDF5 file ({e})") from e
-    with f:
+    with open_read_only(path, swmr=False) as f:
         if f.attrs.get("format") != SWEEP_FORMAT or "runs" not in f:
             raise RunFileError(f"{path}: not a wattlab sweep file (format attribute "
                                f"{f.attrs.get('format')!r}, expected {SWEEP_FORMAT!r})")
