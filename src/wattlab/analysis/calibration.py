@@ -11,6 +11,8 @@ update period: the driver only observes w/P of the time (its *coverage*).
 Reference integrals come from a cumulative sum on a fine grid, so τ and w are continuous
 parameters (no grid quantisation); g and c are solved by least squares for each (τ, w).
 Uncertainties are batch means: the fit is repeated on ``blocks`` consecutive stretches.
+A long recording (more than ``SEARCH_POINTS`` readings) is searched on a subset and a
+coarser grid first, then refined on everything (``_fit_kernels``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from wattlab.analysis.energy import (
     phases_from_markers,
     stream_identity,
 )
+from wattlab.analysis.h5_read import open_read_only
 from wattlab.analysis.run_file import Run, SourceView
 from wattlab.errors import RunFileError, UsageError
 
@@ -261,8 +264,8 @@ def _fit_kernels(kernels: tuple[str, ...], ref: _Ref, x: FloatArray, y: FloatArr
 
     Why: each evaluation is a pass over the readings (and for a first-order lag a filter
     pass over the grid), so a full search over an hour of 50 Hz readings against a 1 kHz
-    grid takes tens of seconds. The search on every k-th reading and a ~100 Hz grid finds
-    the basin; Nelder-Mead on all readings and the fine grid then refines it to the same
+    grid takes tens of seconds. The search on every k-th reading and a ``SEARCH_RATE_HZ``
+    grid finds the basin; Nelder-Mead on all readings and the fine grid then refines it to the same
     optimum. A kernel whose searched fit is far worse than the best is not refined.
     """
     stride = math.ceil(x.size / SEARCH_POINTS)
@@ -637,7 +640,7 @@ def store_in_run(path: str, record: dict[str, Any]) -> str:
 def load_from_run(path: str) -> list[dict[str, Any]]:
     """Calibration records stored in a run file."""
     out: list[dict[str, Any]] = []
-    with h5py.File(path, "r") as f:
+    with open_read_only(path) as f:
         group = f.get("analysis/calibration")
         if group is None:
             return out

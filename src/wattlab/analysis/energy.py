@@ -1,11 +1,12 @@
 """Energy and mean power per source and per phase, with intervals that account for gaps.
 
 Why: "how many joules did this phase take" must never hide missing data. Power streams are
-integrated (trapezoids) one chunk at a time; a gap (a hole longer than ``GAP_FACTOR``
-median spacings, non-finite values, or a gap the recorder wrote) is not bridged: its time is
-reported as uncovered and the energy interval widens by the uncovered time times the range
-of power seen in the phase. Energy counters (J channels) are differenced at the phase edges.
-A calibration record turns an NVML stream's energy into a reference-equivalent estimate.
+integrated (trapezoids) one chunk at a time, every W channel of a source in the same pass;
+a gap (a hole longer than ``GAP_FACTOR`` median spacings, non-finite values, or a gap the
+recorder wrote) is not bridged: its time is reported as uncovered and the energy interval
+widens by the uncovered time times the range of power seen in the phase. Energy counters
+(J channels) are differenced at the phase edges. A calibration record turns an NVML
+stream's energy into a reference-equivalent estimate.
 """
 
 from __future__ import annotations
