@@ -371,7 +371,8 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
         ref_rows = {r.phase: r for r in rows if (r.source, r.channel) == ref_key}
         for r in rows:
             ref = ref_rows.get(r.phase)
-            if ref is None or ref is r or not ref.energy_j:
+            # the reference meter's own other channels (its rails) are parts, not rivals
+            if ref is None or r.source == ref.source or not ref.energy_j:
                 continue
             if r.energy_j is not None:
                 r.error_pct = 100 * (r.energy_j - ref.energy_j) / ref.energy_j
