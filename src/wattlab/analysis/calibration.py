@@ -622,7 +622,7 @@ def store_in_run(path: str, record: dict[str, Any]) -> str:
     """
     where = record_path(record)
     try:
-        with h5py.File(path, "r+") as f:
+        with h5py.File(path, "r+", locking=False) as f:
             if where in f:
                 del f[where]
             group = f.require_group(where)

@@ -3,7 +3,9 @@
 Without a file lock, so that no reader (a live view, an analysis of a file still being
 recorded) can stop the recorder from reopening the file; and the same way everywhere,
 because HDF5 refuses a second handle on a file whose locking flag differs from the first
-("file locking flag values don't match").
+("file locking flag values don't match") — which is why the writers (sync/run_writer.py,
+calibration records, sweep files) open without a lock too. A second writer is kept out by
+O_EXCL creation instead: only the session's own supervisor ever reopens a run to write.
 """
 
 from __future__ import annotations

@@ -201,7 +201,7 @@ def write_sweep(path: str, table: SweepTable, attrs: dict[str, Any] | None = Non
     fd, tmp = tempfile.mkstemp(suffix=".h5.tmp", dir=folder)
     os.close(fd)
     try:
-        with h5py.File(tmp, "w") as f:
+        with h5py.File(tmp, "w", locking=False) as f:
             root = {"format": SWEEP_FORMAT, "format_version": SWEEP_FORMAT_VERSION,
                     "x_name": table.x_name, "energy_source": table.energy_source,
                     "default_x": np.nan if table.default_x is None else table.default_x,

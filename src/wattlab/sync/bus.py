@@ -32,6 +32,8 @@ DEFAULT_WINDOW_BYTES = 16 * 1024 * 1024
 # no durable ack for this long while the window is full: say hello (a restarted recorder
 # learns who has its streams, and asks for what it lacks)
 STALL_HELLO_S = 1.0
+# how often a publisher that is only coalescing looks for the recorder's requests
+SERVE_EVERY_S = 0.01
 _ENDPOINT_SECURITY: dict[str, ClientSecurity] = {}
 
 
@@ -150,6 +152,7 @@ class BusPublisher:
         self.dropped_rows = 0
         self.resent_batches = 0
         self._last_progress = time.monotonic()
+        self._next_serve_s = 0.0
         self._last_hello = 0.0
 
     # ---- sending ---------------------------------------------------------------------------
@@ -302,7 +305,10 @@ class BusPublisher:
             self._queue_batch(item)
         if ready or self._outbox:
             self._pump()
-        else:
+        elif time.monotonic() >= self._next_serve_s:
+            # a batch held for coalescing sends nothing: look for requests now and then,
+            # not on every batch (a poll is a system call; acks come per flush anyway)
+            self._next_serve_s = time.monotonic() + SERVE_EVERY_S
             self.serve_requests()
 
     def flush(self) -> None:

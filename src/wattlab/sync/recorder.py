@@ -45,6 +45,8 @@ MAX_HELD_PER_HOST = 10_000
 MAX_ANNOUNCED_SOURCES = 1000
 REMOTE_CONTROL = ("sync", "hello")
 RECV_HWM = 10_000
+# kernel socket buffer: large messages cross in fewer system calls and wake-ups
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 FLUSH_BYTES = 8 * 1024 * 1024  # flush early past this much, so replay windows keep moving
 RESEND_TIMEOUT_S = 2.0  # a resumed source that does not resend in time: the hole is a gap
 MAX_HELD_ROWS = 4_000_000
@@ -108,6 +110,7 @@ class Recorder:
         self._context = context or zmq.Context.instance()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.RCVHWM, RECV_HWM)
+        self._socket.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
         self._socket.setsockopt(zmq.LINGER, 1000)
         self._remote: zmq.Socket[Any] | None = None
         self._remote_context: zmq.Context[Any] | None = None

@@ -100,6 +100,7 @@ class _ChunkColumn:
         if self._fill:  # a resumed file: carry on its partial last chunk
             self._buf[: self._fill] = ds[self._base : rows]
         self._on_disk = self._fill  # rows of the staged chunk already in the file
+        self._extent = rows  # the dataset's length, kept here: asking HDF5 costs a call
 
     @property
     def rows(self) -> int:
@@ -132,14 +133,17 @@ class _ChunkColumn:
         """The staged rows not yet on disk to disk; the extent to exactly the rows held."""
         if self._fill > self._on_disk:
             start, end = self._base + self._on_disk, self._base + self._fill
-            self.ds.resize(end, axis=0)
+            self._resize(end)
             self.ds[start:end] = self._buf[self._on_disk : self._fill]
             self._on_disk = self._fill
 
+    def _resize(self, rows: int) -> None:
+        if rows != self._extent:
+            self.ds.resize(rows, axis=0)
+            self._extent = rows
+
     def _write(self, start: int, chunk: npt.NDArray[Any]) -> None:
-        end = start + self.chunk_rows
-        if self.ds.shape[0] != end:
-            self.ds.resize(end, axis=0)
+        self._resize(start + self.chunk_rows)
         self.ds.id.write_direct_chunk((start,) + (0,) * (chunk.ndim - 1), chunk)
 
 
@@ -191,7 +195,7 @@ class RunFileWriter:
         self.path = path
         self.session_start_ns = session_start_ns
         try:
-            self._file = h5py.File(path, "x", libver="latest")
+            self._file = h5py.File(path, "x", libver="latest", locking=False)
         except (OSError, ValueError) as e:
             raise UsageError(f"{path}: cannot create run file: {e}") from e
         for key, value in root_attrs.items():
@@ -230,7 +234,7 @@ class RunFileWriter:
         self.path = path
         self.session_start_ns = session_start_ns
         try:
-            self._file = h5py.File(path, "r+", libver="latest")
+            self._file = h5py.File(path, "r+", libver="latest", locking=False)
         except OSError as e:
             raise RunFileError(f"{path}: cannot reopen for writing: {e}") from e
         try:
@@ -338,7 +342,7 @@ class RunFileWriter:
         self.flush()
         self._file.close()
         try:
-            self._file = h5py.File(self.path, "r+", libver="latest")
+            self._file = h5py.File(self.path, "r+", libver="latest", locking=False)
         except OSError as e:
             raise RunFileError(f"{self.path}: could not reopen to add a source: {e}") from e
         for source_id in self._descriptors:
@@ -436,7 +440,7 @@ class RunFileWriter:
         self._file.close()
         if not (final_attrs or sync or remaps or fit_device_clocks):
             return
-        with h5py.File(self.path, "r+", libver="latest") as f:
+        with h5py.File(self.path, "r+", libver="latest", locking=False) as f:
             for key, value in (final_attrs or {}).items():
                 f.attrs[key] = value
             for host, (rows, attrs) in (sync or {}).items():
