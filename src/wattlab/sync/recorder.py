@@ -412,16 +412,20 @@ class Recorder:
             t_next = self._first_time(state, item)
             self._record_gap(state, state.next_seq, seq - 1, t_next, reason)
         state.next_seq = last_seq + 1
+        self._accept(state, item)
+        if state.held:
+            self._release(state)
+        if not state.held and state.resync:
+            self._settled(state)
+
+    def _accept(self, state: _SourceState, item: SampleBatch | Gap) -> None:
+        """The next item in sequence: rows to write, or a gap that stands for batches."""
         if isinstance(item, SampleBatch):
             self._take_rows(state, item)
         else:
             self._gaps.append(item)
             state.gaps += 1
             state.samples_lost += max(item.samples_lost, 0)
-        if state.held:
-            self._release(state)
-        if not state.held and state.resync:
-            self._settled(state)
 
     def _first_time(self, state: _SourceState, item: SampleBatch | Gap) -> int:
         if isinstance(item, Gap):
@@ -456,12 +460,7 @@ class Recorder:
                 state.duplicates += isinstance(item, SampleBatch)
                 continue
             state.next_seq = last + 1
-            if isinstance(item, SampleBatch):
-                self._take_rows(state, item)
-            else:
-                self._gaps.append(item)
-                state.gaps += 1
-                state.samples_lost += max(item.samples_lost, 0)
+            self._accept(state, item)
 
     def _settled(self, state: _SourceState) -> None:
         state.resync = False
