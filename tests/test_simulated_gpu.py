@@ -291,3 +291,45 @@ def test_cap_below_reach_of_lowest_clock_runs_at_lowest_clock() -> None:
     g.set_power_limit_w(200.0)
     assert g.sm_clock_mhz(S) == 800
     assert g.mean_power_w(S, 2 * S) > 200.0  # the hardware cannot go lower
+
+
+# ---------------------------------------------------------------- bounded history
+
+
+def test_short_history_gives_the_same_waveform_with_flat_memory() -> None:
+    sched = WorkloadSchedule.demo(4, 120.0)
+    full, short = make_gpu(sched), make_gpu(sched, history_s=5.0)
+    sizes = []
+    for second in range(1, 121):  # two minutes, asked for as a reader would: near "now"
+        t = second * S
+        assert short.energy_mj(t) == full.energy_mj(t)
+        assert short.temperature_c(t - S // 3) == full.temperature_c(t - S // 3)
+        np.testing.assert_array_equal(short.power_samples(t)[1], full.power_samples(t)[1])
+        sizes.append(short._cum_e.nbytes + short._clk.nbytes + 8 * len(short._temps_c))
+    assert max(sizes[60:]) <= max(sizes[:60])  # no growth in the second minute
+    assert sizes[-1] < 0.2 * (full._cum_e.nbytes + full._clk.nbytes)
+
+
+def test_asking_for_a_time_older_than_the_history_says_so() -> None:
+    g = make_gpu(WorkloadSchedule.demo(4, 30.0), history_s=5.0)
+    g.true_energy_j(59 * S, 60 * S)
+    with pytest.raises(UsageError, match="keeps the last 5 s"):
+        g.true_energy_j(10 * S, 60 * S)
+    with pytest.raises(UsageError, match="keeps the last 5 s"):
+        g.temperature_c(10 * S)
+
+
+def test_held_history_keeps_a_long_run_exact() -> None:
+    sched = WorkloadSchedule.demo(4, 30.0)
+    full, short = make_gpu(sched), make_gpu(sched, history_s=5.0)
+    short.true_energy_j(9 * S, 10 * S)
+    short.hold_history_from(10 * S + 123)
+    for second in range(11, 80):
+        short.true_power_w(second * S)
+    assert short.true_energy_j(10 * S + 123, 79 * S) == full.true_energy_j(10 * S + 123, 79 * S)
+    assert short.work_done(10 * S + 123, 79 * S) == full.work_done(10 * S + 123, 79 * S)
+    short.hold_history_from(None)
+    for second in range(80, 400):  # past what the grown arrays hold: the old part goes
+        short.true_power_w(second * S)
+    with pytest.raises(UsageError):
+        short.true_energy_j(10 * S + 123, 399 * S)

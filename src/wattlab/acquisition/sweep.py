@@ -211,6 +211,7 @@ class _SimulatedWork:
         if self.begin_ns is None:
             self.begin_ns = now - round(elapsed_s * 1e9)
             self._checked_ns = self.begin_ns
+            self.gpu.hold_history_from(self.begin_ns)  # the run's work and energy, however long
         if self.finish_ns is None and self.gpu.work_done(self.begin_ns, now) >= self.work_s:
             lo, hi = self._checked_ns, now  # the work rate is piecewise constant: bisect
             while hi - lo > 100_000:
@@ -403,6 +404,7 @@ def _one_run(plan: SweepPlan, driver: NvmlDriver, folder: Path, x: float, rep: i
     if work is not None and work.begin_ns is not None and runtime is not None:
         energies["true"] = float(sim_gpu.true_energy_j(work.begin_ns,
                                                        work.begin_ns + round(runtime * 1e9)))
+        sim_gpu.hold_history_from(None)
     return RunResult(x, rep, status, runtime_s, energies, state.get("sm_clock_mhz", math.nan),
                      state.get("mem_clock_mhz", math.nan), state.get("power_limit_w", math.nan),
                      path, code)

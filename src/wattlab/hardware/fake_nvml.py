@@ -52,7 +52,7 @@ class FakeNvml:
         self.nvml_version = nvml_version
         self.init_error = init_error
         self.init_count = 0
-        self.calls: list[str] = []  # names of calls made, so tests can check what was used
+        self.calls: set[str] = set()  # which calls were made (a set: flat over hours)
 
     # ------------------------------------------------------------------ library
 
@@ -62,7 +62,7 @@ class FakeNvml:
 
     def nvmlInitWithFlags(self, flags: int) -> None:
         """Start the library; ``init_error`` simulates a machine without the driver."""
-        self.calls.append("nvmlInit")
+        self.calls.add("nvmlInit")
         if self.init_error is not None:
             raise _err(self.init_error)
         self.init_count += 1
@@ -73,7 +73,7 @@ class FakeNvml:
         self.init_count -= 1
 
     def _check_init(self, name: str) -> None:
-        self.calls.append(name)
+        self.calls.add(name)
         if self.init_count <= 0:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
 

@@ -31,6 +31,7 @@ IntArray = npt.NDArray[np.int64]
 
 MS_NS = 1_000_000
 BLOCK_MS = 1000  # the grid is computed lazily, one second at a time
+HISTORY_S = 120.0  # how much of the past the grid keeps (an hours-long session stays flat)
 
 
 # --------------------------------------------------------------------------- schedule
@@ -236,6 +237,7 @@ class SimulatedGpu:
         model: GpuModel | None = None,
         unsupported: Collection[str] = (),
         settable: bool = True,
+        history_s: float = HISTORY_S,
     ) -> None:
         self.index = index
         self.seed = seed
@@ -274,9 +276,15 @@ class SimulatedGpu:
         self._mem_max = float(max(m.mem_clocks_mhz))
         self._lock = threading.RLock()
         self._n = 0  # ms bins computed
-        self._cum_e = np.zeros(1 + 4 * BLOCK_MS)  # J at bin edges
+        # the grid holds bins [_base, _n): array index = bin - _base; older bins are dropped
+        self._history_bins = max(BLOCK_MS, round(history_s * 1e3))
+        self._base = 0
+        self._hold_bin: int | None = None  # never drop this bin or later ones
+        self._cum_e = np.zeros(1 + 4 * BLOCK_MS)  # J since start, at bin edges
         self._cum_work = np.zeros(1 + 4 * BLOCK_MS)  # full-speed busy seconds at bin edges
         self._clk = np.zeros(4 * BLOCK_MS, dtype=np.uint16)
+        # temperature at the start of each whole second from _temps_base on
+        self._temps_base = 0
         self._temps_c: list[float] = [m.ambient_c + m.thermal_resistance_c_per_w * m.idle_w]
 
     # ------------------------------------------------------------------ settings
@@ -356,7 +364,21 @@ class SimulatedGpu:
         k_now = max(0, math.ceil((self.clock_ns() - self.start_ns) / MS_NS))
         self._ensure(k_now)  # the past is computed with the old settings
         self._n = k_now
-        del self._temps_c[k_now // BLOCK_MS + 1 :]
+        del self._temps_c[k_now // BLOCK_MS + 1 - self._temps_base :]
+
+    def hold_history_from(self, t_ns: int | None) -> None:
+        """Keep the waveform from ``t_ns`` on, however old it gets (None: release).
+
+        A sweep run asks for its true energy and work since the run began, which may be
+        longer ago than the history the grid keeps.
+        """
+        with self._lock:
+            if t_ns is None:
+                self._hold_bin = None
+                return
+            k = int(np.floor(self._rel_ms([t_ns])[0]))
+            self._check_kept(k, t_ns)
+            self._hold_bin = k
 
     # ------------------------------------------------------------------ the grid
 
@@ -369,22 +391,49 @@ class SimulatedGpu:
         out, _ = lfilter([gain], [1.0, -rho], white[1:], zi=[rho * white[0]])
         return np.asarray(out, dtype=np.float64)
 
+    def _check_kept(self, k_min: int, t_ns: Any) -> None:
+        if k_min < self._base:
+            raise UsageError(
+                f"simulated GPU {self.index}: time {t_ns} ns is {(self._n - k_min) / 1e3:.1f} s "
+                f"back; the simulator keeps the last {self._history_bins / 1e3:g} s of its "
+                "waveform (hold_history_from keeps more)")
+
+    def _make_room(self, e: int) -> None:
+        """Room for bins up to ``e``: drop bins older than the history, or grow the arrays."""
+        if e + 1 - self._base <= self._cum_e.shape[0]:
+            return
+        keep = (self._n - self._history_bins) // BLOCK_MS * BLOCK_MS
+        if self._hold_bin is not None:
+            keep = min(keep, self._hold_bin // BLOCK_MS * BLOCK_MS)
+        if keep > self._base:
+            self._advance_temps(keep // BLOCK_MS)  # needs the bins about to go
+            del self._temps_c[: keep // BLOCK_MS - self._temps_base]
+            self._temps_base = keep // BLOCK_MS
+            cut, n = keep - self._base, self._n - self._base
+            for name in ("_cum_e", "_cum_work"):
+                arr = getattr(self, name)
+                arr[: n - cut + 1] = arr[cut : n + 1].copy()
+            self._clk[: n - cut] = self._clk[cut:n].copy()
+            self._base = keep
+        if e + 1 - self._base > self._cum_e.shape[0]:
+            size = max(2 * self._cum_e.shape[0], e + 1 - self._base)
+            n = self._n - self._base
+            for name in ("_cum_e", "_cum_work"):
+                grown = np.zeros(size)
+                grown[: n + 1] = getattr(self, name)[: n + 1]
+                setattr(self, name, grown)
+            clk = np.zeros(size - 1, dtype=np.uint16)
+            clk[:n] = self._clk[:n]
+            self._clk = clk
+
     def _ensure(self, k_end: int) -> None:
-        """Compute the waveform for bins [0, k_end)."""
+        """Compute the waveform for bins [_n, k_end)."""
         m = self.model
         while self._n < k_end:
             n = self._n
             block = n // BLOCK_MS
             e = (block + 1) * BLOCK_MS
-            if e + 1 > self._cum_e.shape[0]:
-                size = max(2 * self._cum_e.shape[0], e + 1)
-                for name in ("_cum_e", "_cum_work"):
-                    grown = np.zeros(size)
-                    grown[: n + 1] = getattr(self, name)[: n + 1]
-                    setattr(self, name, grown)
-                clk = np.zeros(size - 1, dtype=np.uint16)
-                clk[:n] = self._clk[:n]
-                self._clk = clk
+            self._make_room(e)
             k = np.arange(n, e, dtype=np.float64)
             u = np.diff(self.schedule.integral(np.append(k, e) * 1e-3)) * 1e3
             f_top = self._f_max
@@ -403,27 +452,37 @@ class SimulatedGpu:
             noise = self._noise(block)[n - block * BLOCK_MS :]
             ripple = (m.ripple_frac * dyn + m.ripple_floor_w) * noise
             power = np.maximum(base + dyn + ripple, 0.0)
-            self._cum_e[n + 1 : e + 1] = self._cum_e[n] + np.cumsum(power) * 1e-3
+            i, j = n - self._base, e - self._base
+            self._cum_e[i + 1 : j + 1] = self._cum_e[i] + np.cumsum(power) * 1e-3
             # the memory-bound share of the work slows with the memory clock
             slow = 1.0 + m.mem_bound_frac * (1.0 / mem_ratio - 1.0)
             work = np.cumsum(u * f / self._f_max / slow) * 1e-3
-            self._cum_work[n + 1 : e + 1] = self._cum_work[n] + work
+            self._cum_work[i + 1 : j + 1] = self._cum_work[i] + work
             nearest = np.searchsorted(self._clocks_asc, f)
             lower = np.clip(nearest - 1, 0, len(self._clocks_asc) - 1)
             upper = np.clip(nearest, 0, len(self._clocks_asc) - 1)
             pick = np.where(f - self._clocks_asc[lower] < self._clocks_asc[upper] - f, lower, upper)
-            self._clk[n:e] = self._clocks_asc[pick].astype(np.uint16)
+            self._clk[i:j] = self._clocks_asc[pick].astype(np.uint16)
             self._n = e
 
     def _rel_ms(self, t_ns: npt.ArrayLike) -> FloatArray:
         return np.maximum((np.asarray(t_ns, dtype=np.float64) - self.start_ns) / MS_NS, 0.0)
 
-    def _cumulative(self, arr_name: str, t_ns: npt.ArrayLike) -> FloatArray:
-        """Exact running integral at times t: the grid is piecewise constant in each bin."""
+    def _kept_bins(self, t_ns: npt.ArrayLike) -> tuple[FloatArray, IntArray]:
+        """(time in ms since start, array index of its bin), the grid computed that far.
+
+        Call with the lock held.
+        """
         x = self._rel_ms(t_ns)
         k = np.floor(x).astype(np.int64)
+        self._ensure(int(k.max(initial=0)) + 1)
+        self._check_kept(int(k.min(initial=self._base)), t_ns)
+        return x - self._base, k - self._base
+
+    def _cumulative(self, arr_name: str, t_ns: npt.ArrayLike) -> FloatArray:
+        """Exact running integral since start at times t: each bin is piecewise constant."""
         with self._lock:
-            self._ensure(int(k.max(initial=0)) + 1)
+            x, k = self._kept_bins(t_ns)
             cum = getattr(self, arr_name)
             return np.asarray(cum[k] + (cum[k + 1] - cum[k]) * (x - k), dtype=np.float64)
 
@@ -431,9 +490,8 @@ class SimulatedGpu:
 
     def true_power_w_array(self, t_ns: npt.ArrayLike) -> FloatArray:
         """True power at each time: the value of its 1 ms bin."""
-        k = np.floor(self._rel_ms(t_ns)).astype(np.int64)
         with self._lock:
-            self._ensure(int(k.max(initial=0)) + 1)
+            k = self._kept_bins(t_ns)[1]
             return np.asarray((self._cum_e[k + 1] - self._cum_e[k]) * 1e3, dtype=np.float64)
 
     def true_power_w(self, t_ns: int) -> float:
@@ -458,10 +516,8 @@ class SimulatedGpu:
 
     def sm_clock_mhz_array(self, t_ns: npt.ArrayLike) -> FloatArray:
         """SM clock (MHz, a supported clock) at each time."""
-        k = np.floor(self._rel_ms(t_ns)).astype(np.int64)
         with self._lock:
-            self._ensure(int(k.max(initial=0)) + 1)
-            return self._clk[k].astype(np.float64)
+            return self._clk[self._kept_bins(t_ns)[1]].astype(np.float64)
 
     def sm_clock_mhz(self, t_ns: int) -> int:
         """SM clock (MHz) at one time."""
@@ -476,19 +532,25 @@ class SimulatedGpu:
         m = self.model
         x_s = max(0.0, (t_ns - self.start_ns) * 1e-9)
         whole = int(x_s)
-        decay = math.exp(-1.0 / m.thermal_tau_s)
         with self._lock:
-            while len(self._temps_c) <= whole:
-                j = len(self._temps_c) - 1
-                p = self._mean_power_rel_s(j, j + 1)
-                t_ss = m.ambient_c + m.thermal_resistance_c_per_w * p
-                self._temps_c.append(t_ss + (self._temps_c[j] - t_ss) * decay)
-            t0 = self._temps_c[whole]
+            self._advance_temps(whole)
+            self._check_kept(whole * BLOCK_MS, t_ns)  # older than the history: says so
+            t0 = self._temps_c[whole - self._temps_base]
         dt = x_s - whole
         if dt <= 0:
             return t0
         t_ss = m.ambient_c + m.thermal_resistance_c_per_w * self._mean_power_rel_s(whole, x_s)
         return t_ss + (t0 - t_ss) * math.exp(-dt / m.thermal_tau_s)
+
+    def _advance_temps(self, whole: int) -> None:
+        """Temperatures at the start of every second up to ``whole`` (lock held)."""
+        m = self.model
+        decay = math.exp(-1.0 / m.thermal_tau_s)
+        while self._temps_base + len(self._temps_c) <= whole:
+            j = self._temps_base + len(self._temps_c) - 1
+            p = self._mean_power_rel_s(j, j + 1)
+            t_ss = m.ambient_c + m.thermal_resistance_c_per_w * p
+            self._temps_c.append(t_ss + (self._temps_c[-1] - t_ss) * decay)
 
     def _mean_power_rel_s(self, a_s: float, b_s: float) -> float:
         a = self.start_ns + round(a_s * 1e9)
@@ -559,7 +621,8 @@ class SimulatedGpu:
         u = self.last_update_ns(now_ns)
         if u is None:
             return self.energy_offset_mj
-        return self.energy_offset_mj + math.floor(self.true_energy_j(self.start_ns, u) * 1e3)
+        since_start_j = float(self._cumulative("_cum_e", np.array([u]))[0])
+        return self.energy_offset_mj + math.floor(since_start_j * 1e3)
 
     def utilisation_pct(self, now_ns: int) -> tuple[int, int]:
         """(gpu %, memory %) averaged over the last 100 ms update period."""
