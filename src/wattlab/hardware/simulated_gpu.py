@@ -517,7 +517,8 @@ class SimulatedGpu:
     def sm_clock_mhz_array(self, t_ns: npt.ArrayLike) -> FloatArray:
         """SM clock (MHz, a supported clock) at each time."""
         with self._lock:
-            return self._clk[self._kept_bins(t_ns)[1]].astype(np.float64)
+            k = self._kept_bins(t_ns)[1]  # first: it may replace the arrays
+            return self._clk[k].astype(np.float64)
 
     def sm_clock_mhz(self, t_ns: int) -> int:
         """SM clock (MHz) at one time."""
