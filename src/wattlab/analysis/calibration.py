@@ -48,7 +48,9 @@ from wattlab.analysis.energy import (
     phases_from_markers,
     stream_identity,
 )
+from wattlab.analysis.first_order_filter import first_order_filter
 from wattlab.analysis.h5_read import open_read_only
+from wattlab.analysis.minimise import golden_section, nelder_mead
 from wattlab.analysis.run_file import Run, SourceView
 from wattlab.errors import RunFileError, UsageError
 
@@ -182,9 +184,7 @@ def _boxcar(ref: _Ref, x: FloatArray, tau: float, w: float) -> FloatArray:
 def _first_order(ref: _Ref, x: FloatArray, tau: float, tc: float) -> FloatArray:
     alpha = math.exp(-ref.step_s / tc)
     means = ref.filled_means()
-    from scipy.signal import lfilter  # here: scipy costs ~1 s to import (see _fit_kernel)
-
-    y, _ = lfilter([1 - alpha], [1, -alpha], means, zi=[alpha * means[0]])
+    y = first_order_filter(means, alpha, 1 - alpha, means[0])
     m = ref.at(np.concatenate((y[:1], y)), x - tau)  # y is the filter's output at bin ends
     return np.where(ref.bad(x - tau - 5 * tc, x - tau, MAX_HOLE_FRAC), np.nan, m)
 
@@ -222,10 +222,6 @@ def _fit_kernel(kernel: str, ref: _Ref, x: FloatArray, y: FloatArray, d0: float,
     ``search``: stop once (τ, log w) is known to ``SEARCH_XATOL`` (a start for refinement);
     ``simplex``: the first steps in τ and log w from each start.
     """
-    # scipy is imported where it is used: reading or applying a calibration record
-    # (`wattlab energy --calibration`) needs none of it, and it costs ~1 s to import
-    from scipy.optimize import minimize
-
     model = MODELS[kernel]
     min_w = 2.0 * ref.step_s
 
@@ -248,13 +244,12 @@ def _fit_kernel(kernel: str, ref: _Ref, x: FloatArray, y: FloatArray, d0: float,
         starts = [np.array([start[0], math.log(start[1])])]
     best = (math.inf, np.array([d0, math.log(min_w)]))
     for p0 in starts:
-        res = minimize(cost, p0, method="Nelder-Mead",
-                       options={"xatol": SEARCH_XATOL if search else 1e-5,
-                                "fatol": math.inf if search else 1e-10, "maxiter": maxiter,
-                                "initial_simplex": [p0, p0 + np.array([simplex[0], 0]),
-                                                    p0 + np.array([0, simplex[1]])]})
-        if res.fun < best[0]:
-            best = (float(res.fun), res.x)
+        x_min, f_min = nelder_mead(
+            cost, [p0, p0 + np.array([simplex[0], 0]), p0 + np.array([0, simplex[1]])],
+            xatol=SEARCH_XATOL if search else 1e-5, fatol=math.inf if search else 1e-10,
+            maxiter=maxiter)
+        if f_min < best[0]:
+            best = (f_min, x_min)
     return float(best[1][0]), math.exp(float(best[1][1])), best[0]
 
 
@@ -479,11 +474,7 @@ def calibrate(
             r = (e_t - off) / gain - e_ref
             return float(np.nanmean(r * r))
 
-        from scipy.optimize import minimize_scalar
-
-        res = minimize_scalar(cost, bounds=(d0 - 0.3, d0 + 0.3), method="bounded",
-                              options={"xatol": 1e-5})
-        return float(res.x)
+        return golden_section(cost, d0 - 0.3, d0 + 0.3, xatol=1e-5)
 
     # the target must cover every shifted window [a + d, b + d] (d within ±0.3 s of d0)
     tgt_end = float(x_all[-1]) - tau - centroid - 0.35

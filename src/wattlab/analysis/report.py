@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy.signal import lfilter
 
 from wattlab.analysis import plots
 from wattlab.analysis.alignment import (
@@ -47,6 +46,7 @@ from wattlab.analysis.energy import (
     energy_streams,
     phases_from_markers,
 )
+from wattlab.analysis.first_order_filter import first_order_filter
 from wattlab.analysis.h5_read import open_read_only
 from wattlab.analysis.models import (
     BOOST_MIN_WORKLOADS,
@@ -346,7 +346,7 @@ def _seen_through_kernel(run: Run, ref_view: SourceView, ref_ch: str, x_s: Float
         centres = 0.5 * (edges[1:] + edges[:-1])
         filled[hole] = np.interp(centres[hole], centres[~hole], means[~hole])
     alpha = math.exp(-step / width)
-    smooth, _ = lfilter([1 - alpha], [1, -alpha], filled, zi=[alpha * filled[0]])
+    smooth = first_order_filter(filled, alpha, 1 - alpha, filled[0])
     out[ok] = np.interp(end[ok], edges[1:], smooth)
     return out
 
