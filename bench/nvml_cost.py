@@ -2,16 +2,19 @@
 
     python bench/nvml_cost.py [--seconds 20]
 
-1. The cost of each NVML call the reader makes (median and 99th percentile, µs).
-2. A recording session of the GPU: CPU of the NVML source thread, of the session process
-   as a whole, and of the recorder process, as % of one core.
+1. The cost of each NVML call the reader makes: wall time (median and 99th percentile) and
+   CPU time (mean), µs.
+2. A recording session of the GPU, in steady state (after a warm-up): CPU of the NVML source
+   thread, of the rest of the session process and of the recorder process, % of one core.
 Without a GPU it measures the simulated one (then the call costs are the simulator's).
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import contextlib
+import math
+import os
 import sys
 import tempfile
 import threading
@@ -26,6 +29,25 @@ from wattlab.acquisition.session import Session
 from wattlab.drivers.nvml import NvmlDriver
 
 
+def after_sleep_costs(driver: NvmlDriver, n: int) -> dict[str, float]:
+    """CPU µs of one instant + average read right after a sleep (median), per sleep length.
+
+    A thread woken from a sleep runs on cold caches: the cost of waking, not of the call,
+    can dominate a reader's CPU, which is why the cadences share wake-ups.
+    """
+    out = {}
+    for pause_s in (0.0, 0.02, 0.09):
+        cpu = []
+        for _ in range(n):
+            if pause_s:
+                time.sleep(pause_s)
+            t0 = time.thread_time_ns()
+            driver.read_power(0)
+            cpu.append((time.thread_time_ns() - t0) / 1000)
+        out[f"after {pause_s * 1000:g} ms sleep"] = float(np.median(cpu))
+    return out
+
+
 def call_costs(driver: NvmlDriver, n: int) -> dict[str, dict[str, float]]:
     calls = {
         "read_samples (drain)": lambda: driver.read_samples(0, int(time.time() * 1e6) - 2_000_000),
@@ -37,31 +59,87 @@ def call_costs(driver: NvmlDriver, n: int) -> dict[str, dict[str, float]]:
     for name, fn in calls.items():
         fn()
         costs = []
+        cpu0 = time.thread_time_ns()
         for _ in range(n):
             t0 = time.perf_counter_ns()
             fn()
             costs.append((time.perf_counter_ns() - t0) / 1000)
         out[name] = {"median_us": float(np.median(costs)),
-                     "p99_us": float(np.percentile(costs, 99))}
+                     "p99_us": float(np.percentile(costs, 99)),
+                     "cpu_us": (time.thread_time_ns() - cpu0) / 1000 / n}
     return out
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds used so far by this process's live children (the recorder), from /proc."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path("/proc/self/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 class CpuProbe:
-    """Samples the source thread's CPU clock while the session runs."""
+    """CPU clocks of the source thread, this process and the recorder, after a warm-up.
 
-    def __init__(self) -> None:
-        self.thread_s = 0.0
+    Start-up (imports, NVML init, the recorder's first file writes) is excluded: the
+    figures are the steady cost of a long recording. It runs in its own thread and wakes
+    once a second, so it adds almost nothing to what it measures (a progress callback would
+    make the session wake 20 times a second).
+    """
 
-    def __call__(self, elapsed_s: float) -> None:
+    def __init__(self, warmup_s: float) -> None:
+        self.warmup_s = warmup_s
+        self.first: dict[str, float] | None = None
+        self.last: dict[str, float] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-probe", daemon=True)
+        self._t0 = time.monotonic()
+        self._thread.start()
+
+    def _read(self) -> dict[str, float]:
+        thread_s = math.nan
         for thread in threading.enumerate():
             if thread.name == "source-gpu0" and thread.ident:
-                self.thread_s = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+                thread_s = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        return {"t": time.monotonic() - self._t0, "thread": thread_s,
+                "process": time.process_time(), "recorder": _children_cpu_s()}
+
+    def _run(self) -> None:
+        if self._stop.wait(self.warmup_s):
+            return
+        self.first = self._read()
+        while not self._stop.wait(1.0):
+            self.last = self._read()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def percent(self) -> dict[str, float]:
+        """% of one core per part over the steady window."""
+        if self.first is None or self.last is None or self.last["t"] <= self.first["t"]:
+            raise SystemExit("recording too short for the warm-up: raise --seconds")
+        span = self.last["t"] - self.first["t"]
+        out = {k: 100 * (self.last[k] - self.first[k]) / span
+               for k in ("thread", "process", "recorder")}
+        return {"source_thread_pct": out["thread"],
+                "session_other_threads_pct": out["process"] - out["thread"],
+                "recorder_process_pct": out["recorder"],
+                "tree_pct": out["process"] + out["recorder"], "window_s": span}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds left out at the start")
     parser.add_argument("--simulate", action="store_true")
+    parser.add_argument("--intervals", default="",
+                        help="acquirer cadences to try instead of the defaults, e.g. "
+                             "power=0.02,state=0.2,drain=1,energy=1,emit=0.5")
     args = parser.parse_args()
     lib = None
     if args.simulate:
@@ -73,30 +151,33 @@ def main() -> int:
     driver.open()
     costs = call_costs(driver, 200)
     with tempfile.TemporaryDirectory() as folder:
-        probe = CpuProbe()
-        cpu0 = time.process_time()
-        children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.monotonic()
-        Session(str(Path(folder) / "cost.h5"), [("gpu0", NvmlAcquirer(driver, 0))],
-                duration_s=args.seconds, on_progress=probe).run()
-        wall_s = time.monotonic() - t0
-        session_s = time.process_time() - cpu0
-        children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    driver.close()
-    recorder_s = (children1.ru_utime + children1.ru_stime) - (children0.ru_utime
-                                                              + children0.ru_stime)
+        probe = CpuProbe(args.warmup)
+        acquirer = NvmlAcquirer(driver, 0)
+        for kv in filter(None, args.intervals.split(",")):
+            key, value = kv.split("=")
+            if key not in acquirer.intervals_s:
+                raise SystemExit(f"--intervals: {key!r} is not one of "
+                                 f"{sorted(acquirer.intervals_s)}")
+            acquirer.intervals_s[key] = float(value)  # read at open, before the first poll
+        Session(str(Path(folder) / "cost.h5"), [("gpu0", acquirer)],
+                duration_s=args.seconds).run()
+        probe.stop()
     print(f"NVML call costs ({'simulated' if args.simulate else 'real'} GPU), 200 calls each")
-    print(f"{'call':<34} {'median us':>10} {'p99 us':>10}")
+    print(f"{'call':<34} {'median us':>10} {'p99 us':>10} {'CPU us':>10}")
     for name, c in costs.items():
-        print(f"{name:<34} {c['median_us']:>10.1f} {c['p99_us']:>10.1f}")
-    cpu = {"source_thread_pct": 100 * probe.thread_s / args.seconds,
-           "session_process_pct": 100 * session_s / wall_s,
-           "recorder_process_pct": 100 * recorder_s / wall_s}
-    print(f"recording {args.seconds:g} s: source thread {cpu['source_thread_pct']:.2f} %, "
-          f"session process {cpu['session_process_pct']:.2f} %, recorder process "
-          f"{cpu['recorder_process_pct']:.2f} % of one core (process figures include start-up)")
+        print(f"{name:<34} {c['median_us']:>10.1f} {c['p99_us']:>10.1f} {c['cpu_us']:>10.1f}")
+    cold = after_sleep_costs(driver, 50)
+    print("read_power CPU µs (median) " + ", ".join(f"{k}: {v:.1f}" for k, v in cold.items()))
+    cpu = probe.percent()
+    print(f"steady state over {cpu['window_s']:.1f} s (after {args.warmup:g} s warm-up), % of one "
+          f"core: source thread {cpu['source_thread_pct']:.2f}, rest of the session process "
+          f"{cpu['session_other_threads_pct']:.2f}, recorder process "
+          f"{cpu['recorder_process_pct']:.2f}; whole tree {cpu['tree_pct']:.2f}")
+    driver.close()
     write_json("nvml_cost", {"benchmark": "nvml_cost", "simulated": args.simulate,
-                             "calls": costs, "cpu": cpu, "seconds": args.seconds})
+                             "calls": costs, "after_sleep_cpu_us": cold, "cpu": cpu,
+                             "intervals": args.intervals or "defaults",
+                             "seconds": args.seconds})
     return 0
 
 

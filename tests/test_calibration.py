@@ -228,3 +228,29 @@ def test_a_long_recording_searched_on_a_subset_finds_the_same_fit(sim_run, monke
     assert abs(_v(searched, "effective_delay_s")[0] - _v(full, "effective_delay_s")[0]) < 1e-3
     assert searched["fit"]["rmse_w"] < 1.01 * full["fit"]["rmse_w"] + 1e-9
     assert searched["fit"]["blocks"] >= 3
+
+
+@pytest.mark.parametrize("poll_s", [0.02, 0.045, 0.09])
+def test_update_lattice_recovers_the_updates_behind_polled_readings(poll_s: float) -> None:
+    """Updates every 100.3 ms, polled with jitter; one poll stalls 250 ms; the first reading
+    is the value held at the start. The update instants come back within a poll's walk."""
+    rng = np.random.default_rng(5)
+    period_s, u0_s = 0.1003, 0.0371
+    polls = np.cumsum(np.full(2000, poll_s) + rng.uniform(0, 0.002, 2000))
+    polls[700:] += 0.25  # a stalled poll
+    tick = np.floor((polls - u0_s) / period_s)
+    first_seen = np.concatenate(([True], np.diff(tick) > 0))
+    x = polls[first_seen]
+    found = calibration.update_lattice(x, float(np.median(np.diff(polls))))
+    assert found is not None
+    updates_s, period_fit_s, delay_s = found
+    assert period_fit_s == pytest.approx(period_s, rel=2e-4)
+    truth = u0_s + tick[first_seen] * period_s
+    err = updates_s[1:] - truth[1:]
+    assert np.mean(np.abs(err) < 0.012) > 0.99  # the stalled poll keeps its own time
+    assert 0 < delay_s < poll_s
+
+
+def test_update_lattice_refuses_readings_that_are_not_periodic() -> None:
+    x = np.cumsum(np.random.default_rng(2).uniform(0.05, 0.3, 200))
+    assert calibration.update_lattice(x, 0.02) is None

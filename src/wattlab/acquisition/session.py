@@ -43,7 +43,10 @@ from wattlab.sync.recorder import RecorderConfig, hosts_ready
 
 RECORDER_START_TIMEOUT_S = 20.0
 HANDSHAKE_TIMEOUT_S = 15.0
-SUPERVISE_INTERVAL_S = 0.1
+# every wake-up costs CPU (issue 10): half a second is soon enough for both
+SUPERVISE_INTERVAL_S = 0.5  # how soon a dead recorder or source process is noticed
+WAIT_TICK_S = 0.5  # how soon the end of the workload is noticed (a stop is at once)
+PROGRESS_TICK_S = 0.05
 Runner = SourceRunner | ProcessSourceRunner
 
 
@@ -206,7 +209,10 @@ class Session:
                 raise UsageError("nothing to record: give a command or --duration")
             if self.on_progress is not None:
                 self.on_progress(elapsed)
-            self._stop.wait(0.05)
+            tick_s = WAIT_TICK_S if self.on_progress is None else PROGRESS_TICK_S
+            if self.duration_s is not None:
+                tick_s = min(tick_s, max(self.duration_s - elapsed, 0.001))
+            self._stop.wait(tick_s)
         if child is None:
             return None
         if child.poll() is None:

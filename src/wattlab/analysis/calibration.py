@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import h5py
 import numpy as np
@@ -280,8 +280,22 @@ def _fit_kernels(kernels: tuple[str, ...], ref: _Ref, x: FloatArray, y: FloatArr
     return fits
 
 
-def _target_updates(view: SourceView, channel: str) -> tuple[FloatArray, FloatArray, bool]:
-    """Distinct readings: (time each value first appeared, value, whether values were held)."""
+class TargetUpdates(NamedTuple):
+    """The distinct readings of a polled stream and how it was polled."""
+
+    t_s: FloatArray  # when each value first appeared
+    values: FloatArray
+    held: bool  # values were held between polls: the instrument updates less often
+    poll_s: float  # median time between polls
+
+
+def target_updates(view: SourceView, channel: str) -> TargetUpdates:
+    """Distinct readings: each value at the time it first appeared, and the poll rhythm.
+
+    ``held``: more than 5 % of the polls repeated the value before; a meter that gives a new
+    value at every read repeats one only by chance (a 90 ms poll of a 100 ms update repeats
+    ~10 %, a 20 ms poll ~80 %).
+    """
     t = view.time_ns.astype(np.float64) / 1e9
     v = view.channel(channel).astype(np.float64)
     ok = np.isfinite(v)
@@ -289,37 +303,63 @@ def _target_updates(view: SourceView, channel: str) -> tuple[FloatArray, FloatAr
     if t.size < 20:
         raise RunFileError(f"source {view.source_id!r}: too few readings to calibrate")
     new = np.concatenate(([True], v[1:] != v[:-1]))
-    held = float(1 - new.mean()) > 0.2
-    return t[new], v[new], held
+    held = float(1 - new.mean()) > 0.05
+    return TargetUpdates(t[new], v[new], held, float(np.median(np.diff(t))))
 
 
-def update_lattice(x: FloatArray) -> tuple[FloatArray, float, float] | None:
+def _lower_envelope(n: FloatArray, y: FloatArray) -> tuple[float, float]:
+    """(u0, P) of the line under every point (n, y) with the least total gap above it.
+
+    Poll delays only ever add, so the updates lie on the lower envelope: the line is the
+    edge of the lower convex hull above the mean of n (an LP's solution; stalled polls far
+    above it do not move it, unlike a least-squares line).
+    """
+    hull: list[int] = []
+    for i in range(n.size):  # monotone chain; n is increasing
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (y[b] - y[a]) * (n[i] - n[a]) >= (y[i] - y[a]) * (n[b] - n[a]):
+                hull.pop()  # b is on or above the chord a-i
+            else:
+                break
+        hull.append(i)
+    if len(hull) < 2:
+        return float(y[0]), 0.0
+    mean_n = float(n.mean())
+    k = int(np.searchsorted(n[hull], mean_n).clip(1, len(hull) - 1))
+    a, b = hull[k - 1], hull[k]
+    slope = float((y[b] - y[a]) / (n[b] - n[a]))
+    return float(y[a] - slope * n[a]), slope
+
+
+def update_lattice(x: FloatArray, poll_s: float = 0.0) -> tuple[FloatArray, float, float] | None:
     """The driver's periodic update instants behind the times readings were first seen.
 
     A reading is first seen at the poll after the driver's update, so first-seen times lag
-    the updates by 0..1 poll interval; if the updates are periodic (readings fall on a
-    lattice n·P + u0 with at most one reading per tick), the lattice's lower envelope gives
-    the update instants (a reading after a stalled poll keeps its own time, or the next
-    update's if that is earlier). Returns (update times, period s, mean poll delay s) or
-    None when the readings are not periodic.
+    the updates by 0..1 poll interval (``poll_s``); if the updates are periodic (readings
+    fall on a lattice n·P + u0 with at most one reading per tick), the lattice's lower
+    envelope gives the update instants (a reading after a stalled poll keeps its own time,
+    or the next update's if that is earlier). Returns (update times, period s, mean poll
+    delay s) or None when the readings are not periodic.
+
+    The ticks between two readings are counted step by step from the period, less what the
+    poll delay can add: polled well inside the period, two readings 1.8 periods apart are
+    two ticks apart; polled at 0.9 of it, they are one tick apart with delays 0.05 and 0.85.
     """
     if x.size < 20:
         return None
-    p0 = float(np.median(np.diff(x)))
-    if not p0 > 0:
-        return None
-    n = np.round((x - x[0]) / p0)
-    period = float(np.polyfit(n, x, 1)[0])
-    n = np.round((x - x[0]) / period)
-    r = x - x[0] - n * period
-    half = x.size // 2  # lower envelope: the earliest reading in each half fixes the slope
-    i1, i2 = int(np.argmin(r[:half])), half + int(np.argmin(r[half:]))
-    if n[i2] > n[i1]:
-        period += float(r[i2] - r[i1]) / float(n[i2] - n[i1])
-    u0 = float(x[0] + (x - x[0] - np.round((x - x[0]) / period) * period).min())
-    n = np.floor((x - u0) / period + 1e-6)  # the tick each reading was first seen after
+    step = np.diff(x)
+    # the period: a tick per reading (each update seen once), or the usual step (fast polls;
+    # a missed update makes the first too long, slow polls make the second too short)
+    p0 = max(float((x[-1] - x[0]) / (x.size - 1)), float(np.median(step)))
+    slack = max(0.0, poll_s - 0.5 * p0)  # how much of a step the poll delay may be
+    n = np.concatenate(([0.0], np.cumsum(np.maximum(1.0, np.round((step - slack) / p0)))))
+    # the first reading shows the value held when recording began, not an update
+    u0, period = _lower_envelope(n[1:], x[1:] - x[0])
+    u0 += float(x[0])
     delay = x - u0 - n * period
-    snap = delay <= 0.8 * period  # a stalled poll: keep its first-seen time
+    snap = delay <= max(0.8, 1.05 * poll_s / period) * period  # else a stalled poll
+    snap[0] = False
     snap[1:] &= np.diff(n) >= 1
     if snap.mean() < 0.9:
         return None
@@ -409,9 +449,10 @@ def calibrate(
     r0, r1 = span_s(ref_view)
     if update_times not in ("auto", "lattice", "first_seen"):
         raise UsageError(f"update_times {update_times!r}: use auto, lattice or first_seen")
-    x_all, y_all, held = _target_updates(tgt_view, tgt_ch)
+    x_all, y_all, held, poll_s = target_updates(tgt_view, tgt_ch)
     period = float(np.median(np.diff(x_all)))
-    lattice = update_lattice(x_all) if held and update_times != "first_seen" else None
+    lattice = (update_lattice(x_all, poll_s) if held and update_times != "first_seen"
+               else None)
     if lattice is None and update_times == "lattice":
         raise UsageError(f"{target}: readings are not on a periodic update lattice")
     poll_delay = math.nan

@@ -39,7 +39,12 @@ from wattlab.analysis.alignment import (
     resolve,
     span_s,
 )
-from wattlab.analysis.calibration import calibrate, load_from_run, update_lattice
+from wattlab.analysis.calibration import (
+    calibrate,
+    load_from_run,
+    target_updates,
+    update_lattice,
+)
 from wattlab.analysis.energy import (
     default_reference,
     energy_report,
@@ -359,12 +364,9 @@ def calibration_view(run: Run, record: dict[str, Any], stored: bool) -> Calibrat
     ref_view, ref_ch = resolve(run, f"{record['reference']['source']}:"
                                     f"{record['reference']['channel']}")
     tgt_view, tgt_ch = resolve(run, f"{record['target']['source']}:{record['target']['channel']}")
-    t = tgt_view.time_s
-    v = tgt_view.channel(tgt_ch).astype(np.float64)
-    t, v = t[np.isfinite(v)], v[np.isfinite(v)]
-    new = np.r_[True, v[1:] != v[:-1]]
-    x, y = t[new], v[new]
-    if record.get("update_times") == "lattice" and (lattice := update_lattice(x)) is not None:
+    x, y, _, poll_s = target_updates(tgt_view, tgt_ch)
+    if record.get("update_times") == "lattice" and (
+            lattice := update_lattice(x, poll_s)) is not None:
         x = lattice[0]
     seen = _seen_through_kernel(run, ref_view, ref_ch, x, record) if x.size else x
     return CalibrationView(record, x, seen, y, stored)

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy.signal import lfilter
 
+from wattlab.analysis.first_order_filter import first_order_filter
 from wattlab.errors import UsageError
 
 FloatArray = npt.NDArray[np.float64]
@@ -388,8 +388,7 @@ class SimulatedGpu:
         white = rng.standard_normal(BLOCK_MS + 1)
         rho = math.exp(-1.0 / self.model.ripple_corr_ms)
         gain = math.sqrt(1.0 - rho * rho)
-        out, _ = lfilter([gain], [1.0, -rho], white[1:], zi=[rho * white[0]])
-        return np.asarray(out, dtype=np.float64)
+        return first_order_filter(white[1:], rho, gain, white[0])
 
     def _check_kept(self, k_min: int, t_ns: Any) -> None:
         if k_min < self._base:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 COALESCE_ROWS = 65536
 MAX_ORPHAN_BATCHES = 1000
 RECV_BURST = 256
+IDLE_WAKE_MS = 500  # look at the parent and pending resyncs this often when nothing comes
 MAX_HELD_PER_HOST = 10_000
 MAX_ANNOUNCED_SOURCES = 1000
 REMOTE_CONTROL = ("sync", "hello")
@@ -144,6 +145,7 @@ class Recorder:
         self.rejected = 0
         self.last_rejection = ""
         self._bytes_since_flush = 0
+        self._new_objects = False  # a source added since the last flush
         self._resyncing: set[str] = set()
         if config.resume:
             self._resume(points)
@@ -357,6 +359,7 @@ class Recorder:
             self.writer.add_source(desc, remote_host=host or "")
         except WattlabError as e:
             raise MalformedMessageError(str(e)) from e
+        self._new_objects = True
         state = self._sources.get(desc.source_id)
         if state is None:
             state = self._sources[desc.source_id] = _SourceState(desc, host=host)
@@ -607,6 +610,7 @@ class Recorder:
         """Write everything pending, say in /progress how far each source is, confirm it."""
         for state in self._sources.values():
             self._write_pending(state)
+        changed = self._new_objects or bool(self._markers or self._gaps)
         if self._markers:
             self.writer.add_markers(self._markers)
             self._markers = []
@@ -619,6 +623,9 @@ class Recorder:
                                       for s in dirty])
         if not self.writer.swmr and time.monotonic() - self._started > self.config.swmr_after_s:
             self.writer.start_swmr()
+        elif not (changed or dirty):
+            return  # nothing new: an HDF5 flush costs CPU even then
+        self._new_objects = False
         self.writer.flush()
         self._bytes_since_flush = 0
         for state in dirty:
@@ -693,7 +700,7 @@ class Recorder:
             probe_ns = self._pinger.next_due_ns()
             if probe_ns is not None:
                 wait_ms = min(wait_ms, max(0, (probe_ns - time.monotonic_ns()) // 1_000_000))
-            ready = dict(poller.poll(min(wait_ms, 100)))
+            ready = dict(poller.poll(min(wait_ms, IDLE_WAKE_MS)))
             if self._remote is not None and self._remote in ready:
                 self._receive_remote(self._remote)
             if self._socket in ready:
