@@ -106,7 +106,8 @@ class CpuProbe:
             if thread.name == "source-gpu0" and thread.ident:
                 thread_s = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
         return {"t": time.monotonic() - self._t0, "thread": thread_s,
-                "process": time.process_time(), "recorder": _children_cpu_s()}
+                "process": time.process_time(), "recorder": _children_cpu_s(),
+                "probe": time.thread_time()}  # its own cost, left out of the session's
 
     def _run(self) -> None:
         if self._stop.wait(self.warmup_s):
@@ -125,7 +126,8 @@ class CpuProbe:
             raise SystemExit("recording too short for the warm-up: raise --seconds")
         span = self.last["t"] - self.first["t"]
         out = {k: 100 * (self.last[k] - self.first[k]) / span
-               for k in ("thread", "process", "recorder")}
+               for k in ("thread", "process", "recorder", "probe")}
+        out["process"] -= out["probe"]
         return {"source_thread_pct": out["thread"],
                 "session_other_threads_pct": out["process"] - out["thread"],
                 "recorder_process_pct": out["recorder"],

@@ -119,6 +119,9 @@ class SourceRunner:
         return self._thread.is_alive()
 
     def _publish(self, publisher: BusPublisher, readings: list[Reading]) -> None:
+        if not readings:
+            publisher.idle()
+            return
         for item in readings:
             if isinstance(item, Chunk):
                 seq = self._seq.get(item.source_id, 0)

@@ -34,6 +34,8 @@ DEFAULT_WINDOW_BYTES = 16 * 1024 * 1024
 STALL_HELLO_S = 1.0
 # how often a publisher that is only coalescing looks for the recorder's requests
 SERVE_EVERY_S = 0.01
+# ... and one that had nothing to send (a slow source between reads)
+IDLE_SERVE_EVERY_S = 0.5
 _ENDPOINT_SECURITY: dict[str, ClientSecurity] = {}
 
 
@@ -317,6 +319,18 @@ class BusPublisher:
             for item in self._coalescer.take_all():
                 self._queue_batch(item)
         self._pump()
+
+    def idle(self) -> None:
+        """Nothing new to send: pump what the pipe refused, answer the recorder now and then.
+
+        A source that wakes ten times a second to read a GPU would otherwise pay a socket
+        poll per wake; the recorder's acks and requests can wait half a second.
+        """
+        if self._outbox or (self._coalescer is not None and self._coalescer.pending):
+            self.flush()
+        elif time.monotonic() >= self._next_serve_s:
+            self._next_serve_s = time.monotonic() + IDLE_SERVE_EVERY_S
+            self.serve_requests()
 
     def send_marker(self, marker: Marker) -> None:
         self.flush()

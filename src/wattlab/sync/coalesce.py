@@ -76,5 +76,10 @@ class Coalescer:
         self._rows.pop(source_id, None)
         return join(self._pending.pop(source_id))
 
+    @property
+    def pending(self) -> bool:
+        """Whether any batch is held back."""
+        return bool(self._pending)
+
     def take_all(self) -> list[SampleBatch]:
         return [self._take(source_id) for source_id in list(self._pending)]

@@ -134,7 +134,7 @@ class _ChunkColumn:
         if self._fill > self._on_disk:
             start, end = self._base + self._on_disk, self._base + self._fill
             self._resize(end)
-            self.ds[start:end] = self._buf[self._on_disk : self._fill]
+            _write_rows(self.ds, start, self._buf[self._on_disk : self._fill])
             self._on_disk = self._fill
 
     def _resize(self, rows: int) -> None:
@@ -180,10 +180,23 @@ def _uncached(group: h5py.Group, name: str) -> h5py.Dataset:
     return h5py.Dataset(h5py.h5d.open(group.id, name.encode(), dapl=dapl))
 
 
+def _write_rows(ds: h5py.Dataset, start: int, data: npt.NDArray[Any]) -> None:
+    """Rows ``start ..`` of ``ds`` from ``data`` (same dtype), through the low-level API.
+
+    h5py's slice assignment works out shapes, dtypes and selections in Python on every
+    call; the recorder writes small tails of many datasets at every flush, and that was
+    most of its CPU while recording a GPU.
+    """
+    rows = np.ascontiguousarray(data)
+    space = ds.id.get_space()
+    space.select_hyperslab((start,) + (0,) * (rows.ndim - 1), rows.shape)
+    ds.id.write(h5py.h5s.create_simple(rows.shape), space, rows)
+
+
 def _append(ds: h5py.Dataset, data: npt.NDArray[Any]) -> None:
     start = ds.shape[0]
     ds.resize(start + data.shape[0], axis=0)
-    ds[start:] = data
+    _write_rows(ds, start, data)
 
 
 class RunFileWriter:
