@@ -167,12 +167,14 @@ def session_kill(folder: str, victim: str, *extra: str) -> dict[str, Any]:
         other = run.source("gpu1.power").time_ns
         gap_s = 0.0 if not gaps else ((gaps[0].time_last_ns or 0) - (gaps[0].time_first_ns or 0))
         worst_s = float(np.max(np.diff(t))) / 1e9
+        poll_s = run.source("gpu0.power").descriptor["config"]["intervals_s"]["power"]
         all_gaps = len(run.gaps)
     survived = f"yes (exit {session.returncode}, gpu1 {float(other[-1] - other[0]) / 1e9:.1f} s)"
     if victim == "recorder":
-        return {"samples_lost": 0 if not all_gaps and worst_s < 0.2 else "see gaps",
+        return {"samples_lost": 0 if not all_gaps and worst_s < 2 * poll_s + 0.05 else "see gaps",
                 "in_gaps": all_gaps, "survived": survived,
-                "note": f"longest step in gpu0.power {worst_s * 1000:.0f} ms (polled every 20 ms)"}
+                "note": f"longest step in gpu0.power {worst_s * 1000:.0f} ms "
+                        f"(polled every {poll_s * 1000:g} ms)"}
     lost = sum(g.samples_lost for g in gaps)
     return {"samples_lost": f"{gap_s / 1e9:.2f} s of gpu0.power"
                             + (f" ({lost} rows)" if lost >= 0 else " (rows unknown)"),
