@@ -109,6 +109,9 @@ class _ChunkColumn:
     def append(self, data: npt.NDArray[Any], minus: int = 0) -> None:
         """Stage rows (``data - minus``); every chunk that fills goes to disk at once."""
         n, pos, size = int(data.shape[0]), 0, self.chunk_rows
+        whole = (self._fill + n) // size  # chunks this call completes: one resize for all
+        if whole:
+            self._resize(self._base + whole * size)
         while pos < n:
             take = min(size - self._fill, n - pos)
             part = data[pos : pos + take]
@@ -143,7 +146,6 @@ class _ChunkColumn:
             self._extent = rows
 
     def _write(self, start: int, chunk: npt.NDArray[Any]) -> None:
-        self._resize(start + self.chunk_rows)
         self.ds.id.write_direct_chunk((start,) + (0,) * (chunk.ndim - 1), chunk)
 
 
