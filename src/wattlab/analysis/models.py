@@ -3,7 +3,9 @@
 Why several families: the seed thesis fitted simple regressions per GPU; real curves bend
 (time explodes under a low power limit, power saturates at a high one), so we also fit
 monotone piecewise (isotonic, PCHIP) and smoothing-spline curves, and a boosted model that
-shares the curve shape across workloads (GPOEO-style, with workload features). Which one
+shares the curve shape across workloads (GPOEO-style, with workload features; its number of
+trees chosen by the same cross-validation, since too few pool every workload into one
+shape). Which one
 to trust is decided by leave-one-out cross-validation (every row held out once, the family
 refitted without it), never hard-coded: the family with the lowest LOO MAPE of the
 objective's quantity is used for the recommendation, and its LOO residuals give the
@@ -34,6 +36,7 @@ FAMILIES = (*PER_WORKLOAD, "boosted")
 QUANTITIES = ("time", "power", "energy", "edp")
 MIN_SPLINE_POINTS = 5
 BOOST_MIN_WORKLOADS = 3
+MAX_BOOST_HOLDOUT = 500  # boosted LOO cost: rows × held-out rows; 500 covers the Zeus traces
 
 
 # --------------------------------------------------------------------------- one curve
@@ -178,13 +181,16 @@ def _predict_curves(family: str, d: _Data, train: npt.NDArray[np.int64], query: 
     return t_curve(query), p_curve(query)
 
 
-def _fit_boosted(d: _Data, train: npt.NDArray[np.int64],
-                 boost: dict[str, Any]) -> tuple[BoostedCurves, BoostedCurves]:
-    t_model = BoostedCurves(**boost).fit(d.features[train], d.group[train],
-                                         np.log(d.time_s[train]))
-    p_model = BoostedCurves(**boost).fit(d.features[train], d.group[train],
-                                         np.log(d.power_w[train]))
-    return t_model, p_model
+def _fit_boosted(d: _Data, boost: dict[str, Any], trees: tuple[int, int],
+                 train: npt.NDArray[np.int64] | None = None,
+                 ) -> tuple[BoostedCurves, BoostedCurves]:
+    """Time and power models on rows ``train`` (all), with the tree counts chosen by LOO."""
+    rows = np.arange(d.x.shape[0]) if train is None else train
+    models = []
+    for y, n_trees in ((d.time_s, trees[0]), (d.power_w, trees[1])):
+        model = BoostedCurves(**{**boost, "n_trees": n_trees})
+        models.append(model.fit(d.features[rows], d.group[rows], np.log(y[rows])))
+    return models[0], models[1]
 
 
 def _floor(v: FloatArray, ref: FloatArray) -> FloatArray:
@@ -204,6 +210,7 @@ class FamilyScore:
     n_predicted: int
     mape: dict[str, float]
     mape_common: dict[str, float] = field(default_factory=dict)
+    trees: tuple[int, int] | None = None  # boosted: (time, power) tree counts chosen by LOO
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,47 +227,57 @@ class LooPrediction:
     time_s: FloatArray
     power_w: FloatArray
     held: npt.NDArray[np.bool_]
+    trees: tuple[int, int] | None = None  # boosted: (time, power) tree counts chosen by LOO
 
 
 def loo_predictions(table: SweepTable, families: tuple[str, ...] = FAMILIES,
-                    max_boost_holdout: int = 100,
+                    max_boost_holdout: int = MAX_BOOST_HOLDOUT,
                     boost: dict[str, Any] | None = None) -> dict[str, LooPrediction]:
     """Held-out (time, power) per row for each family; NaN where a family cannot predict.
 
     Per-workload families are refitted on the other rows of the held-out row's workload.
-    The boosted family is refitted on every other row of the table; it is costly, so at
-    most ``max_boost_holdout`` rows (evenly spread) are held out for it.
+    The boosted family is refitted on every other row of the table (all refits grown
+    together, see ``BoostedCurves.loo``), with its tree count chosen by the same LOO; the
+    cost grows with rows × held-out rows, so at most ``max_boost_holdout`` rows (evenly
+    spread) are held out for it.
     """
     d = _Data.of(table)
-    n = len(table)
     out: dict[str, LooPrediction] = {}
     for family in families:
-        t_hat, p_hat = np.full(n, np.nan), np.full(n, np.nan)
-        held = np.ones(n, dtype=bool)
         if family == "boosted":
-            held[:] = False
-            if len(d.names) < BOOST_MIN_WORKLOADS:
-                out[family] = LooPrediction(t_hat, p_hat, held)
-                continue
-            picks = np.unique(np.linspace(0, n - 1, min(n, max_boost_holdout)).round()
-                              .astype(np.int64))
-            held[picks] = True
-            for i in picks:
-                train = np.delete(np.arange(n), i)
-                if not np.any(d.group[train] == d.group[i]):
-                    continue
-                tm, pm = _fit_boosted(d, train, boost or {})
-                t_hat[i] = np.exp(tm.predict(d.features[i:i + 1], d.group[i:i + 1]))[0]
-                p_hat[i] = np.exp(pm.predict(d.features[i:i + 1], d.group[i:i + 1]))[0]
+            out[family] = _loo_boosted(d, max_boost_holdout, boost or {})
         else:
-            for rows in d.rows:
-                for k, i in enumerate(rows):
-                    pred = _predict_curves(family, d, np.delete(rows, k), d.x[i:i + 1])
-                    if pred is not None:
-                        t_hat[i] = _floor(pred[0], d.time_s[rows])[0]
-                        p_hat[i] = _floor(pred[1], d.power_w[rows])[0]
-        out[family] = LooPrediction(t_hat, p_hat, held)
+            out[family] = _loo_curves(family, d)
     return out
+
+
+def _loo_curves(family: str, d: _Data) -> LooPrediction:
+    """Each row predicted by the family refitted on the other rows of its workload."""
+    n = d.x.shape[0]
+    t_hat, p_hat = np.full(n, np.nan), np.full(n, np.nan)
+    for rows in d.rows:
+        for k, i in enumerate(rows):
+            pred = _predict_curves(family, d, np.delete(rows, k), d.x[i:i + 1])
+            if pred is not None:
+                t_hat[i] = _floor(pred[0], d.time_s[rows])[0]
+                p_hat[i] = _floor(pred[1], d.power_w[rows])[0]
+    return LooPrediction(t_hat, p_hat, np.ones(n, dtype=bool))
+
+
+def _loo_boosted(d: _Data, max_holdout: int, boost: dict[str, Any]) -> LooPrediction:
+    """Up to ``max_holdout`` rows (evenly spread), each predicted by a refit on all others."""
+    n = d.x.shape[0]
+    t_hat, p_hat = np.full(n, np.nan), np.full(n, np.nan)
+    held = np.zeros(n, dtype=bool)
+    if len(d.names) < BOOST_MIN_WORKLOADS:
+        return LooPrediction(t_hat, p_hat, held)
+    picks = np.unique(np.linspace(0, n - 1, min(n, max_holdout)).round().astype(np.int64))
+    held[picks] = True
+    model = BoostedCurves(**boost)
+    log_t, t_trees = model.loo(d.features, d.group, np.log(d.time_s), picks)
+    log_p, p_trees = model.loo(d.features, d.group, np.log(d.power_w), picks)
+    t_hat[picks], p_hat[picks] = np.exp(log_t), np.exp(log_p)
+    return LooPrediction(t_hat, p_hat, held, (t_trees, p_trees))
 
 
 def _mape(pred: FloatArray, true: FloatArray, mask: npt.NDArray[np.bool_]) -> float:
@@ -286,7 +303,7 @@ def score_families(table: SweepTable, preds: dict[str, LooPrediction]) -> list[F
         scores.append(FamilyScore(
             family, int(np.sum(lp.held)), int(np.sum(done[family])),
             {k: _mape(q[k], true[k], done[family]) for k in QUANTITIES},
-            {k: _mape(q[k], true[k], common & done[family]) for k in QUANTITIES},
+            {k: _mape(q[k], true[k], common & done[family]) for k in QUANTITIES}, lp.trees,
         ))
     return scores
 
@@ -383,16 +400,20 @@ def _best(settings: FloatArray, t: FloatArray, obj: FloatArray, ref: int,
 
 def recommend(table: SweepTable, family: str, objective: str, max_slowdown: float | None,
               residuals: FloatArray, *, boost: dict[str, Any] | None = None,
-              seed: int = 0) -> list[Recommendation]:
+              trees: tuple[int, int] | None = None, seed: int = 0) -> list[Recommendation]:
     """Per workload: fit ``family`` on all its rows, pick the best measured setting.
 
     The saving interval (95 %) bootstraps the family's LOO ratios measured/predicted of the
     objective's quantity (``residuals``) at both settings, so it is as wide as the model's
     real error; ``fit_sweep`` passes the ratios of interior rows, where LOO interpolates.
+    The boosted family uses ``trees`` (time, power), the counts its LOO chose.
     """
     d = _Data.of(table)
     rng = np.random.default_rng(seed)
-    boosted = _fit_boosted(d, np.arange(len(table)), boost or {}) if family == "boosted" else None
+    boosted = None
+    if family == "boosted":
+        cap = BoostedCurves(**(boost or {})).n_trees
+        boosted = _fit_boosted(d, boost or {}, trees or (cap, cap))
     out: list[Recommendation] = []
     ratios = residuals[np.isfinite(residuals) & (residuals > 0)]
     if ratios.shape[0] == 0:
@@ -434,6 +455,26 @@ def recommend(table: SweepTable, family: str, objective: str, max_slowdown: floa
     return out
 
 
+def unseen_workload_picks(table: SweepTable, objective: str, trees: tuple[int, int],
+                          boost: dict[str, Any] | None = None) -> dict[str, float]:
+    """Per workload: the boosted family's best setting, fitted on the *other* workloads only.
+
+    Why: a pick from a fit on the workload's own runs agrees with their measured argmin
+    partly by reproducing their noise; a model that never saw the workload cannot, so this
+    is the out-of-sample check of the pick. (Its unknown level a_w cancels in the argmin.)
+    """
+    d = _Data.of(table)
+    if len(d.names) < BOOST_MIN_WORKLOADS:
+        raise UsageError(f"the boosted family needs {BOOST_MIN_WORKLOADS} workloads")
+    out = {}
+    for g, rows in enumerate(d.rows):
+        tm, pm = _fit_boosted(d, boost or {}, trees, np.flatnonzero(d.group != g))
+        t = np.exp(tm.predict(d.features[rows], d.group[rows]))
+        p = np.exp(pm.predict(d.features[rows], d.group[rows]))
+        out[d.names[g]] = float(d.x[rows][np.argmin(_objective(objective, t, p))])
+    return out
+
+
 def _interior(table: SweepTable) -> npt.NDArray[np.bool_]:
     """Rows strictly inside their workload's setting range (LOO there interpolates)."""
     out = np.zeros(len(table), dtype=bool)
@@ -446,9 +487,15 @@ def _interior(table: SweepTable) -> npt.NDArray[np.bool_]:
 
 
 def fit_sweep(table: SweepTable, objective: str = "energy", max_slowdown: float | None = None,
-              *, families: tuple[str, ...] = FAMILIES, max_boost_holdout: int = 100,
-              boost: dict[str, Any] | None = None) -> FitReport:
-    """Cross-validate every family, choose by LOO MAPE, recommend a setting per workload."""
+              *, families: tuple[str, ...] = FAMILIES,
+              max_boost_holdout: int = MAX_BOOST_HOLDOUT,
+              boost: dict[str, Any] | None = None,
+              loo: dict[str, LooPrediction] | None = None) -> FitReport:
+    """Cross-validate every family, choose by LOO MAPE, recommend a setting per workload.
+
+    ``loo``: held-out predictions of ``table.usable()`` already made by ``loo_predictions``
+    (they do not depend on the objective), to fit several objectives without refitting.
+    """
     quantity = _objective_quantity(objective)
     if max_slowdown is not None and max_slowdown < 0:
         raise UsageError(f"--max-slowdown must be >= 0, got {max_slowdown}")
@@ -459,7 +506,8 @@ def fit_sweep(table: SweepTable, objective: str = "energy", max_slowdown: float 
     data = table.usable()
     if len(data) == 0:
         raise UsageError(f"{table.origin}: no finished runs with positive time and energy")
-    preds = loo_predictions(data, families, max_boost_holdout, boost)
+    preds = loo if loo is not None else loo_predictions(data, families, max_boost_holdout,
+                                                         boost)
     scores = score_families(data, preds)
     chosen = choose_family(scores, objective)
     t_hat, p_hat = preds[chosen.family].time_s, preds[chosen.family].power_w
@@ -469,6 +517,7 @@ def fit_sweep(table: SweepTable, objective: str = "energy", max_slowdown: float 
     interior = _interior(data)
     if np.sum(interior & np.isfinite(ratios)) >= 5:
         ratios = ratios[interior]  # recommendations use measured settings, not extrapolation
-    recs = recommend(data, chosen.family, objective, max_slowdown, ratios, boost=boost)
+    recs = recommend(data, chosen.family, objective, max_slowdown, ratios, boost=boost,
+                     trees=preds[chosen.family].trees)
     return FitReport(table.origin, data.x_name, objective, max_slowdown, scores,
                      chosen.family, recs, len(data), len(data.workloads()))

@@ -7,7 +7,13 @@ import json
 import math
 from typing import Any
 
-from wattlab.analysis.models import FAMILIES, OBJECTIVES, FitReport, fit_sweep
+from wattlab.analysis.models import (
+    FAMILIES,
+    MAX_BOOST_HOLDOUT,
+    OBJECTIVES,
+    FitReport,
+    fit_sweep,
+)
 from wattlab.analysis.phase_choice import choose_per_phase, format_phase_report
 from wattlab.analysis.sweep_results import X_NAMES, load_table
 from wattlab.errors import UsageError
@@ -30,8 +36,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--families", default=",".join(FAMILIES),
                    help=f"model families to compare (default: {','.join(FAMILIES)})")
     p.add_argument("--workload", help="only workloads whose name contains this text")
-    p.add_argument("--max-boost-holdout", type=int, default=100, metavar="N",
-                   help="rows held out for the boosted family's LOO (it refits per row)")
+    p.add_argument("--max-boost-holdout", type=int, default=MAX_BOOST_HOLDOUT, metavar="N",
+                   help="rows held out for the boosted family's LOO (it refits per row; "
+                        f"default {MAX_BOOST_HOLDOUT})")
     p.add_argument("--top", type=int, default=20, metavar="N",
                    help="workloads to print (default 20; --json has all)")
     p.add_argument("--by-phase", action="store_true",
