@@ -2,6 +2,7 @@
 
     python bench/analysis_scale.py            # 1 hour x 20 kHz x 8 channels (576 M values)
     python bench/analysis_scale.py --quick    # 60 s, for CI
+    python bench/analysis_scale.py --keep /tmp/hour.h5   # make the file once, reuse it after
 
 The file is made with the real recorder (publisher processes -> bus -> recorder): a riser
 stream `ps3` (8 float32 channels at 20 kHz) and an NVML-like `gpu0.power` stream (50 Hz,
@@ -20,7 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -136,19 +140,36 @@ def timed(cmd: list[str]) -> dict[str, float]:
             "cpu_s": usage.ru_utime + usage.ru_stime}
 
 
+@contextmanager
+def hour_file(keep: str | None, seconds: float) -> Iterator[tuple[str, float | None]]:
+    """(path, seconds taken to make it): a temporary file, or ``keep``, made if missing.
+
+    Why ``keep``: making the hour file takes ~30 s of both cores, and iterating on the
+    analysis only needs it once (None: the kept file was already there).
+    """
+    if keep is not None:
+        made = None if os.path.exists(keep) else make_file(keep, seconds)
+        yield keep, made
+        return
+    with tempfile.TemporaryDirectory(prefix="wattlab-scale-") as folder:
+        path = str(Path(folder) / "hour.h5")
+        yield path, make_file(path, seconds)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="60 s of data instead of 1 hour")
     parser.add_argument("--seconds", type=float)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each command (median)")
+    parser.add_argument("--keep", metavar="PATH",
+                        help="use this file, recording it first if it does not exist (it is "
+                             "kept; an existing one is used as is, whatever --seconds says)")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     seconds = args.seconds or (60.0 if args.quick else 3600.0)
     wattlab = [sys.executable, "-m", "wattlab.cli"]
-    with tempfile.TemporaryDirectory(prefix="wattlab-scale-") as folder:
-        path = str(Path(folder) / "hour.h5")
-        make_s = make_file(path, seconds)
+    with hour_file(args.keep, seconds) as (path, make_s):
         size_gb = os.path.getsize(path) / 1e9
         commands = {
             "h5py: read every dataset once (floor)": [sys.executable, "-c", FLOOR, path],
@@ -161,14 +182,16 @@ def main() -> int:
         for _ in range(args.repeat):
             for name, cmd in commands.items():
                 runs[name].append(timed(cmd))
-    rows = {name: {"seconds": median([r["seconds"] for r in rs]),
-                   "runs_s": [r["seconds"] for r in rs],
-                   "cpu_s": median([r["cpu_s"] for r in rs]),
-                   "peak_rss_mb": max(r["peak_rss_mb"] for r in rs)} for name, rs in runs.items()}
+    rows: dict[str, dict[str, Any]] = {
+        name: {"seconds": median([r["seconds"] for r in rs]),
+               "runs_s": [r["seconds"] for r in rs],
+               "cpu_s": median([r["cpu_s"] for r in rs]),
+               "peak_rss_mb": max(r["peak_rss_mb"] for r in rs)} for name, rs in runs.items()}
     floor_s = rows["h5py: read every dataset once (floor)"]["seconds"]
     values = int(seconds * RATE_HZ) * len(CHANNELS)
+    made = "kept from before" if make_s is None else f"made by the recorder in {make_s:.1f} s"
     print(f"analysis at scale: {seconds:g} s x 20 kHz x 8 channels = {values / 1e6:.0f} M "
-          f"values, file {size_gb:.2f} GB, made by the recorder in {make_s:.1f} s")
+          f"values, file {size_gb:.2f} GB, {made}")
     print(f"{'command':<40} {'median s':>8} {'runs s':>18} {'x floor':>8} {'CPU s':>6} "
           f"{'peak RSS MB':>12}")
     for name, r in rows.items():

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.analysis.alignment import aligned, estimate_lag, parse_spec
+from wattlab.analysis.alignment import (
+    StreamIntegral,
+    _xcorr,
+    aligned,
+    estimate_lag,
+    grid_edges,
+    parse_spec,
+)
 from wattlab.analysis.importers import import_files
 from wattlab.errors import UsageError
 from wattlab.samples import Channel, Gap, SourceDescriptor
@@ -108,3 +115,87 @@ def test_h100_views_lag_the_load_schedule_as_the_data_readme_states(h100):
     assert 0.010 < lags_s["h100.samples"] < 0.045, lags_s
     assert 0.045 < lags_s["h100.instant"] < 0.090, lags_s
     assert 0.45 < lags_s["h100.average"] < 0.65, lags_s
+
+
+class _SegmentBySegment(StreamIntegral):
+    """The general path (per-segment trapezoids) for every slice, whatever the stream."""
+
+    def _block(self, t: np.ndarray, values: np.ndarray) -> None:
+        a = int(np.searchsorted(self._q, t[0], side="left"))
+        b = int(np.searchsorted(self._q, t[-1], side="right"))
+        for c, col in enumerate(self.columns):
+            self._slow(c, t, np.diff(t), values[:, col], rows=(a, b))
+
+
+def _riser(hole: bool) -> tuple[np.ndarray, np.ndarray]:
+    """10 s of a 20 kHz 3-channel float32 stream in int64 ns, optionally with a 50 ms hole."""
+    rng = np.random.default_rng(10)
+    t = np.arange(200_000, dtype=np.int64) * 50_000 + 123_000_000
+    v = (rng.uniform(50, 600, (t.size, 3)) + np.sin(t[:, None] / 3e6)).astype("<f4")
+    if hole:
+        keep = np.ones(t.size, dtype=bool)
+        keep[90_000:91_000] = False
+        t, v = t[keep], v[keep]
+    return t, v
+
+
+@pytest.mark.parametrize("hole", [False, True])
+@pytest.mark.parametrize("hold", [False, True])
+def test_block_sums_match_the_segment_by_segment_integral(hole: bool, hold: bool) -> None:
+    # a 1 kHz grid from the first sample: queries fall on samples (up to float rounding) and
+    # slices of 2^15 rows end inside bins; then a grid off the samples
+    t, v = _riser(hole)
+    for start_s in (0.123, 0.1234567):
+        q = grid_edges(start_s, t[-1] / 1e9, 1000.0)
+        fast = StreamIntegral(q, [0, 2], 250_000, hold=hold, per_s=1e9)
+        general = _SegmentBySegment(q, [0, 2], 250_000, hold=hold, per_s=1e9)
+        for s in range(0, t.size, 1 << 15):
+            fast.feed(t[s:s + (1 << 15)], v[s:s + (1 << 15)])
+            general.feed(t[s:s + (1 << 15)], v[s:s + (1 << 15)])
+        for f, g in zip(fast.result(), general.result(), strict=True):
+            np.testing.assert_allclose(f.integral, g.integral, rtol=1e-12, atol=1e-9)
+            np.testing.assert_array_equal(f.uncovered_s, g.uncovered_s)
+            assert f.gaps_s == g.gaps_s and f.n_gaps == (1 if hole else 0)
+            # energies of 1 s windows (the rows `energy` reports) to 1e-12
+            e_f, e_g = f.integral[1000::1000] - f.integral[:-1000:1000], \
+                g.integral[1000::1000] - g.integral[:-1000:1000]
+            np.testing.assert_allclose(e_f, e_g, rtol=1e-12)
+
+
+def test_cross_correlation_without_holes_matches_the_masked_ffts() -> None:
+    # the normalising energies come from running sums when a stream has no hole
+    rng = np.random.default_rng(12)
+    x = np.cumsum(rng.normal(size=3000)) + 100
+    y = np.roll(x, 25) + rng.normal(0, 0.1, x.size)
+    n, max_lag = x.size, 200
+    r, z = x - x.mean(), y - y.mean()
+    lags = np.arange(-max_lag, max_lag + 1)
+    brute = []
+    for lag in lags:  # overlap of r[i] and z[i + lag]
+        i = np.arange(max(0, -lag), min(n, n - lag))
+        brute.append(r[i] @ z[i + lag] / np.sqrt((r[i] @ r[i]) * (z[i + lag] @ z[i + lag])))
+    np.testing.assert_allclose(_xcorr(x, y, max_lag), brute, atol=1e-12)
+    y_hole = y.copy()
+    y_hole[1000:1100] = np.nan
+    assert np.all(np.isfinite(_xcorr(x, y_hole, max_lag)))
+
+
+def test_prefetched_slices_are_the_slices_read_in_turn(tmp_path):
+    # the background read fills the other buffers: every slice arrives intact and in order
+    path = tmp_path / "p.h5"
+    w = RunFileWriter(str(path), {}, 0)
+    w.add_source(SourceDescriptor("m", "meter", "m", (Channel("a_w", "W"), Channel("b_w", "W"))))
+    t = np.arange(1_000, dtype=np.int64) * 1_000_000
+    v = np.column_stack([np.arange(t.size), -np.arange(t.size)]).astype(np.float64)
+    w.append("m", t, t, v, np.zeros(t.size, np.uint8))
+    w.close()
+    with wattlab.open(str(path)) as run:
+        view = run.source("m")
+        plain = [(a.copy(), b.copy()) for a, b in view.iter_rows(96)]
+        ahead = [(a.copy(), b.copy()) for a, b in view.iter_rows(96, prefetch=True)]
+        first = next(iter(view.iter_rows(96, prefetch=True)))[0].copy()  # left early
+    assert len(ahead) == len(plain) == 11 and first[0] == 0
+    for (ta, va), (tb, vb) in zip(plain, ahead, strict=True):
+        np.testing.assert_array_equal(ta, tb)
+        np.testing.assert_array_equal(va, vb)
+    np.testing.assert_array_equal(np.concatenate([a for a, _ in ahead]), t)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,24 +129,42 @@ class SourceView:
             yield np.asarray(time_ds[start:stop]), np.asarray(values_ds[start:stop, col])
 
     def iter_rows(
-        self, rows: int = 1 << 20
+        self, rows: int = 1 << 20, *, prefetch: bool = False
     ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[Any]]]:
         """Yield (time_ns, values n × channels) slices with every channel, in one pass.
 
         Why: one read of the values dataset serves all its channels, and the slices are read
-        into two reused buffers (no fresh allocation per slice), so each yielded pair is
-        only valid until the next one is yielded: copy what must outlive it.
+        into reused buffers (no fresh allocation per slice), so each yielded pair is only
+        valid until the next one is yielded: copy what must outlive it. ``prefetch``: a
+        background thread reads the next slice into a second pair of buffers while the
+        caller works on this one (h5py reads without holding the GIL), so reading and the
+        caller's work overlap where a second core is free.
         """
         time_ds, values_ds = self._group["time"], self._group["values"]
         n = int(time_ds.shape[0])
         size = min(rows, n)
-        t_buf = np.empty(size, dtype=np.int64)
-        v_buf = np.empty((size, values_ds.shape[1]), dtype=values_ds.dtype)
-        for start in range(0, n, rows):
+        buffers = [(np.empty(size, dtype=np.int64),
+                     np.empty((size, values_ds.shape[1]), dtype=values_ds.dtype))
+                    for _ in range(2 if prefetch else 1)]
+
+        def read(start: int, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
             m = min(n, start + rows) - start
+            t_buf, v_buf = buffers[k % len(buffers)]
             time_ds.read_direct(t_buf, np.s_[start:start + m], np.s_[0:m])
             values_ds.read_direct(v_buf, np.s_[start:start + m], np.s_[0:m])
-            yield t_buf[:m], v_buf[:m]
+            return t_buf[:m], v_buf[:m]
+
+        if not prefetch:
+            for k, start in enumerate(range(0, n, rows)):
+                yield read(start, k)
+            return
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(read, 0, 0)
+            for k, start in enumerate(range(0, n, rows)):
+                ready = pending.result()
+                if start + rows < n:  # into the buffers the caller has just finished with
+                    pending = pool.submit(read, start + rows, k + 1)
+                yield ready
 
     def to_pandas(self) -> Any:
         """A DataFrame indexed by session time in seconds, one column per channel + flags."""
