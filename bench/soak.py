@@ -113,7 +113,9 @@ def soak(seconds: float, folder: str, keep: str = "") -> dict[str, Any]:
                     continue
                 if now >= warmup_s and role not in first:
                     first[role] = (now, rss, cpu)
-                if role in first and now <= seconds + 2:
+                # while recording: after it the session reads the file for its summary
+                # (tens of MB for a moment), which is not what "flat" is about
+                if role in first and now <= seconds:
                     last[role] = (now, rss, cpu)
                     if now >= next_sample.get(role, 0.0):  # the RSS curve, ~20 points
                         curve.setdefault(role, []).append((round(now, 1), round(rss, 1)))
