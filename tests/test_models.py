@@ -122,6 +122,9 @@ def test_zeus_a40_resnet50_profile_picks_175_w(capsys: pytest.CaptureFixture[str
     assert bounded.recommended_x == 200.0  # 175 W costs +16 % time
     assert main(["fit", path, "--json"]) == 0
     assert '"recommended_x": 175.0' in capsys.readouterr().out
+    assert main(["fit", path]) == 0
+    table = capsys.readouterr().out
+    assert "boosted           -  not cross-validated" in table and "nan" not in table
 
 
 def measured_argmin(t: SweepTable, edp: bool = False) -> dict[str, float]:

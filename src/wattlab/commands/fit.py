@@ -59,6 +59,9 @@ def format_report(report: FitReport, top: int) -> str:
              f"  {'family':<10} {'held out':>8} {'time':>7} {'power':>7} {'energy':>7} "
              f"{'edp':>7} {q + ' (compared)':>16}"]
     for s in report.families:
+        if s.n_heldout == 0:  # e.g. boosted on one workload: nothing to learn across
+            lines.append(f"  {s.family:<10} {'-':>8}  not cross-validated: no row to hold out")
+            continue
         mark = "  <- chosen" if s.family == report.chosen else ""
         lines.append(f"  {s.family:<10} {s.n_predicted:>4}/{s.n_heldout:<3} "
                      + " ".join(f"{s.mape[k]:7.2f}" for k in ("time", "power", "energy", "edp"))
