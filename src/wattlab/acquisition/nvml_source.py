@@ -22,7 +22,7 @@ and calibration needs each as the driver gave it:
 
 Every cadence is a multiple of the 90 ms poll and they start together, so one wake-up serves
 all the reads due: a wake-up costs far more CPU than the reads (caches are cold after a sleep: a
-6 µs NVML call can take 300 µs then), and issue 10 asks for every driver sample at under
+6 µs NVML call takes 100–150 µs then on an H200), and issue 10 asks for every driver sample at under
 1 % of one core.
 
 Readings the GPU does not support are left out (never zeros) and listed in ``config["missing"]``.
