@@ -391,11 +391,15 @@ def _one_run(plan: SweepPlan, driver: NvmlDriver, folder: Path, x: float, rep: i
     finally:
         current[0] = None
     runtime: float | None = None
-    if work is not None and plan.command is None:
-        if work.finish_ns is None or work.begin_ns is None:
+    true_j: float | None = None
+    if work is not None:
+        if plan.command is None and work.finish_ns is not None and work.begin_ns is not None:
+            runtime = (work.finish_ns - work.begin_ns) / 1e9
+            true_j = float(sim_gpu.true_energy_j(work.begin_ns, work.finish_ns))
+        sim_gpu.hold_history_from(None)  # the run is over: its past may go
+        if plan.command is None and runtime is None:
             return RunResult(x, rep, "interrupted", math.nan, {}, math.nan, math.nan, math.nan,
                              path, None)
-        runtime = (work.finish_ns - work.begin_ns) / 1e9
     status = "ok"
     code = result.command_exit_code
     if result.interrupted and (work is None or work.finish_ns is None):
@@ -403,10 +407,8 @@ def _one_run(plan: SweepPlan, driver: NvmlDriver, folder: Path, x: float, rep: i
     elif code not in (None, 0):
         status = "failed"
     runtime_s, energies, state = measure(path, plan.gpu, runtime)
-    if work is not None and work.begin_ns is not None and runtime is not None:
-        energies["true"] = float(sim_gpu.true_energy_j(work.begin_ns,
-                                                       work.begin_ns + round(runtime * 1e9)))
-        sim_gpu.hold_history_from(None)
+    if true_j is not None:
+        energies["true"] = true_j
     return RunResult(x, rep, status, runtime_s, energies, state.get("sm_clock_mhz", math.nan),
                      state.get("mem_clock_mhz", math.nan), state.get("power_limit_w", math.nan),
                      path, code)
