@@ -3,9 +3,9 @@
     python bench/nvml_compare.py [--phase-s 4]      # needs an NVIDIA GPU; read-only
 
 Runs at the same time: the load (tests/with_device/matmul_load.py, which logs its phase
-starts), `wattlab record --nvml 0`, `nvidia-smi --query-gpu=timestamp,power.draw
---format=csv -lms 20`, and a plain pynvml loop polling nvmlDeviceGetPowerUsage every
-100 ms, and Zeus's PowerMonitor (bench/zeus_reader.py) where ``import zeus`` works (the
+starts and reads the energy counter there: the reference), `wattlab record --nvml 0` (every
+stream) and `nvidia-smi --query-gpu=timestamp,power.draw --format=csv -lms 20`, a plain pynvml loop
+polling nvmlDeviceGetPowerUsage every 100 ms, and Zeus's PowerMonitor (bench/zeus_reader.py) where ``import zeus`` works (the
 GPU machine cannot fetch packages: carry Zeus and its wheels, see BENCHMARKS.md). Per
 reader: distinct driver readings per second, CPU time, energy over the window against the
 energy counter, and the delay until it shows the first idle -> full step.
@@ -44,6 +44,22 @@ def finish(proc: subprocess.Popen[bytes], stop: bool) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by a live process and its live descendants (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue  # it ended in between
+    return total
+
+
 def read_smi(path: Path) -> tuple[np.ndarray, np.ndarray]:
     t, p = [], []
     for line in path.read_text().splitlines()[1:]:
@@ -73,14 +89,18 @@ def zeus_available() -> bool:
     return True
 
 
-def read_wattlab(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+ALL_STREAMS = [("gpu0.samples", "power_w"), ("gpu0.power", "average_power_w"),
+               ("gpu0.power", "instant_power_w")]
+
+
+def read_wattlab(path: Path, streams: list[tuple[str, str]]
+                 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     import wattlab
 
     with wattlab.open(str(path)) as run:
         unix0 = int(run.attrs["session_start_unix_ns"])
         out = {}
-        for sid, ch in (("gpu0.samples", "power_w"), ("gpu0.power", "average_power_w"),
-                        ("gpu0.power", "instant_power_w"), ("gpu0.energy", "energy_j")):
+        for sid, ch in streams:
             view = run.source(sid)
             out[f"{sid}:{ch}"] = (view.time_ns + unix0, view.channel(ch))
     return out
@@ -123,6 +143,7 @@ def main() -> int:
         return 0
     folder = Path(tempfile.mkdtemp(prefix="wattlab-nvml-"))
     run_path, smi_path = folder / "wattlab.h5", folder / "smi.csv"
+    lean_path = folder / "wattlab-lean.h5"
     loop_path, steps_path = folder / "loop.txt", folder / "steps.txt"
     zeus_prefix = folder / "zeus"
     with_zeus = zeus_available()
@@ -132,6 +153,9 @@ def main() -> int:
             "wattlab": start([sys.executable, "-m", "wattlab.cli", "record", "--nvml", "0",
                               "--duration", "3600", "-o", str(run_path)],
                              stdout=subprocess.DEVNULL),
+            "wattlab lean": start([sys.executable, "-m", "wattlab.cli", "record", "--nvml", "0",
+                                   "--nvml-streams", "samples,energy", "--duration", "3600",
+                                   "-o", str(lean_path)], stdout=subprocess.DEVNULL),
             "nvidia-smi -lms 20": start(["nvidia-smi", "--query-gpu=timestamp,power.draw",
                                          "--format=csv", "-lms", "20"], stdout=smi_out),
             "pynvml loop 100 ms": start([sys.executable, str(HERE / "nvml_poll_loop.py"),
@@ -140,22 +164,27 @@ def main() -> int:
         if with_zeus:
             readers["zeus PowerMonitor"] = start([sys.executable, str(HERE / "zeus_reader.py"),
                                                   str(zeus_prefix)])
-        time.sleep(3)
+        time.sleep(5)  # start-up (imports, the recorder, NVML init) stays out of "steady"
+        steady_from = {name: (time.monotonic(), tree_cpu_s(p.pid)) for name, p in readers.items()}
         load = start([sys.executable, str(LOAD), "--seconds", str(args.phase_s),
                       "--steps", str(steps_path)])
         load.wait()
+        steady = {name: 100 * (tree_cpu_s(p.pid) - steady_from[name][1])
+                  / (time.monotonic() - steady_from[name][0]) for name, p in readers.items()}
         time.sleep(2)
         cpu = {name: finish(proc, stop=True) for name, proc in readers.items()}
         wall_s = time.monotonic() - started
-    steps = [(int(a), b) for a, b in (line.split() for line in steps_path.read_text().split("\n")
-                                      if line)]
-    wl = read_wattlab(run_path)
-    e_t, e_j = wl["gpu0.energy:energy_j"]
+    steps = [(int(t), int(mj)) for t, _, mj in (line.split() for line in
+                                                 steps_path.read_text().split("\n") if line)]
+    wl = read_wattlab(run_path, ALL_STREAMS)
+    lean = read_wattlab(lean_path, [("gpu0.samples", "power_w")])
     a, b = steps[0][0], steps[-1][0]
-    counter_j = float(np.interp(b, e_t, e_j) - np.interp(a, e_t, e_j))
+    counter_j = (steps[-1][1] - steps[0][1]) / 1e3
     step_ns, next_ns = steps[1][0], steps[2][0]
     series = {
         "wattlab gpu0.samples (50 Hz buffer)": (*wl["gpu0.samples:power_w"], True, "wattlab"),
+        "wattlab lean: samples,energy only": (*lean["gpu0.samples:power_w"], True,
+                                              "wattlab lean"),
         "wattlab gpu0.power instant": (*wl["gpu0.power:instant_power_w"], False, "wattlab"),
         "wattlab gpu0.power average": (*wl["gpu0.power:average_power_w"], False, "wattlab"),
         "nvidia-smi -lms 20": (*read_smi(smi_path), False, "nvidia-smi -lms 20"),
@@ -171,24 +200,27 @@ def main() -> int:
         energy = window_energy(t, p, a, b)
         rows.append({
             "reader": name, "distinct_per_s": distinct_per_s(t, p, by_time),
-            "cpu_pct_of_core": 100 * cpu[proc] / wall_s,
+            "cpu_pct_of_core": 100 * cpu[proc] / wall_s, "steady_cpu_pct": steady[proc],
             "energy_j": energy, "energy_error_pct": 100 * (energy - counter_j) / counter_j,
             "step_delay_ms": step_delay_ms(t, p, step_ns, next_ns),
         })
     print(f"NVML readers side by side, one run, {len(steps) - 1} load phases of {args.phase_s} s;"
           f" energy counter over the window: {counter_j:.1f} J")
-    print(f"{'reader':<38} {'distinct/s':>10} {'CPU % core':>10} {'energy err %':>12} "
-          f"{'step delay ms':>13}")
+    print(f"{'reader':<38} {'distinct/s':>10} {'CPU % run':>10} {'CPU % steady':>12} "
+          f"{'energy err %':>12} {'step delay ms':>13}")
     for r in rows:
         print(f"{r['reader']:<38} {r['distinct_per_s']:>10.1f} {r['cpu_pct_of_core']:>10.2f} "
-              f"{r['energy_error_pct']:>12.2f} {r['step_delay_ms']:>13.0f}")
-    print("(wattlab's CPU is the whole `wattlab record` process tree: sources, recorder, "
-          "HDF5; one figure for its three streams)")
+              f"{r['steady_cpu_pct']:>12.2f} {r['energy_error_pct']:>12.2f} "
+              f"{r['step_delay_ms']:>13.0f}")
+    print("(CPU is each reader's whole process tree, % of one core: over the run, start-up "
+          "included, and steady: while the load ran, from 5 s after start; wattlab's tree is "
+          "its sources, recorder and HDF5 writing, one figure for its streams)")
     write_json("nvml_compare", {"benchmark": "nvml_compare", "counter_j": counter_j,
                                 "rows": rows, "cpu_s": cpu, "phase_s": args.phase_s})
     out = os.environ.get("OUT")
     if out:
-        for f in (run_path, smi_path, loop_path, steps_path, *folder.glob("zeus.*.txt")):
+        for f in (run_path, lean_path, smi_path, loop_path, steps_path,
+                  *folder.glob("zeus.*.txt")):
             Path(out, f.name).write_bytes(f.read_bytes())
     return 0
 

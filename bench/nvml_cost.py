@@ -5,7 +5,8 @@
 1. The cost of each NVML call the reader makes: wall time (median and 99th percentile) and
    CPU time (mean), µs.
 2. A recording session of the GPU, in steady state (after a warm-up): CPU of the NVML source
-   thread, of the rest of the session process and of the recorder process, % of one core.
+   thread, of the rest of the session process and of the recorder process, % of one core;
+   once with every NVML stream and once with ``--nvml-streams samples,energy`` (``--streams``).
 Without a GPU it measures the simulated one (then the call costs are the simulator's).
 """
 
@@ -27,6 +28,7 @@ from common import write_json
 from wattlab.acquisition.nvml_source import NvmlAcquirer
 from wattlab.acquisition.session import Session
 from wattlab.drivers.nvml import NvmlDriver
+from wattlab.drivers.nvml_samples import SampleDrain
 
 
 def after_sleep_costs(driver: NvmlDriver, n: int) -> dict[str, float]:
@@ -48,9 +50,25 @@ def after_sleep_costs(driver: NvmlDriver, n: int) -> dict[str, float]:
     return out
 
 
+def drain_agrees(driver: NvmlDriver) -> bool:
+    """Whether the one-call drain returns exactly what pynvml's public call does."""
+    drain, handle = SampleDrain(driver.lib), driver.handle(0)
+    since_us = int(time.time() * 1e6) - 1_000_000
+    for _ in range(5):
+        public = drain._public(handle, since_us)
+        fast = drain(handle, since_us)
+        if fast[0].size and public[0][-1] == fast[0][-1]:  # no new sample in between
+            return bool(np.array_equal(fast[0], public[0]) and np.array_equal(fast[1], public[1]))
+    return False
+
+
 def call_costs(driver: NvmlDriver, n: int) -> dict[str, dict[str, float]]:
+    drain, handle = SampleDrain(driver.lib), driver.handle(0)
+    time.sleep(1.0)  # a simulated GPU starts with an empty buffer
     calls = {
-        "read_samples (drain)": lambda: driver.read_samples(0, int(time.time() * 1e6) - 2_000_000),
+        "read_samples (drain)": lambda: driver.read_samples(0, int(time.time() * 1e6) - 900_000),
+        "  pynvml's two-call drain, same span": lambda: drain._public(
+            handle, int(time.time() * 1e6) - 900_000),
         "read_power (instant + average)": lambda: driver.read_power(0),
         "read_energy_j": lambda: driver.read_energy_j(0),
         "read_state": lambda: driver.read_state(0),
@@ -134,11 +152,30 @@ class CpuProbe:
                 "tree_pct": out["process"] + out["recorder"], "window_s": span}
 
 
+def steady_cpu(driver: NvmlDriver, streams: str, args: argparse.Namespace) -> dict[str, float]:
+    """Record the GPU for ``args.seconds`` with these streams; the steady CPU of each part."""
+    with tempfile.TemporaryDirectory() as folder:
+        probe = CpuProbe(args.warmup)
+        acquirer = NvmlAcquirer(driver, 0, streams=streams)
+        for kv in filter(None, args.intervals.split(",")):
+            key, value = kv.split("=")
+            if key not in acquirer.intervals_s:
+                raise SystemExit(f"--intervals: {key!r} is not one of "
+                                 f"{sorted(acquirer.intervals_s)}")
+            acquirer.intervals_s[key] = float(value)  # read at open, before the first poll
+        Session(str(Path(folder) / "cost.h5"), [("gpu0", acquirer)],
+                duration_s=args.seconds).run()
+        probe.stop()
+    return probe.percent()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds left out at the start")
     parser.add_argument("--simulate", action="store_true")
+    parser.add_argument("--streams", default="all;samples,energy",
+                        help="NVML stream lists to measure, ';' between sessions")
     parser.add_argument("--intervals", default="",
                         help="acquirer cadences to try instead of the defaults, e.g. "
                              "power=0.02,state=0.2,drain=1,energy=1,emit=0.5")
@@ -152,32 +189,25 @@ def main() -> int:
     driver = NvmlDriver(lib)
     driver.open()
     costs = call_costs(driver, 200)
-    with tempfile.TemporaryDirectory() as folder:
-        probe = CpuProbe(args.warmup)
-        acquirer = NvmlAcquirer(driver, 0)
-        for kv in filter(None, args.intervals.split(",")):
-            key, value = kv.split("=")
-            if key not in acquirer.intervals_s:
-                raise SystemExit(f"--intervals: {key!r} is not one of "
-                                 f"{sorted(acquirer.intervals_s)}")
-            acquirer.intervals_s[key] = float(value)  # read at open, before the first poll
-        Session(str(Path(folder) / "cost.h5"), [("gpu0", acquirer)],
-                duration_s=args.seconds).run()
-        probe.stop()
+    agrees = drain_agrees(driver)
+    steady = {streams: steady_cpu(driver, streams, args) for streams in args.streams.split(";")}
     print(f"NVML call costs ({'simulated' if args.simulate else 'real'} GPU), 200 calls each")
-    print(f"{'call':<34} {'median us':>10} {'p99 us':>10} {'CPU us':>10}")
+    print(f"{'call':<38} {'median us':>10} {'p99 us':>10} {'CPU us':>10}")
     for name, c in costs.items():
-        print(f"{name:<34} {c['median_us']:>10.1f} {c['p99_us']:>10.1f} {c['cpu_us']:>10.1f}")
+        print(f"{name:<38} {c['median_us']:>10.1f} {c['p99_us']:>10.1f} {c['cpu_us']:>10.1f}")
+    print(f"one-call drain returns exactly what pynvml's call does: {'yes' if agrees else 'NO'}")
     cold = after_sleep_costs(driver, 50)
     print("read_power CPU µs (median) " + ", ".join(f"{k}: {v:.1f}" for k, v in cold.items()))
-    cpu = probe.percent()
-    print(f"steady state over {cpu['window_s']:.1f} s (after {args.warmup:g} s warm-up), % of one "
-          f"core: source thread {cpu['source_thread_pct']:.2f}, rest of the session process "
-          f"{cpu['session_other_threads_pct']:.2f}, recorder process "
-          f"{cpu['recorder_process_pct']:.2f}; whole tree {cpu['tree_pct']:.2f}")
+    for streams, cpu in steady.items():
+        print(f"--nvml-streams {streams}: steady state over {cpu['window_s']:.1f} s (after "
+              f"{args.warmup:g} s warm-up), % of one core: source thread "
+              f"{cpu['source_thread_pct']:.2f}, rest of the session process "
+              f"{cpu['session_other_threads_pct']:.2f}, recorder process "
+              f"{cpu['recorder_process_pct']:.2f}; whole tree {cpu['tree_pct']:.2f}")
     driver.close()
     write_json("nvml_cost", {"benchmark": "nvml_cost", "simulated": args.simulate,
-                             "calls": costs, "after_sleep_cpu_us": cold, "cpu": cpu,
+                             "calls": costs, "drain_agrees": agrees,
+                             "after_sleep_cpu_us": cold, "cpu_by_streams": steady,
                              "intervals": args.intervals or "defaults",
                              "seconds": args.seconds})
     return 0

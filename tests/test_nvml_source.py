@@ -10,11 +10,11 @@ import numpy as np
 import pynvml
 import pytest
 
-from wattlab.acquisition.nvml_source import NvmlAcquirer
+from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_streams
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.analysis.calibration import update_lattice
 from wattlab.drivers.nvml import NvmlDriver
-from wattlab.errors import NvmlError
+from wattlab.errors import NvmlError, UsageError
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu, WorkloadSchedule
 from wattlab.samples import Gap, SampleFlag
@@ -372,3 +372,48 @@ def test_real_h100_sample_stamps_drain_without_false_gaps() -> None:
     assert samples.t_raw is not None
     np.testing.assert_array_equal(samples.t_raw, real[:, 0])
     np.testing.assert_allclose(samples.values[:, 0], real[:, 1] / 1000)
+
+
+def test_fewer_streams_are_recorded_and_cost_fewer_wake_ups() -> None:
+    full, _, full_clock = setup()
+    lean, _, lean_clock = setup(streams="samples,energy")
+    assert [d.source_id for d in lean.open()] == ["gpu0.samples", "gpu0.energy"]
+    assert lean.descriptors[0].config["streams"] == ["samples", "energy"]
+    full.open()
+    lean_out = run_for(lean, lean_clock, 18.0)
+    run_for(full, full_clock, 18.0)
+    lean.close()
+    full.close()
+    assert set(by_source(lean_out)) == {"gpu0.samples", "gpu0.energy"}
+    samples = by_source(lean_out)["gpu0.samples"]
+    assert np.all(np.diff(samples.t_raw) > 0) and 18 * 49 < samples.t_raw.size <= 18 * 50 + 1
+    assert not [r for r in lean_out if isinstance(r, Gap)]
+    assert len(lean_clock.sleeps) <= 21  # one wake-up per 0.9 s drain
+    assert len(full_clock.sleeps) >= 190  # one per 90 ms power poll
+    energy = by_source(lean_out)["gpu0.energy"].values[:, 0]
+    assert energy[-1] - energy[0] == pytest.approx(
+        float(np.trapezoid(samples.values[:, 0], samples.t_raw / 1e6)), rel=0.02)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("samples,bogus", "no stream named 'bogus'"),
+    ("", "none given"),
+    (" , ", "none given"),
+    ("all,samples", "no stream named 'all'"),
+])
+def test_bad_stream_lists_are_named(text: str, problem: str) -> None:
+    with pytest.raises(UsageError, match=problem):
+        setup(streams=text)
+
+
+def test_streams_are_kept_in_their_canonical_order() -> None:
+    assert parse_streams("energy, SAMPLES") == ("samples", "energy")
+    assert parse_streams(["state"]) == ("state",)
+    assert parse_streams("all") == ("samples", "power", "energy", "state")
+
+
+def test_a_gpu_without_any_stream_asked_for_is_refused() -> None:
+    acq, _, _ = setup(unsupported=frozenset({"nvmlDeviceGetSamples"}), streams="samples")
+    with pytest.raises(NvmlError, match="supports none of the NVML streams asked for"):
+        acq.open()
+    assert acq.poll() == []

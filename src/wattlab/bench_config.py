@@ -123,6 +123,20 @@ def _gpus(value: Any) -> str | None:
     return "must be \"all\", a string like \"0,1\", or a list of GPU indices"
 
 
+def _nvml_streams(value: Any) -> str | None:
+    from wattlab.acquisition.nvml_source import NVML_STREAMS, parse_streams
+
+    rule = f"must be \"all\" or a list of {', '.join(NVML_STREAMS)}"
+    if not (isinstance(value, str) or (isinstance(value, list) and all(
+            isinstance(v, str) for v in value))):
+        return rule
+    try:
+        parse_streams(value)
+    except UsageError as e:
+        return f"{rule} ({e})"
+    return None
+
+
 def _source_id(value: Any) -> str | None:
     if isinstance(value, str) and SOURCE_ID_PATTERN.match(value):
         return None
@@ -144,7 +158,8 @@ METER_COMMON: dict[str, tuple[Check, Any]] = {"gpu": (_non_negative_int, None)}
 KINDS: dict[str, KindSchema] = {
     "nvml": KindSchema({}, {"gpus": (_gpus, "all"), "simulate": (_bool, False),
                             "simulated_gpus": (_positive_int, 1),
-                            "seed": (_non_negative_int, 0)},
+                            "seed": (_non_negative_int, 0),
+                            "streams": (_nvml_streams, "all")},
                        "gpu", "GPUs read through NVML (source ids gpu<N>.*)"),
     "powersensor3": KindSchema({"port": _string}, {"id": (_source_id, "ps3"),
                                                    "rails": (_ps3_rails, None)}, "ps3",
@@ -433,15 +448,16 @@ def meter_options_json(device: DeviceConfig) -> str:
     return json.dumps({**device.options, "where": device.where})
 
 
-def nvml_selection(config: BenchConfig) -> tuple[str, bool, int, int]:
-    """(gpus, simulate, simulated_gpus, seed) as ``--nvml`` and ``--simulate`` take them."""
+def nvml_selection(config: BenchConfig) -> tuple[str, bool, int, int, str]:
+    """(gpus, simulate, simulated_gpus, seed, streams) as the ``record`` flags take them."""
     nvml = config.nvml
     if nvml is None:
-        return "none", False, 1, 0
+        return "none", False, 1, 0, "all"
     gpus = nvml.options["gpus"]
     spec = ",".join(str(g) for g in gpus) if isinstance(gpus, list) else str(gpus)
+    streams = nvml.options["streams"]
     return (spec, bool(nvml.options["simulate"]), int(nvml.options["simulated_gpus"]),
-            int(nvml.options["seed"]))
+            int(nvml.options["seed"]), streams if isinstance(streams, str) else ",".join(streams))
 
 
 @contextmanager
@@ -584,6 +600,7 @@ gpus = "all"            # "all", "0,1" or [0, 1]
 # simulate = true       # a simulated GPU instead (no hardware needed)
 # simulated_gpus = 1
 # seed = 0
+# streams = ["samples", "energy"]  # fewer streams, less CPU (default "all")
 
 # PowerSensor3 riser on GPU 0's PCIe power (USB serial). rails: pair number (0-3) = rail.
 # [[device]]

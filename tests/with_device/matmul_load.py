@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -25,12 +26,24 @@ def busy(seconds: float, duty: float, a: torch.Tensor, b: torch.Tensor) -> None:
         time.sleep(0.1 * (1 - duty))
 
 
+def energy_counter_mj() -> Callable[[], int]:
+    """GPU 0's energy counter, read here at each step: the reference every reader is
+    compared with, read by none of them."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    return lambda: int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
-    parser.add_argument("--steps", help="write each phase's start (unix ns, name) to this file")
+    parser.add_argument("--steps", help="write each phase's start (unix ns, name, the energy "
+                                        "counter in mJ) to this file")
     args = parser.parse_args()
     steps = open(args.steps, "w") if args.steps else None  # noqa: SIM115 - closed below
+    counter = energy_counter_mj()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     torch.matmul(a, b)
@@ -38,7 +51,7 @@ def main() -> None:
     for name, duty in (("idle", 0.0), ("full", 1.0), ("idle", 0.0), ("half", 0.5),
                        ("full", 1.0), ("idle", 0.0)):
         if steps is not None:
-            steps.write(f"{time.time_ns()} {name}\n")
+            steps.write(f"{time.time_ns()} {name} {counter()}\n")
             steps.flush()
         with wattlab.phase(name, duty=duty):
             if duty == 0:
@@ -46,7 +59,7 @@ def main() -> None:
             else:
                 busy(args.seconds, duty, a, b)
     if steps is not None:
-        steps.write(f"{time.time_ns()} end\n")
+        steps.write(f"{time.time_ns()} end {counter()}\n")
         steps.close()
 
 

@@ -284,15 +284,16 @@ def meter_acquirers(specs: list[str]) -> list[tuple[str, Acquirer]]:
 
 @contextmanager
 def nvml_acquirers(
-    spec: str, simulate: bool, simulated_gpus: int, seed: int
+    spec: str, simulate: bool, simulated_gpus: int, seed: int, streams: str = "all"
 ) -> Iterator[list[tuple[str, Acquirer]]]:
     """NVML (or simulated) acquirers for the GPUs in ``spec``; the library stays open."""
     if spec == "none":
         yield []
         return
-    from wattlab.acquisition.nvml_source import NvmlAcquirer
+    from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_streams
     from wattlab.drivers.nvml import NvmlDriver
 
+    parse_streams(streams)  # a bad list fails before NVML is opened
     lib = None
     if simulate:
         from wattlab.hardware.fake_nvml import FakeNvml
@@ -308,6 +309,6 @@ def nvml_acquirers(
         raise UsageError(str(e)) from e
     try:
         indices = driver.resolve_gpus(spec)
-        yield [(f"gpu{i}", NvmlAcquirer(driver, i)) for i in indices]
+        yield [(f"gpu{i}", NvmlAcquirer(driver, i, streams=streams)) for i in indices]
     finally:
         driver.close()

@@ -26,21 +26,28 @@ all the reads due: a wake-up costs far more CPU than the reads (caches are cold 
 1 % of one core.
 
 Readings the GPU does not support are left out (never zeros) and listed in ``config["missing"]``.
+A recording can also ask for fewer streams (``--nvml-streams samples,energy``): without the
+90 ms power poll the reader wakes about once a second, for users who want every driver
+sample and the run's energy at the least CPU, and not the calibration views.
 """
 
 from __future__ import annotations
 
 import math
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
 
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.nvml import NVML_CALLS, STATE_READINGS, NvmlDriver
+from wattlab.errors import NvmlError, UsageError
 from wattlab.samples import Channel, Gap, SampleFlag, SourceDescriptor
+
+NVML_STREAMS = ("samples", "power", "energy", "state")
 
 STATE_UNITS = {
     "sm_clock_hz": "Hz",
@@ -49,6 +56,20 @@ STATE_UNITS = {
     "temperature_c": "degC",
     "power_limit_w": "W",
 }
+
+
+def parse_streams(text: str | Collection[str]) -> tuple[str, ...]:
+    """``"all"``, ``"samples,energy"`` or a list of names: the NVML streams to record, in order."""
+    names = text.split(",") if isinstance(text, str) else list(text)
+    names = [n.strip().lower() for n in names if n.strip()]
+    if names == ["all"]:
+        return NVML_STREAMS
+    unknown = [n for n in names if n not in NVML_STREAMS]
+    if unknown or not names:
+        raise UsageError(f"NVML streams {text!r}: "
+                         + (f"no stream named {unknown[0]!r}; " if unknown else "none given; ")
+                         + f"give 'all' or a comma list of {', '.join(NVML_STREAMS)}")
+    return tuple(n for n in NVML_STREAMS if n in names)
 
 
 class _Rows:
@@ -83,8 +104,13 @@ class _Rows:
 class NvmlAcquirer:
     """Reads GPU ``gpu_index`` through an ``NvmlDriver`` and yields Chunks for four streams.
 
+    ``streams`` keeps only some of them (see ``parse_streams``); a stream left out is never
+    read, so it costs no wake-up.
+
     ``clock_ns``, ``wall_clock_ns`` and ``sleep`` are injectable so tests can run on a fake
-    clock; by default they are ``time.monotonic_ns``, ``time.time_ns`` and ``time.sleep``.
+    clock; by default the clocks are ``time.monotonic_ns`` and ``time.time_ns``, and ``poll``
+    sleeps until the next read is due (at most ``max_block_s``) unless ``wake`` is called:
+    with fewer streams that can be most of a second, and a stop must not wait for it.
     """
 
     def __init__(
@@ -99,13 +125,15 @@ class NvmlAcquirer:
         emit_interval_s: float = 0.9,
         sample_period_s: float = 0.02,
         buffer_capacity: int = 120,
-        max_block_s: float = 0.1,
+        max_block_s: float = 1.0,
+        streams: str | Collection[str] = NVML_STREAMS,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall_clock_ns: Callable[[], int] = time.time_ns,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], Any] | None = None,
     ) -> None:
         self.driver = driver
         self.gpu = gpu_index
+        self.streams = parse_streams(streams)
         self.intervals_s = {
             "drain": drain_interval_s,
             "power": power_interval_s,
@@ -118,7 +146,8 @@ class NvmlAcquirer:
         self.max_block_s = max_block_s
         self._clock = clock_ns
         self._wall = wall_clock_ns
-        self._sleep = sleep
+        self._woken = threading.Event()
+        self._sleep = self._woken.wait if sleep is None else sleep
         prefix = f"gpu{gpu_index}"
         self.ids = {k: f"{prefix}.{k}" for k in ("samples", "power", "energy", "state")}
         self.missing: dict[str, str] = {}
@@ -138,6 +167,7 @@ class NvmlAcquirer:
         """Start NVML, learn what the GPU supports, describe the streams."""
         self.driver.open()
         self._opened = True
+        self._woken.clear()
         try:
             info = self.driver.device_info(self.gpu)
             self.missing = {**info.missing, **self.driver.probe(self.gpu)}
@@ -161,6 +191,7 @@ class NvmlAcquirer:
             "power_limit_w": info.power_limit_w,
             "missing": dict(self.missing),
             "intervals_s": dict(self.intervals_s),
+            "streams": list(self.streams),
             "unix_minus_monotonic_ns": self.unix_minus_monotonic_ns,
         }
 
@@ -187,7 +218,7 @@ class NvmlAcquirer:
             )
 
         self.descriptors = []
-        if "samples_power_w" not in self.missing:
+        if "samples_power_w" not in self.missing and "samples" in self.streams:
             describe(
                 "samples",
                 [("power_w", "W", "samples_power_w")],
@@ -198,18 +229,26 @@ class NvmlAcquirer:
         power = [("average_power_w", "W", "average_power_w")]
         if self._has_instant:
             power.insert(0, ("instant_power_w", "W", "instant_power_w"))
-        if "average_power_w" not in self.missing:
+        if "average_power_w" not in self.missing and "power" in self.streams:
             describe("power", power, power_channel=power[0][0])
             self._due_ns["power"] = now
-        if "energy_j" not in self.missing:
+        if "energy_j" not in self.missing and "energy" in self.streams:
             describe("energy", [("energy_j", "J", "energy_j")])
             self._due_ns["energy"] = now
-        if self._state_names:
+        if self._state_names and "state" in self.streams:
             describe("state", [(n, STATE_UNITS[n], n) for n in self._state_names],
                      power_channel=None)  # its only watts are the power *limit*
             self._due_ns["state"] = now
+        if not self.descriptors:
+            self.close()
+            raise NvmlError(f"GPU {self.gpu}: it supports none of the NVML streams asked for "
+                            f"({', '.join(self.streams)}); NVML says {self.missing}")
         self._due_ns["emit"] = now + round(self.intervals_s["emit"] * 1e9)
         return list(self.descriptors)
+
+    def wake(self) -> None:
+        """End the current and every later sleep of ``poll`` (the runner is stopping)."""
+        self._woken.set()
 
     def close(self) -> None:
         """Release NVML (once)."""

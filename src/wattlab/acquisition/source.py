@@ -36,7 +36,11 @@ Reading = Chunk | Gap | Marker
 
 
 class Acquirer(Protocol):
-    """What a source must provide; ``poll`` blocks at most ~0.1 s so stopping is prompt."""
+    """What a source must provide; ``poll`` blocks at most ~0.1 s so stopping is prompt.
+
+    An acquirer that sleeps longer between reads (to wake less often) has a ``wake`` method,
+    which the runner calls when it is asked to stop.
+    """
 
     def open(self) -> list[SourceDescriptor]:
         """Connect to the instrument and describe every stream it will produce."""
@@ -108,9 +112,12 @@ class SourceRunner:
     def request_stop(self) -> None:
         """Tell the thread to finish (it reads what is left, says "end", closes)."""
         self._stop.set()
+        wake = getattr(self.acquirer, "wake", None)
+        if wake is not None:
+            wake()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
+        self.request_stop()
         if self._thread.ident is not None:  # never started (an earlier source failed)
             self._thread.join(timeout_s)
 

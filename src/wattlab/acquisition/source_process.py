@@ -48,6 +48,7 @@ class SourceSpec:
     simulate: bool = False
     simulated_gpus: int = 1
     seed: int = 0
+    nvml_streams: str = "all"  # what --nvml-streams says
 
     def __post_init__(self) -> None:
         if self.kind not in SPEC_KINDS:
@@ -84,7 +85,7 @@ class SourceSpec:
             lib = FakeNvml(simulated_gpus(self.simulated_gpus, self.seed))
         driver = NvmlDriver(lib)
         driver.open()
-        return NvmlAcquirer(driver, self.gpu_index), driver.close
+        return NvmlAcquirer(driver, self.gpu_index, streams=self.nvml_streams), driver.close
 
 
 class ProcessSourceRunner:

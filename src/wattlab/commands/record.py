@@ -45,12 +45,14 @@ def command_of(args: argparse.Namespace) -> list[str]:
     return command[1:] if command[:1] == ["--"] else command
 
 
-def nvml_specs(spec: str, simulate: bool, simulated_gpus: int, seed: int) -> list[SourceSpec]:
+def nvml_specs(spec: str, simulate: bool, simulated_gpus: int, seed: int,
+               streams: str) -> list[SourceSpec]:
     """Source-process specs for the GPUs in ``spec`` (resolved here, read in the children)."""
-    with nvml_acquirers(spec, simulate, simulated_gpus, seed) as gpus:
+    with nvml_acquirers(spec, simulate, simulated_gpus, seed, streams) as gpus:
         indices = [int(name.removeprefix("gpu")) for name, _ in gpus]
     return [SourceSpec(f"gpu{i}", "nvml", gpu_index=i, simulate=simulate,
-                       simulated_gpus=simulated_gpus, seed=seed) for i in indices]
+                       simulated_gpus=simulated_gpus, seed=seed, nvml_streams=streams)
+            for i in indices]
 
 
 def meter_specs(texts: list[str], bench: BenchConfig | None = None) -> list[SourceSpec]:
@@ -67,14 +69,16 @@ def bench_meters(bench: BenchConfig | None) -> list[DeviceConfig]:
 
 
 BENCH_CONFLICTS = {"nvml": "--nvml", "simulate": "--simulate",
-                   "simulated_gpus": "--simulated-gpus", "seed": "--seed"}
+                   "simulated_gpus": "--simulated-gpus", "seed": "--seed",
+                   "nvml_streams": "--nvml-streams"}
 
 
 def load_bench_for(args: argparse.Namespace) -> BenchConfig | None:
     """The ``--bench`` file, refusing flags that would say differently which GPUs to read.
 
     ``--meter`` adds meters to the bench's (stream ids must stay unique); ``--nvml``,
-    ``--simulate``, ``--simulated-gpus`` and ``--seed`` are the bench's nvml entry's job.
+    ``--simulate``, ``--simulated-gpus``, ``--seed`` and ``--nvml-streams`` are the bench's
+    nvml entry's job.
     """
     if args.bench is None:
         ids = [parse_meter_spec(t).source_id for t in args.meter]
@@ -84,8 +88,8 @@ def load_bench_for(args: argparse.Namespace) -> BenchConfig | None:
              (None, False)]
     if given:
         raise UsageError(f"--bench {args.bench} with {', '.join(given)}: the bench file's "
-                         "nvml device says which GPUs to read (gpus, simulate, "
-                         "simulated_gpus, seed); set them there or drop --bench")
+                         "nvml device says which GPUs to read and how (gpus, simulate, "
+                         "simulated_gpus, seed, streams); set them there or drop --bench")
     bench = load_bench(args.bench)
     check_unique_ids([d.id for d in bench.meters]
                      + [parse_meter_spec(t).source_id for t in args.meter],
@@ -93,12 +97,14 @@ def load_bench_for(args: argparse.Namespace) -> BenchConfig | None:
     return bench
 
 
-def nvml_choice(args: argparse.Namespace, bench: BenchConfig | None) -> tuple[str, bool, int, int]:
-    """(gpus, simulate, simulated_gpus, seed) from the bench file or the flags."""
+def nvml_choice(
+    args: argparse.Namespace, bench: BenchConfig | None
+) -> tuple[str, bool, int, int, str]:
+    """(gpus, simulate, simulated_gpus, seed, streams) from the bench file or the flags."""
     if bench is not None:
         return nvml_selection(bench)
     return (args.nvml or "all", args.simulate, 1 if args.simulated_gpus is None
-            else args.simulated_gpus, args.seed or 0)
+            else args.simulated_gpus, args.seed or 0, args.nvml_streams or "all")
 
 
 def report(result: SessionResult) -> None:
@@ -144,6 +150,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "init` writes a template); --meter adds meters to it")
     p.add_argument("--nvml",
                    help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all)")
+    p.add_argument("--nvml-streams", metavar="LIST",
+                   help="NVML streams to record: 'all' (default) or a comma list of samples "
+                        "(the driver's 50 Hz buffer), power (instant and 1 s average, polled "
+                        "every 90 ms, for calibrate), energy (the counter), state (clocks, "
+                        "utilisation, temperature, limit); 'samples,energy' costs the least CPU")
     p.add_argument("--simulate", action="store_true",
                    help="use the simulated GPU instead of NVML (no hardware needed)")
     p.add_argument("--simulated-gpus", type=int, metavar="N",
