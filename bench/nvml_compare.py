@@ -4,11 +4,13 @@
 
 Runs at the same time: the load (tests/with_device/matmul_load.py, which logs its phase
 starts and reads the energy counter there: the reference), `wattlab record --nvml 0` (every
-stream) and `nvidia-smi --query-gpu=timestamp,power.draw --format=csv -lms 20`, a plain pynvml loop
-polling nvmlDeviceGetPowerUsage every 100 ms, and Zeus's PowerMonitor (bench/zeus_reader.py) where ``import zeus`` works (the
-GPU machine cannot fetch packages: carry Zeus and its wheels, see BENCHMARKS.md). Per
-reader: distinct driver readings per second, CPU time, energy over the window against the
-energy counter, and the delay until it shows the first idle -> full step.
+stream), `wattlab record --nvml 0 --nvml-streams samples,energy` (the least CPU),
+`nvidia-smi --query-gpu=timestamp,power.draw --format=csv -lms 20`, a plain pynvml loop
+polling nvmlDeviceGetPowerUsage every 100 ms, and Zeus's PowerMonitor (bench/zeus_reader.py)
+where ``import zeus`` works (the GPU machine cannot fetch packages: carry Zeus and its
+wheels, see BENCHMARKS.md). Per reader: distinct driver readings per second, CPU time (over
+the run and steady), energy over the window against the energy counter, and the delay until
+it shows the first idle -> full step.
 """
 
 from __future__ import annotations
