@@ -14,6 +14,7 @@ from wattlab.bench_config import (
     bench_acquirers,
     check_bench,
     load_bench,
+    nvml_selection,
     parse_bench,
 )
 from wattlab.cli import main
@@ -60,6 +61,13 @@ rate_s = 0.5
 """
 
 
+def test_nvml_streams_reach_the_record_flags() -> None:
+    config = parse_bench('[[device]]\nkind = "nvml"\nsimulate = true\n'
+                         'streams = ["energy", "samples"]\n', "b.toml")
+    assert nvml_selection(config) == ("all", True, 1, 0, "energy,samples")
+    assert nvml_selection(parse_bench('[[device]]\nkind = "nvml"\n', "b.toml"))[4] == "all"
+
+
 def test_defaults_and_json() -> None:
     config = parse_bench(GOOD, "b.toml")
     ps3, wt = config.devices
@@ -92,6 +100,11 @@ def test_defaults_and_json() -> None:
     (GOOD.replace('kind = "powersensor3"\n', ""), "b.toml:4: device 1: no 'kind'"),
     ('[[device]]\nkind = "nvml"\ngpus = "first"\n',
      "b.toml:3: device 1 (nvml): gpus must be \"all\""),
+    ('[[device]]\nkind = "nvml"\nstreams = ["samples", "heat"]\n',
+     "b.toml:3: device 1 (nvml): streams must be \"all\" or a list of samples, power, energy, "
+     "state (NVML streams ['samples', 'heat']: no stream named 'heat'"),
+    ('[[device]]\nkind = "nvml"\nstreams = 3\n',
+     "b.toml:3: device 1 (nvml): streams must be \"all\" or a list of samples"),
 ])
 def test_errors_name_file_line_and_key(text: str, message: str) -> None:
     with pytest.raises(UsageError) as info:

@@ -125,6 +125,7 @@ def test_record_bench_in_source_processes(ps3: PowerSensor3Emulator, tmp_path: P
 @pytest.mark.parametrize(("flags", "named"), [
     (["--nvml", "0"], "--nvml"), (["--simulate"], "--simulate"),
     (["--seed", "3", "--simulated-gpus", "2"], "--simulated-gpus, --seed"),
+    (["--nvml-streams", "samples"], "--nvml-streams"),
     (["--meter", "riser=ps3:/dev/null"], "stream id(s) ['riser'] used twice"),
 ])
 def test_bench_with_conflicting_flags_is_refused(tmp_path: Path, flags: list[str], named: str,

@@ -79,6 +79,30 @@ def test_record_for_a_duration(tmp_path):
         assert run.source("gpu1.power").descriptor["model"].startswith("Simulated")
 
 
+@pytest.mark.parametrize("processes", [[], ["--source-processes"]])
+def test_record_fewer_nvml_streams(tmp_path, processes):
+    out = tmp_path / "run.h5"
+    started = time.monotonic()
+    result = run_cli("record", "--simulate", "--nvml-streams", "energy,samples", "--duration",
+                     "2", "-o", str(out), *processes)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 30  # the reader's long sleeps did not delay the stop
+    with wattlab.open(str(out)) as run:
+        assert set(run.sources) == {"gpu0.samples", "gpu0.energy"}
+        assert run.source("gpu0.samples").descriptor["config"]["streams"] == ["samples", "energy"]
+        assert len(run.source("gpu0.samples").time_ns) >= 80
+        assert run.gaps == []
+
+
+def test_record_refuses_an_unknown_nvml_stream(tmp_path):
+    out = tmp_path / "run.h5"
+    result = run_cli("record", "--simulate", "--nvml-streams", "samples,volts", "--duration",
+                     "1", "-o", str(out))
+    assert result.returncode == 2
+    assert "no stream named 'volts'" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert not out.exists()
+
+
 def test_sigterm_stops_cleanly_and_leaves_a_complete_file(tmp_path):
     out = tmp_path / "run.h5"
     proc = subprocess.Popen([*WATTLAB, "record", "--simulate", "-o", str(out), "--",

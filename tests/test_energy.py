@@ -9,7 +9,12 @@ import pytest
 
 import wattlab
 from wattlab.analysis.alignment import StreamIntegral, bin_means, cumulative_at
-from wattlab.analysis.energy import energy_report, phases_from_markers
+from wattlab.analysis.energy import (
+    COUNTER_UPDATE_S,
+    counter_edge_s,
+    energy_report,
+    phases_from_markers,
+)
 from wattlab.cli import main
 from wattlab.errors import RunFileError
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
@@ -66,6 +71,16 @@ def test_energy_per_phase_is_exact_and_the_gap_widens_the_interval(gap_run):
     assert _row(rep, "gpu", "b")["error_pct"] == pytest.approx(5.0, abs=0.3)
     c = _row(rep, "counter", "b")
     assert c["method"] == "counter" and c["energy_j"] == pytest.approx(1200.0, rel=1e-6)
+    # both edges fall on counter reads: each is off by at most the counter's update period
+    assert c["uncertainty_j"] == pytest.approx(200.0 * 2 * COUNTER_UPDATE_S, rel=1e-6)
+
+
+def test_a_counter_edge_between_reads_is_less_certain_than_one_on_a_read():
+    reads = np.array([0.0, 4.5, 9.0])
+    assert counter_edge_s(reads, 0.0) == counter_edge_s(reads, 4.5) == COUNTER_UPDATE_S
+    assert counter_edge_s(reads, 2.25) == pytest.approx(COUNTER_UPDATE_S + 2.25 * 2.25 / 4.5)
+    assert counter_edge_s(reads, 1.0) == pytest.approx(COUNTER_UPDATE_S + 1.0 * 3.5 / 4.5)
+    assert counter_edge_s(reads, 9.5) == COUNTER_UPDATE_S  # outside: counted as "outside"
 
 
 def test_chunked_integration_equals_whole():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -417,3 +418,21 @@ def test_a_gpu_without_any_stream_asked_for_is_refused() -> None:
     with pytest.raises(NvmlError, match="supports none of the NVML streams asked for"):
         acq.open()
     assert acq.poll() == []
+
+
+def test_wake_ends_the_readers_long_sleep_at_once() -> None:
+    gpu = SimulatedGpu(index=0, seed=3, schedule=WorkloadSchedule.demo(3, 20.0))
+    acq = NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0, streams="samples", max_block_s=30.0,
+                       drain_interval_s=30.0, emit_interval_s=30.0)
+    acq.open()
+    try:
+        poller = threading.Thread(target=acq.poll)
+        poller.start()
+        time.sleep(0.2)
+        assert poller.is_alive()  # asleep until the drain, 30 s away
+        woken = time.monotonic()
+        acq.wake()
+        poller.join(5.0)
+        assert not poller.is_alive() and time.monotonic() - woken < 1.0
+    finally:
+        acq.close()

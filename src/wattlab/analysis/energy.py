@@ -32,6 +32,8 @@ from wattlab.analysis.alignment import (
 from wattlab.analysis.run_file import MarkerRow, Run, SourceView
 from wattlab.errors import UsageError
 
+COUNTER_UPDATE_S = 0.1  # how often NVML's energy counter moves (PROTOCOLS.md §7, H100)
+
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -198,18 +200,36 @@ def integrate_power(
     return out
 
 
+def counter_edge_s(reads_s: npt.NDArray[np.float64], edge_s: float) -> float:
+    """Seconds of mean power an edge of a counter difference may be off by.
+
+    The counter's value lags by up to its update period (``COUNTER_UPDATE_S``); between two
+    reads Δ apart, linear interpolation at distance d from one is off by at most the power's
+    range times d(Δ-d)/Δ, zero at a read. The phase's mean power stands in for that range,
+    so an edge on a read (the run's start and end: the reader reads the counter there) is
+    known to ~0.1 s of power, and one mid-way between reads 4.5 s apart to ~1.2 s.
+    """
+    i = int(np.searchsorted(reads_s, edge_s))
+    if i == 0 or i >= reads_s.size or reads_s[i] == edge_s:
+        return COUNTER_UPDATE_S
+    t0, t1 = float(reads_s[i - 1]), float(reads_s[i])
+    return COUNTER_UPDATE_S + (edge_s - t0) * (t1 - edge_s) / (t1 - t0)
+
+
 def counter_energy(view: SourceView, channel: str, phases: list[Phase]) -> list[EnergyRow]:
     """Energy rows from a cumulative energy counter, differenced at the phase edges.
 
-    A counter bridges gaps in its readings correctly (it kept counting); the edges are only
-    known to within one update interval at the mean power.
+    A counter bridges gaps in its readings correctly (it kept counting); each edge is known
+    as well as ``counter_edge_s`` says.
     """
     first, last = span_s(view)
     q = np.unique(np.clip([x for p in phases for x in (p.t0_s, p.t1_s)], first, last))
     values = np.full(q.shape, np.nan)
     prev: tuple[float, float] | None = None
     resets = 0
+    reads: list[npt.NDArray[np.float64]] = []
     for t_chunk, v_chunk in chunks_s(view, channel):
+        reads.append(t_chunk)
         t, v = t_chunk, v_chunk
         if prev is not None:
             t, v = np.concatenate(([prev[0]], t)), np.concatenate(([prev[1]], v))
@@ -217,11 +237,12 @@ def counter_energy(view: SourceView, channel: str, phases: list[Phase]) -> list[
         i0, i1 = np.searchsorted(q, t[0], "left"), np.searchsorted(q, t[-1], "right")
         values[i0:i1] = np.interp(q[i0:i1], t, v)
         prev = (float(t[-1]), float(v[-1]))
-    spacing = median_spacing_s(view)
+    reads_s = np.concatenate(reads) if reads else np.zeros(0)
     rows = []
     for p in phases:
         a, b = p.t0_s, p.t1_s
-        ca, cb = np.interp([max(a, first), min(b, last)], q, values)
+        edges = (max(a, first), min(b, last))
+        ca, cb = np.interp(edges, q, values)
         outside = max(0.0, min(b, first) - a) + max(0.0, b - max(a, last))
         covered = (b - a) - outside
         e = float(cb - ca)
@@ -230,7 +251,7 @@ def counter_energy(view: SourceView, channel: str, phases: list[Phase]) -> list[
                         None, None, e if covered > 0 else None, covered, outside, 0)
         if mean is not None:
             row.energy_j = e + mean * outside
-            half = 2 * spacing * abs(mean)
+            half = abs(mean) * sum(counter_edge_s(reads_s, x) for x in edges)
             row.uncertainty_j, row.low_j, row.high_j = half, row.energy_j - half, \
                 row.energy_j + half
             if outside > 0:

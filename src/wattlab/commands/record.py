@@ -34,6 +34,11 @@ from wattlab.bench_config import (
 from wattlab.errors import UsageError
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5560"
+NVML_STREAMS_HELP = (
+    "NVML streams to record: 'all' (default) or a comma list of samples (the driver's 50 Hz "
+    "buffer), power (instant and 1 s average, polled every 90 ms, for calibrate), energy "
+    "(the counter), state (clocks, utilisation, temperature, limit); 'samples,energy' "
+    "costs the least CPU")
 
 
 def default_output(prefix: str) -> str:
@@ -150,11 +155,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "init` writes a template); --meter adds meters to it")
     p.add_argument("--nvml",
                    help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all)")
-    p.add_argument("--nvml-streams", metavar="LIST",
-                   help="NVML streams to record: 'all' (default) or a comma list of samples "
-                        "(the driver's 50 Hz buffer), power (instant and 1 s average, polled "
-                        "every 90 ms, for calibrate), energy (the counter), state (clocks, "
-                        "utilisation, temperature, limit); 'samples,energy' costs the least CPU")
+    p.add_argument("--nvml-streams", metavar="LIST", help=NVML_STREAMS_HELP)
     p.add_argument("--simulate", action="store_true",
                    help="use the simulated GPU instead of NVML (no hardware needed)")
     p.add_argument("--simulated-gpus", type=int, metavar="N",

@@ -688,15 +688,28 @@ class Recorder:
         all_ended = all(s.ended for s in self._sources.values())
         return all_ended or time.monotonic() >= self._drain_deadline
 
+    def _unflushed(self) -> bool:
+        """Whether a flush has work: rows, markers, gaps, new streams, or SWMR still to start."""
+        return (self._new_objects or bool(self._markers or self._gaps) or not self.writer.swmr
+                or any(s.pending or s.progress_dirty for s in self._sources.values()))
+
     def run(self) -> dict[str, Any]:
-        """Receive and write until a stop request has been drained; returns final status."""
+        """Receive and write until a stop request has been drained; returns final status.
+
+        What arrives is flushed at once if the last flush is ``flush_interval_s`` old, else
+        when it is; with nothing to write the loop sleeps up to ``IDLE_WAKE_MS``. A source
+        that sends once a second thus costs one wake-up a second, not one per interval too.
+        """
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         if self._remote is not None:
             poller.register(self._remote, zmq.POLLIN)
-        next_flush = time.monotonic() + self.config.flush_interval_s
+        interval_s = self.config.flush_interval_s
+        last_flush = time.monotonic()
         while True:
-            wait_ms = max(0, int((next_flush - time.monotonic()) * 1000))
+            wait_ms = IDLE_WAKE_MS
+            if self._unflushed():
+                wait_ms = max(0, int((last_flush + interval_s - time.monotonic()) * 1000))
             probe_ns = self._pinger.next_due_ns()
             if probe_ns is not None:
                 wait_ms = min(wait_ms, max(0, (probe_ns - time.monotonic_ns()) // 1_000_000))
@@ -719,9 +732,11 @@ class Recorder:
                 self._pinger.finish_all(self._send_remote)
             if self._resyncing:
                 self._check_resync()
-            if time.monotonic() >= next_flush or self._bytes_since_flush >= FLUSH_BYTES:
+            now = time.monotonic()
+            if self._bytes_since_flush >= FLUSH_BYTES or (
+                    now >= last_flush + interval_s and self._unflushed()):
                 self.flush()
-                next_flush = time.monotonic() + self.config.flush_interval_s
+                last_flush = now
             if self._stop_requested is not None and self._drained():
                 break
         return self._finish()
