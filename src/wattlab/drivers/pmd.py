@@ -428,14 +428,19 @@ class ContinuousDecoder:
         return out
 
     def flush(self) -> DecodedFrames:
-        """End of stream: emit the held-back frame, unless what followed it broke the phase."""
+        """End of stream: emit the held-back frame, unless what followed it broke the phase.
+
+        Bytes left over that make no whole frame count as a broken phase: a cut inside the
+        held frame can splice the next frame's bytes into its tail, leaving such a remainder,
+        and nothing after it can confirm the frame (found by the property test below it).
+        """
         prev_before = self._prev_ts
         emitted: list[npt.NDArray[np.uint8]] = []
         self._n_out = 0
         self._skipped = 0
         self._events, self._resync_at = [], []
         if self._held is not None:
-            if self._anchor:  # its successor was bad and no search settled it: suspect
+            if self._anchor or self._carry:  # its successor was bad or cut short: suspect
                 self._skip(self.frame_bytes)
             else:
                 self._emit(emitted, self._held[None, :])
