@@ -28,7 +28,6 @@ from common import write_json
 from wattlab.acquisition.nvml_source import NvmlAcquirer
 from wattlab.acquisition.session import Session
 from wattlab.drivers.nvml import NvmlDriver
-from wattlab.drivers.nvml_samples import SampleDrain
 
 
 def after_sleep_costs(driver: NvmlDriver, n: int) -> dict[str, float]:
@@ -50,25 +49,10 @@ def after_sleep_costs(driver: NvmlDriver, n: int) -> dict[str, float]:
     return out
 
 
-def drain_agrees(driver: NvmlDriver) -> bool:
-    """Whether the one-call drain returns exactly what pynvml's public call does."""
-    drain, handle = SampleDrain(driver.lib), driver.handle(0)
-    since_us = int(time.time() * 1e6) - 1_000_000
-    for _ in range(5):
-        public = drain._public(handle, since_us)
-        fast = drain(handle, since_us)
-        if fast[0].size and public[0][-1] == fast[0][-1]:  # no new sample in between
-            return bool(np.array_equal(fast[0], public[0]) and np.array_equal(fast[1], public[1]))
-    return False
-
-
 def call_costs(driver: NvmlDriver, n: int) -> dict[str, dict[str, float]]:
-    drain, handle = SampleDrain(driver.lib), driver.handle(0)
     time.sleep(1.0)  # a simulated GPU starts with an empty buffer
     calls = {
         "read_samples (drain)": lambda: driver.read_samples(0, int(time.time() * 1e6) - 900_000),
-        "  pynvml's two-call drain, same span": lambda: drain._public(
-            handle, int(time.time() * 1e6) - 900_000),
         "read_power (instant + average)": lambda: driver.read_power(0),
         "read_energy_j": lambda: driver.read_energy_j(0),
         "read_state": lambda: driver.read_state(0),
@@ -189,13 +173,11 @@ def main() -> int:
     driver = NvmlDriver(lib)
     driver.open()
     costs = call_costs(driver, 200)
-    agrees = drain_agrees(driver)
     steady = {streams: steady_cpu(driver, streams, args) for streams in args.streams.split(";")}
     print(f"NVML call costs ({'simulated' if args.simulate else 'real'} GPU), 200 calls each")
     print(f"{'call':<38} {'median us':>10} {'p99 us':>10} {'CPU us':>10}")
     for name, c in costs.items():
         print(f"{name:<38} {c['median_us']:>10.1f} {c['p99_us']:>10.1f} {c['cpu_us']:>10.1f}")
-    print(f"one-call drain returns exactly what pynvml's call does: {'yes' if agrees else 'NO'}")
     cold = after_sleep_costs(driver, 50)
     print("read_power CPU µs (median) " + ", ".join(f"{k}: {v:.1f}" for k, v in cold.items()))
     for streams, cpu in steady.items():
@@ -206,7 +188,7 @@ def main() -> int:
               f"{cpu['recorder_process_pct']:.2f}; whole tree {cpu['tree_pct']:.2f}")
     driver.close()
     write_json("nvml_cost", {"benchmark": "nvml_cost", "simulated": args.simulate,
-                             "calls": costs, "drain_agrees": agrees,
+                             "calls": costs,
                              "after_sleep_cpu_us": cold, "cpu_by_streams": steady,
                              "intervals": args.intervals or "defaults",
                              "seconds": args.seconds})

@@ -174,7 +174,7 @@ def test_streams_on_a_fake_clock() -> None:
     )
 
     state = data["gpu0.state"]
-    assert state.values.shape[1] == 5 and 22 <= state.values.shape[0] <= 23
+    assert state.values.shape[1] == 5 and 11 <= state.values.shape[0] <= 12  # every 0.9 s
     assert set(state.values[:, 0]) <= {c * 1e6 for c in gpu.model.sm_clocks_mhz}
     assert np.all(state.values[:, 1] == 2619e6)
     assert np.all(state.values[:, 4] == 700.0)
@@ -187,8 +187,8 @@ def test_sample_integral_matches_energy_counter_within_2_percent() -> None:
     acq.close()
     samples, energy = data["gpu0.samples"], data["gpu0.energy"]
     e_t, e_j = energy.t_host_ns, energy.values[:, 0]
-    fresh = np.r_[True, np.diff(e_j) != 0]  # counter ticks
-    t0, t1 = e_t[fresh][2], e_t[fresh][-2]
+    assert e_t.size == 3  # at the start, after 9 s and at the end
+    t0, t1 = e_t[0], e_t[-1]
     counter_j = np.interp(t1, e_t, e_j) - np.interp(t0, e_t, e_j)
     inside = (samples.t_host_ns > t0) & (samples.t_host_ns <= t1)
     integral_j = samples.values[inside, 0].sum() * 0.020

@@ -44,7 +44,7 @@ SIM_LIMIT_FACTOR = 20.0  # a simulated run may take this many times its full-spe
 SIM_TAIL_S = 0.3  # keep recording after the work ends, so every stream covers the window
 
 # Sweep runs are short: read the energy counter at its own 10 Hz update rate (not the
-# reader's 4.5 s default) so the counter's energy of each run's window is exact; 100 ms,
+# reader's 9 s default) so the counter's energy of each run's window is exact; 100 ms,
 # not the reader's 90 ms grid: reads that walk against the counter's ticks put a short
 # window off by up to a tick.
 SWEEP_ENERGY_S = 0.1

@@ -207,7 +207,7 @@ def counter_edge_s(reads_s: npt.NDArray[np.float64], edge_s: float) -> float:
     reads Δ apart, linear interpolation at distance d from one is off by at most the power's
     range times d(Δ-d)/Δ, zero at a read. The phase's mean power stands in for that range,
     so an edge on a read (the run's start and end: the reader reads the counter there) is
-    known to ~0.1 s of power, and one mid-way between reads 4.5 s apart to ~1.2 s.
+    known to ~0.1 s of power, and one mid-way between reads 9 s apart to ~2.35 s.
     """
     i = int(np.searchsorted(reads_s, edge_s))
     if i == 0 or i >= reads_s.size or reads_s[i] == edge_s:

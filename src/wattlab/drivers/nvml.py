@@ -22,7 +22,6 @@ import numpy as np
 import numpy.typing as npt
 import pynvml  # the pure-Python binding; the C library is only loaded by nvmlInit
 
-from wattlab.drivers.nvml_samples import SampleDrain
 from wattlab.errors import NvmlError, UsageError
 
 NO_LIBRARY_MESSAGE = (
@@ -111,7 +110,6 @@ class NvmlDriver:
         self._lib = lib
         self._opened = 0
         self._handles: dict[int, Any] = {}
-        self._drains: dict[int, SampleDrain] = {}
         self._lock = threading.Lock()
 
     @property
@@ -143,7 +141,6 @@ class NvmlDriver:
             self._opened -= 1
             if self._opened == 0:
                 self._handles.clear()
-                self._drains.clear()
                 try:
                     self.lib.nvmlShutdown()
                 except pynvml.NVMLError as e:
@@ -293,16 +290,19 @@ class NvmlDriver:
         Returns (driver timestamps in unix µs, power in W), oldest first. An empty buffer is
         NVML's NOT_FOUND, returned here as empty arrays.
         """
-        drain = self._drains.get(gpu)
-        if drain is None:
-            drain = self._drains[gpu] = SampleDrain(self.lib)
         try:
-            stamps, power_mw = drain(self.handle(gpu), last_seen_us)
+            value_type, samples = self.lib.nvmlDeviceGetSamples(
+                self.handle(gpu), pynvml.NVML_TOTAL_POWER_SAMPLES, last_seen_us
+            )
         except pynvml.NVMLError as e:
             if getattr(e, "value", None) == pynvml.NVML_ERROR_NOT_FOUND:
                 return np.zeros(0, np.int64), np.zeros(0, np.float64)
             raise NvmlError(f"GPU {gpu}: {NVML_CALLS['samples_power_w']} failed: {e}") from e
-        power_w = power_mw / 1e3
+        stamps = np.array([s.timeStamp for s in samples], dtype=np.int64)
+        power_w = (
+            np.array([nvml_value(s.sampleValue, value_type) for s in samples], dtype=np.float64)
+            / 1e3
+        )
         order = np.argsort(stamps, kind="stable")
         stamps, power_w = stamps[order], power_w[order]
         newer = stamps > last_seen_us

@@ -17,12 +17,6 @@ import pynvml
 
 from wattlab.hardware.simulated_gpu import SimulatedGpu
 
-# nvmlReturn_t nvmlDeviceGetSamples(device, type, lastSeenTimeStamp, *valueType, *count, *samples)
-_C_GET_SAMPLES = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.py_object, ctypes.c_uint, ctypes.c_ulonglong,
-    ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint), ctypes.c_void_p,
-)
-
 
 class FakeHandle:
     """What ``nvmlDeviceGetHandleByIndex`` returns: opaque to the caller."""
@@ -58,7 +52,6 @@ class FakeNvml:
         self.nvml_version = nvml_version
         self.init_error = init_error
         self.init_count = 0
-        self._c_samples: Any = None
         self.calls: set[str] = set()  # which calls were made (a set: flat over hours)
 
     # ------------------------------------------------------------------ library
@@ -152,37 +145,6 @@ class FakeNvml:
             out[i].timeStamp = ts
             out[i].sampleValue.uiVal = mw
         return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, list(out)
-
-    def _nvmlGetFunctionPointer(self, name: str) -> Any:
-        """The C entry point of a call, as pynvml looks it up (only the sample drain has one).
-
-        It follows NVML's C contract, so the driver's one-call drain runs against it through
-        real ctypes marshalling: a NULL array asks for the count; an array too small for the
-        samples gets INSUFFICIENT_SIZE; errors are return codes, not exceptions.
-        """
-        if name != "nvmlDeviceGetSamples":
-            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        if self._c_samples is None:
-            self._c_samples = _C_GET_SAMPLES(self._c_get_samples)
-        return self._c_samples
-
-    def _c_get_samples(  # noqa: PLR0917 - NVML's C signature
-        self, handle: Any, sampling_type: int, time_stamp: int, value_type: Any, count: Any,
-        samples: int | None,
-    ) -> int:
-        try:
-            code, found = self.nvmlDeviceGetSamples(handle, sampling_type, time_stamp)
-        except pynvml.NVMLError as e:
-            return int(e.value)
-        value_type[0] = code
-        if samples is not None and count[0] < len(found):
-            count[0] = len(found)
-            return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        if samples is not None:
-            array = (pynvml.c_nvmlSample_t * len(found))(*found)
-            ctypes.memmove(samples, array, ctypes.sizeof(array))
-        count[0] = len(found)
-        return int(pynvml.NVML_SUCCESS)
 
     def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
         """Per-field status in ``nvmlReturn`` (no exception), as the real call does."""
