@@ -20,6 +20,8 @@ def machine() -> dict[str, Any]:
                                 text=True, check=False, cwd=RESULTS.parent).stdout.strip()
     except OSError:
         commit = ""
+    # a copied working tree (the lent GPU machine) may carry a stale .git: say it
+    commit = os.environ.get("WATTLAB_COMMIT", commit)
     return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d"), "commit": commit}
 
