@@ -68,6 +68,7 @@ def test_sweep_records_each_setting(tmp_path: Path, capsys: pytest.CaptureFixtur
     # less where the 700 W cap already slows the top clock)
     assert 2.0 < t.runtime_s[0] / t.runtime_s[1] < 3.4
     assert t.sm_clock_mhz[0] == pytest.approx(600.0)
+    assert 600.0 < t.sm_clock_mhz[1] <= 1980.0  # a 0.36 s run has its clock readings too
     for source in ("nvml_energy", "nvml_samples"):  # NVML agrees with the true energy
         np.testing.assert_allclose(t.energies_j[source], t.energies_j["true"], rtol=0.05)
     runs = sorted((tmp_path / "s.runs").iterdir())

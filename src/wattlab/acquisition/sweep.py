@@ -48,6 +48,9 @@ SIM_TAIL_S = 0.3  # keep recording after the work ends, so every stream covers t
 # not the reader's 90 ms grid: reads that walk against the counter's ticks put a short
 # window off by up to a tick.
 SWEEP_ENERGY_S = 0.1
+# A run can be shorter than the reader's 0.9 s state cadence: read clocks, utilisation and
+# the limit on every 90 ms power poll, so each run's window has its measured settings.
+SWEEP_STATE_S = 0.09
 
 
 def parse_settings(spec: str, knob: str) -> list[float]:
@@ -378,7 +381,8 @@ def _one_run(plan: SweepPlan, driver: NvmlDriver, folder: Path, x: float, rep: i
     path = str(folder / f"{plan.x_name}-{x:g}-r{rep}.h5")
     work = _SimulatedWork(sim_gpu, plan.sim_work_s) if sim_gpu is not None else None
     setting = {"knob": plan.knob, "x_name": plan.x_name, "x": x, "repeat": rep, "gpu": plan.gpu}
-    acquirer = NvmlAcquirer(driver, plan.gpu, energy_interval_s=SWEEP_ENERGY_S)
+    acquirer = NvmlAcquirer(driver, plan.gpu, energy_interval_s=SWEEP_ENERGY_S,
+                            state_interval_s=SWEEP_STATE_S)
     session = _SweepSession(
         path, [(f"gpu{plan.gpu}", acquirer)], command=plan.command,
         duration_s=None if plan.command else plan.sim_work_s * SIM_LIMIT_FACTOR + 5.0,
