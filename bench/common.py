@@ -10,14 +10,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+HERE = Path(__file__).resolve().parent
+# WATTLAB_BENCH_RESULTS: elsewhere (the test suite's quick run must not replace full results)
+RESULTS = Path(os.environ.get("WATTLAB_BENCH_RESULTS")
+               or HERE / "results")
 
 
 def machine() -> dict[str, Any]:
     """Which machine, when, at which commit: every result row carries this."""
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=False, cwd=RESULTS.parent).stdout.strip()
+                                text=True, check=False, cwd=HERE).stdout.strip()
     except OSError:
         commit = ""
     # a copied working tree (the lent GPU machine) may carry a stale .git: say it

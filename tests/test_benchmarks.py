@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,16 +14,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.timeout(600)
-def test_run_all_quick_regenerates_the_summary():
+def test_run_all_quick_regenerates_the_summary(tmp_path):
+    # results go to tmp_path, so a developer's full results in bench/results stay
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all"), "--quick"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+                            cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+                            env={**os.environ, "WATTLAB_BENCH_RESULTS": str(tmp_path)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    summary = (ROOT / "bench" / "results" / "summary.md").read_text()
+    summary = (tmp_path / "summary.md").read_text()
     for name in ("ingest", "decode", "ps3_stream", "visa", "sync", "analysis_scale", "soak"):
         assert f"| {name} |" in summary
     # issue 9: CI runs 30 s of the soak; every PowerSensor3 frame the emulator sent is in
     # the file, nothing in /gaps, time never runs backwards, memory stays bounded
-    soak = json.loads((ROOT / "bench" / "results" / "soak.json").read_text())
+    soak = json.loads((tmp_path / "soak.json").read_text())
     assert soak["seconds"] == 30 and soak["exit_status"] == 0
     assert soak["ps3_frames_sent"] > 30 * 20_000 * 0.5  # the 20 kHz stream really ran
     assert soak["ps3_rows"] == soak["ps3_frames_sent"]
