@@ -608,9 +608,9 @@ class Recorder:
 
     def flush(self) -> None:
         """Write everything pending, say in /progress how far each source is, confirm it."""
+        news = self._has_news()
         for state in self._sources.values():
             self._write_pending(state)
-        changed = self._new_objects or bool(self._markers or self._gaps)
         if self._markers:
             self.writer.add_markers(self._markers)
             self._markers = []
@@ -623,7 +623,7 @@ class Recorder:
                                       for s in dirty])
         if not self.writer.swmr and time.monotonic() - self._started > self.config.swmr_after_s:
             self.writer.start_swmr()
-        elif not (changed or dirty):
+        elif not news:
             return  # nothing new: an HDF5 flush costs CPU even then
         self._new_objects = False
         self.writer.flush()
@@ -688,10 +688,14 @@ class Recorder:
         all_ended = all(s.ended for s in self._sources.values())
         return all_ended or time.monotonic() >= self._drain_deadline
 
-    def _unflushed(self) -> bool:
-        """Whether a flush has work: rows, markers, gaps, new streams, or SWMR still to start."""
-        return (self._new_objects or bool(self._markers or self._gaps) or not self.writer.swmr
+    def _has_news(self) -> bool:
+        """Whether anything is not flushed yet: rows, markers, gaps, progress, new streams."""
+        return (self._new_objects or bool(self._markers or self._gaps)
                 or any(s.pending or s.progress_dirty for s in self._sources.values()))
+
+    def _unflushed(self) -> bool:
+        """Whether a flush has work: news, or SWMR still to start."""
+        return self._has_news() or not self.writer.swmr
 
     def run(self) -> dict[str, Any]:
         """Receive and write until a stop request has been drained; returns final status.
