@@ -16,6 +16,30 @@ RESULTS = Path(os.environ.get("WATTLAB_BENCH_RESULTS")
                or HERE / "results")
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live children of a process, from /proc (none if it has ended)."""
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by a live process and its live descendants (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended in between
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        todo += child_pids(p)
+    return total
+
+
 def machine() -> dict[str, Any]:
     """Which machine, when, at which commit: every result row carries this."""
     try:

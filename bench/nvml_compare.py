@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import write_json
+from common import tree_cpu_s, write_json
 
 HERE = Path(__file__).resolve().parent
 LOAD = HERE.parent / "tests" / "with_device" / "matmul_load.py"
@@ -44,22 +44,6 @@ def finish(proc: subprocess.Popen[bytes], stop: bool) -> float:
     _, _, usage = os.wait4(proc.pid, 0)
     proc.returncode = 0
     return usage.ru_utime + usage.ru_stime
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds used so far by a live process and its live descendants (from /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue  # it ended in between
-    return total
 
 
 def read_smi(path: Path) -> tuple[np.ndarray, np.ndarray]:

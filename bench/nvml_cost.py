@@ -13,7 +13,6 @@ Without a GPU it measures the simulated one (then the call costs are the simulat
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import write_json
+from common import child_pids, tree_cpu_s, write_json
 from wattlab.acquisition.nvml_source import NvmlAcquirer
 from wattlab.acquisition.session import Session
 from wattlab.drivers.nvml import NvmlDriver
@@ -72,18 +71,6 @@ def call_costs(driver: NvmlDriver, n: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def _children_cpu_s() -> float:
-    """CPU seconds used so far by this process's live children (the recorder), from /proc."""
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    for task in Path("/proc/self/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
-
-
 class CpuProbe:
     """CPU clocks of the source thread, this process and the recorder, after a warm-up.
 
@@ -107,8 +94,9 @@ class CpuProbe:
         for thread in threading.enumerate():
             if thread.name == "source-gpu0" and thread.ident:
                 thread_s = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        recorder_s = sum(map(tree_cpu_s, child_pids(os.getpid())))
         return {"t": time.monotonic() - self._t0, "thread": thread_s,
-                "process": time.process_time(), "recorder": _children_cpu_s(),
+                "process": time.process_time(), "recorder": recorder_s,
                 "probe": time.thread_time()}  # its own cost, left out of the session's
 
     def _run(self) -> None:
