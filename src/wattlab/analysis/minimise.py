@@ -73,8 +73,8 @@ def golden_section(f: Callable[[float], float], lo: float, hi: float, *, xatol: 
 
     Golden-section search: the bracket around the best point shrinks by 1/φ per evaluation
     until it is at most ``xatol`` (or a few float steps) wide; returns the best point
-    evaluated. Why not parabolic
-    steps (Brent): on this fit's ~25 evaluations they would save little.
+    evaluated. Why not parabolic steps (Brent): on this fit's ~25 evaluations they would
+    save little.
     """
     if not lo <= hi:
         raise ValueError(f"bounds must be ordered, not ({lo}, {hi})")
