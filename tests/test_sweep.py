@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import wattlab
 from wattlab.acquisition.sweep import (
     SweepPlan,
     open_driver,
@@ -117,6 +118,19 @@ def test_failing_workload_is_recorded_and_sweep_goes_on(tmp_path: Path,
     t = read_sweep(out)
     assert t.status == ["failed", "failed"] and t.attrs["complete"]
     assert json.loads(t.attrs["restored_json"]) == {"power_limit_w": 700.0}
+
+
+def test_a_command_run_keeps_recording_past_its_end(tmp_path: Path) -> None:
+    """The counter's last in-step read must come after the window's end (see SIM_TAIL_S)."""
+    out = str(tmp_path / "c.h5")
+    assert main(["sweep", "--simulate", "--power-limits", "300", "-o", out, "--",
+                 sys.executable, "-c", "import time; time.sleep(0.3)"]) == 0
+    (run,) = (tmp_path / "c.runs").iterdir()
+    with wattlab.open(str(run)) as r:
+        end_ns = next(m.time_ns for m in r.markers if m.source == "session" and m.kind == "end")
+        energy_t = r.source("gpu0.energy").time_ns
+    in_step = energy_t[np.abs(np.diff(energy_t, prepend=0) - 1e8) < 2e7]  # 100 ms after one
+    assert in_step[-1] > end_ns + 0.1e9
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -75,6 +75,7 @@ class Session:
     bench_config: dict[str, Any] | None = None  # a validated bench file (BenchConfig.to_json)
     auto_markers: bool = False  # install the framework callbacks in a Python workload
     flush_interval_s: float = 0.5
+    tail_s: float = 0.0  # keep recording this long after the workload's end marker
     on_progress: Callable[[float], None] | None = None
     # remote agents: RecorderConfig fields listen, server_key, allowed_keys, expected_hosts
     recorder_options: dict[str, Any] = field(default_factory=dict)
@@ -173,6 +174,7 @@ class Session:
                 exit_code = self._run_workload(endpoint, runners)
                 marker_pub.send_marker(Marker(time.monotonic_ns(), "session", "end", "session",
                                               {"command_exit_code": exit_code}))
+                self._stop.wait(self.tail_s)  # a stop (Ctrl-C) cuts the tail short
             finally:
                 for runner in runners:
                     runner.request_stop()

@@ -41,7 +41,10 @@ X_NAMES = {"power_limit": "power_limit_w", "sm_clock": "sm_clock_mhz", "mem_cloc
 KNOB_LABELS = {"power_limit": ("power limit", "W"), "sm_clock": ("SM clock", "MHz"),
                "mem_clock": ("memory clock", "MHz")}
 SIM_LIMIT_FACTOR = 20.0  # a simulated run may take this many times its full-speed time
-SIM_TAIL_S = 0.3  # keep recording after the work ends, so every stream covers the window
+# Keep recording after the work ends (simulated or a command), so every stream covers the
+# window: the energy counter's value lags its read by up to a tick, a lag that cancels only
+# between reads in step with its ticks, so the window's end needs such a read after it.
+SIM_TAIL_S = 0.3
 
 # Sweep runs are short: read the energy counter at its own 10 Hz update rate (not the
 # reader's 9 s default) so the counter's energy of each run's window is exact; 100 ms,
@@ -386,6 +389,7 @@ def _one_run(plan: SweepPlan, driver: NvmlDriver, folder: Path, x: float, rep: i
     session = _SweepSession(
         path, [(f"gpu{plan.gpu}", acquirer)], command=plan.command,
         duration_s=None if plan.command else plan.sim_work_s * SIM_LIMIT_FACTOR + 5.0,
+        tail_s=SIM_TAIL_S if plan.command else 0.0,
         root_attrs={"sweep_setting_json": json.dumps(setting)},
         on_progress=None if work is None else (lambda s: work.check(session, s)),
         sweep_stop=stop)
