@@ -71,7 +71,8 @@ def test_sweep_records_each_setting(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert t.sm_clock_mhz[0] == pytest.approx(600.0)
     assert 600.0 < t.sm_clock_mhz[1] <= 1980.0  # a 0.36 s run has its clock readings too
     for source in ("nvml_energy", "nvml_samples"):  # NVML agrees with the true energy
-        np.testing.assert_allclose(t.energies_j[source], t.energies_j["true"], rtol=0.05)
+        np.testing.assert_allclose(t.energies_j[source], t.energies_j["true"], rtol=0.05,
+                                   err_msg=source)
     runs = sorted((tmp_path / "s.runs").iterdir())
     assert [p.name for p in runs] == ["sm_clock_mhz-1980-r0.h5", "sm_clock_mhz-600-r0.h5"]
     assert measure_run(str(runs[1]), 0, None)[0] > t.runtime_s[0]  # to the end marker
