@@ -49,6 +49,7 @@ from wattlab.errors import NvmlError, UsageError
 from wattlab.samples import Channel, Gap, SampleFlag, SourceDescriptor
 
 NVML_STREAMS = ("samples", "power", "energy", "state")
+SHORT_SLEEP_S = 0.1  # a stop waits at most this long for a sleep that ``wake`` cannot end
 
 STATE_UNITS = {
     "sm_clock_hz": "Hz",
@@ -148,7 +149,7 @@ class NvmlAcquirer:
         self._clock = clock_ns
         self._wall = wall_clock_ns
         self._woken = threading.Event()
-        self._sleep = self._woken.wait if sleep is None else sleep
+        self._sleep = sleep
         prefix = f"gpu{gpu_index}"
         self.ids = {k: f"{prefix}.{k}" for k in ("samples", "power", "energy", "state")}
         self.missing: dict[str, str] = {}
@@ -247,6 +248,19 @@ class NvmlAcquirer:
         self._due_ns["emit"] = now + round(self.intervals_s["emit"] * 1e9)
         return list(self.descriptors)
 
+    def _pause(self, wait_s: float) -> None:
+        """Sleep; only a sleep longer than ``SHORT_SLEEP_S`` ends early on ``wake``.
+
+        The 90 ms poll keeps a plain sleep, as it always had, also across a stop: after one,
+        its reads stay in step with the counter's ticks (sweep windows depend on that).
+        """
+        if self._sleep is not None:
+            self._sleep(wait_s)
+        elif wait_s <= SHORT_SLEEP_S:
+            time.sleep(wait_s)
+        else:
+            self._woken.wait(wait_s)
+
     def wake(self) -> None:
         """End the current and every later sleep of ``poll`` (the runner is stopping)."""
         self._woken.set()
@@ -266,7 +280,8 @@ class NvmlAcquirer:
         now = self._clock()
         wait_ns = min(self._due_ns.values()) - now
         if wait_ns > 0:
-            self._sleep(min(wait_ns * 1e-9, self.max_block_s))
+            wait_s = min(wait_ns * 1e-9, self.max_block_s)
+            self._pause(wait_s)
             now = self._clock()
         out: list[Reading] = []
         for task in ("power", "energy", "state", "drain"):
