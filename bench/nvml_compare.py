@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import signal
 import subprocess
@@ -90,6 +91,21 @@ def read_wattlab(path: Path, streams: list[tuple[str, str]]
             view = run.source(sid)
             out[f"{sid}:{ch}"] = (view.time_ns + unix0, view.channel(ch))
     return out
+
+
+def counter_window(path: Path, a_ns: int, b_ns: int) -> tuple[float, float]:
+    """wattlab's own answer for the window: `wattlab energy --window` on its counter stream,
+    edges between its reads placed by the samples; (J, ± J)."""
+    import wattlab
+    from wattlab.analysis.energy import energy_report
+
+    with wattlab.open(str(path)) as run:
+        unix0 = int(run.attrs["session_start_unix_ns"])
+        report = energy_report(run, by_marker=False,
+                               windows=[((a_ns - unix0) / 1e9, (b_ns - unix0) / 1e9)])
+    row = next(r for r in report["rows"]
+               if r["source"] == "gpu0.energy" and r["phase"] == "window")
+    return row["energy_j"], row["uncertainty_j"]
 
 
 def distinct_per_s(t: np.ndarray, p: np.ndarray, by_time: bool = False) -> float:
@@ -190,17 +206,31 @@ def main() -> int:
             "energy_j": energy, "energy_error_pct": 100 * (energy - counter_j) / counter_j,
             "step_delay_ms": step_delay_ms(t, p, step_ns, next_ns),
         })
+    for name, (path, proc) in {"wattlab gpu0.energy, `energy --window`": (run_path, "wattlab"),
+                               "wattlab lean gpu0.energy, same": (lean_path, "wattlab lean"),
+                               }.items():
+        energy, plus_minus = counter_window(path, a, b)
+        rows.append({
+            "reader": name, "distinct_per_s": None,
+            "cpu_pct_of_core": 100 * cpu[proc] / wall_s, "steady_cpu_pct": steady[proc],
+            "energy_j": energy, "energy_error_pct": 100 * (energy - counter_j) / counter_j,
+            "energy_uncertainty_pct": 100 * plus_minus / energy, "step_delay_ms": None,
+        })
     print(f"NVML readers side by side, one run, {len(steps) - 1} load phases of {args.phase_s} s;"
           f" energy counter over the window: {counter_j:.1f} J")
     print(f"{'reader':<38} {'distinct/s':>10} {'CPU % run':>10} {'CPU % steady':>12} "
           f"{'energy err %':>12} {'step delay ms':>13}")
     for r in rows:
-        print(f"{r['reader']:<38} {r['distinct_per_s']:>10.1f} {r['cpu_pct_of_core']:>10.2f} "
-              f"{r['steady_cpu_pct']:>12.2f} {r['energy_error_pct']:>12.2f} "
-              f"{r['step_delay_ms']:>13.0f}")
+        print(f"{r['reader']:<38} {r['distinct_per_s'] or math.nan:>10.1f} "
+              f"{r['cpu_pct_of_core']:>10.2f} {r['steady_cpu_pct']:>12.2f} "
+              f"{r['energy_error_pct']:>12.2f} {r['step_delay_ms'] or math.nan:>13.0f}"
+              + (f"  (± {r['energy_uncertainty_pct']:.2f} % stated)"
+                 if "energy_uncertainty_pct" in r else ""))
     print("(CPU is each reader's whole process tree, % of one core: over the run, start-up "
           "included, and steady: while the load ran, from 5 s after start; wattlab's tree is "
-          "its sources, recorder and HDF5 writing, one figure for its streams)")
+          "its sources, recorder and HDF5 writing, one figure for its streams; the "
+          "gpu0.energy rows are wattlab's counter over the window, edges placed by its "
+          "samples, with the interval it states)")
     write_json("nvml_compare", {"benchmark": "nvml_compare", "counter_j": counter_j,
                                 "rows": rows, "cpu_s": cpu, "phase_s": args.phase_s})
     out = os.environ.get("OUT")

@@ -16,7 +16,7 @@ from wattlab.analysis.energy import (
     phases_from_markers,
 )
 from wattlab.cli import main
-from wattlab.errors import RunFileError
+from wattlab.errors import RunFileError, UsageError
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
 from wattlab.sync.run_writer import RunFileWriter
 
@@ -181,3 +181,102 @@ def test_a_nan_in_one_channel_is_a_gap_in_that_channel_only():
     np.testing.assert_allclose(holed.uncovered_s, [0.0, 0.0, 0.002], atol=1e-12)
     with pytest.raises(RunFileError, match="backwards"):
         StreamIntegral([0.0], [0], 1e9, per_s=1e9).feed(t_ns[::-1], values)
+
+
+def _power_profile_w(t_s):
+    """100 W until 5 s, 400 W until 12 s, 150 W after: a step the counter reads miss."""
+    return np.where(t_s < 5, 100.0, np.where(t_s < 12, 400.0, 150.0))
+
+
+def _true_energy_j(t_s):
+    return (100.0 * np.minimum(t_s, 5) + 400.0 * np.clip(t_s - 5, 0, 7)
+            + 150.0 * np.maximum(t_s - 12, 0))
+
+
+def _shaped_run(tmp_path, *, sample_gain=lambda p: 1.04 * p, samples_uuid="GPU-a",
+                drop_s=None):
+    """A GPU counter read every 9 s (and at the end) plus its 50 Hz samples, 4 % high."""
+    tmp_path.mkdir(exist_ok=True)
+    path = tmp_path / "shaped.h5"
+    w = RunFileWriter(str(path), {}, 0)
+    reads_s = np.array([0.0, 9.0, 18.0, 27.0, 30.0])
+    w.add_source(SourceDescriptor("gpu0.energy", "nvml", "g", (Channel("energy_j", "J"),),
+                                  config={"uuid": "GPU-a"}))
+    w.append("gpu0.energy", (reads_s * 1e9).astype(np.int64), (reads_s * 1e9).astype(np.int64),
+             (5000.0 + _true_energy_j(reads_s)).reshape(-1, 1), np.zeros(5, np.uint8))
+    t_s = np.arange(0, 1501) * 0.02
+    if drop_s is not None:
+        t_s = t_s[(t_s < drop_s[0]) | (t_s > drop_s[1])]
+    t_ns = np.round(t_s * 1e9).astype(np.int64)
+    w.add_source(SourceDescriptor("gpu0.samples", "nvml", "g", (Channel("power_w", "W"),),
+                                  config={"uuid": samples_uuid, "sample_period_s": 0.02}))
+    w.append("gpu0.samples", t_ns, t_ns, sample_gain(_power_profile_w(t_s)).reshape(-1, 1),
+             np.zeros(t_s.size, np.uint8))
+    w.close()
+    return path
+
+
+def _window_rows(path, windows, source="gpu0.energy"):
+    with wattlab.open(str(path)) as run:
+        rep = energy_report(run, by_marker=False, windows=windows)
+    return [r for r in rep["rows"] if r["source"] == source and r["phase"].startswith("window")]
+
+
+def test_counter_edges_between_reads_are_placed_by_the_samples(tmp_path):
+    path = _shaped_run(tmp_path)
+    (row,) = _window_rows(path, [(3.0, 13.0)])
+    truth = _true_energy_j(13.0) - _true_energy_j(3.0)  # 3150 J
+    # a line between the reads at 0, 9 and 18 s would say 2550 J; the samples' shape puts
+    # the step where it was, and their 4 % excess cancels in the ratio
+    assert row["energy_j"] == pytest.approx(truth, rel=2e-3)
+    assert row["low_j"] <= truth <= row["high_j"]
+    assert row["uncertainty_j"] < 0.1 * truth
+    assert any("placed by gpu0.samples:power_w" in n for n in row["notes"])
+
+
+def test_a_drifting_sample_gain_widens_the_shaped_interval(tmp_path):
+    steady = _window_rows(_shaped_run(tmp_path / "a"), [(3.0, 13.0)])[0]
+    # samples 10 % high at 400 W only: the shape is wrong, and the run shows it
+    drifting = _window_rows(_shaped_run(tmp_path / "b", sample_gain=lambda p: np.where(
+        p > 300, 1.10 * p, p)), [(3.0, 13.0)])[0]
+    truth = _true_energy_j(13.0) - _true_energy_j(3.0)
+    assert drifting["uncertainty_j"] > steady["uncertainty_j"]
+    assert drifting["low_j"] <= truth <= drifting["high_j"]
+    assert any("drift 2.0 %" in n for n in steady["notes"])
+    assert not any("drift 2.0 %" in n for n in drifting["notes"])
+
+
+@pytest.mark.parametrize("case", ["other GPU", "hole in the samples"])
+def test_without_covering_samples_the_counter_is_interpolated_linearly(tmp_path, case):
+    kw = {"samples_uuid": "GPU-b"} if case == "other GPU" else {"drop_s": (2.0, 2.5)}
+    (row,) = _window_rows(_shaped_run(tmp_path, **kw), [(3.0, 7.0)])
+    reads_s = np.array([0.0, 9.0])
+    linear = np.diff(np.interp([3.0, 7.0], reads_s, _true_energy_j(reads_s)))[0]
+    assert row["energy_j"] == pytest.approx(linear, rel=1e-9)
+    assert not any("placed by" in n for n in row["notes"])
+    mean = linear / 4.0
+    assert row["uncertainty_j"] == pytest.approx(
+        mean * (counter_edge_s(reads_s, 3.0) + counter_edge_s(reads_s, 7.0)), rel=1e-9)
+
+
+def test_cli_energy_window_rows(tmp_path, capsys):
+    path = _shaped_run(tmp_path)
+    assert main(["energy", str(path), "--window", "3:13", "--window", "20.5:29", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    rows = {r["phase"]: r for r in rep["rows"] if r["source"] == "gpu0.energy"}
+    assert rows["window"]["t0_s"] == 3.0 and rows["window#1"]["t1_s"] == 29.0
+    assert rows["window#1"]["energy_j"] == pytest.approx(150.0 * 8.5, rel=2e-3)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("5", "is not START:END"), ("a:b", "is not START:END"), ("nan:4", "is not START:END"),
+    ("9:3", "end must come after the start"), ("4:4", "end must come after the start")])
+def test_cli_energy_window_bad_input_is_a_usage_error(tmp_path, capsys, text, message):
+    path = _shaped_run(tmp_path)
+    assert main(["energy", str(path), f"--window={text}"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_api_window_must_start_before_it_ends(gap_run):
+    with wattlab.open(str(gap_run)) as run, pytest.raises(UsageError, match="window 5:2"):
+        energy_report(run, windows=[(5.0, 2.0)])

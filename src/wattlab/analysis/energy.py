@@ -29,6 +29,7 @@ from wattlab.analysis.alignment import (
     power_channel,
     span_s,
 )
+from wattlab.analysis.counter_shape import ShapeSource, shape_source, shaped_edges
 from wattlab.analysis.run_file import MarkerRow, Run, SourceView
 from wattlab.errors import UsageError
 
@@ -216,33 +217,30 @@ def counter_edge_s(reads_s: npt.NDArray[np.float64], edge_s: float) -> float:
     return COUNTER_UPDATE_S + (edge_s - t0) * (t1 - edge_s) / (t1 - t0)
 
 
-def counter_energy(view: SourceView, channel: str, phases: list[Phase]) -> list[EnergyRow]:
+def counter_energy(view: SourceView, channel: str, phases: list[Phase],
+                   shape: ShapeSource | None = None) -> list[EnergyRow]:
     """Energy rows from a cumulative energy counter, differenced at the phase edges.
 
     A counter bridges gaps in its readings correctly (it kept counting); each edge is known
-    as well as ``counter_edge_s`` says.
+    as well as ``counter_edge_s`` says, or, between reads where the same GPU's samples
+    cover the interval (``shape``), to the counter's update period plus the shape's part.
+    A counter is read rarely, so its reads are held whole.
     """
-    first, last = span_s(view)
+    parts = list(chunks_s(view, channel))
+    reads_s = np.concatenate([t for t, _ in parts])
+    reads_j = np.concatenate([v for _, v in parts])
+    first, last = float(reads_s[0]), float(reads_s[-1])
+    resets = int(np.sum(np.diff(reads_j) < 0))
     q = np.unique(np.clip([x for p in phases for x in (p.t0_s, p.t1_s)], first, last))
-    values = np.full(q.shape, np.nan)
-    prev: tuple[float, float] | None = None
-    resets = 0
-    reads: list[npt.NDArray[np.float64]] = []
-    for t_chunk, v_chunk in chunks_s(view, channel):
-        reads.append(t_chunk)
-        t, v = t_chunk, v_chunk
-        if prev is not None:
-            t, v = np.concatenate(([prev[0]], t)), np.concatenate(([prev[1]], v))
-        resets += int(np.sum(np.diff(v) < 0))
-        i0, i1 = np.searchsorted(q, t[0], "left"), np.searchsorted(q, t[-1], "right")
-        values[i0:i1] = np.interp(q[i0:i1], t, v)
-        prev = (float(t[-1]), float(v[-1]))
-    reads_s = np.concatenate(reads) if reads else np.zeros(0)
+    placed = (shaped_edges(reads_s, reads_j, q, shape, COUNTER_UPDATE_S)
+              if shape is not None and reads_s.size > 1 else None)
+    values = np.interp(q, reads_s, reads_j) if placed is None else placed.value
     rows = []
     for p in phases:
         a, b = p.t0_s, p.t1_s
         edges = (max(a, first), min(b, last))
-        ca, cb = np.interp(edges, q, values)
+        at = np.searchsorted(q, edges).clip(0, q.size - 1)
+        ca, cb = values[at]
         outside = max(0.0, min(b, first) - a) + max(0.0, b - max(a, last))
         covered = (b - a) - outside
         e = float(cb - ca)
@@ -251,9 +249,17 @@ def counter_energy(view: SourceView, channel: str, phases: list[Phase]) -> list[
                         None, None, e if covered > 0 else None, covered, outside, 0)
         if mean is not None:
             row.energy_j = e + mean * outside
-            half = abs(mean) * sum(counter_edge_s(reads_s, x) for x in edges)
+            half = 0.0
+            for x, j in zip(edges, at, strict=True):
+                if placed is not None and placed.shaped[j]:
+                    half += abs(mean) * COUNTER_UPDATE_S + float(placed.uncertainty_j[j])
+                else:
+                    half += abs(mean) * counter_edge_s(reads_s, x)
             row.uncertainty_j, row.low_j, row.high_j = half, row.energy_j - half, \
                 row.energy_j + half
+            if shape is not None and placed is not None and placed.shaped[at].any():
+                row.notes.append(f"edges between counter reads placed by {shape.name}"
+                                 f" (drift {100 * placed.drift:.1f} %)")
             if outside > 0:
                 row.notes.append(f"{outside:.3f} s outside the counter's readings")
         if resets:
@@ -338,8 +344,13 @@ def default_reference(run: Run) -> str | None:
 
 
 def energy_report(run: Run, by_marker: bool = True, reference: str | None = None,
-                  calibration: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Energy per stream and phase; errors vs the reference; optional NVML correction."""
+                  calibration: dict[str, Any] | None = None,
+                  windows: Sequence[tuple[float, float]] = ()) -> dict[str, Any]:
+    """Energy per stream and phase; errors vs the reference; optional NVML correction.
+
+    ``windows`` adds phases by time, (start, end) in session seconds, for spans no marker
+    names (a load logged by another process, a stretch seen in a plot).
+    """
     streams = energy_streams(run)
     if not streams:
         raise UsageError(f"{run.path}: no power or energy channel to integrate")
@@ -350,6 +361,10 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
     phases = [Phase("run", 0, a, b, "")]
     if by_marker:
         phases += phases_from_markers(run.markers)
+    for i, (t0_s, t1_s) in enumerate(windows):
+        if not t0_s < t1_s:
+            raise UsageError(f"window {t0_s:g}:{t1_s:g}: the start must come before the end")
+        phases.append(Phase("window", i, t0_s, t1_s, ""))
     ref_spec = reference or default_reference(run)
     ref_key = None
     if ref_spec is not None:
@@ -366,7 +381,7 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
         integrated[view.source_id] = integrate_power(run, view, chans, phases, shift)
     for view, channel, method in streams:
         if method == "counter":
-            rows += counter_energy(view, channel, phases)
+            rows += counter_energy(view, channel, phases, shape_source(run, view))
             continue
         warn = record_applies(calibration, view, channel) if calibration else None
         got, shifted = integrated[view.source_id][channel]

@@ -1,10 +1,28 @@
-"""`wattlab energy RUN [--by-marker] [--json] [--calibration cal.json]`: joules per phase."""
+"""`wattlab energy RUN [--by-marker] [--window T0:T1] [--json]`: joules per phase.
+
+``--calibration cal.json`` corrects NVML energy with a record from `wattlab calibrate`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
+
+
+def window_s(text: str) -> tuple[float, float]:
+    """'T0:T1' as two finite seconds, the start before the end."""
+    start, sep, end = text.partition(":")
+    try:
+        t0_s, t1_s = float(start), float(end)
+    except ValueError:
+        t0_s = t1_s = math.nan
+    if not sep or not (math.isfinite(t0_s) and math.isfinite(t1_s)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not START:END in seconds, e.g. 12.5:40")
+    if t1_s <= t0_s:
+        raise argparse.ArgumentTypeError(f"{text!r}: the end must come after the start")
+    return t0_s, t1_s
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -13,6 +31,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("run", help="run file")
     p.add_argument("--by-marker", action="store_true",
                    help="also one row per phase (begin/end markers)")
+    p.add_argument("--window", action="append", default=[], type=window_s, metavar="T0:T1",
+                   help="also one row for this span, seconds since the session start "
+                        "(repeatable)")
     p.add_argument("--reference", metavar="SRC[:CHANNEL]",
                    help="stream the errors are relative to (default: the first non-NVML meter)")
     p.add_argument("--calibration", metavar="CAL.json",
@@ -34,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         record = load_record(args.calibration)
     with Run(args.run) as run_file:
         report = energy_report(run_file, by_marker=args.by_marker, reference=args.reference,
-                               calibration=record)
+                               calibration=record, windows=args.window)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
