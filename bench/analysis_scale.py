@@ -198,7 +198,8 @@ def main() -> int:
         spread = f"{min(r['runs_s']):.2f}-{max(r['runs_s']):.2f}"
         print(f"{name:<40} {r['seconds']:>8.2f} {spread:>18} {r['seconds'] / floor_s:>8.2f} "
               f"{r['cpu_s']:>6.2f} {r['peak_rss_mb']:>12.0f}")
-    write_json("analysis_scale", {"benchmark": "analysis_scale", "seconds_of_data": seconds,
+    write_json("analysis_scale", {"benchmark": "analysis_scale", "quick": args.quick,
+                                  "seconds_of_data": seconds,
                                   "values": values, "file_gb": size_gb, "make_s": make_s,
                                   "repeat": args.repeat, "rows": rows})
     return 0

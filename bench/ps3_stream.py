@@ -61,7 +61,8 @@ def main() -> int:
     print(f"{'frames sent':>12} {'rows in file':>13} {'lost':>6} {'gaps':>5} "
           f"{'source CPU % of a core':>23}")
     print(f"{sent:>12} {rows:>13} {lost:>6} {gaps:>5} {cpu_pct:>23.1f}")
-    write_json("ps3_stream", {"benchmark": "ps3_stream", "seconds": seconds, "frames_sent": sent,
+    write_json("ps3_stream", {"benchmark": "ps3_stream", "quick": args.quick, "seconds": seconds,
+                              "frames_sent": sent,
                               "rows": rows, "lost": lost, "gaps": gaps,
                               "emulator_frames_lost": lost_in_emulator,
                               "source_cpu_pct_of_core": cpu_pct,

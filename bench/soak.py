@@ -172,7 +172,7 @@ def main() -> int:
           f"({sum(g['samples_lost'] for g in result['gaps'])} samples, "
           f"{sorted({(g['source'], g['reason']) for g in result['gaps']})}); time backwards: "
           f"{result['time_backwards'] or 'none'}; session exit status {result['exit_status']}")
-    write_json("soak", {"benchmark": "soak", **result})
+    write_json("soak", {"benchmark": "soak", "quick": args.quick, **result})
     growth = max((p["rss_growth_mb"] for p in result["processes"].values()), default=0.0)
     missed = [what for what, bad in [
         ("PowerSensor3 frames lost", result["ps3_lost"] != 0),

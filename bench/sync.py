@@ -182,7 +182,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.seconds = 3.0
-    result = {"clock_service": clock_service(args.seconds), "device_clock_fit":
+    result = {"quick": args.quick, "clock_service": clock_service(args.seconds), "device_clock_fit":
               device_clock_fit(), "lag_recovery": lag_recovery(),
               "goals": {"offset_median_us": 50, "offset_p99_us": 200, "lag_error_ms": 1}}
     print(f"clock service on loopback, {args.seconds:g} s, CurveZMQ, 3 skewed agents")

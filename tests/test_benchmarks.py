@@ -20,9 +20,14 @@ def test_run_all_quick_regenerates_the_summary(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
                             env={**os.environ, "WATTLAB_BENCH_RESULTS": str(tmp_path)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rebuilt = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all"), "--table-only"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+                             env={**os.environ, "WATTLAB_BENCH_RESULTS": str(tmp_path)})
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     summary = (tmp_path / "summary.md").read_text()
     for name in ("ingest", "decode", "ps3_stream", "visa", "sync", "analysis_scale", "soak"):
-        assert f"| {name} |" in summary
+        # a CI-sized figure says so in its command, also in a table rebuilt from the JSON
+        assert f"| {name} | `python bench/{name}.py --quick` |" in summary
     # issue 9: CI runs 30 s of the soak; every PowerSensor3 frame the emulator sent is in
     # the file, nothing in /gaps, time never runs backwards, memory stays bounded
     soak = json.loads((tmp_path / "soak.json").read_text())
