@@ -51,6 +51,7 @@ class ShapedEdges:
     shaped: npt.NDArray[np.bool_]
     uncertainty_j: FloatArray  # the shape's part only; the counter's own lag comes on top
     drift: float
+    shape_name: str
 
 
 def shape_source(run: Run, counter: SourceView) -> ShapeSource | None:
@@ -96,7 +97,7 @@ def shaped_edges(reads_s: FloatArray, reads_j: FloatArray, edges_s: FloatArray,
     after = d_counter[k] - before
     value[inside] = reads_j[k] + before
     unc[inside] = drift * 2 * before * after / d_counter[k]
-    return ShapedEdges(value, inside, unc, drift)
+    return ShapedEdges(value, inside, unc, drift, shape.name)
 
 
 def _drift(ratio: FloatArray, span_s: FloatArray, lag_s: float) -> float:

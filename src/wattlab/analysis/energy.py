@@ -257,8 +257,8 @@ def counter_energy(view: SourceView, channel: str, phases: list[Phase],
                     half += abs(mean) * counter_edge_s(reads_s, x)
             row.uncertainty_j, row.low_j, row.high_j = half, row.energy_j - half, \
                 row.energy_j + half
-            if shape is not None and placed is not None and placed.shaped[at].any():
-                row.notes.append(f"edges between counter reads placed by {shape.name}"
+            if placed is not None and placed.shaped[at].any():
+                row.notes.append(f"edges between counter reads placed by {placed.shape_name}"
                                  f" (drift {100 * placed.drift:.1f} %)")
             if outside > 0:
                 row.notes.append(f"{outside:.3f} s outside the counter's readings")
@@ -363,7 +363,7 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
         phases += phases_from_markers(run.markers)
     for i, (t0_s, t1_s) in enumerate(windows):
         if not t0_s < t1_s:
-            raise UsageError(f"window {t0_s:g}:{t1_s:g}: the start must come before the end")
+            raise UsageError(f"window {t0_s:g}:{t1_s:g}: the end must come after the start")
         phases.append(Phase("window", i, t0_s, t1_s, ""))
     ref_spec = reference or default_reference(run)
     ref_key = None
