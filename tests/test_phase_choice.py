@@ -145,7 +145,8 @@ def test_simulated_sweep_with_phases(tmp_path: Path, capsys: pytest.CaptureFixtu
         e = t.phases.energies_j[source]
         power = e / t.phases.time_s
         # the simulated GPU runs at full load all along: each phase draws the limit (within
-        # 10 %: 0.1 s phases hold five 50 Hz samples, and the 1 Hz counter is interpolated)
+        # 10 %: 0.1 s phases hold five 50 Hz samples, and the 10 Hz counter is interpolated
+        # between its ticks; a read that jitters across a tick is put back on its tick)
         np.testing.assert_allclose(power, t.x[t.phases.run], rtol=0.10)
         per_run = np.bincount(t.phases.run, weights=e)
         whole = t.energies_j[source]  # (NaN where the counter stopped before the end marker)

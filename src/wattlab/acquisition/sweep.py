@@ -49,7 +49,8 @@ SIM_TAIL_S = 0.3
 # Sweep runs are short: read the energy counter at its own 10 Hz update rate (not the
 # reader's 9 s default) so the counter's energy of each run's window is exact; 100 ms,
 # not the reader's 90 ms grid: reads that walk against the counter's ticks put a short
-# window off by up to a tick.
+# window off by up to a tick. A read whose jitter crosses a tick pins the tick grid, and
+# the analysis then puts every read at its tick (analysis/counter_ticks.py).
 SWEEP_ENERGY_S = 0.1
 # A run can be shorter than the reader's 0.9 s state cadence: read clocks, utilisation and
 # the limit on every 90 ms power poll, so each run's window has its measured settings.

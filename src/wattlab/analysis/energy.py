@@ -30,10 +30,9 @@ from wattlab.analysis.alignment import (
     span_s,
 )
 from wattlab.analysis.counter_shape import ShapeSource, shape_source, shaped_edges
+from wattlab.analysis.counter_ticks import COUNTER_UPDATE_S, at_updates
 from wattlab.analysis.run_file import MarkerRow, Run, SourceView
 from wattlab.errors import UsageError
-
-COUNTER_UPDATE_S = 0.1  # how often NVML's energy counter moves (PROTOCOLS.md §7, H100)
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -224,11 +223,12 @@ def counter_energy(view: SourceView, channel: str, phases: list[Phase],
     A counter bridges gaps in its readings correctly (it kept counting); each edge is known
     as well as ``counter_edge_s`` says, or, between reads where the same GPU's samples
     cover the interval (``shape``), to the counter's update period plus the shape's part.
-    A counter is read rarely, so its reads are held whole.
+    A counter is read rarely, so its reads are held whole; where they pin the counter's
+    updates, each value sits at its update (``counter_ticks``).
     """
     parts = list(chunks_s(view, channel))
-    reads_s = np.concatenate([t for t, _ in parts])
-    reads_j = np.concatenate([v for _, v in parts])
+    reads_s, reads_j = at_updates(np.concatenate([t for t, _ in parts]),
+                                  np.concatenate([v for _, v in parts]))
     first, last = float(reads_s[0]), float(reads_s[-1])
     resets = int(np.sum(np.diff(reads_j) < 0))
     q = np.unique(np.clip([x for p in phases for x in (p.t0_s, p.t1_s)], first, last))

@@ -32,6 +32,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
+from wattlab.analysis.counter_ticks import at_updates
 from wattlab.analysis.h5_read import open_read_only
 from wattlab.analysis.run_file import Run, SourceView
 from wattlab.errors import RunFileError, UsageError
@@ -493,11 +494,17 @@ def concat(tables: list[SweepTable], origin: str = "") -> SweepTable:
 
 def _window_energy(view: SourceView, channel: str, a_ns: float, b_ns: float,
                    counter: bool) -> float:
-    """Energy between two session times: counter difference or trapezoid power integral."""
+    """Energy between two session times: counter difference or trapezoid power integral.
+
+    A counter's values sit at their updates where the reads pin them (``counter_ticks``).
+    """
     t = view.time_ns.astype(np.float64)
     v = view.channel(channel).astype(np.float64)
     ok = np.isfinite(v)
     t, v = t[ok], v[ok]
+    if counter:
+        t_s, v = at_updates(t * 1e-9, v)
+        t = t_s * 1e9
     if t.shape[0] < 2 or a_ns < t[0] or b_ns > t[-1]:
         return float("nan")
     if counter:
