@@ -9,7 +9,7 @@ from wattlab.acquisition.source import Chunk
 from wattlab.drivers.scpi import ScpiError
 from wattlab.drivers.yokogawa_wt300e import Wt300e
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError, UsageError
-from wattlab.samples import SampleFlag
+from wattlab.samples import Gap, SampleFlag
 
 IDN = "YOKOGAWA,WT310E,C2XA00001,F1.03"
 
@@ -166,15 +166,21 @@ def test_update_wait_sequence() -> None:
     t.assert_consumed()
 
 
+OPEN_ACQUIRER: list[tuple[str, Reply]] = [
+    *INIT,
+    *ok(":RATE 0.1"),
+    *ok(":NUM:NORM:NUM 3"),
+    *ok(":NUM:NORM:ITEM1 U,1"), *ok(":NUM:NORM:ITEM2 I,1"), *ok(":NUM:NORM:ITEM3 P,1"),
+    (":STAT:EESR?", "0"),
+]
+
+
 def test_acquirer_over_script_captures_one_update_per_wait() -> None:
     t = ScriptedTextTransport([
-        *INIT,
-        *ok(":RATE 0.1"),
-        *ok(":NUM:NORM:NUM 3"),
-        *ok(":NUM:NORM:ITEM1 U,1"), *ok(":NUM:NORM:ITEM2 I,1"), *ok(":NUM:NORM:ITEM3 P,1"),
-        (":STAT:EESR?", "0"),
+        *OPEN_ACQUIRER,
         (":COMM:WAIT 1", None), (":STAT:EESR?", "1"),
         (":NUM:NORM:VAL?", "230.0E+00,2.0E+00,NAN"),
+        (":STAT:EESR?", "0"),  # no update landed during the read
     ])
     acq = Wt300eAcquirer("SCRIPTED", model="WT310E", transport=t)
     (desc,) = acq.open()
@@ -187,6 +193,35 @@ def test_acquirer_over_script_captures_one_update_per_wait() -> None:
     acq.close()
     assert t.closed
     t.assert_consumed()
+
+
+def _poll_with_an_update_during_the_read(second_read: str) -> list[object]:
+    t = ScriptedTextTransport([
+        *OPEN_ACQUIRER,
+        (":COMM:WAIT 1", None), (":STAT:EESR?", "1"),
+        (":NUM:NORM:VAL?", "230.0E+00,2.0E+00,460.0E+00"),
+        (":STAT:EESR?", "1"),  # the next update landed while the values were read
+        (":NUM:NORM:VAL?", second_read),
+    ])
+    acq = Wt300eAcquirer("SCRIPTED", model="WT310E", transport=t)
+    acq.open()
+    out = acq.poll()
+    t.assert_consumed()
+    return out
+
+
+def test_an_update_after_the_values_were_read_is_read_too() -> None:
+    out = _poll_with_an_update_during_the_read("230.1E+00,2.1E+00,483.0E+00")
+    assert [type(r) for r in out] == [Chunk, Chunk]
+    assert [r.values[0, 2] for r in out if isinstance(r, Chunk)] == [460.0, 483.0]
+
+
+def test_values_already_replaced_are_kept_once_and_the_unread_update_is_a_gap() -> None:
+    out = _poll_with_an_update_during_the_read("230.0E+00,2.0E+00,460.0E+00")
+    gap, chunk = out
+    assert isinstance(gap, Gap) and gap.samples_lost == 1
+    assert isinstance(chunk, Chunk) and chunk.values[0, 2] == 460.0
+    assert gap.t_first_ns is not None and gap.t_first_ns < chunk.t_host_ns[0]
 
 
 def test_timeout_propagates() -> None:

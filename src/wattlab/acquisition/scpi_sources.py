@@ -1,7 +1,9 @@
 """Acquirers for SCPI power analysers at the wall: Yokogawa WT300E and R&S HMC8015.
 
 The WT300E tells us when it has new data (event register latch + ``:COMM:WAIT``), so
-every instrument update is captured exactly once, stamped when the wait returns. Between
+every instrument update is captured exactly once, stamped when the wait returns; the
+register is read again after the values, so an update that lands during the read (a host
+stall) is neither read twice nor lost unnoticed. Between
 updates ``poll`` sleeps in short steps and only issues the blocking wait shortly before
 the next update is due, so it never blocks much longer than ~0.1 s at any rate. The
 HMC8015 offers no such event, so its reads are host-paced and an unchanged vector is
@@ -102,20 +104,44 @@ class Wt300eAcquirer:
             if early_s > 0:
                 time.sleep(min(early_s, POLL_STEP_S))
                 return []
-        if not self._driver.wait_update():
+        driver = self._driver
+        if not driver.wait_update():
             return []
         t_ns = time.monotonic_ns()
-        values, value_flags = self._driver.read_values()
+        values, value_flags = driver.read_values()
         readings: list[Reading] = []
+        if driver.take_update_event():
+            # The next update landed while we read (the host stalled for a whole update):
+            # the values may be the newer update's, and its event is now consumed. A second
+            # read tells. Other values: both updates are kept. The same: they were the newer
+            # one's, and the update the wait announced was never read (a Gap of one).
+            again_ns = time.monotonic_ns()
+            again, again_flags = driver.read_values()
+            if np.array_equal(values, again, equal_nan=True):
+                readings += self._missed(t_ns)
+                readings.append(Gap(self.source_id, "instrument update replaced while read",
+                                    t_first_ns=t_ns, t_last_ns=again_ns, samples_lost=1))
+                self._last_ns = t_ns
+            else:
+                readings += self._reading(t_ns, values, value_flags)
+            t_ns, values, value_flags = again_ns, again, again_flags
+        return readings + self._reading(t_ns, values, value_flags)
+
+    def _missed(self, t_ns: int) -> list[Reading]:
+        """A Gap if updates went unread between the last one read and ``t_ns``."""
         rate_ns = int(self.rate_s * 1e9)
-        if self._last_ns is not None and t_ns - self._last_ns > MISSED_FACTOR * rate_ns:
-            lost = round((t_ns - self._last_ns) / rate_ns) - 1
-            readings.append(
-                Gap(self.source_id, "instrument updates not read in time",
-                    t_first_ns=self._last_ns, t_last_ns=t_ns, samples_lost=lost)
-            )
+        if self._last_ns is None or t_ns - self._last_ns <= MISSED_FACTOR * rate_ns:
+            return []
+        lost = round((t_ns - self._last_ns) / rate_ns) - 1
+        return [Gap(self.source_id, "instrument updates not read in time",
+                    t_first_ns=self._last_ns, t_last_ns=t_ns, samples_lost=lost)]
+
+    def _reading(self, t_ns: int, values: np.ndarray[Any, Any],
+                 value_flags: np.ndarray[Any, Any]) -> list[Reading]:
+        """One update as a Chunk, after a Gap if updates went unread since the last one."""
+        readings = self._missed(t_ns)
         self._last_ns = t_ns
-        self._expected_ns = t_ns + rate_ns
+        self._expected_ns = t_ns + int(self.rate_s * 1e9)
         readings.append(
             Chunk(
                 self.source_id,

@@ -244,6 +244,14 @@ class Wt300e(ScpiInstrument):
         Returns False if the wait ended for another event (no update to read).
         """
         self.transport.write(COMMANDS["event_wait"])
+        return self.take_update_event()
+
+    def take_update_event(self) -> bool:
+        """Read and clear the event register: True if the data updated since its last read.
+
+        Asked right after ``read_values`` it says whether an update landed during the read,
+        when the values may already be the newer update's.
+        """
         reply = self.transport.query(COMMANDS["event_clear"])
         # the extended event register is a 16-bit integer: anything else is a protocol error
         text = reply.strip()
