@@ -13,4 +13,6 @@ echo "== issue 10: NVML readers side by side"
 python3 bench/nvml_compare.py
 echo "== issue 10: where the reader's CPU goes"
 python3 bench/nvml_cost.py --seconds 30
+echo "== the energy counter's update grid, and sweep-paced reads placed on it"
+python3 bench/counter_grid.py --seconds 20 --late-ms 10
 cp bench/results/*.json "${OUT:-/tmp}/" 2>/dev/null || true

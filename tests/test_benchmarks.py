@@ -39,3 +39,19 @@ def test_run_all_quick_regenerates_the_summary(tmp_path):
         soak["processes"])
     for role, p in soak["processes"].items():
         assert p["rss_growth_mb"] < 25, (role, p["rss_curve_s_mb"])
+
+
+def test_counter_grid_finds_the_simulated_grid_and_placing_helps(tmp_path):
+    # the GPU benchmark that checks counter_ticks' premise, on the simulated GPU's 100 ms grid
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "counter_grid.py"),
+                             "--simulate", "--seconds", "3", "--late-ms", "20"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+                            env={**os.environ, "WATTLAB_BENCH_RESULTS": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((tmp_path / "counter_grid.json").read_text())
+    assert abs(data["grid"]["period_ms"] - 100.0) < 0.01
+    assert data["grid"]["stray_p50_ms"] < 0.1  # (not the max: a read preempted mid-call)
+    # a pinned phase may sit anywhere in the arc the reads allow (no read falls inside it)
+    assert data["pinned"] >= 1 and max(map(abs, data["pinned_phase_off_ms"])) < 25.0
+    short = data["window_errors"]["0.1s"]
+    assert short["placed_p99_j"] <= short["as_read_p99_j"]
