@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.hardware.pty_device import PtyDevice
+from wattlab.hardware.pty_device import PtyDevice, serve_until_interrupted
 
 N_SENSORS = 8
 RECORD_FORMAT = "<16s16sff?"
@@ -324,16 +323,8 @@ def _demo_power_w(t_ns: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
 def run_emulator_cli(power_w: PowerFn | None = None, rate_hz: float = 20000.0,
                      seed: int = 0) -> int:
     """Run an emulator until Ctrl-C, printing the port a driver should open."""
-    emu = PowerSensor3Emulator(power_w or _demo_power_w, rate_hz=rate_hz, seed=seed)
-    with emu:
-        print(emu.path, flush=True)
-        try:
-            while emu.error is None:
-                time.sleep(0.2)
-        except KeyboardInterrupt:
-            return 0
-    print(f"emulator failed: {emu.error}", file=sys.stderr)
-    return 1
+    return serve_until_interrupted(
+        PowerSensor3Emulator(power_w or _demo_power_w, rate_hz=rate_hz, seed=seed))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import select
+import sys
 import threading
 import time
 import tty
@@ -177,3 +178,20 @@ class PtyDevice:
                         raise
                     n = 0
                 del self._out[:n]
+
+
+def serve_until_interrupted(device: PtyDevice) -> int:
+    """Run an emulator until Ctrl-C, printing the port a driver should open.
+
+    The whole run is inside the handler: a Ctrl-C that lands as the port is printed, before
+    the wait loop, is a clean stop too (exit 0), not a death by SIGINT.
+    """
+    try:
+        with device:
+            print(device.path, flush=True)
+            while device.error is None:
+                time.sleep(0.2)
+    except KeyboardInterrupt:
+        return 0
+    print(f"emulator failed: {device.error}", file=sys.stderr)
+    return 1
