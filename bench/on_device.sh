@@ -3,6 +3,8 @@
 # The machine cannot fetch packages: wheels travel in .whl/ (see BENCHMARKS.md, "NVML
 # readers side by side"); wattlab itself runs from src/.
 set -uo pipefail
+# The device's copy of the tree has no git history of ours: rows must name the commit.
+: "${WATTLAB_COMMIT:?set WATTLAB_COMMIT=<sha of the commit you run> (git rev-parse --short HEAD)}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/bench PYTHONUNBUFFERED=1
