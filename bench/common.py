@@ -8,7 +8,10 @@ import platform
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from wattlab.drivers.nvml import NvmlDriver
 
 HERE = Path(__file__).resolve().parent
 # WATTLAB_BENCH_RESULTS: elsewhere (the test suite's quick run must not replace full results)
@@ -63,3 +66,18 @@ def write_json(name: str, result: dict[str, Any]) -> Path:
 def median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
+
+
+def open_nvml(simulate: bool) -> NvmlDriver:
+    """An opened NVML driver: the real library, or one simulated GPU (``--simulate``)."""
+    from wattlab.drivers.nvml import NvmlDriver
+
+    lib = None
+    if simulate:
+        from wattlab.hardware.fake_nvml import FakeNvml
+        from wattlab.hardware.simulated_gpu import simulated_gpus
+
+        lib = FakeNvml(simulated_gpus(1, 0))
+    driver = NvmlDriver(lib)
+    driver.open()
+    return driver

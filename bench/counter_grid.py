@@ -26,7 +26,7 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from common import write_json
+from common import open_nvml, write_json
 from wattlab.analysis.counter_ticks import COUNTER_UPDATE_S, at_updates, update_phase_s
 from wattlab.drivers.nvml import NvmlDriver
 
@@ -92,14 +92,7 @@ def main() -> int:
                         help="a sweep read is up to this late, uniformly at random")
     parser.add_argument("--simulate", action="store_true")
     args = parser.parse_args()
-    lib = None
-    if args.simulate:
-        from wattlab.hardware.fake_nvml import FakeNvml
-        from wattlab.hardware.simulated_gpu import simulated_gpus
-
-        lib = FakeNvml(simulated_gpus(1, 0))
-    driver = NvmlDriver(lib)
-    driver.open()
+    driver = open_nvml(args.simulate)
     try:
         t_s, values = back_to_back(driver, args.seconds)
     finally:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import child_pids, tree_cpu_s, write_json
+from common import child_pids, open_nvml, tree_cpu_s, write_json
 from wattlab.acquisition.nvml_source import NvmlAcquirer
 from wattlab.acquisition.session import Session
 from wattlab.drivers.nvml import NvmlDriver
@@ -152,14 +152,7 @@ def main() -> int:
                         help="acquirer cadences to try instead of the defaults, e.g. "
                              "power=0.02,state=0.2,drain=1,energy=1,emit=0.5")
     args = parser.parse_args()
-    lib = None
-    if args.simulate:
-        from wattlab.hardware.fake_nvml import FakeNvml
-        from wattlab.hardware.simulated_gpu import simulated_gpus
-
-        lib = FakeNvml(simulated_gpus(1, 0))
-    driver = NvmlDriver(lib)
-    driver.open()
+    driver = open_nvml(args.simulate)
     costs = call_costs(driver, 200)
     steady = {streams: steady_cpu(driver, streams, args) for streams in args.streams.split(";")}
     print(f"NVML call costs ({'simulated' if args.simulate else 'real'} GPU), 200 calls each")
