@@ -492,27 +492,32 @@ def concat(tables: list[SweepTable], origin: str = "") -> SweepTable:
 # --------------------------------------------------------------------------- our runs
 
 
-def _window_energy(view: SourceView, channel: str, a_ns: float, b_ns: float,
-                   counter: bool) -> float:
-    """Energy between two session times: counter difference or trapezoid power integral.
+class _Cumulative:
+    """A stream's energy so far (J) against session time (ns), built once per stream.
 
-    A counter's values sit at their updates where the reads pin them (``counter_ticks``).
+    A counter is its own cumulative, its values at their updates where the reads pin them
+    (``counter_ticks``); a power stream is summed in trapezoids.
     """
-    t = view.time_ns.astype(np.float64)
-    v = view.channel(channel).astype(np.float64)
-    ok = np.isfinite(v)
-    t, v = t[ok], v[ok]
-    if counter:
-        t_s, v = at_updates(t * 1e-9, v)
-        t = t_s * 1e9
-    if t.shape[0] < 2 or a_ns < t[0] or b_ns > t[-1]:
-        return float("nan")
-    if counter:
-        cum = v
-    else:
-        cum = np.concatenate([[0.0], np.cumsum(0.5 * (v[1:] + v[:-1]) * np.diff(t) * 1e-9)])
-    e = np.interp([a_ns, b_ns], t, cum)
-    return float(e[1] - e[0])
+
+    def __init__(self, view: SourceView, channel: str, counter: bool) -> None:
+        t = view.time_ns.astype(np.float64)
+        v = view.channel(channel).astype(np.float64)
+        ok = np.isfinite(v)
+        t, v = t[ok], v[ok]
+        if counter:
+            t_s, v = at_updates(t * 1e-9, v)
+            t = t_s * 1e9
+        else:
+            v = np.concatenate([[0.0], np.cumsum(0.5 * (v[1:] + v[:-1]) * np.diff(t) * 1e-9)])
+        self.t_ns, self.energy_j = t, v
+
+    def between(self, a_ns: float, b_ns: float) -> float:
+        """Energy between two session times; NaN unless the stream covers both."""
+        t = self.t_ns
+        if t.shape[0] < 2 or a_ns < t[0] or b_ns > t[-1]:
+            return float("nan")
+        e = np.interp([a_ns, b_ns], t, self.energy_j)
+        return float(e[1] - e[0])
 
 
 def _window_mean(view: SourceView, channel: str, a_ns: float, b_ns: float) -> float:
@@ -527,6 +532,16 @@ RUN_ENERGY_SOURCES = (("nvml_energy", "energy", "energy_j", True),
                       ("nvml_samples", "samples", "power_w", False),
                       ("nvml_instant", "power", "instant_power_w", False),
                       ("nvml_average", "power", "average_power_w", False))
+
+
+def _energy_streams(run: Run, gpu: int) -> list[tuple[str, _Cumulative]]:
+    """(name in the sweep file, cumulative) of each energy source the GPU's run has."""
+    out = []
+    for name, sid, channel, counter in RUN_ENERGY_SOURCES:
+        view = run.sources.get(f"gpu{gpu}.{sid}")
+        if view is not None and channel in view.channel_names and len(view) > 1:
+            out.append((name, _Cumulative(view, channel, counter)))
+    return out
 
 
 def measure_run(path: str, gpu: int, runtime_s: float | None,
@@ -549,14 +564,9 @@ def measure_run(path: str, gpu: int, runtime_s: float | None,
             e = float(end)
         else:
             raise RunFileError(f"{path}: no session end marker; cannot find the workload's end")
-        energies: dict[str, float] = {}
-        prefix = f"gpu{gpu}."
-        for name, sid, channel, counter in RUN_ENERGY_SOURCES:
-            view = run.sources.get(prefix + sid)
-            if view is not None and channel in view.channel_names and len(view) > 1:
-                energies[name] = _window_energy(view, channel, b, e, counter)
+        energies = {name: c.between(b, e) for name, c in _energy_streams(run, gpu)}
         state: dict[str, float] = {}
-        view = run.sources.get(prefix + "state")
+        view = run.sources.get(f"gpu{gpu}.state")
         for channel, key, scale in (("sm_clock_hz", "sm_clock_mhz", 1e-6),
                                     ("mem_clock_hz", "mem_clock_mhz", 1e-6),
                                     ("power_limit_w", "power_limit_w", 1.0)):
@@ -585,18 +595,15 @@ def measure_phases(path: str, gpu: int) -> list[PhaseMeasure]:
     with Run(path) as run:
         phases = phases_from_markers([m for m in run.markers if m.source != "session"])
         out: dict[str, PhaseMeasure] = {}
-        prefix = f"gpu{gpu}."
-        views = [(name, run.sources.get(prefix + sid), channel, counter)
-                 for name, sid, channel, counter in RUN_ENERGY_SOURCES]
+        streams = _energy_streams(run, gpu)
         for ph in phases:
             a_ns, b_ns = ph.t0_s * 1e9, ph.t1_s * 1e9
             row = out.setdefault(ph.name, PhaseMeasure(ph.name, 0, 0.0, {}))
             row.count += 1
             row.time_s += ph.t1_s - ph.t0_s
-            for name, view, channel, counter in views:
-                if view is not None and channel in view.channel_names and len(view) > 1:
-                    e = _window_energy(view, channel, a_ns, b_ns, counter)
-                    row.energies_j[name] = row.energies_j.get(name, 0.0) + e
+            for name, cumulative in streams:
+                e = cumulative.between(a_ns, b_ns)
+                row.energies_j[name] = row.energies_j.get(name, 0.0) + e
         return list(out.values())
 
 
