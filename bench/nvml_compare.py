@@ -4,7 +4,8 @@
 
 Runs at the same time: the load (tests/with_device/matmul_load.py, which logs its phase
 starts and reads the energy counter there: the reference), `wattlab record --nvml 0` (every
-stream), `wattlab record --nvml 0 --nvml-streams samples,energy` (the least CPU),
+stream), `wattlab record --nvml 0 --nvml-streams samples,energy` (lean), the same with
+`--nvml-intervals drain=1.8,emit=6,energy=60` (frugal: the least CPU),
 `nvidia-smi --query-gpu=timestamp,power.draw --format=csv -lms 20`, a plain pynvml loop
 polling nvmlDeviceGetPowerUsage every 100 ms, and Zeus's PowerMonitor (bench/zeus_reader.py)
 where ``import zeus`` works (the GPU machine cannot fetch packages: carry Zeus and its
@@ -32,6 +33,15 @@ from common import tree_cpu_s, write_json
 
 HERE = Path(__file__).resolve().parent
 LOAD = HERE.parent / "tests" / "with_device" / "matmul_load.py"
+LEAN = ["--nvml-streams", "samples,energy"]
+FRUGAL_INTERVALS = "drain=1.8,emit=6,energy=60"
+# each wattlab recording: (file name, extra flags, the label of its samples row)
+WATTLAB_RUNS = {
+    "wattlab": ("wattlab.h5", [], "wattlab gpu0.samples (50 Hz buffer)"),
+    "wattlab lean": ("wattlab-lean.h5", LEAN, "wattlab lean: samples,energy only"),
+    "wattlab frugal": ("wattlab-frugal.h5", [*LEAN, "--nvml-intervals", FRUGAL_INTERVALS],
+                       f"wattlab frugal: samples,energy, {FRUGAL_INTERVALS}"),
+}
 
 
 def start(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
@@ -76,8 +86,8 @@ def zeus_available() -> bool:
     return True
 
 
-ALL_STREAMS = [("gpu0.samples", "power_w"), ("gpu0.power", "average_power_w"),
-               ("gpu0.power", "instant_power_w")]
+POWER_STREAMS = [("gpu0.power", "average_power_w"),
+                 ("gpu0.power", "instant_power_w")]
 
 
 def read_wattlab(path: Path, streams: list[tuple[str, str]]
@@ -144,20 +154,18 @@ def main() -> int:
         print(f"nvml_compare: skipped, no NVIDIA GPU here ({e})")
         return 0
     folder = Path(tempfile.mkdtemp(prefix="wattlab-nvml-"))
-    run_path, smi_path = folder / "wattlab.h5", folder / "smi.csv"
-    lean_path = folder / "wattlab-lean.h5"
+    smi_path = folder / "smi.csv"
+    paths = {name: folder / file for name, (file, _, _) in WATTLAB_RUNS.items()}
     loop_path, steps_path = folder / "loop.txt", folder / "steps.txt"
     zeus_prefix = folder / "zeus"
     with_zeus = zeus_available()
     started = time.monotonic()
     with open(smi_path, "w") as smi_out:
         readers = {
-            "wattlab": start([sys.executable, "-m", "wattlab.cli", "record", "--nvml", "0",
-                              "--duration", "3600", "-o", str(run_path)],
-                             stdout=subprocess.DEVNULL),
-            "wattlab lean": start([sys.executable, "-m", "wattlab.cli", "record", "--nvml", "0",
-                                   "--nvml-streams", "samples,energy", "--duration", "3600",
-                                   "-o", str(lean_path)], stdout=subprocess.DEVNULL),
+            name: start([sys.executable, "-m", "wattlab.cli", "record", "--nvml", "0", *flags,
+                         "--duration", "3600", "-o", str(paths[name])], stdout=subprocess.DEVNULL)
+            for name, (_, flags, _) in WATTLAB_RUNS.items()}
+        readers |= {
             "nvidia-smi -lms 20": start(["nvidia-smi", "--query-gpu=timestamp,power.draw",
                                          "--format=csv", "-lms", "20"], stdout=smi_out),
             "pynvml loop 100 ms": start([sys.executable, str(HERE / "nvml_poll_loop.py"),
@@ -178,15 +186,15 @@ def main() -> int:
         wall_s = time.monotonic() - started
     steps = [(int(t), int(mj)) for t, _, mj in (line.split() for line in
                                                  steps_path.read_text().split("\n") if line)]
-    wl = read_wattlab(run_path, ALL_STREAMS)
-    lean = read_wattlab(lean_path, [("gpu0.samples", "power_w")])
+    wl = read_wattlab(paths["wattlab"], POWER_STREAMS)
     a, b = steps[0][0], steps[-1][0]
     counter_j = (steps[-1][1] - steps[0][1]) / 1e3
     step_ns, next_ns = steps[1][0], steps[2][0]
     series = {
-        "wattlab gpu0.samples (50 Hz buffer)": (*wl["gpu0.samples:power_w"], True, "wattlab"),
-        "wattlab lean: samples,energy only": (*lean["gpu0.samples:power_w"], True,
-                                              "wattlab lean"),
+        label: (*read_wattlab(paths[name], [("gpu0.samples", "power_w")])[
+            "gpu0.samples:power_w"], True, name)
+        for name, (_, _, label) in WATTLAB_RUNS.items()}
+    series |= {
         "wattlab gpu0.power instant": (*wl["gpu0.power:instant_power_w"], False, "wattlab"),
         "wattlab gpu0.power average": (*wl["gpu0.power:average_power_w"], False, "wattlab"),
         "nvidia-smi -lms 20": (*read_smi(smi_path), False, "nvidia-smi -lms 20"),
@@ -206,12 +214,10 @@ def main() -> int:
             "energy_j": energy, "energy_error_pct": 100 * (energy - counter_j) / counter_j,
             "step_delay_ms": step_delay_ms(t, p, step_ns, next_ns),
         })
-    for name, (path, proc) in {"wattlab gpu0.energy, `energy --window`": (run_path, "wattlab"),
-                               "wattlab lean gpu0.energy, same": (lean_path, "wattlab lean"),
-                               }.items():
+    for proc, path in paths.items():
         energy, plus_minus = counter_window(path, a, b)
         rows.append({
-            "reader": name, "distinct_per_s": None,
+            "reader": f"{proc} gpu0.energy, `energy --window`", "distinct_per_s": None,
             "cpu_pct_of_core": 100 * cpu[proc] / wall_s, "steady_cpu_pct": steady[proc],
             "energy_j": energy, "energy_error_pct": 100 * (energy - counter_j) / counter_j,
             "energy_uncertainty_pct": 100 * plus_minus / energy, "step_delay_ms": None,
@@ -235,7 +241,7 @@ def main() -> int:
                                 "rows": rows, "cpu_s": cpu, "phase_s": args.phase_s})
     out = os.environ.get("OUT")
     if out:
-        for f in (run_path, lean_path, smi_path, loop_path, steps_path,
+        for f in (*paths.values(), smi_path, loop_path, steps_path,
                   *folder.glob("zeus.*.txt")):
             Path(out, f.name).write_bytes(f.read_bytes())
     return 0

@@ -3,10 +3,12 @@
     python bench/nvml_cost.py [--seconds 20]
 
 1. The cost of each NVML call the reader makes: wall time (median and 99th percentile) and
-   CPU time (mean), µs.
+   CPU time (mean), µs; a drain also after 0.1, 0.9 and 1.8 s of samples (is its cost per
+   call or per sample?).
 2. A recording session of the GPU, in steady state (after a warm-up): CPU of the NVML source
    thread, of the rest of the session process and of the recorder process, % of one core;
-   once with every NVML stream and once with ``--nvml-streams samples,energy`` (``--streams``).
+   once per configuration in ``--configs``: every NVML stream, ``samples,energy`` (lean),
+   and lean with ``drain=1.8,emit=6,energy=60`` (frugal).
 Without a GPU it measures the simulated one (then the call costs are the simulator's).
 """
 
@@ -19,14 +21,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from common import child_pids, open_nvml, tree_cpu_s, write_json
-from wattlab.acquisition.nvml_source import NvmlAcquirer
+from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_intervals, parse_streams
 from wattlab.acquisition.session import Session
 from wattlab.drivers.nvml import NvmlDriver
+from wattlab.errors import UsageError
 
 
 def after_sleep_costs(driver: NvmlDriver, n: int) -> dict[str, float]:
@@ -50,8 +55,12 @@ def after_sleep_costs(driver: NvmlDriver, n: int) -> dict[str, float]:
 
 def call_costs(driver: NvmlDriver, n: int) -> dict[str, dict[str, float]]:
     time.sleep(1.0)  # a simulated GPU starts with an empty buffer
+    def drain_after(age_s: float) -> Callable[[], Any]:
+        return lambda: driver.read_samples(0, int((time.time() - age_s) * 1e6))
+
     calls = {
-        "read_samples (drain)": lambda: driver.read_samples(0, int(time.time() * 1e6) - 900_000),
+        "read_samples (drain)": drain_after(0.9),
+        **{f"read_samples, {age_s:g} s of samples": drain_after(age_s) for age_s in (0.1, 1.8)},
         "read_power (instant + average)": lambda: driver.read_power(0),
         "read_energy_j": lambda: driver.read_energy_j(0),
         "read_state": lambda: driver.read_state(0),
@@ -124,21 +133,30 @@ class CpuProbe:
                 "tree_pct": out["process"] + out["recorder"], "window_s": span}
 
 
-def steady_cpu(driver: NvmlDriver, streams: str, args: argparse.Namespace) -> dict[str, float]:
-    """Record the GPU for ``args.seconds`` with these streams; the steady CPU of each part."""
+def steady_cpu(driver: NvmlDriver, config: str, args: argparse.Namespace) -> dict[str, float]:
+    """Record the GPU for ``args.seconds`` as ``config`` says; the steady CPU of each part."""
+    streams, _, intervals = config.partition("@")
     with tempfile.TemporaryDirectory() as folder:
         probe = CpuProbe(args.warmup)
-        acquirer = NvmlAcquirer(driver, 0, streams=streams)
-        for kv in filter(None, args.intervals.split(",")):
-            key, value = kv.split("=")
-            if key not in acquirer.intervals_s:
-                raise SystemExit(f"--intervals: {key!r} is not one of "
-                                 f"{sorted(acquirer.intervals_s)}")
-            acquirer.intervals_s[key] = float(value)  # read at open, before the first poll
+        acquirer = NvmlAcquirer(driver, 0, streams=streams,
+                                intervals_s=parse_intervals(intervals))
         Session(str(Path(folder) / "cost.h5"), [("gpu0", acquirer)],
                 duration_s=args.seconds).run()
         probe.stop()
     return probe.percent()
+
+
+def configs_arg(text: str) -> list[str]:
+    """``STREAMS[@INTERVALS];...``, each checked before the GPU is touched."""
+    configs = [c.strip() for c in text.split(";") if c.strip()]
+    try:
+        for config in configs:
+            streams, _, intervals = config.partition("@")
+            parse_streams(streams)
+            parse_intervals(intervals)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    return configs
 
 
 def main() -> int:
@@ -146,23 +164,22 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds left out at the start")
     parser.add_argument("--simulate", action="store_true")
-    parser.add_argument("--streams", default="all;samples,energy",
-                        help="NVML stream lists to measure, ';' between sessions")
-    parser.add_argument("--intervals", default="",
-                        help="acquirer cadences to try instead of the defaults, e.g. "
-                             "power=0.02,state=0.2,drain=1,energy=1,emit=0.5")
+    parser.add_argument("--configs", type=configs_arg,
+                        default="all;samples,energy;samples,energy@drain=1.8,emit=6,energy=60",
+                        help="sessions to measure, ';' between them: the NVML streams, then "
+                             "after '@' the cadences that differ from the defaults")
     args = parser.parse_args()
     driver = open_nvml(args.simulate)
     costs = call_costs(driver, 200)
-    steady = {streams: steady_cpu(driver, streams, args) for streams in args.streams.split(";")}
+    steady = {config: steady_cpu(driver, config, args) for config in args.configs}
     print(f"NVML call costs ({'simulated' if args.simulate else 'real'} GPU), 200 calls each")
     print(f"{'call':<38} {'median us':>10} {'p99 us':>10} {'CPU us':>10}")
     for name, c in costs.items():
         print(f"{name:<38} {c['median_us']:>10.1f} {c['p99_us']:>10.1f} {c['cpu_us']:>10.1f}")
     cold = after_sleep_costs(driver, 50)
     print("read_power CPU µs (median) " + ", ".join(f"{k}: {v:.1f}" for k, v in cold.items()))
-    for streams, cpu in steady.items():
-        print(f"--nvml-streams {streams}: steady state over {cpu['window_s']:.1f} s (after "
+    for config, cpu in steady.items():
+        print(f"{config}: steady state over {cpu['window_s']:.1f} s (after "
               f"{args.warmup:g} s warm-up), % of one core: source thread "
               f"{cpu['source_thread_pct']:.2f}, rest of the session process "
               f"{cpu['session_other_threads_pct']:.2f}, recorder process "
@@ -171,7 +188,6 @@ def main() -> int:
     write_json("nvml_cost", {"benchmark": "nvml_cost", "simulated": args.simulate,
                              "calls": costs,
                              "after_sleep_cpu_us": cold, "cpu_by_streams": steady,
-                             "intervals": args.intervals or "defaults",
                              "seconds": args.seconds})
     return 0
 

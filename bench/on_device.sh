@@ -8,6 +8,8 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/bench PYTHONUNBUFFERED=1
+# each result straight to $OUT: what finished comes back even if the call runs out of time
+export WATTLAB_BENCH_RESULTS="${OUT:-$PWD/bench/results}"
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv
 echo "== issue 2: wattlab record --nvml 0 under a matmul load"
 WATTLAB_DEVICE=1 python3 -m pytest -q -s -p no:cacheprovider tests/with_device 2>&1 | tail -25
@@ -17,4 +19,3 @@ echo "== issue 10: where the reader's CPU goes"
 python3 bench/nvml_cost.py --seconds 30
 echo "== the energy counter's update grid, and sweep-paced reads placed on it"
 python3 bench/counter_grid.py --seconds 20 --late-ms 10
-cp bench/results/*.json "${OUT:-/tmp}/" 2>/dev/null || true

@@ -11,6 +11,7 @@ import pytest
 
 from wattlab.bench_config import (
     TEMPLATE,
+    NvmlChoice,
     bench_acquirers,
     check_bench,
     load_bench,
@@ -64,8 +65,25 @@ rate_s = 0.5
 def test_nvml_streams_reach_the_record_flags() -> None:
     config = parse_bench('[[device]]\nkind = "nvml"\nsimulate = true\n'
                          'streams = ["energy", "samples"]\n', "b.toml")
-    assert nvml_selection(config) == ("all", True, 1, 0, "energy,samples")
-    assert nvml_selection(parse_bench('[[device]]\nkind = "nvml"\n', "b.toml"))[4] == "all"
+    assert nvml_selection(config) == NvmlChoice("all", True, 1, 0, "energy,samples", "")
+    assert nvml_selection(parse_bench('[[device]]\nkind = "nvml"\n', "b.toml")).streams == "all"
+
+
+def test_nvml_intervals_reach_the_record_flags_as_text_or_table() -> None:
+    as_text = parse_bench('[[device]]\nkind = "nvml"\nintervals = "drain=1.8,emit=6"\n', "b.toml")
+    as_table = parse_bench('[[device]]\nkind = "nvml"\nintervals = { drain = 1.8, emit = 6 }\n',
+                           "b.toml")
+    assert nvml_selection(as_text).intervals == "drain=1.8,emit=6"
+    assert nvml_selection(as_table).intervals == "drain=1.8,emit=6"
+
+
+@pytest.mark.parametrize("value, named", [('"drain=3"', "longer than 2.0 s"),
+                                          ("{ flush = 1 }", "no cadence named 'flush'"),
+                                          ("{ emit = 0 }", "emit=0"), ("5", "a string like")])
+def test_bad_nvml_intervals_name_the_file_and_the_value(value: str, named: str) -> None:
+    with pytest.raises(UsageError) as e:
+        parse_bench(f'[[device]]\nkind = "nvml"\nintervals = {value}\n', "b.toml")
+    assert "b.toml" in str(e.value) and "intervals" in str(e.value) and named in str(e.value)
 
 
 def test_defaults_and_json() -> None:

@@ -108,6 +108,20 @@ def test_named_rails_leave_the_rest_out_of_board_power(ps3: PowerSensor3Emulator
         assert np.mean(riser.channel("board_power_w")) < np.mean(riser.channel("power_total_w"))
 
 
+def test_record_bench_with_the_nvml_cadences_of_the_file(tmp_path: Path) -> None:
+    """The Python API: a bench file's ``intervals`` reach the reader."""
+    bench = parse_bench('[[device]]\nkind = "nvml"\nsimulate = true\n'
+                        'streams = ["samples", "energy"]\n'
+                        'intervals = { drain = 1.5, emit = 1.5 }\n', "frugal.toml")
+    out = tmp_path / "frugal.h5"
+    result = record_bench(bench, str(out), duration_s=2.0)
+    assert result.source_errors == {}
+    with wattlab.open(str(out)) as run:
+        samples = run.source("gpu0.samples")
+        assert samples.descriptor["config"]["intervals_s"]["drain"] == 1.5
+        assert len(samples.time_ns) >= 80 and run.gaps == []
+
+
 def test_record_bench_in_source_processes(ps3: PowerSensor3Emulator, tmp_path: Path) -> None:
     """The rails travel with the meter into its own process."""
     bench = tmp_path / "bench.toml"
@@ -126,6 +140,7 @@ def test_record_bench_in_source_processes(ps3: PowerSensor3Emulator, tmp_path: P
     (["--nvml", "0"], "--nvml"), (["--simulate"], "--simulate"),
     (["--seed", "3", "--simulated-gpus", "2"], "--simulated-gpus, --seed"),
     (["--nvml-streams", "samples"], "--nvml-streams"),
+    (["--nvml-intervals", "drain=1"], "--nvml-intervals"),
     (["--meter", "riser=ps3:/dev/null"], "stream id(s) ['riser'] used twice"),
 ])
 def test_bench_with_conflicting_flags_is_refused(tmp_path: Path, flags: list[str], named: str,

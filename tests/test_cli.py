@@ -94,6 +94,37 @@ def test_record_fewer_nvml_streams(tmp_path, processes):
         assert run.gaps == []
 
 
+@pytest.mark.parametrize("processes", [[], ["--source-processes"]])
+def test_record_with_rarer_nvml_reads(tmp_path, processes):
+    """The cadences reach the reader (also in a source process); the samples stay whole."""
+    out = tmp_path / "run.h5"
+    result = run_cli("record", "--simulate", "--nvml-streams", "samples,energy",
+                     "--nvml-intervals", "drain=1.8,emit=1.8,energy=60", "--duration", "4",
+                     "-o", str(out), *processes)
+    assert result.returncode == 0, result.stderr
+    with wattlab.open(str(out)) as run:
+        samples = run.source("gpu0.samples")
+        intervals = samples.descriptor["config"]["intervals_s"]
+        assert (intervals["drain"], intervals["emit"], intervals["energy"]) == (1.8, 1.8, 60.0)
+        assert intervals["power"] == 0.09  # the ones not given keep their defaults
+        assert len(samples.time_ns) >= 150 and run.gaps == []
+        assert np.all(np.diff(samples.time_ns) < 0.03e9)
+        assert len(run.source("gpu0.energy").time_ns) == 2  # at the start and at the end
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    ("drain=2.5", "drain=2.5 s is longer than 2.0 s"), ("emit=0", "emit=0 must be"),
+    ("poll=1", "no cadence named 'poll'"), ("drain", "'drain' is not KEY=SECONDS"),
+    ("energy=nan", "energy=nan must be")])
+def test_record_refuses_bad_nvml_intervals(tmp_path, value, named):
+    out = tmp_path / "run.h5"
+    result = run_cli("record", "--simulate", "--nvml-intervals", value, "--duration", "1",
+                     "-o", str(out))
+    assert result.returncode == 2
+    assert named in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+    assert not out.exists()
+
+
 def test_record_refuses_an_unknown_nvml_stream(tmp_path):
     out = tmp_path / "run.h5"
     result = run_cli("record", "--simulate", "--nvml-streams", "samples,volts", "--duration",

@@ -11,7 +11,7 @@ import numpy as np
 import pynvml
 import pytest
 
-from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_streams
+from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_intervals, parse_streams
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.analysis.calibration import update_lattice
 from wattlab.drivers.nvml import NvmlDriver
@@ -196,7 +196,7 @@ def test_sample_integral_matches_energy_counter_within_2_percent() -> None:
 
 
 def test_buffer_overflow_becomes_a_gap_without_duplicates() -> None:
-    acq, _, clock = setup(drain_interval_s=3.0)
+    acq, _, clock = setup(intervals_s={"drain": 3.0})
     acq.open()
     readings = run_for(acq, clock, 7.0)
     acq.close()
@@ -260,7 +260,7 @@ def test_open_of_a_missing_gpu_releases_nvml() -> None:
 
 def test_real_time_run_against_a_simulated_gpu() -> None:
     gpu = SimulatedGpu(seed=2, schedule=WorkloadSchedule.demo(2, 5.0))
-    acq = NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0, drain_interval_s=0.3)
+    acq = NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0, intervals_s={"drain": 0.3})
     acq.open()
     readings: list[Reading] = []
     t_end = time.monotonic() + 1.0
@@ -422,8 +422,8 @@ def test_a_gpu_without_any_stream_asked_for_is_refused() -> None:
 
 def test_wake_ends_the_readers_long_sleep_at_once() -> None:
     gpu = SimulatedGpu(index=0, seed=3, schedule=WorkloadSchedule.demo(3, 20.0))
-    acq = NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0, streams="samples", max_block_s=30.0,
-                       drain_interval_s=30.0, emit_interval_s=30.0)
+    acq = NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0, streams="samples",
+                       intervals_s={"drain": 30.0, "emit": 30.0})
     acq.open()
     try:
         poller = threading.Thread(target=acq.poll)
@@ -436,3 +436,42 @@ def test_wake_ends_the_readers_long_sleep_at_once() -> None:
         assert not poller.is_alive() and time.monotonic() - woken < 1.0
     finally:
         acq.close()
+
+
+def test_rarer_reads_wake_once_per_cadence_and_lose_no_sample() -> None:
+    """drain=emit=1.8 s: the reader sleeps 1.8 s at a time (no shorter cap), every sample kept."""
+    acq, _, clock = setup(streams="samples,energy",
+                          intervals_s=parse_intervals("drain=1.8,emit=1.8,energy=60"))
+    acq.open()
+    readings = run_for(acq, clock, 18.0)
+    acq.close()
+    assert clock.sleeps[1:] == pytest.approx([1.8] * (len(clock.sleeps) - 1))
+    assert len(clock.sleeps) == 10
+    samples = by_source(readings)["gpu0.samples"]
+    assert not [r for r in readings if isinstance(r, Gap)]
+    gaps_us = np.diff(samples.t_raw)
+    assert gaps_us.min() > 0 and gaps_us.max() < 30_000  # each sample once, none missing
+    assert abs(len(samples.t_raw) - 900) <= 2  # 18 s of 20 ms samples
+    assert len(by_source(readings)["gpu0.energy"].t_host_ns) == 2  # at the start and at the end
+
+
+def test_parse_intervals_accepts_text_and_tables() -> None:
+    assert parse_intervals("") == {}
+    assert parse_intervals(" Drain = 1.8 , emit=6,") == {"drain": 1.8, "emit": 6.0}
+    assert parse_intervals({"energy": 60, "power": 0.02}) == {"energy": 60.0, "power": 0.02}
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    ("drain=2.01", "drain=2.01 s is longer than 2.0 s"), ("power=0.001", "power=0.001 must be"),
+    ("emit=-1", "emit=-1 must be"), ("state=inf", "state=inf must be"),
+    ("flush=1", "no cadence named 'flush'"), ("drain:1", "'drain:1' is not KEY=SECONDS"),
+    ({"emit": True}, "emit=True must be"), ({"emit": "x"}, "emit=x must be")])
+def test_parse_intervals_refuses_bad_values_by_name(value: Any, named: str) -> None:
+    with pytest.raises(UsageError) as e:
+        parse_intervals(value)
+    assert named in str(e.value)
+
+
+def test_the_acquirer_refuses_an_unknown_cadence() -> None:
+    with pytest.raises(ValueError, match="no NVML cadence named 'poll'"):
+        setup(intervals_s={"poll": 1.0})

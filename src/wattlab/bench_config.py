@@ -137,6 +137,19 @@ def _nvml_streams(value: Any) -> str | None:
     return None
 
 
+def _nvml_intervals(value: Any) -> str | None:
+    from wattlab.acquisition.nvml_source import parse_intervals
+
+    rule = "must be a string like \"drain=1.8,emit=6\" or a table like {drain = 1.8}"
+    if not isinstance(value, str | dict):
+        return rule
+    try:
+        parse_intervals(value)
+    except UsageError as e:
+        return f"{rule} ({e})"
+    return None
+
+
 def _source_id(value: Any) -> str | None:
     if isinstance(value, str) and SOURCE_ID_PATTERN.match(value):
         return None
@@ -159,7 +172,8 @@ KINDS: dict[str, KindSchema] = {
     "nvml": KindSchema({}, {"gpus": (_gpus, "all"), "simulate": (_bool, False),
                             "simulated_gpus": (_positive_int, 1),
                             "seed": (_non_negative_int, 0),
-                            "streams": (_nvml_streams, "all")},
+                            "streams": (_nvml_streams, "all"),
+                            "intervals": (_nvml_intervals, "")},
                        "gpu", "GPUs read through NVML (source ids gpu<N>.*)"),
     "powersensor3": KindSchema({"port": _string}, {"id": (_source_id, "ps3"),
                                                    "rails": (_ps3_rails, None)}, "ps3",
@@ -448,16 +462,32 @@ def meter_options_json(device: DeviceConfig) -> str:
     return json.dumps({**device.options, "where": device.where})
 
 
-def nvml_selection(config: BenchConfig) -> tuple[str, bool, int, int, str]:
-    """(gpus, simulate, simulated_gpus, seed, streams) as the ``record`` flags take them."""
+@dataclass(frozen=True)
+class NvmlChoice:
+    """Which GPUs to read and how, as ``record``'s flags or a bench file's nvml entry say."""
+
+    gpus: str = "all"  # "all", "0,1" or "none"
+    simulate: bool = False
+    simulated_gpus: int = 1
+    seed: int = 0
+    streams: str = "all"  # --nvml-streams
+    intervals: str = ""  # --nvml-intervals: cadences that differ from the defaults
+
+
+def nvml_selection(config: BenchConfig) -> NvmlChoice:
+    """The bench file's nvml entry as ``record``'s flags would say it (none: no GPU)."""
     nvml = config.nvml
     if nvml is None:
-        return "none", False, 1, 0, "all"
+        return NvmlChoice("none")
     gpus = nvml.options["gpus"]
     spec = ",".join(str(g) for g in gpus) if isinstance(gpus, list) else str(gpus)
     streams = nvml.options["streams"]
-    return (spec, bool(nvml.options["simulate"]), int(nvml.options["simulated_gpus"]),
-            int(nvml.options["seed"]), streams if isinstance(streams, str) else ",".join(streams))
+    intervals = nvml.options["intervals"]
+    if isinstance(intervals, dict):
+        intervals = ",".join(f"{k}={v}" for k, v in intervals.items())
+    return NvmlChoice(spec, bool(nvml.options["simulate"]), int(nvml.options["simulated_gpus"]),
+                      int(nvml.options["seed"]),
+                      streams if isinstance(streams, str) else ",".join(streams), intervals)
 
 
 @contextmanager
@@ -469,7 +499,7 @@ def bench_acquirers(config: BenchConfig) -> Iterator[list[tuple[str, Any]]]:
     """
     from wattlab.acquisition.meters import nvml_acquirers
 
-    with nvml_acquirers(*nvml_selection(config)) as gpus:
+    with nvml_acquirers(nvml_selection(config)) as gpus:
         check_gpus_exist(config, gpus)
         yield gpus + [(d.id, meter_acquirer(d)) for d in config.meters]
 
@@ -557,7 +587,7 @@ def check_bench(config: BenchConfig, timeout_s: float = 3.0) -> list[DeviceCheck
     nvml = config.nvml
     if nvml is not None:
         try:
-            with nvml_acquirers(*nvml_selection(config)) as gpus:
+            with nvml_acquirers(nvml_selection(config)) as gpus:
                 check_gpus_exist(config, gpus)
                 results += [check_device(name, acq, nvml, timeout_s) for name, acq in gpus]
         except WattlabError as e:
@@ -601,6 +631,7 @@ gpus = "all"            # "all", "0,1" or [0, 1]
 # simulated_gpus = 1
 # seed = 0
 # streams = ["samples", "energy"]  # fewer streams, less CPU (default "all")
+# intervals = { drain = 1.8, emit = 6, energy = 60 }  # rarer reads, less CPU again
 
 # PowerSensor3 riser on GPU 0's PCIe power (USB serial). rails: pair number (0-3) = rail.
 # [[device]]

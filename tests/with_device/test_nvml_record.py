@@ -1,7 +1,8 @@
 """The whole record path on a real NVIDIA GPU (opt-in: WATTLAB_DEVICE=1). Read-only on the card.
 
-Records `wattlab record --nvml 0 -- python matmul_load.py`, with every NVML stream and with
-`--nvml-streams samples,energy` (one wake-up a second), and checks what issue 2 asks:
+Records `wattlab record --nvml 0 -- python matmul_load.py`, with every NVML stream, with
+`--nvml-streams samples,energy` (one wake-up a second) and with that plus
+`--nvml-intervals drain=1.8,emit=6,energy=60` (the least CPU), and checks what issue 2 asks:
 ~50 samples/s from the driver's buffer, none duplicated or missing, and the samples'
 integral agreeing with the energy counter within 2 %.
 """
@@ -25,14 +26,17 @@ pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module", params=["all", "samples,energy"])
+@pytest.fixture(scope="module", params=[("all", ""), ("samples,energy", ""),
+                                        ("samples,energy", "drain=1.8,emit=6,energy=60")],
+                ids=["all", "lean", "frugal"])
 def recorded_run(request, tmp_path_factory):
     out = os.environ.get("OUT")
     folder = Path(out) if out else tmp_path_factory.mktemp("device")
-    streams = request.param
-    path = folder / f"device_run_{streams.replace(',', '_')}.h5"
+    streams, intervals = request.param
+    path = folder / f"device_run_{request.node.callspec.id}.h5"
     cmd = [sys.executable, "-m", "wattlab.cli", "record", "--nvml", "0", "-o", str(path),
-           "--nvml-streams", streams, "--", sys.executable, str(HERE / "matmul_load.py")]
+           "--nvml-streams", streams, "--nvml-intervals", intervals,
+           "--", sys.executable, str(HERE / "matmul_load.py")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     print(result.stdout, result.stderr)
     assert result.returncode == 0, result.stderr

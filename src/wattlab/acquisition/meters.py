@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.source import Acquirer, Chunk, Reading
+from wattlab.bench_config import NvmlChoice
 from wattlab.errors import NvmlError, UsageError, WattlabError
 from wattlab.samples import Channel, SourceDescriptor, check_source_id
 
@@ -283,32 +284,32 @@ def meter_acquirers(specs: list[str]) -> list[tuple[str, Acquirer]]:
 
 
 @contextmanager
-def nvml_acquirers(
-    spec: str, simulate: bool, simulated_gpus: int, seed: int, streams: str = "all"
-) -> Iterator[list[tuple[str, Acquirer]]]:
-    """NVML (or simulated) acquirers for the GPUs in ``spec``; the library stays open."""
-    if spec == "none":
+def nvml_acquirers(choice: NvmlChoice) -> Iterator[list[tuple[str, Acquirer]]]:
+    """NVML (or simulated) acquirers for the chosen GPUs; the library stays open."""
+    if choice.gpus == "none":
         yield []
         return
-    from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_streams
+    from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_intervals, parse_streams
     from wattlab.drivers.nvml import NvmlDriver
 
-    parse_streams(streams)  # a bad list fails before NVML is opened
+    parse_streams(choice.streams)  # a bad list fails before NVML is opened
+    intervals_s = parse_intervals(choice.intervals)
     lib = None
-    if simulate:
+    if choice.simulate:
         from wattlab.hardware.fake_nvml import FakeNvml
         from wattlab.hardware.simulated_gpu import simulated_gpus as make_gpus
 
-        if simulated_gpus < 1:
+        if choice.simulated_gpus < 1:
             raise UsageError("--simulated-gpus must be at least 1")
-        lib = FakeNvml(make_gpus(simulated_gpus, seed))
+        lib = FakeNvml(make_gpus(choice.simulated_gpus, choice.seed))
     driver = NvmlDriver(lib)
     try:
         driver.open()
     except NvmlError as e:
         raise UsageError(str(e)) from e
     try:
-        indices = driver.resolve_gpus(spec)
-        yield [(f"gpu{i}", NvmlAcquirer(driver, i, streams=streams)) for i in indices]
+        indices = driver.resolve_gpus(choice.gpus)
+        yield [(f"gpu{i}", NvmlAcquirer(driver, i, streams=choice.streams,
+                                        intervals_s=intervals_s)) for i in indices]
     finally:
         driver.close()

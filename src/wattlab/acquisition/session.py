@@ -45,7 +45,7 @@ RECORDER_START_TIMEOUT_S = 20.0
 HANDSHAKE_TIMEOUT_S = 15.0
 # every wake-up costs CPU (issue 10): half a second is soon enough for both
 SUPERVISE_INTERVAL_S = 0.5  # how soon a dead recorder or source process is noticed
-WAIT_TICK_S = 0.5  # how soon the end of the workload is noticed (a stop is at once)
+WAIT_TICK_S = 0.5  # how soon a command's end is noticed (a stop, and a --duration, at once)
 PROGRESS_TICK_S = 0.05
 Runner = SourceRunner | ProcessSourceRunner
 
@@ -213,7 +213,9 @@ class Session:
                 self.on_progress(elapsed)
             tick_s = WAIT_TICK_S if self.on_progress is None else PROGRESS_TICK_S
             if self.duration_s is not None:
-                tick_s = min(tick_s, max(self.duration_s - elapsed, 0.001))
+                left_s = max(self.duration_s - elapsed, 0.001)
+                watching = child is not None or self.on_progress is not None
+                tick_s = min(tick_s, left_s) if watching else left_s  # else: one wait to the end
             self._stop.wait(tick_s)
         if child is None:
             return None

@@ -49,6 +49,7 @@ class SourceSpec:
     simulated_gpus: int = 1
     seed: int = 0
     nvml_streams: str = "all"  # what --nvml-streams says
+    nvml_intervals: str = ""  # what --nvml-intervals says
 
     def __post_init__(self) -> None:
         if self.kind not in SPEC_KINDS:
@@ -74,7 +75,7 @@ class SourceSpec:
             from wattlab.acquisition.meters import parse_meter_spec
 
             return parse_meter_spec(self.meter).acquirer(self.meter_options), lambda: None
-        from wattlab.acquisition.nvml_source import NvmlAcquirer
+        from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_intervals
         from wattlab.drivers.nvml import NvmlDriver
 
         lib = None
@@ -83,9 +84,11 @@ class SourceSpec:
             from wattlab.hardware.simulated_gpu import simulated_gpus
 
             lib = FakeNvml(simulated_gpus(self.simulated_gpus, self.seed))
+        intervals_s = parse_intervals(self.nvml_intervals)
         driver = NvmlDriver(lib)
         driver.open()
-        return NvmlAcquirer(driver, self.gpu_index, streams=self.nvml_streams), driver.close
+        return (NvmlAcquirer(driver, self.gpu_index, streams=self.nvml_streams,
+                             intervals_s=intervals_s), driver.close)
 
 
 class ProcessSourceRunner:

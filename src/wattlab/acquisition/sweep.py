@@ -385,8 +385,8 @@ def _one_run(plan: SweepPlan, driver: NvmlDriver, folder: Path, x: float, rep: i
     path = str(folder / f"{plan.x_name}-{x:g}-r{rep}.h5")
     work = _SimulatedWork(sim_gpu, plan.sim_work_s) if sim_gpu is not None else None
     setting = {"knob": plan.knob, "x_name": plan.x_name, "x": x, "repeat": rep, "gpu": plan.gpu}
-    acquirer = NvmlAcquirer(driver, plan.gpu, energy_interval_s=SWEEP_ENERGY_S,
-                            state_interval_s=SWEEP_STATE_S)
+    acquirer = NvmlAcquirer(driver, plan.gpu, intervals_s={"energy": SWEEP_ENERGY_S,
+                                                         "state": SWEEP_STATE_S})
     session = _SweepSession(
         path, [(f"gpu{plan.gpu}", acquirer)], command=plan.command,
         duration_s=None if plan.command else plan.sim_work_s * SIM_LIMIT_FACTOR + 5.0,

@@ -10,7 +10,8 @@ from typing import Any
 
 from wattlab.acquisition.agent import ClockSkew, run_agent
 from wattlab.acquisition.meters import meter_acquirers
-from wattlab.commands.record import NVML_STREAMS_HELP, nvml_acquirers
+from wattlab.bench_config import NvmlChoice
+from wattlab.commands.record import NVML_INTERVALS_HELP, NVML_STREAMS_HELP, nvml_acquirers
 from wattlab.errors import UsageError
 from wattlab.sync.security import ClientSecurity, load_keypair, load_public_key
 
@@ -34,6 +35,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--nvml", default="all",
                    help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all)")
     p.add_argument("--nvml-streams", default="all", metavar="LIST", help=NVML_STREAMS_HELP)
+    p.add_argument("--nvml-intervals", default="", metavar="KEY=S,...",
+                   help=NVML_INTERVALS_HELP)
     p.add_argument("--simulate", action="store_true",
                    help="use the simulated GPU instead of NVML (no hardware needed)")
     p.add_argument("--simulated-gpus", type=int, default=1, metavar="N",
@@ -56,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
         for s in previous:
             signal.signal(s, lambda signum, frame: stop.set())
     try:
-        with nvml_acquirers(args.nvml, args.simulate, args.simulated_gpus, args.seed,
-                            args.nvml_streams) as gpus:
+        with nvml_acquirers(NvmlChoice(args.nvml, args.simulate, args.simulated_gpus,
+                                       args.seed, args.nvml_streams,
+                                       args.nvml_intervals)) as gpus:
             acquirers = gpus + meters
             if not acquirers:
                 raise UsageError("nothing to publish: no GPU selected (--nvml none) and no meter")

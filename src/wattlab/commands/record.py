@@ -25,6 +25,7 @@ from wattlab.analysis.summary import format_table, summarise
 from wattlab.bench_config import (
     BenchConfig,
     DeviceConfig,
+    NvmlChoice,
     bench_acquirers,
     check_gpus_exist,
     load_bench,
@@ -41,6 +42,12 @@ NVML_STREAMS_HELP = (
     "costs the least CPU")
 
 
+NVML_INTERVALS_HELP = (
+    "the NVML reader's cadences in seconds where they differ from the defaults drain=0.9 "
+    "(the 50 Hz buffer, at most 2 s), power=0.09, energy=9, state=0.9, emit=0.9 (send to "
+    "the recorder); 'drain=1.8,emit=6,energy=60' costs the least CPU")
+
+
 def default_output(prefix: str) -> str:
     return f"{prefix}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.h5"
 
@@ -50,13 +57,13 @@ def command_of(args: argparse.Namespace) -> list[str]:
     return command[1:] if command[:1] == ["--"] else command
 
 
-def nvml_specs(spec: str, simulate: bool, simulated_gpus: int, seed: int,
-               streams: str) -> list[SourceSpec]:
-    """Source-process specs for the GPUs in ``spec`` (resolved here, read in the children)."""
-    with nvml_acquirers(spec, simulate, simulated_gpus, seed, streams) as gpus:
+def nvml_specs(choice: NvmlChoice) -> list[SourceSpec]:
+    """Source-process specs for the chosen GPUs (resolved here, read in the children)."""
+    with nvml_acquirers(choice) as gpus:
         indices = [int(name.removeprefix("gpu")) for name, _ in gpus]
-    return [SourceSpec(f"gpu{i}", "nvml", gpu_index=i, simulate=simulate,
-                       simulated_gpus=simulated_gpus, seed=seed, nvml_streams=streams)
+    return [SourceSpec(f"gpu{i}", "nvml", gpu_index=i, simulate=choice.simulate,
+                       simulated_gpus=choice.simulated_gpus, seed=choice.seed,
+                       nvml_streams=choice.streams, nvml_intervals=choice.intervals)
             for i in indices]
 
 
@@ -75,14 +82,15 @@ def bench_meters(bench: BenchConfig | None) -> list[DeviceConfig]:
 
 BENCH_CONFLICTS = {"nvml": "--nvml", "simulate": "--simulate",
                    "simulated_gpus": "--simulated-gpus", "seed": "--seed",
-                   "nvml_streams": "--nvml-streams"}
+                   "nvml_streams": "--nvml-streams", "nvml_intervals": "--nvml-intervals"}
 
 
 def load_bench_for(args: argparse.Namespace) -> BenchConfig | None:
     """The ``--bench`` file, refusing flags that would say differently which GPUs to read.
 
     ``--meter`` adds meters to the bench's (stream ids must stay unique); ``--nvml``,
-    ``--simulate``, ``--simulated-gpus``, ``--seed`` and ``--nvml-streams`` are the bench's
+    ``--simulate``, ``--simulated-gpus``, ``--seed``, ``--nvml-streams`` and
+    ``--nvml-intervals`` are the bench's
     nvml entry's job.
     """
     if args.bench is None:
@@ -94,7 +102,8 @@ def load_bench_for(args: argparse.Namespace) -> BenchConfig | None:
     if given:
         raise UsageError(f"--bench {args.bench} with {', '.join(given)}: the bench file's "
                          "nvml device says which GPUs to read and how (gpus, simulate, "
-                         "simulated_gpus, seed, streams); set them there or drop --bench")
+                         "simulated_gpus, seed, streams, intervals); set them there or drop "
+                         "--bench")
     bench = load_bench(args.bench)
     check_unique_ids([d.id for d in bench.meters]
                      + [parse_meter_spec(t).source_id for t in args.meter],
@@ -102,14 +111,13 @@ def load_bench_for(args: argparse.Namespace) -> BenchConfig | None:
     return bench
 
 
-def nvml_choice(
-    args: argparse.Namespace, bench: BenchConfig | None
-) -> tuple[str, bool, int, int, str]:
-    """(gpus, simulate, simulated_gpus, seed, streams) from the bench file or the flags."""
+def nvml_choice(args: argparse.Namespace, bench: BenchConfig | None) -> NvmlChoice:
+    """Which GPUs to read and how, from the bench file or the flags."""
     if bench is not None:
         return nvml_selection(bench)
-    return (args.nvml or "all", args.simulate, 1 if args.simulated_gpus is None
-            else args.simulated_gpus, args.seed or 0, args.nvml_streams or "all")
+    return NvmlChoice(args.nvml or "all", args.simulate, 1 if args.simulated_gpus is None
+                      else args.simulated_gpus, args.seed or 0, args.nvml_streams or "all",
+                      args.nvml_intervals or "")
 
 
 def report(result: SessionResult) -> None:
@@ -156,6 +164,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--nvml",
                    help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all)")
     p.add_argument("--nvml-streams", metavar="LIST", help=NVML_STREAMS_HELP)
+    p.add_argument("--nvml-intervals", metavar="KEY=S,...", help=NVML_INTERVALS_HELP)
     p.add_argument("--simulate", action="store_true",
                    help="use the simulated GPU instead of NVML (no hardware needed)")
     p.add_argument("--simulated-gpus", type=int, metavar="N",
@@ -250,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
                               "bench_config": None if bench is None else bench.to_json(),
                               "auto_markers": args.auto_markers, **faults}
     if args.source_processes or args.restart_sources:
-        gpu_specs = nvml_specs(*nvml)
+        gpu_specs = nvml_specs(nvml)
         if bench is not None:
             check_gpus_exist(bench, [(s.name, s) for s in gpu_specs])
         specs = gpu_specs + meter_specs(args.meter, bench)
@@ -261,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
             result = Session(output, [], source_specs=specs, **common).run()
         report(result)
         return exit_status(result)
-    with (nvml_acquirers(*nvml) if bench is None else bench_acquirers(bench)) as sources:
+    with (nvml_acquirers(nvml) if bench is None else bench_acquirers(bench)) as sources:
         acquirers = sources + meter_acquirers(args.meter)
         if not acquirers and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "

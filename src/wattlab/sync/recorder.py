@@ -41,7 +41,10 @@ if TYPE_CHECKING:
 COALESCE_ROWS = 65536
 MAX_ORPHAN_BATCHES = 1000
 RECV_BURST = 256
-IDLE_WAKE_MS = 500  # look at the parent and pending resyncs this often when nothing comes
+# when nothing comes, look this often whether the session (the parent) is still there: each
+# wake-up costs CPU (issue 10), and a dead session is rare and noticed soon enough
+IDLE_WAKE_MS = 2000
+RESYNC_WAKE_MS = 500  # while a resumed source is due to resend: look at its deadline this often
 MAX_HELD_PER_HOST = 10_000
 MAX_ANNOUNCED_SOURCES = 1000
 REMOTE_CONTROL = ("sync", "hello")
@@ -702,7 +705,7 @@ class Recorder:
 
         What arrives is flushed at once if the last flush is ``flush_interval_s`` old, else
         when it is; with nothing to write the loop sleeps up to ``IDLE_WAKE_MS``. A source
-        that sends once a second thus costs one wake-up a second, not one per interval too.
+        that sends every few seconds thus costs one wake-up each time, not one per interval.
         """
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
@@ -711,13 +714,14 @@ class Recorder:
         interval_s = self.config.flush_interval_s
         last_flush = time.monotonic()
         while True:
-            wait_ms = IDLE_WAKE_MS
+            idle_ms = RESYNC_WAKE_MS if self._resyncing else IDLE_WAKE_MS
+            wait_ms = idle_ms
             if self._unflushed():
                 wait_ms = max(0, int((last_flush + interval_s - time.monotonic()) * 1000))
             probe_ns = self._pinger.next_due_ns()
             if probe_ns is not None:
                 wait_ms = min(wait_ms, max(0, (probe_ns - time.monotonic_ns()) // 1_000_000))
-            ready = dict(poller.poll(min(wait_ms, IDLE_WAKE_MS)))
+            ready = dict(poller.poll(min(wait_ms, idle_ms)))
             if self._remote is not None and self._remote in ready:
                 self._receive_remote(self._remote)
             if self._socket in ready:
