@@ -26,14 +26,14 @@ pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module", params=[("all", ""), ("samples,energy", ""),
-                                        ("samples,energy", "drain=1.8,emit=6,energy=60")],
-                ids=["all", "lean", "frugal"])
+@pytest.fixture(scope="module", params=[("all", "all", ""), ("lean", "samples,energy", ""),
+                                        ("frugal", "samples,energy", "drain=1.8,emit=6,energy=60")],
+                ids=lambda param: param[0])
 def recorded_run(request, tmp_path_factory):
     out = os.environ.get("OUT")
     folder = Path(out) if out else tmp_path_factory.mktemp("device")
-    streams, intervals = request.param
-    path = folder / f"device_run_{request.node.callspec.id}.h5"
+    name, streams, intervals = request.param
+    path = folder / f"device_run_{name}.h5"
     cmd = [sys.executable, "-m", "wattlab.cli", "record", "--nvml", "0", "-o", str(path),
            "--nvml-streams", streams, "--nvml-intervals", intervals,
            "--", sys.executable, str(HERE / "matmul_load.py")]
