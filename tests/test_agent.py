@@ -166,6 +166,13 @@ def test_agent_needs_tcp_and_something_to_send(keys, monkeypatch):
         ClockSkew.from_env()
 
 
+def test_agent_refuses_bad_nvml_intervals_before_connecting(keys, capsys):
+    assert main(["agent", "--connect", "tcp://127.0.0.1:1", "--key",
+                 str(keys / "node1.key_secret"), "--server-key", str(keys / "recorder.key"),
+                 "--simulate", "--nvml-intervals", "drain=9"]) == 2
+    assert "drain=9 s is longer than 2.0 s" in capsys.readouterr().err
+
+
 def test_record_listen_and_agent_commands_end_to_end(tmp_path, keys):
     """`wattlab record --listen ... --agent node1` waits for `wattlab agent`, then records."""
     out = tmp_path / "bench.h5"
@@ -175,7 +182,8 @@ def test_record_listen_and_agent_commands_end_to_end(tmp_path, keys):
     listen = f"tcp://127.0.0.1:{probe.stdout.strip()}"
     agent = subprocess.Popen(
         [*WATTLAB, "agent", "--connect", listen, "--key", str(keys / "node1.key_secret"),
-         "--server-key", str(keys / "recorder.key"), "--simulate"],
+         "--server-key", str(keys / "recorder.key"), "--simulate", "--nvml-intervals",
+         "drain=0.5"],
         env={**os.environ, SKEW_ENV: "5000000000:30"}, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     record = subprocess.run(
@@ -191,6 +199,7 @@ def test_record_listen_and_agent_commands_end_to_end(tmp_path, keys):
         assert {"node1.gpu0.samples", "node1.gpu0.power"} <= set(run.sources)
         samples = run.source("node1.gpu0.samples")
         assert np.ptp(samples.time_ns) / 1e9 > 1.5
+        assert samples.descriptor["config"]["intervals_s"]["drain"] == 0.5
         session = [m for m in run.markers if m.name == "session"]
         begin = next(m.time_ns for m in session if m.kind == "begin")
         end = next(m.time_ns for m in session if m.kind == "end")
