@@ -475,3 +475,19 @@ def test_parse_intervals_refuses_bad_values_by_name(value: Any, named: str) -> N
 def test_the_acquirer_refuses_an_unknown_cadence() -> None:
     with pytest.raises(ValueError, match="no NVML cadence named 'poll'"):
         setup(intervals_s={"poll": 1.0})
+
+
+def test_drained_samples_wait_for_the_emit() -> None:
+    """drain 0.3 s, emit 1.5 s: samples leave once per emit (fewer run-file writes), all kept."""
+    acq, _, _ = setup(streams="samples", intervals_s={"drain": 0.3, "emit": 1.5})
+    acq.open()
+    polls = [acq.poll() for _ in range(25)]  # 25 wake-ups of 0.3 s: 7.5 s
+    tail = acq.flush()
+    acq.close()
+    with_samples = [i for i, p in enumerate(polls) if p]
+    assert with_samples == [4, 9, 14, 19, 24]  # every fifth wake-up, at each emit
+    assert all(len(polls[i]) == 5 for i in with_samples)  # the five drains since the last
+    samples = by_source([r for p in polls for r in p] + tail)["gpu0.samples"]
+    gaps_us = np.diff(samples.t_raw)
+    assert gaps_us.min() > 0 and gaps_us.max() < 30_000
+    assert abs(len(samples.t_raw) - 375) <= 3  # 7.5 s of 20 ms samples

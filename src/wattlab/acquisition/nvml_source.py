@@ -32,7 +32,8 @@ A recording can also ask for fewer streams (``--nvml-streams samples,energy``): 
 sample and the run's energy at the least CPU, and not the calibration views. Each cadence
 can be changed (``--nvml-intervals``, ``parse_intervals``): draining every 1.8 s and
 sending every 6 s costs less again, at a smaller margin against a late wake-up and a run
-file that lags further behind.
+file that lags further behind. Everything read, drained samples included, leaves at the
+``emit`` cadence: one message per stream, one run-file write.
 """
 
 from __future__ import annotations
@@ -197,6 +198,7 @@ class NvmlAcquirer:
         self._last_seen_us = 0
         self._seen_real_sample = False
         self._rows = {k: _Rows(self.ids[k]) for k in ("power", "energy", "state")}
+        self._drained: list[Reading] = []  # samples (and their gaps) until the next emit
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -217,6 +219,7 @@ class NvmlAcquirer:
         now = self._clock()
         self._last_seen_us = (now + self.unix_minus_monotonic_ns) // 1000  # nothing before open
         self._seen_real_sample = False
+        self._drained = []
         config: dict[str, Any] = {
             "gpu_index": self.gpu,
             "uuid": info.uuid,
@@ -321,18 +324,18 @@ class NvmlAcquirer:
         if wait_ns > 0:
             self._pause(wait_ns * 1e-9)
             now = self._clock()
-        out: list[Reading] = []
+        out: list[Reading] = []  # nothing until an emit is due
         for task in ("power", "energy", "state", "drain"):
             due = self._due_ns.get(task)
             if due is None or due > now:
                 continue
             if task == "drain":
-                out += self._drain()
+                self._drained += self._drain()
             else:
                 getattr(self, f"_read_{task}")()
             self._reschedule(task, now)
         if self._due_ns["emit"] <= now:
-            out += self._take_rows()
+            out = self._take_rows()
             self._reschedule("emit", now)
         return out
 
@@ -344,8 +347,9 @@ class NvmlAcquirer:
         """
         if "energy" in self._due_ns:
             self._read_energy()
-        out: list[Reading] = self._drain() if "drain" in self._due_ns else []
-        return out + self._take_rows()
+        if "drain" in self._due_ns:
+            self._drained += self._drain()
+        return self._take_rows()
 
     def _reschedule(self, task: str, now: int) -> None:
         step = round(self.intervals_s[task] * 1e9)
@@ -353,7 +357,13 @@ class NvmlAcquirer:
         self._due_ns[task] = nxt if nxt > now else now + step  # fell behind: skip, don't burst
 
     def _take_rows(self) -> list[Reading]:
-        return [c for c in (rows.take() for rows in self._rows.values()) if c is not None]
+        """Everything read since the last emit: one message per stream reaches the recorder.
+
+        Drained samples wait for the emit too, so ``emit`` longer than ``drain`` means fewer
+        messages and fewer run-file writes, not only fewer counter rows.
+        """
+        out, self._drained = self._drained, []
+        return out + [c for c in (rows.take() for rows in self._rows.values()) if c is not None]
 
     def _timed(self, fn: Callable[[], Any]) -> tuple[int, Any]:
         """Call fn, stamping the middle of the call on the host clock."""
