@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from common import tree_cpu_s, write_json
+from wattlab.acquisition.nvml_cadence import FRUGAL_INTERVALS
 
 HERE = Path(__file__).resolve().parent
 LOAD = HERE.parent / "tests" / "with_device" / "matmul_load.py"
 LEAN = ["--nvml-streams", "samples,energy"]
-FRUGAL_INTERVALS = "drain=1.8,emit=6,energy=60"
 # each wattlab recording: (file name, extra flags, the label of its samples row)
 WATTLAB_RUNS = {
     "wattlab": ("wattlab.h5", [], "wattlab gpu0.samples (50 Hz buffer)"),

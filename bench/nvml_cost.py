@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from common import child_pids, open_nvml, tree_cpu_s, write_json
-from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_intervals, parse_streams
+from wattlab.acquisition.nvml_cadence import FRUGAL_INTERVALS, parse_intervals
+from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_streams
 from wattlab.acquisition.session import Session
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import UsageError
@@ -133,27 +134,29 @@ class CpuProbe:
                 "tree_pct": out["process"] + out["recorder"], "window_s": span}
 
 
-def steady_cpu(driver: NvmlDriver, config: str, args: argparse.Namespace) -> dict[str, float]:
+Config = tuple[str, str, dict[str, float]]  # as given, the streams, the cadences
+
+
+def steady_cpu(driver: NvmlDriver, config: Config, args: argparse.Namespace) -> dict[str, float]:
     """Record the GPU for ``args.seconds`` as ``config`` says; the steady CPU of each part."""
-    streams, _, intervals = config.partition("@")
+    _, streams, intervals_s = config
     with tempfile.TemporaryDirectory() as folder:
         probe = CpuProbe(args.warmup)
-        acquirer = NvmlAcquirer(driver, 0, streams=streams,
-                                intervals_s=parse_intervals(intervals))
+        acquirer = NvmlAcquirer(driver, 0, streams=streams, intervals_s=intervals_s)
         Session(str(Path(folder) / "cost.h5"), [("gpu0", acquirer)],
                 duration_s=args.seconds).run()
         probe.stop()
     return probe.percent()
 
 
-def configs_arg(text: str) -> list[str]:
+def configs_arg(text: str) -> list[Config]:
     """``STREAMS[@INTERVALS];...``, each checked before the GPU is touched."""
-    configs = [c.strip() for c in text.split(";") if c.strip()]
+    configs = []
     try:
-        for config in configs:
-            streams, _, intervals = config.partition("@")
+        for given in filter(None, (c.strip() for c in text.split(";"))):
+            streams, _, intervals = given.partition("@")
             parse_streams(streams)
-            parse_intervals(intervals)
+            configs.append((given, streams, parse_intervals(intervals)))
     except UsageError as e:
         raise argparse.ArgumentTypeError(str(e)) from e
     return configs
@@ -165,13 +168,13 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds left out at the start")
     parser.add_argument("--simulate", action="store_true")
     parser.add_argument("--configs", type=configs_arg,
-                        default="all;samples,energy;samples,energy@drain=1.8,emit=6,energy=60",
+                        default=f"all;samples,energy;samples,energy@{FRUGAL_INTERVALS}",
                         help="sessions to measure, ';' between them: the NVML streams, then "
                              "after '@' the cadences that differ from the defaults")
     args = parser.parse_args()
     driver = open_nvml(args.simulate)
     costs = call_costs(driver, 200)
-    steady = {config: steady_cpu(driver, config, args) for config in args.configs}
+    steady = {config[0]: steady_cpu(driver, config, args) for config in args.configs}
     print(f"NVML call costs ({'simulated' if args.simulate else 'real'} GPU), 200 calls each")
     print(f"{'call':<38} {'median us':>10} {'p99 us':>10} {'CPU us':>10}")
     for name, c in costs.items():

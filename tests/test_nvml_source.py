@@ -11,7 +11,8 @@ import numpy as np
 import pynvml
 import pytest
 
-from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_intervals, parse_streams
+from wattlab.acquisition.nvml_cadence import parse_intervals
+from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_streams
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.analysis.calibration import update_lattice
 from wattlab.drivers.nvml import NvmlDriver

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from wattlab.acquisition.nvml_cadence import parse_intervals
 from wattlab.errors import UsageError, WattlabError
 from wattlab.samples import SOURCE_ID_PATTERN
 
@@ -138,8 +139,6 @@ def _nvml_streams(value: Any) -> str | None:
 
 
 def _nvml_intervals(value: Any) -> str | None:
-    from wattlab.acquisition.nvml_source import parse_intervals
-
     rule = "must be a string like \"drain=1.8,emit=6\" or a table like {drain = 1.8}"
     if not isinstance(value, str | dict):
         return rule

@@ -289,7 +289,8 @@ def nvml_acquirers(choice: NvmlChoice) -> Iterator[list[tuple[str, Acquirer]]]:
     if choice.gpus == "none":
         yield []
         return
-    from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_intervals, parse_streams
+    from wattlab.acquisition.nvml_cadence import parse_intervals
+    from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_streams
     from wattlab.drivers.nvml import NvmlDriver
 
     parse_streams(choice.streams)  # a bad list fails before NVML is opened

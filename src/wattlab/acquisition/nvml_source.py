@@ -30,7 +30,7 @@ Readings the GPU does not support are left out (never zeros) and listed in ``con
 A recording can also ask for fewer streams (``--nvml-streams samples,energy``): without the
 90 ms power poll the reader wakes about once a second, for users who want every driver
 sample and the run's energy at the least CPU, and not the calibration views. Each cadence
-can be changed (``--nvml-intervals``, ``parse_intervals``): draining every 1.8 s and
+can be changed (``--nvml-intervals``, ``nvml_cadence``): draining every 1.8 s and
 sending every 6 s costs less again, at a smaller margin against a late wake-up and a run
 file that lags further behind. Everything read, drained samples included, leaves at the
 ``emit`` cadence: one message per stream, one run-file write.
@@ -47,17 +47,13 @@ from typing import Any
 
 import numpy as np
 
+from wattlab.acquisition.nvml_cadence import DEFAULT_INTERVALS_S
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.nvml import NVML_CALLS, STATE_READINGS, NvmlDriver
 from wattlab.errors import NvmlError, UsageError
 from wattlab.samples import Channel, Gap, SampleFlag, SourceDescriptor
 
 NVML_STREAMS = ("samples", "power", "energy", "state")
-DEFAULT_INTERVALS_S = {"drain": 0.9, "power": 0.09, "energy": 9.0, "state": 0.9, "emit": 0.9}
-MIN_INTERVAL_S = 0.01  # shorter would spin: the driver's own samples come every 20 ms
-# the driver keeps ~2.38 s of samples (H100 and H200, driver 580): a longer drain leaves
-# under 0.38 s for a late wake-up before samples are lost
-MAX_DRAIN_S = 2.0
 SHORT_SLEEP_S = 0.1  # a stop waits at most this long for a sleep that ``wake`` cannot end
 
 STATE_UNITS = {
@@ -81,41 +77,6 @@ def parse_streams(text: str | Collection[str]) -> tuple[str, ...]:
                          + (f"no stream named {unknown[0]!r}; " if unknown else "none given; ")
                          + f"give 'all' or a comma list of {', '.join(NVML_STREAMS)}")
     return tuple(n for n in NVML_STREAMS if n in names)
-
-
-def parse_intervals(value: str | Mapping[str, Any]) -> dict[str, float]:
-    """``"drain=1.8,emit=6"`` (or a mapping): the reader's cadences that differ from the defaults.
-
-    Refused, naming the key: a name that is not a cadence, a value that is not a number of
-    seconds from ``MIN_INTERVAL_S``, and a drain longer than ``MAX_DRAIN_S`` (samples lost).
-    """
-    if isinstance(value, str):
-        pairs: list[tuple[str, Any]] = []
-        for item in filter(None, (part.strip() for part in value.split(","))):
-            key, sep, number = item.partition("=")
-            if not sep:
-                raise UsageError(f"NVML intervals {value!r}: {item!r} is not KEY=SECONDS")
-            pairs.append((key.strip().lower(), number.strip()))
-    else:
-        pairs = list(value.items())
-    out: dict[str, float] = {}
-    for key, number in pairs:
-        if key not in DEFAULT_INTERVALS_S:
-            raise UsageError(f"NVML intervals: no cadence named {key!r}; the cadences are "
-                             f"{', '.join(DEFAULT_INTERVALS_S)}")
-        try:
-            seconds = float(number)
-        except (TypeError, ValueError):
-            seconds = math.nan
-        if isinstance(number, bool) or not MIN_INTERVAL_S <= seconds < math.inf:
-            raise UsageError(f"NVML intervals: {key}={number} must be a number of seconds, "
-                             f"at least {MIN_INTERVAL_S}")
-        if key == "drain" and seconds > MAX_DRAIN_S:
-            raise UsageError(f"NVML intervals: drain={number} s is longer than {MAX_DRAIN_S} s; "
-                             "the driver keeps ~2.38 s of samples, so a wake-up a little late "
-                             "would lose some")
-        out[key] = seconds
-    return out
 
 
 class _Rows:
@@ -324,7 +285,6 @@ class NvmlAcquirer:
         if wait_ns > 0:
             self._pause(wait_ns * 1e-9)
             now = self._clock()
-        out: list[Reading] = []  # nothing until an emit is due
         for task in ("power", "energy", "state", "drain"):
             due = self._due_ns.get(task)
             if due is None or due > now:
@@ -334,10 +294,10 @@ class NvmlAcquirer:
             else:
                 getattr(self, f"_read_{task}")()
             self._reschedule(task, now)
-        if self._due_ns["emit"] <= now:
-            out = self._take_rows()
-            self._reschedule("emit", now)
-        return out
+        if self._due_ns["emit"] > now:
+            return []  # what was read waits for the emit
+        self._reschedule("emit", now)
+        return self._take_rows()
 
     def flush(self) -> list[Reading]:
         """Everything still pending, with a final drain and a final energy reading.

@@ -75,7 +75,8 @@ class SourceSpec:
             from wattlab.acquisition.meters import parse_meter_spec
 
             return parse_meter_spec(self.meter).acquirer(self.meter_options), lambda: None
-        from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_intervals
+        from wattlab.acquisition.nvml_cadence import parse_intervals
+        from wattlab.acquisition.nvml_source import NvmlAcquirer
         from wattlab.drivers.nvml import NvmlDriver
 
         lib = None

@@ -18,6 +18,7 @@ from wattlab.acquisition.meters import (
     nvml_acquirers,
     parse_meter_spec,
 )
+from wattlab.acquisition.nvml_cadence import DEFAULT_INTERVALS_S, FRUGAL_INTERVALS, MAX_DRAIN_S
 from wattlab.acquisition.session import Session, SessionResult
 from wattlab.acquisition.source_process import SourceSpec
 from wattlab.analysis.run_file import Run
@@ -43,9 +44,10 @@ NVML_STREAMS_HELP = (
 
 
 NVML_INTERVALS_HELP = (
-    "the NVML reader's cadences in seconds where they differ from the defaults drain=0.9 "
-    "(the 50 Hz buffer, at most 2 s), power=0.09, energy=9, state=0.9, emit=0.9 (send to "
-    "the recorder); 'drain=1.8,emit=6,energy=60' costs the least CPU")
+    "the NVML reader's cadences in seconds where they differ from the defaults "
+    + ", ".join(f"{k}={v:g}" for k, v in DEFAULT_INTERVALS_S.items())
+    + f" (drain: the 50 Hz buffer, at most {MAX_DRAIN_S:g} s; emit: send to the recorder); "
+    f"'{FRUGAL_INTERVALS}' costs the least CPU")
 
 
 def default_output(prefix: str) -> str:
@@ -90,8 +92,7 @@ def load_bench_for(args: argparse.Namespace) -> BenchConfig | None:
 
     ``--meter`` adds meters to the bench's (stream ids must stay unique); ``--nvml``,
     ``--simulate``, ``--simulated-gpus``, ``--seed``, ``--nvml-streams`` and
-    ``--nvml-intervals`` are the bench's
-    nvml entry's job.
+    ``--nvml-intervals`` are the bench's nvml entry's job.
     """
     if args.bench is None:
         ids = [parse_meter_spec(t).source_id for t in args.meter]
