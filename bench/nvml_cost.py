@@ -8,7 +8,8 @@
 2. A recording session of the GPU, in steady state (after a warm-up): CPU of the NVML source
    thread, of the rest of the session process and of the recorder process, % of one core;
    once per configuration in ``--configs``: every NVML stream, ``samples,energy`` (lean),
-   and lean with ``drain=1.8,emit=6,energy=60`` (frugal).
+   and lean with ``drain=1.8,emit=6,energy=60`` (frugal); and the mean CPU of each NVML
+   call as the recording made it (after a sleep, not back to back as in 1).
 Without a GPU it measures the simulated one (then the call costs are the simulator's).
 """
 
@@ -23,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -137,16 +138,51 @@ class CpuProbe:
 Config = tuple[str, str, dict[str, float]]  # as given, the streams, the cadences
 
 
+class InSituCalls:
+    """The driver, adding up the thread CPU of each ``read_*`` call a recording makes.
+
+    Back to back (``call_costs``) a call runs on warm caches; in a recording it comes after
+    a sleep of up to seconds. The difference is what the source thread really pays.
+    """
+
+    def __init__(self, driver: NvmlDriver) -> None:
+        self._driver = driver
+        self.cpu_ns: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._driver, name)
+        if not name.startswith("read_"):
+            return attr
+
+        def counted(*args: Any) -> Any:
+            t0 = time.thread_time_ns()
+            try:
+                return attr(*args)
+            finally:
+                self.cpu_ns[name] = self.cpu_ns.get(name, 0) + time.thread_time_ns() - t0
+                self.calls[name] = self.calls.get(name, 0) + 1
+
+        return counted
+
+    def mean_cpu_us(self) -> dict[str, float]:
+        return {f"{name} in situ, CPU us": self.cpu_ns[name] / 1000 / n
+                for name, n in self.calls.items()}
+
+
 def steady_cpu(driver: NvmlDriver, config: Config, args: argparse.Namespace) -> dict[str, float]:
-    """Record the GPU for ``args.seconds`` as ``config`` says; the steady CPU of each part."""
+    """Record the GPU for ``args.seconds`` as ``config`` says; the steady CPU of each part,
+    and the mean CPU of each kind of NVML call as the recording made it."""
     _, streams, intervals_s = config
+    calls = InSituCalls(driver)
     with tempfile.TemporaryDirectory() as folder:
         probe = CpuProbe(args.warmup)
-        acquirer = NvmlAcquirer(driver, 0, streams=streams, intervals_s=intervals_s)
+        acquirer = NvmlAcquirer(cast(NvmlDriver, calls), 0, streams=streams,
+                                intervals_s=intervals_s)
         Session(str(Path(folder) / "cost.h5"), [("gpu0", acquirer)],
                 duration_s=args.seconds).run()
         probe.stop()
-    return probe.percent()
+    return probe.percent() | calls.mean_cpu_us()
 
 
 def configs_arg(text: str) -> list[Config]:
@@ -187,6 +223,9 @@ def main() -> int:
               f"{cpu['source_thread_pct']:.2f}, rest of the session process "
               f"{cpu['session_other_threads_pct']:.2f}, recorder process "
               f"{cpu['recorder_process_pct']:.2f}; whole tree {cpu['tree_pct']:.2f}")
+        print("  mean CPU µs of each call as the recording made it: " + ", ".join(
+            f"{k.removesuffix(' in situ, CPU us')} {v:.0f}" for k, v in cpu.items()
+            if k.endswith("in situ, CPU us")))
     driver.close()
     write_json("nvml_cost", {"benchmark": "nvml_cost", "simulated": args.simulate,
                              "calls": costs,

@@ -35,6 +35,7 @@ from wattlab.acquisition.source import (
 )
 from wattlab.acquisition.source_process import ProcessSourceRunner, SourceSpec, describe_exit
 from wattlab.errors import BusError, UsageError, WattlabError
+from wattlab.exit_watch import ExitWatch
 from wattlab.integrations.auto_markers import auto_marker_env
 from wattlab.runtime_env import workload_environ
 from wattlab.samples import Marker
@@ -43,9 +44,6 @@ from wattlab.sync.recorder import RecorderConfig, hosts_ready
 
 RECORDER_START_TIMEOUT_S = 20.0
 HANDSHAKE_TIMEOUT_S = 15.0
-# every wake-up costs CPU (issue 10): half a second is soon enough for both
-SUPERVISE_INTERVAL_S = 0.5  # how soon a dead recorder or source process is noticed
-WAIT_TICK_S = 0.5  # how soon a command's end is noticed (a stop, and a --duration, at once)
 PROGRESS_TICK_S = 0.05
 Runner = SourceRunner | ProcessSourceRunner
 
@@ -88,10 +86,14 @@ class Session:
     window_bytes: int = SOURCE_WINDOW_BYTES
     backlog_bytes: int = SOURCE_BACKLOG_BYTES
     _stop: threading.Event = field(default_factory=threading.Event)
+    _watch: ExitWatch | None = field(default=None, init=False, repr=False)
 
     def request_stop(self) -> None:
         """Stop at the next opportunity (Ctrl-C / SIGTERM call this)."""
         self._stop.set()
+        watch = self._watch
+        if watch is not None:
+            watch.wake()
 
     def _check_output(self) -> None:
         if os.path.exists(self.output):
@@ -201,22 +203,28 @@ class Session:
                 child = subprocess.Popen(self.command, env=env)
             except OSError as e:
                 raise UsageError(f"cannot start command {self.command[0]!r}: {e}") from e
-        while not self._stop.is_set():
-            elapsed = time.monotonic() - started
-            if child is not None and child.poll() is not None:
-                break
-            if self.duration_s is not None and elapsed >= self.duration_s:
-                break
-            if child is None and self.duration_s is None:
-                raise UsageError("nothing to record: give a command or --duration")
-            if self.on_progress is not None:
-                self.on_progress(elapsed)
-            tick_s = WAIT_TICK_S if self.on_progress is None else PROGRESS_TICK_S
-            if self.duration_s is not None:
-                left_s = max(self.duration_s - elapsed, 0.001)
-                watching = child is not None or self.on_progress is not None
-                tick_s = min(tick_s, left_s) if watching else left_s  # else: one wait to the end
-            self._stop.wait(tick_s)
+        watch = self._watch = ExitWatch()
+        try:
+            while not self._stop.is_set():
+                elapsed = time.monotonic() - started
+                if child is not None and child.poll() is not None:
+                    break
+                if self.duration_s is not None and elapsed >= self.duration_s:
+                    break
+                if child is None and self.duration_s is None:
+                    raise UsageError("nothing to record: give a command or --duration")
+                if self.on_progress is not None:
+                    self.on_progress(elapsed)
+                # no tick without a progress callback: the command's end, a stop and the
+                # duration's end each end the wait themselves
+                timeout_s = None if self.on_progress is None else PROGRESS_TICK_S
+                if self.duration_s is not None:
+                    left_s = max(self.duration_s - elapsed, 0.001)
+                    timeout_s = left_s if timeout_s is None else min(timeout_s, left_s)
+                watch.wait([] if child is None else [child], timeout_s)
+        finally:
+            self._watch = None
+            watch.close()
         if child is None:
             return None
         if child.poll() is None:
@@ -263,6 +271,7 @@ class _Supervisor:
         self.source_restarts: dict[str, int] = {}
         self.errors: dict[str, str] = {}
         self._done = threading.Event()
+        self._watch = ExitWatch()  # a death is seen at once, with no wake-up until then
         self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
 
     def start(self) -> None:
@@ -275,19 +284,30 @@ class _Supervisor:
         batches reach the file.
         """
         self._done.set()
+        self._watch.wake()
         if self._thread.is_alive():
             self._thread.join(30)
+        if not self._thread.is_alive():  # else it may still wait on the watch
+            self._watch.close()
 
     def _run(self) -> None:
         control = ControlClient(self.endpoint)
         try:
-            while not self._done.wait(SUPERVISE_INTERVAL_S):
+            while not self._done.is_set():
+                self._watch.wait(self._watched(), None)
+                if self._done.is_set():
+                    break
                 self._check_recorder()
                 for runner in self.runners:
                     if isinstance(runner, ProcessSourceRunner):
                         self._check_source(control, runner)
         finally:
             control.close()
+
+    def _watched(self) -> list[subprocess.Popen[bytes]]:
+        """The recorder and the source processes not told to stop."""
+        sources = [r.unstopped_process for r in self.runners if isinstance(r, ProcessSourceRunner)]
+        return [self.recorder, *(p for p in sources if p is not None)]
 
     def _check_recorder(self) -> None:
         code = self.recorder.poll()

@@ -185,6 +185,11 @@ class ProcessSourceRunner:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def unstopped_process(self) -> subprocess.Popen[bytes] | None:
+        """The child while it has not been told to stop: what a supervisor watches."""
+        return None if self._stopping else self._proc
+
     def died(self) -> int | None:
         """The exit status if the child ended without being told to (else None)."""
         if self._stopping or self._proc is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -30,6 +31,7 @@ import numpy.typing as npt
 import zmq
 
 from wattlab.errors import MalformedMessageError, UsageError, WattlabError
+from wattlab.exit_watch import open_pidfd
 from wattlab.samples import Gap, Marker, SampleBatch, SourceDescriptor
 from wattlab.sync import message
 from wattlab.sync.clock_service import ClockPinger
@@ -41,8 +43,8 @@ if TYPE_CHECKING:
 COALESCE_ROWS = 65536
 MAX_ORPHAN_BATCHES = 1000
 RECV_BURST = 256
-# when nothing comes, look this often whether the session (the parent) is still there: each
-# wake-up costs CPU (issue 10), and a dead session is rare and noticed soon enough
+# without a pidfd for the session (the parent): look this often whether it is still there;
+# each wake-up costs CPU (issue 10), and a dead session is rare and noticed soon enough
 IDLE_WAKE_MS = 2000
 RESYNC_WAKE_MS = 500  # while a resumed source is due to resend: look at its deadline this often
 MAX_HELD_PER_HOST = 10_000
@@ -704,50 +706,85 @@ class Recorder:
         """Receive and write until a stop request has been drained; returns final status.
 
         What arrives is flushed at once if the last flush is ``flush_interval_s`` old, else
-        when it is; with nothing to write the loop sleeps up to ``IDLE_WAKE_MS``. A source
-        that sends every few seconds thus costs one wake-up each time, not one per interval.
+        when it is. With nothing to write and nothing timed due the loop sleeps until a
+        message comes or the session ends (its pidfd), so a source that sends every few
+        seconds costs one wake-up each time and an idle recording none.
         """
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         if self._remote is not None:
             poller.register(self._remote, zmq.POLLIN)
+        parent_fd = self._watch_parent()
+        poll_parent = bool(self.config.parent_pid) and parent_fd is None
+        if parent_fd is not None:
+            poller.register(parent_fd, zmq.POLLIN)
         interval_s = self.config.flush_interval_s
         last_flush = time.monotonic()
-        while True:
-            idle_ms = RESYNC_WAKE_MS if self._resyncing else IDLE_WAKE_MS
-            wait_ms = idle_ms
-            if self._unflushed():
-                wait_ms = max(0, int((last_flush + interval_s - time.monotonic()) * 1000))
-            probe_ns = self._pinger.next_due_ns()
-            if probe_ns is not None:
-                wait_ms = min(wait_ms, max(0, (probe_ns - time.monotonic_ns()) // 1_000_000))
-            ready = dict(poller.poll(min(wait_ms, idle_ms)))
-            if self._remote is not None and self._remote in ready:
-                self._receive_remote(self._remote)
-            if self._socket in ready:
-                for _ in range(RECV_BURST):
-                    try:
-                        frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self.handle(frames)
-            if self._remote is not None and not self._finish_sent:
-                self._pinger.send_due(self._send_remote)
-            if self.config.parent_pid and os.getppid() != self.config.parent_pid:
-                self.request_stop()  # the session died: close the file cleanly
-            if self._stop_requested is not None and not self._finish_sent:
-                self._finish_sent = True
-                self._pinger.finish_all(self._send_remote)
-            if self._resyncing:
-                self._check_resync()
-            now = time.monotonic()
-            if self._bytes_since_flush >= FLUSH_BYTES or (
-                    now >= last_flush + interval_s and self._unflushed()):
-                self.flush()
-                last_flush = now
-            if self._stop_requested is not None and self._drained():
-                break
+        try:
+            while True:
+                ready = dict(poller.poll(self._wait_ms(last_flush, poll_parent)))
+                if parent_fd is not None and parent_fd in ready:
+                    poller.unregister(parent_fd)  # readable from now on: watched once
+                    os.close(parent_fd)
+                    parent_fd = None
+                if self._remote is not None and self._remote in ready:
+                    self._receive_remote(self._remote)
+                if self._socket in ready:
+                    for _ in range(RECV_BURST):
+                        try:
+                            frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self.handle(frames)
+                if self._remote is not None and not self._finish_sent:
+                    self._pinger.send_due(self._send_remote)
+                if self.config.parent_pid and os.getppid() != self.config.parent_pid:
+                    self.request_stop()  # the session died: close the file cleanly
+                if self._stop_requested is not None and not self._finish_sent:
+                    self._finish_sent = True
+                    self._pinger.finish_all(self._send_remote)
+                if self._resyncing:
+                    self._check_resync()
+                now = time.monotonic()
+                if self._bytes_since_flush >= FLUSH_BYTES or (
+                        now >= last_flush + interval_s and self._unflushed()):
+                    self.flush()
+                    last_flush = now
+                if self._stop_requested is not None and self._drained():
+                    break
+        finally:
+            if parent_fd is not None:
+                os.close(parent_fd)
         return self._finish()
+
+    def _watch_parent(self) -> int | None:
+        """A pidfd that ends the loop's sleep when the session ends.
+
+        None: no session to watch, or no pidfds here (then the loop looks every
+        ``IDLE_WAKE_MS``).
+        """
+        if not self.config.parent_pid:
+            return None
+        try:
+            return open_pidfd(self.config.parent_pid)
+        except ProcessLookupError:
+            self.request_stop()  # the session is gone already
+            return None
+
+    def _wait_ms(self, last_flush: float, poll_parent: bool) -> int | None:
+        """How long the loop may sleep before its next timed duty (None: until woken)."""
+        now = time.monotonic()
+        due = [now + IDLE_WAKE_MS / 1000] if poll_parent else []
+        if self._resyncing:
+            due.append(now + RESYNC_WAKE_MS / 1000)
+        if self._unflushed():
+            due.append(last_flush + self.config.flush_interval_s)
+        if self._stop_requested is not None:
+            due.append(self._drain_deadline)
+        probe_ns = self._pinger.next_due_ns()
+        if probe_ns is not None:
+            due.append(probe_ns / 1e9)
+        return None if not due else max(0, math.ceil((min(due) - now) * 1000))
 
     def _receive_remote(self, sock: zmq.Socket[Any]) -> None:
         """Each message is stamped on arrival (clock replies need t4) and named by its key."""
