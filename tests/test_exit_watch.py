@@ -17,6 +17,7 @@ from pathlib import Path
 import h5py
 import pytest
 
+import wattlab
 from wattlab import exit_watch
 from wattlab.acquisition.nvml_source import NvmlAcquirer
 from wattlab.acquisition.session import Session
@@ -29,6 +30,7 @@ from wattlab.sync.bus import local_endpoint
 from wattlab.sync.hdf5_repair import crash_flags
 from wattlab.sync.recorder import RecorderConfig
 
+from .test_faults_session import child_pid, children, finish, record, wait_for_rows
 from .test_recorder import RunningRecorder
 
 HAS_PIDFD = hasattr(os, "pidfd_open")
@@ -288,3 +290,40 @@ def test_session_supervisor_and_command_wait_sleep_until_something_happens(tmp_p
     prober.join()
     assert result.command_exit_code == 0
     assert wakes == {"supervisor": 0, "session": 0}
+
+
+@needs_pidfd
+@needs_proc
+def test_a_source_process_sleeps_until_stopped_or_orphaned(tmp_path):
+    """Its main thread once looked 5 times a second for a stop, its runner and its parent."""
+    path = tmp_path / "processes.h5"
+    session = record(path, "--source-processes", duration_s=60.0)
+    source = child_pid(session, "-m wattlab.acquisition.source_process")  # not the recorder
+    wait_for_rows(path)  # opened and running
+    idle = wakes_while(source, 2.0, pid=source)  # its main thread: tid = pid
+    session.send_signal(signal.SIGTERM)  # then the stop wakes it at once
+    code, err = finish(session)
+    assert code == 130, err
+    assert idle == 0
+    with wattlab.open(str(path)) as run:
+        assert run.gaps == [], run.gaps  # every source said "end"
+
+
+@needs_proc
+def test_session_killed_by_sigkill_its_processes_close_the_file(tmp_path):
+    """The recorder and the source processes see their parent die, finish and exit."""
+    path = tmp_path / "orphaned.h5"
+    session = record(path, "--source-processes", duration_s=60.0)
+    wait_for_rows(path)
+    orphans = list(children(session.pid))
+    assert len(orphans) == 3  # the recorder and two source processes
+    session.send_signal(signal.SIGKILL)
+    session.communicate(timeout=10)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(map(_running, orphans)):
+        time.sleep(0.05)
+    assert not any(map(_running, orphans)), "a process outlived its session"
+    assert crash_flags(str(path)) == 0
+    with wattlab.open(str(path)) as run:
+        assert run.gaps == [], run.gaps  # every source said "end" before the file closed
+        assert len(run.source("gpu0.power")) > 0 and len(run.source("gpu1.power")) > 0

@@ -23,6 +23,7 @@ from typing import Any
 POLL_FALLBACK_S = 0.5  # without pidfds: how soon a process's end is noticed
 
 _pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
+Watched = subprocess.Popen[Any] | int  # a child, or any process by pid (the parent)
 
 
 def open_pidfd(pid: int) -> int | None:
@@ -54,7 +55,7 @@ class ExitWatch:
         os.set_blocking(self._write_fd, False)
         self._lock = threading.RLock()  # RLock: a signal handler may interrupt a wake
         self._closed = False
-        self._pidfds: dict[subprocess.Popen[Any], int | None] = {}
+        self._pidfds: dict[Watched, int | None] = {}
 
     def wake(self) -> None:
         """End the current or the next ``wait`` (a no-op once closed)."""
@@ -64,13 +65,15 @@ class ExitWatch:
             with contextlib.suppress(BlockingIOError):  # full: woken many times already
                 os.write(self._write_fd, b"\0")
 
-    def wait(self, processes: Iterable[subprocess.Popen[Any]], timeout_s: float | None) -> None:
+    def wait(self, processes: Iterable[Watched], timeout_s: float | None) -> None:
         """Return when one of ``processes`` has ended, on ``wake``, or after ``timeout_s``.
 
-        The caller then looks at what happened (``Popen.poll``). Processes already reaped
-        are not watched: one that ended and was reaped must not end every later wait at once.
+        A process is a child (``Popen``) or any process by pid, such as the parent. The
+        caller then looks at what happened (``Popen.poll``, ``os.getppid``). Children
+        already reaped are not watched: one that ended and was reaped must not end every
+        later wait at once.
         """
-        live = [p for p in processes if p.returncode is None]
+        live = [p for p in processes if isinstance(p, int) or p.returncode is None]
         fds = [self._read_fd]
         polling = False
         for stale in set(self._pidfds) - set(live):
@@ -78,7 +81,8 @@ class ExitWatch:
         for process in live:
             if process not in self._pidfds:
                 try:
-                    self._pidfds[process] = open_pidfd(process.pid)
+                    self._pidfds[process] = open_pidfd(
+                        process if isinstance(process, int) else process.pid)
                 except ProcessLookupError:
                     return  # gone already: the caller's poll() will say so
             fd = self._pidfds[process]
@@ -95,7 +99,7 @@ class ExitWatch:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._read_fd, 4096)
 
-    def _close_pidfd(self, process: subprocess.Popen[Any]) -> None:
+    def _close_pidfd(self, process: Watched) -> None:
         fd = self._pidfds.pop(process)
         if fd is not None:
             os.close(fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -78,12 +79,13 @@ class SourceRunner:
     def __init__(
         self, name: str, acquirer: Acquirer, endpoint: str, *,
         window_bytes: int = SOURCE_WINDOW_BYTES, backlog_bytes: int = SOURCE_BACKLOG_BYTES,
-        continue_seq: bool = False,
+        continue_seq: bool = False, on_end: Callable[[], None] | None = None,
     ) -> None:
         """Prepare (the thread starts in ``start``).
 
         ``continue_seq``: number batches on from where the recorder has the stream (a
         restarted source process), after waiting for the recorder's acknowledgement.
+        ``on_end``: called by the thread as its last act, so a watcher can sleep until then.
         """
         self.name = name
         self.acquirer = acquirer
@@ -91,6 +93,7 @@ class SourceRunner:
         self.window_bytes = window_bytes
         self.backlog_bytes = backlog_bytes
         self.continue_seq = continue_seq
+        self.on_end = on_end
         self.descriptors: list[SourceDescriptor] = []
         self.error: str | None = None
         self.dropped_batches = 0
@@ -180,3 +183,5 @@ class SourceRunner:
                 self.dropped_batches = publisher.dropped_batches
                 self.dropped_rows = publisher.dropped_rows
                 self._opened.set()
+                if self.on_end is not None:
+                    self.on_end()

@@ -29,6 +29,7 @@ from wattlab.acquisition.source import (
     SourceRunner,
 )
 from wattlab.errors import UsageError, WattlabError
+from wattlab.exit_watch import ExitWatch
 from wattlab.samples import SourceDescriptor
 
 EXIT_SOURCE_FAILED = 1  # the acquirer failed; the child already sent the gap and "end"
@@ -226,15 +227,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--continue-seq", action="store_true")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    stop, ended = threading.Event(), threading.Event()
+    watch = ExitWatch()  # sleeps until SIGTERM, the runner's end or the session's
+
+    def set_and_wake(event: threading.Event) -> None:
+        event.set()
+        watch.wake()
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: set_and_wake(stop))
     parent = os.getppid()
     cleanup: Callable[[], None] = lambda: None  # noqa: E731
     try:
         spec = SourceSpec.from_json(args.spec_json)
         acquirer, cleanup = spec.build()
         runner = SourceRunner(spec.name, acquirer, args.endpoint, window_bytes=args.window_bytes,
-                              backlog_bytes=args.backlog_bytes, continue_seq=args.continue_seq)
+                              backlog_bytes=args.backlog_bytes, continue_seq=args.continue_seq,
+                              on_end=lambda: set_and_wake(ended))
         descriptors = runner.start()
     except WattlabError as e:
         _report(args.status_fd, {"error": str(e)})
@@ -242,17 +250,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OPEN_FAILED
     _report(args.status_fd, {"descriptors": [d.to_json() for d in descriptors]})
     try:
-        while not stop.wait(0.2):
-            if os.getppid() != parent:  # the session is gone: finish the run cleanly
-                break
-            if not runner.alive:
-                break
+        # the session gone (its pidfd; getppid where pidfds are missing): finish cleanly
+        while not (stop.is_set() or ended.is_set() or os.getppid() != parent):
+            watch.wait([parent], None)
         runner.stop()
     finally:
         # the interpreter's shutdown restores SIGTERM's default action: a late one must not
         # turn a clean stop into "killed"
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         cleanup()
+        watch.close()
     if runner.error is not None:
         print(f"wattlab source {spec.name}: {runner.error}", file=sys.stderr)
         return EXIT_SOURCE_FAILED
