@@ -42,7 +42,7 @@ def open_pidfd(pid: int) -> int | None:
 
 
 class ExitWatch:
-    """Waits for any of some child processes to end, for ``wake``, or for a timeout.
+    """Waits for any of some processes to end, for ``wake``, or for a timeout.
 
     One thread waits (and closes it); ``wake`` may come from any thread or a signal
     handler, and a wake with nobody waiting ends the next ``wait`` at once, so none is
