@@ -166,11 +166,10 @@ class InSituCalls:
         return counted
 
     def mean_cpu_us(self) -> dict[str, float]:
-        return {f"{name} in situ, CPU us": self.cpu_ns[name] / 1000 / n
-                for name, n in self.calls.items()}
+        return {name: self.cpu_ns[name] / 1000 / n for name, n in self.calls.items()}
 
 
-def steady_cpu(driver: NvmlDriver, config: Config, args: argparse.Namespace) -> dict[str, float]:
+def steady_cpu(driver: NvmlDriver, config: Config, args: argparse.Namespace) -> dict[str, Any]:
     """Record the GPU for ``args.seconds`` as ``config`` says; the steady CPU of each part,
     and the mean CPU of each kind of NVML call as the recording made it."""
     _, streams, intervals_s = config
@@ -182,7 +181,7 @@ def steady_cpu(driver: NvmlDriver, config: Config, args: argparse.Namespace) -> 
         Session(str(Path(folder) / "cost.h5"), [("gpu0", acquirer)],
                 duration_s=args.seconds).run()
         probe.stop()
-    return probe.percent() | calls.mean_cpu_us()
+    return {**probe.percent(), "in_situ_cpu_us": calls.mean_cpu_us()}
 
 
 def configs_arg(text: str) -> list[Config]:
@@ -224,8 +223,7 @@ def main() -> int:
               f"{cpu['session_other_threads_pct']:.2f}, recorder process "
               f"{cpu['recorder_process_pct']:.2f}; whole tree {cpu['tree_pct']:.2f}")
         print("  mean CPU µs of each call as the recording made it: " + ", ".join(
-            f"{k.removesuffix(' in situ, CPU us')} {v:.0f}" for k, v in cpu.items()
-            if k.endswith("in situ, CPU us")))
+            f"{name} {cpu_us:.0f}" for name, cpu_us in cpu["in_situ_cpu_us"].items()))
     driver.close()
     write_json("nvml_cost", {"benchmark": "nvml_cost", "simulated": args.simulate,
                              "calls": costs,

@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     except WattlabError as e:
         _report(args.status_fd, {"error": str(e)})
         cleanup()
+        watch.close()
         return EXIT_OPEN_FAILED
     _report(args.status_fd, {"descriptors": [d.to_json() for d in descriptors]})
     try:
