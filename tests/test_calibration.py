@@ -84,19 +84,28 @@ def _v(record: dict, name: str) -> tuple[float, float]:
     return obj["value"], obj["se"]
 
 
-def test_synthetic_lti_target_recovers_tau_width_gain_offset(tmp_path):
-    """target = 1.07·boxcar_0.8s(ref)(t − 37 ms) + 12 W, sampled at 50 Hz: exact recovery."""
+LTI = {"tau": 0.037, "w": 0.8, "g": 1.07, "c": 12.0}
+"""The synthetic target: ``1.07·boxcar_0.8s(ref)(t − 37 ms) + 12 W``."""
+
+
+def _lti_run(path: Path, quiet_s: tuple[float, float] | None = None) -> dict:
+    """Calibrate a 60 s synthetic LTI target sampled at 50 Hz against its 1 kHz reference.
+
+    The reference steps between 80, 300 and 650 W every 0.2 s, or holds 300 W over
+    ``quiet_s`` (a stretch where nothing tells gain from offset).
+    """
     rng = np.random.default_rng(5)
     t_ref = np.arange(0, 60_000) * MS
-    levels = rng.choice([80.0, 300.0, 650.0], size=300)
-    p_ref = np.repeat(levels, 200)[: t_ref.size] + rng.normal(0, 5, t_ref.size)
+    levels = np.repeat(rng.choice([80.0, 300.0, 650.0], size=300), 200)[: t_ref.size]
+    if quiet_s is not None:
+        levels[int(quiet_s[0] * 1000):int(quiet_s[1] * 1000)] = 300.0
+    p_ref = levels + rng.normal(0, 5, t_ref.size)
     cum = np.concatenate(([0.0], np.cumsum(p_ref) * 1e-3))
     edges_s = np.arange(t_ref.size + 1) * 1e-3
     t_tgt = np.arange(200, 2950) * 0.02 + 0.0071
-    tau, w, g, c = 0.037, 0.8, 1.07, 12.0
+    tau, w = LTI["tau"], LTI["w"]
     box = (np.interp(t_tgt - tau, edges_s, cum) - np.interp(t_tgt - tau - w, edges_s, cum)) / w
-    y = g * box + c + rng.normal(0, 1.0, t_tgt.size)
-    path = tmp_path / "lti.h5"
+    y = LTI["g"] * box + LTI["c"] + rng.normal(0, 1.0, t_tgt.size)
     writer = RunFileWriter(str(path), {}, 0)
     writer.add_source(_desc("ref", "meter", [("power_w", "")]))
     writer.add_source(_desc("tgt", "nvml", [("power_w", "field")]))
@@ -105,15 +114,32 @@ def test_synthetic_lti_target_recovers_tau_width_gain_offset(tmp_path):
     writer.append("tgt", t_tgt_ns, t_tgt_ns, y.reshape(-1, 1), np.zeros(y.size, np.uint8))
     writer.close()
     with wattlab.open(str(path)) as run:
-        rec = calibrate(run, "ref", "tgt")
+        return calibrate(run, "ref", "tgt")
+
+
+def test_synthetic_lti_target_recovers_tau_width_gain_offset(tmp_path):
+    rec = _lti_run(tmp_path / "lti.h5")
     assert rec["kernel"] == "boxcar"
-    assert abs(_v(rec, "tau_s")[0] - tau) < 1e-3
-    assert abs(_v(rec, "w_s")[0] / w - 1) < 0.05
+    assert abs(_v(rec, "tau_s")[0] - LTI["tau"]) < 1e-3
+    assert abs(_v(rec, "w_s")[0] / LTI["w"] - 1) < 0.05
     g_fit, g_se = _v(rec, "gain")
     c_fit, c_se = _v(rec, "offset_w")
-    assert abs(g_fit / g - 1) < 0.01 and abs(g_fit - g) < 3 * g_se + 1e-3
-    assert abs(c_fit - c) < 3 * c_se + 0.5
+    assert abs(g_fit / LTI["g"] - 1) < 0.01 and abs(g_fit - LTI["g"]) < 3 * g_se + 1e-3
+    assert abs(c_fit - LTI["c"]) < 3 * c_se + 0.5
     assert rec["fit"]["rmse_w"] < 2.0
+
+
+def test_a_quiet_stretch_does_not_inflate_the_gain_uncertainty(tmp_path):
+    """Nine quiet seconds (more than one whole block of eight) leave g and c as well known.
+
+    Unweighted batch means let the quiet block's meaningless gain set the standard error.
+    """
+    busy = _lti_run(tmp_path / "busy.h5")
+    quiet = _lti_run(tmp_path / "quiet.h5", quiet_s=(24.0, 33.0))
+    for name, truth in (("gain", LTI["g"]), ("offset_w", LTI["c"])):
+        value, se = _v(quiet, name)
+        assert 0 < se < 3 * _v(busy, name)[1], name
+        assert abs(value - truth) < 3 * se + (1e-3 if name == "gain" else 0.5), name
 
 
 def test_simulated_average_is_a_one_second_boxcar_with_unit_gain(sim_run):

@@ -10,7 +10,8 @@ update period: the driver only observes w/P of the time (its *coverage*).
 
 Reference integrals come from a cumulative sum on a fine grid, so τ and w are continuous
 parameters (no grid quantisation); g and c are solved by least squares for each (τ, w).
-Uncertainties are batch means: the fit is repeated on ``blocks`` consecutive stretches.
+Uncertainties are batch means: the fit is repeated on ``blocks`` consecutive stretches
+(for g and c weighted by each block's information, ``batch_means``).
 A long recording (more than ``SEARCH_POINTS`` readings) is searched on a subset and a
 coarser grid first, then refined on everything (``_fit_kernels``).
 """
@@ -42,6 +43,7 @@ from wattlab.analysis.alignment import (
     resolve,
     span_s,
 )
+from wattlab.analysis.batch_means import linear_information, weighted_batch_se
 from wattlab.analysis.energy import (
     Phase,
     corrected_energy,
@@ -579,6 +581,7 @@ def calibrate(
     # batch means: refit on consecutive blocks; for a long recording on every k-th reading
     # (and, for a first-order lag, whose filter runs over the whole grid, a grid of ~T/10)
     per_block: list[tuple[float, float, float, float, float, float]] = []
+    block_info: list[tuple[float, float]] = []  # each block's say on g and c
     blocks = max(3, min(blocks, x.size // MIN_BLOCK_POINTS))
     bounds = np.linspace(lo_x, hi_x, blocks + 1)
     long_run = x.size > SEARCH_POINTS
@@ -593,7 +596,9 @@ def calibrate(
             continue
         bt, bw, _ = _fit_kernel(kernel, block_ref, x[sel], y[sel], tau + centroid,
                                 start=(tau, width), maxiter=200)
-        bg, bc, _, _ = _linear(model(block_ref, x[sel], bt, bw), y[sel])
+        block_m = model(block_ref, x[sel], bt, bw)
+        bg, bc, _, _ = _linear(block_m, y[sel])
+        block_info.append(linear_information(block_m, y[sel]))
         bd = delay_fit(bounds[k], min(bounds[k + 1], tgt_end), bg, bc, d_energy)
         per_block.append((bt, bw, bg, bc, bt + (bw / 2 if kernel == "boxcar" else bw), bd))
     arr = np.array(per_block) if per_block else np.full((1, 6), np.nan)
@@ -608,8 +613,9 @@ def calibrate(
     se_g_res = sigma / math.sqrt(float(mc @ mc) / n * n_eff) if mc.size else math.nan
     se_c_res = math.sqrt(sigma**2 / n_eff + (m[ok].mean() * se_g_res) ** 2)
     se = dict(zip(("tau", "w", "g", "c", "eff", "d"), se_b.tolist(), strict=True))
-    se["g"] = float(np.nanmax([se["g"], se_g_res]))
-    se["c"] = float(np.nanmax([se["c"], se_c_res]))
+    info = np.array(block_info).reshape(-1, 2)
+    se["g"] = float(np.nanmax([weighted_batch_se(arr[:, 2], info[:, 0]), se_g_res]))
+    se["c"] = float(np.nanmax([weighted_batch_se(arr[:, 3], info[:, 1]), se_c_res]))
 
     # power-dependent gain: y = g0·m + g1·m·(m − m̄)/m̄ + c
     mbar = float(m[ok].mean())
