@@ -11,7 +11,13 @@ import pytest
 from wattlab.acquisition.agent import ClockSkew
 from wattlab.errors import BusError, MalformedMessageError
 from wattlab.sync.bus import ControlClient, local_endpoint
-from wattlab.sync.clock_service import ClockPinger, ClockProbe, ClockResponder, ClockTracker
+from wattlab.sync.clock_service import (
+    ClockPinger,
+    ClockProbe,
+    ClockResponder,
+    ClockTracker,
+    probe_weights,
+)
 from wattlab.sync.recorder import Recorder, RecorderConfig
 from wattlab.sync.security import ClientSecurity, create_keypair, load_keypair, load_public_key
 
@@ -62,6 +68,36 @@ def test_drift_that_changes_is_followed_piecewise():
     local = turn + np.arange(20, 50, dtype=np.int64) * 10**9
     err = tracker.to_local_ns(ClockSkew(joint, -30.0).array(local)) - local
     assert np.max(np.abs(err)) < 30_000
+
+
+def test_a_late_queued_probe_does_not_bend_a_short_drift_fit():
+    """Seen in CI: the last window (the run stopping) held one probe queued 230 µs on its way
+    out; fitted like the others it moved a 4 s drift estimate from 80 to 92 ppm."""
+    skew = ClockSkew(offset_ns=3_600_000_000_000, drift_ppm=80.0)
+    rng = np.random.default_rng(4)
+    tracker = ClockTracker("node1", window_s=1.0)
+    start = 10**12
+
+    def probe(t1: int, up_ns: float, down_ns: float) -> ClockProbe:
+        return ClockProbe(t1, skew(int(t1 + up_ns)), skew(int(t1 + up_ns + 20_000)),
+                          int(t1 + up_ns + 20_000 + down_ns))
+
+    for t1 in start + np.arange(0, 5 * 10**9, 10**8):
+        tracker.add(probe(int(t1), 70_000 + rng.exponential(15_000),
+                          70_000 + rng.exponential(15_000)))
+    tracker.add(probe(start + 5_050_000_000, 70_000 + 230_000, 70_000))
+    assert tracker.drift_ppm == pytest.approx(80.0, abs=2.0)
+    rows = tracker.rows()
+    x = (rows["remote_ns"] - rows["remote_ns"][0]).astype(np.float64)
+    unweighted = np.polyfit(x, -rows["offset_ns"], 1)[0]
+    assert abs((1 / (1 + unweighted) - 1) * 1e6 - 80.0) > 5  # what the plain fit gave
+
+
+def test_probe_weights_trust_short_round_trips_most():
+    w = probe_weights(np.array([180_000, 150_000, 160_000, 370_000], dtype=np.int64))
+    assert w.argmax() == 1 and w.argmin() == 3
+    assert w[3] / w[1] < 0.2
+    assert np.all(probe_weights(np.full(4, 150_000, dtype=np.int64)) == 1 / 1_000.0)
 
 
 def test_impossible_probes_are_rejected_and_no_estimate_means_an_error():

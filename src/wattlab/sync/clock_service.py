@@ -6,6 +6,8 @@ recorder stamps the reply's arrival (``t4``). Each probe bounds the remote clock
 ±RTT/2; queueing anywhere (GIL, HDF5 flush, network) only ever lengthens the RTT, so the
 probe with the smallest RTT in each window is the trustworthy one. A line (offset + drift)
 through those window-best points maps remote monotonic ns onto the recorder's monotonic ns;
+each point counts less the more its round trip exceeds the shortest (``probe_weights``),
+since that excess is queueing that may have fallen on one leg only;
 runs longer than ``fit_span_s`` get a local line per point, joined piecewise, so slow
 drift changes (temperature) are followed.
 """
@@ -71,6 +73,19 @@ class _Window:
     count: int = 1
 
 
+def probe_weights(rtt_ns: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """Least-squares weights (1/σ) of window-best probes from their round trips.
+
+    A probe's offset can be wrong by up to half its RTT's excess over the shortest one
+    seen (queueing on one leg only). σ is that half-excess plus its median, so a typical
+    probe is not trusted as if it were exact while a late, queued one (seen at 2× the
+    usual RTT when a run stops on a busy machine) counts a few percent as much.
+    """
+    half_excess = (rtt_ns - rtt_ns.min()).astype(np.float64) / 2
+    floor_ns = max(float(np.median(half_excess)), 1_000.0)
+    return 1.0 / (floor_ns + half_excess)
+
+
 class ClockTracker:
     """Offset and drift of one remote host's monotonic clock against the local one."""
 
@@ -128,10 +143,11 @@ class ClockTracker:
         good = rtt <= max(3 * float(np.median(rtt)), float(np.min(rtt)) + 20_000)
         x = (remote[good] - remote[0]).astype(np.float64)
         y = (local[good] - remote[good]).astype(np.float64)
+        w = probe_weights(rtt[good])
         if x.shape[0] == 1:
             knots = (x, y)
         elif x[-1] - x[0] <= self.fit_span_ns:
-            slope, intercept = np.polyfit(x, y, 1)
+            slope, intercept = np.polyfit(x, y, 1, w=w)
             ends = np.array([x[0], x[-1]])
             knots = (ends, intercept + slope * ends)
         else:
@@ -139,7 +155,7 @@ class ClockTracker:
             fitted = np.empty_like(y)
             for i, xi in enumerate(x):
                 near = np.abs(x - xi) <= half
-                slope, intercept = np.polyfit(x[near], y[near], 1)
+                slope, intercept = np.polyfit(x[near], y[near], 1, w=w[near])
                 fitted[i] = intercept + slope * xi
             knots = (x, fitted)
         self._model = knots
