@@ -107,7 +107,7 @@ def test_two_skewed_agents_land_on_the_recorder_timebase(tmp_path, keys):
         while not hosts_ready(control.request("status", 5), list(skews)):
             assert time.monotonic() < deadline, control.request("status", 5)
             time.sleep(0.1)
-        time.sleep(4)  # several clock windows: drift needs a baseline
+        time.sleep(6)  # several clock windows: drift needs a baseline
         final = control.request("stop", 30)
     finally:
         control.close()
@@ -126,9 +126,15 @@ def test_two_skewed_agents_land_on_the_recorder_timebase(tmp_path, keys):
         assert np.percentile(err, 99) < GOAL_P99_NS, (name, np.percentile(err, 99))
     with h5py.File(path) as f:
         for name, skew in skews.items():
-            attrs = dict(f["sync"][name].attrs)
-            assert attrs["drift_ppm"] == pytest.approx(skew.drift_ppm, abs=10)
-            assert f["sync"][name]["probes"].shape[0] >= 4
+            probes = f["sync"][name]["probes"][:]
+            assert probes.shape[0] >= 4
+            # window-best probes err by 10-45 µs on two busy cores: over the probed span the
+            # line's ends may be off by the offset goal, no more
+            span_ns = float(probes["remote_ns"][-1] - probes["remote_ns"][0])
+            assert span_ns > 5e9
+            allowed_ppm = 2 * GOAL_MEDIAN_NS / span_ns * 1e6
+            drift_ppm = f["sync"][name].attrs["drift_ppm"]
+            assert drift_ppm == pytest.approx(skew.drift_ppm, abs=allowed_ppm)
             assert f["sources"][f"{name}.ramp"].attrs["remote_host"] == name
 
 
