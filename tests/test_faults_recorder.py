@@ -53,7 +53,8 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
     raise AssertionError("condition not reached in time")
 
 
-def rows_on_disk(control: ControlClient, source_id: str = "meter") -> int:
+def rows_received(control: ControlClient, source_id: str = "meter") -> int:
+    """Rows the recorder has taken in (written to disk or not)."""
     status = control.request("status", timeout_s=5)
     return int(status["sources"].get(source_id, {}).get("rows", 0))
 
@@ -100,7 +101,7 @@ def test_kill_9_leaves_a_readable_file_up_to_the_last_flush(tmp_path):
         pub.announce(descriptor())
         pub.wait_ready(20)
         seq = send_for(pub, 0, 1.5)
-        wait_until(lambda: rows_on_disk(control) > 0)
+        wait_until(lambda: rows_received(control) > 0)
         t_kill = time.monotonic_ns()
         kill(recorder)
         sent_rows = seq * ROWS
@@ -125,8 +126,12 @@ def test_restarted_recorder_resumes_the_file_and_loses_nothing(tmp_path):
     pub.announce(descriptor())
     pub.wait_ready(20)
     seq = send_for(pub, 0, 1.0)
-    wait_until(lambda: rows_on_disk(control) > 0)
+    wait_until(lambda: rows_received(control) > 0)
+    # kill while batches still arrive: a kill after a pause (CI once paused through the
+    # next flush) finds everything on disk and leaves nothing to resend
+    seq = send_for(pub, seq, 0.2)
     kill(recorder)  # mid-run: rows after the last flush are only in the sources' windows
+    assert len(index_column(path)) < seq * ROWS, "the kill found every row on disk"
     seq = send_for(pub, seq, 0.3)
     recorder = start_recorder(path, endpoint, resume=True)
     seq = send_for(pub, seq, 1.0)
@@ -155,7 +160,7 @@ def test_loss_beyond_the_replay_window_is_recorded_exactly(tmp_path):
     pub.announce(descriptor())
     pub.wait_ready(20)
     seq = send_for(pub, 0, 1.0)
-    wait_until(lambda: rows_on_disk(control) > 0)
+    wait_until(lambda: rows_received(control) > 0)
     kill(recorder)
     seq = send_for(pub, seq, 2.0)  # ~400 batches: far more than window + backlog
     recorder = start_recorder(path, endpoint, resume=True)
