@@ -156,7 +156,7 @@ def test_resolve_gpus() -> None:
             r"\(indices 0-1\)",
         ):
             driver.resolve_gpus("0,2")
-        for bad in ("", "x", "0;1", "-1", "1.0", "0,,1"):
+        for bad in ("", "x", "0;1", "-1", "1.0", "0,,1", "²", "١"):  # digits int() refuses or reads
             with pytest.raises(UsageError, match="is not valid"):
                 driver.resolve_gpus(bad)
 

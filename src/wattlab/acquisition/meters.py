@@ -86,7 +86,7 @@ def _rails_of(kind: str, options: Mapping[str, Any]) -> list[Rail]:
 def element_key(key: Any) -> int | str:
     """A WT300E element as the driver takes it: 1, 2, 3 or "SIGMA" (TOML keys are text)."""
     text = str(key).strip()
-    return int(text) if text.isdigit() else text.upper()
+    return int(text) if text.isascii() and text.isdigit() else text.upper()
 
 
 class RailAcquirer:

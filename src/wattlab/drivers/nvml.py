@@ -188,7 +188,7 @@ class NvmlDriver:
         indices: list[int] = []
         for part in text.split(","):
             token = part.strip()
-            if not token.isdigit():
+            if not (token.isascii() and token.isdigit()):
                 raise UsageError(
                     f"GPU list {spec!r} is not valid: use 'all' or indices like '0' or '0,1'"
                 )

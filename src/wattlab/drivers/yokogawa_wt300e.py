@@ -255,7 +255,7 @@ class Wt300e(ScpiInstrument):
         reply = self.transport.query(COMMANDS["event_clear"])
         # the extended event register is a 16-bit integer: anything else is a protocol error
         text = reply.strip()
-        if not text.isdigit() or int(text) > 0xFFFF:
+        if not (text.isascii() and text.isdigit()) or int(text) > 0xFFFF:
             raise MeterProtocolError(f"{self.resource}: :STAT:EESR? answered {reply!r}, "
                                      "not a register value 0..65535")
         return bool(int(text) & UPDATE_BIT)
