@@ -4,7 +4,8 @@
 
 1. The cost of each NVML call the reader makes: wall time (median and 99th percentile) and
    CPU time (mean), µs; a drain also after 0.1, 0.9 and 1.8 s of samples (is its cost per
-   call or per sample?).
+   call or per sample?), and as pynvml's ``nvmlDeviceGetSamples`` drains (two NVML calls,
+   the first only asking how many samples there are; ``SampleDrain`` makes one).
 2. A recording session of the GPU, in steady state (after a warm-up): CPU of the NVML source
    thread, of the rest of the session process and of the recorder process, % of one core;
    once per configuration in ``--configs``: every NVML stream, ``samples,energy`` (lean),
@@ -16,6 +17,7 @@ Without a GPU it measures the simulated one (then the call costs are the simulat
 from __future__ import annotations
 
 import argparse
+import ctypes
 import math
 import os
 import sys
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import pynvml
 
 from common import child_pids, open_nvml, tree_cpu_s, write_json
 from wattlab.acquisition.nvml_cadence import FRUGAL_INTERVALS, parse_intervals
@@ -60,9 +63,28 @@ def call_costs(driver: NvmlDriver, n: int) -> dict[str, dict[str, float]]:
     def drain_after(age_s: float) -> Callable[[], Any]:
         return lambda: driver.read_samples(0, int((time.time() - age_s) * 1e6))
 
+    lib, handle = driver.lib, driver.handle(0)
+
+    def pynvml_drain() -> Any:
+        """What a pynvml user writes: two NVML calls, a Python object per sample."""
+        since_us = int((time.time() - 0.9) * 1e6)
+        _, samples = lib.nvmlDeviceGetSamples(handle, pynvml.NVML_TOTAL_POWER_SAMPLES, since_us)
+        return [(s.timeStamp, s.sampleValue.uiVal) for s in samples]
+
+    c_samples = lib._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
+    value_type, count = ctypes.c_uint(), ctypes.c_uint()
+
+    def size_query() -> Any:
+        """The first of pynvml's two calls: how many samples there are (no array)."""
+        return c_samples(handle, ctypes.c_uint(pynvml.NVML_TOTAL_POWER_SAMPLES),
+                         ctypes.c_ulonglong(int((time.time() - 0.9) * 1e6)),
+                         ctypes.pointer(value_type), ctypes.pointer(count), None)
+
     calls = {
         "read_samples (drain)": drain_after(0.9),
         **{f"read_samples, {age_s:g} s of samples": drain_after(age_s) for age_s in (0.1, 1.8)},
+        "pynvml nvmlDeviceGetSamples, 0.9 s": pynvml_drain,
+        "its size query alone (NULL array)": size_query,
         "read_power (instant + average)": lambda: driver.read_power(0),
         "read_energy_j": lambda: driver.read_energy_j(0),
         "read_state": lambda: driver.read_state(0),

@@ -297,24 +297,20 @@ class FilteredNvml(FakeNvml):
         self.drop_us = drop_us
         self.replay = replay
 
-    def nvmlDeviceGetSamples(
-        self, handle: object, sampling_type: int, timeStamp: int
-    ) -> tuple[int, list[object]]:
-        value_type, samples = super().nvmlDeviceGetSamples(handle, sampling_type, timeStamp)
+    def _samples_newer(self, handle: object, sampling_type: int,
+                       since_us: int) -> tuple[np.ndarray, np.ndarray]:
+        stamps_us, power_mw = super()._samples_newer(handle, sampling_type, since_us)
         if self.replay is not None:  # the real H100's stamps and values, as the buffer held them
             gpu = self.gpus[0]
             now_us = int(gpu.to_unix_us(gpu.clock_ns()))
-            rows = self.replay[(self.replay[:, 0] <= now_us) & (self.replay[:, 0] > timeStamp)]
+            rows = self.replay[(self.replay[:, 0] <= now_us) & (self.replay[:, 0] > since_us)]
             rows = rows[-120:]
-            if rows.shape[0] == 0:
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-            out = (pynvml.c_nvmlSample_t * rows.shape[0])()
-            for i, (ts, mw) in enumerate(rows[:, :2].tolist()):
-                out[i].timeStamp = ts
-                out[i].sampleValue.uiVal = mw
-            return value_type, list(out)
+            stamps_us, power_mw = rows[:, 0], rows[:, 1]
         lo, hi = self.drop_us
-        return value_type, [s for s in samples if not lo <= s.timeStamp < hi]
+        keep = ~((lo <= stamps_us) & (stamps_us < hi))
+        if not keep.any():
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return stamps_us[keep], power_mw[keep]
 
 
 def test_a_hole_in_the_driver_buffer_becomes_a_gap() -> None:

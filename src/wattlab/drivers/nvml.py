@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pynvml  # the pure-Python binding; the C library is only loaded by nvmlInit
 
+from wattlab.drivers.nvml_samples import VALUE_MEMBERS, SampleDrain, UnknownValueType
 from wattlab.errors import NvmlError, UsageError
 
 NO_LIBRARY_MESSAGE = (
@@ -56,20 +57,11 @@ STATE_READINGS: tuple[tuple[str, StateReader, float], ...] = (
 )
 
 _NO_LIBRARY_CODES = (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
-_VALUE_MEMBERS = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-}
 
 
 def nvml_value(value: Any, value_type: int) -> float:
     """Read an ``nvmlValue_t`` union by its declared type (power fields are ``uiVal`` mW)."""
-    member = _VALUE_MEMBERS.get(value_type)
+    member = VALUE_MEMBERS.get(value_type)
     if member is None:
         raise NvmlError(f"NVML returned unknown value type {value_type}")
     return float(getattr(value, member))
@@ -110,6 +102,7 @@ class NvmlDriver:
         self._lib = lib
         self._opened = 0
         self._handles: dict[int, Any] = {}
+        self._drains: dict[int, SampleDrain] = {}
         self._lock = threading.Lock()
 
     @property
@@ -141,6 +134,7 @@ class NvmlDriver:
             self._opened -= 1
             if self._opened == 0:
                 self._handles.clear()
+                self._drains.clear()
                 try:
                     self.lib.nvmlShutdown()
                 except pynvml.NVMLError as e:
@@ -288,25 +282,28 @@ class NvmlDriver:
         """Drain the 50 Hz power buffer: samples strictly newer than ``last_seen_us``.
 
         Returns (driver timestamps in unix µs, power in W), oldest first. An empty buffer is
-        NVML's NOT_FOUND, returned here as empty arrays.
+        NVML's NOT_FOUND, returned here as empty arrays. One NVML call (``SampleDrain``).
         """
         try:
-            value_type, samples = self.lib.nvmlDeviceGetSamples(
-                self.handle(gpu), pynvml.NVML_TOTAL_POWER_SAMPLES, last_seen_us
-            )
-        except pynvml.NVMLError as e:
-            if getattr(e, "value", None) == pynvml.NVML_ERROR_NOT_FOUND:
-                return np.zeros(0, np.int64), np.zeros(0, np.float64)
+            stamps, power_mw = self._drain(gpu).read(self.handle(gpu), last_seen_us)
+        except (pynvml.NVMLError, UnknownValueType) as e:
             raise NvmlError(f"GPU {gpu}: {NVML_CALLS['samples_power_w']} failed: {e}") from e
-        stamps = np.array([s.timeStamp for s in samples], dtype=np.int64)
-        power_w = (
-            np.array([nvml_value(s.sampleValue, value_type) for s in samples], dtype=np.float64)
-            / 1e3
-        )
+        power_w = power_mw / 1e3
         order = np.argsort(stamps, kind="stable")
         stamps, power_w = stamps[order], power_w[order]
         newer = stamps > last_seen_us
         return stamps[newer], power_w[newer]
+
+    def _drain(self, gpu: int) -> SampleDrain:
+        """The GPU's sample drain, made on first use.
+
+        Not before ``nvmlInit``: it looks up NVML's C function, which needs the library loaded.
+        """
+        with self._lock:
+            drain = self._drains.get(gpu)
+            if drain is None:
+                drain = self._drains[gpu] = SampleDrain(self.lib)
+            return drain
 
     def _instant_field(self, gpu: int) -> tuple[float | None, str | None]:
         """(instant power W, None) or (None, why it is missing)."""

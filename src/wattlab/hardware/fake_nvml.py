@@ -33,6 +33,13 @@ def _err(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
+def _fill_samples(out: Any, stamps_us: Any, power_mw: Any) -> None:
+    """Write (unix µs, mW) pairs into an array of ``nvmlSample_t``."""
+    for i, (ts, mw) in enumerate(zip(stamps_us.tolist(), power_mw.tolist(), strict=True)):
+        out[i].timeStamp = ts
+        out[i].sampleValue.uiVal = mw
+
+
 class FakeNvml:
     """The subset of the pynvml API wattlab uses, backed by ``SimulatedGpu`` objects.
 
@@ -128,23 +135,57 @@ class FakeNvml:
 
     # ------------------------------------------------------------------ power
 
-    def nvmlDeviceGetSamples(
-        self, handle: Any, sampling_type: int, timeStamp: int
-    ) -> tuple[int, list[Any]]:
-        """Samples strictly newer than ``timeStamp`` (unix µs); NOT_FOUND when there are none."""
+    def _samples_newer(self, handle: Any, sampling_type: int, since_us: int) -> tuple[Any, Any]:
+        """(unix µs, mW) of the power samples newer than ``since_us``, oldest first."""
         gpu = self._gpu(handle, "nvmlDeviceGetSamples")
         if sampling_type != pynvml.NVML_TOTAL_POWER_SAMPLES:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         stamps_us, power_mw = gpu.power_samples(gpu.clock_ns())
-        keep = stamps_us > timeStamp
-        stamps_us, power_mw = stamps_us[keep], power_mw[keep]
-        if stamps_us.shape[0] == 0:
+        keep = stamps_us > since_us
+        if not keep.any():
             raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return stamps_us[keep], power_mw[keep]
+
+    def nvmlDeviceGetSamples(
+        self, handle: Any, sampling_type: int, timeStamp: int
+    ) -> tuple[int, list[Any]]:
+        """Samples strictly newer than ``timeStamp`` (unix µs); NOT_FOUND when there are none."""
+        stamps_us, power_mw = self._samples_newer(handle, sampling_type, timeStamp)
         out = (pynvml.c_nvmlSample_t * stamps_us.shape[0])()
-        for i, (ts, mw) in enumerate(zip(stamps_us.tolist(), power_mw.tolist(), strict=True)):
-            out[i].timeStamp = ts
-            out[i].sampleValue.uiVal = mw
+        _fill_samples(out, stamps_us, power_mw)
         return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, list(out)
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        """The C entry point ``name``, as pynvml's private lookup hands it out.
+
+        Only the one wattlab calls directly; others fail with FUNCTION_NOT_FOUND, as in pynvml.
+        """
+        self._check_init(name)
+        if name != "nvmlDeviceGetSamples":
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._c_get_samples
+
+    def _c_get_samples(  # noqa: PLR0917 - the C function's six positional arguments
+        self, handle: Any, sampling_type: Any, since_us: Any, value_type: Any, count: Any,
+        samples: Any,
+    ) -> int:
+        """``nvmlDeviceGetSamples`` as C sees it: a return code, pointers for the outputs.
+
+        ``count`` in: the array's length; out: samples written (with no array: available),
+        oldest first.
+        """
+        try:
+            stamps_us, power_mw = self._samples_newer(handle, sampling_type.value,
+                                                      since_us.value)
+        except pynvml.NVMLError as e:
+            return int(e.value)
+        value_type.contents.value = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        n = stamps_us.shape[0] if samples is None else min(stamps_us.shape[0],
+                                                           count.contents.value)
+        if samples is not None:
+            _fill_samples(samples, stamps_us[:n], power_mw[:n])
+        count.contents.value = n
+        return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
         """Per-field status in ``nvmlReturn`` (no exception), as the real call does."""
