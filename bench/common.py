@@ -28,17 +28,24 @@ def child_pids(pid: int) -> list[int]:
         return []
 
 
+def process_cpu_clock(pid: int) -> int:
+    """Linux's clock id for a process's CPU time, all its threads, to the nanosecond.
+
+    ``/proc/<pid>/stat`` counts in 10 ms ticks: one tick is 0.03 % of a core over a 30 s
+    window, as large as the differences between frugal readers.
+    """
+    return ((~pid) << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+
+
 def tree_cpu_s(pid: int) -> float:
-    """CPU seconds used so far by a live process and its live descendants (from /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
+    """CPU seconds used so far by a live process and its live descendants."""
     total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += time.clock_gettime(process_cpu_clock(p))
         except OSError:
             continue  # it ended in between
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         todo += child_pids(p)
     return total
 

@@ -19,7 +19,6 @@ bench/results/soak.json; exit status 1 when a goal is missed.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -30,19 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from common import write_json
+from common import process_cpu_clock, write_json
 from wattlab.analysis.run_file import Run
 from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
 from wattlab.hardware.virtual_bench import VirtualBench
 from wattlab.hardware.wt300e_emulator import Wt300eEmulator
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
 
 def proc_stats(pid: int) -> tuple[float, float]:
-    """(RSS in MB, CPU seconds) of one process, from /proc."""
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu_s = (int(stat[11]) + int(stat[12])) / TICKS
+    """(RSS in MB, CPU seconds) of one process."""
+    cpu_s = time.clock_gettime(process_cpu_clock(pid))
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024, cpu_s
