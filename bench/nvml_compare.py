@@ -5,7 +5,7 @@
 Runs at the same time: the load (tests/with_device/matmul_load.py, which logs its phase
 starts and reads the energy counter there: the reference), `wattlab record --nvml 0` (every
 stream), `wattlab record --nvml 0 --nvml-streams samples,energy` (lean), the same with
-`--nvml-intervals drain=1.8,emit=6,energy=60` (frugal: the least CPU),
+`--nvml-intervals drain=1.8,emit=12,energy=60` (frugal: the least CPU),
 `nvidia-smi --query-gpu=timestamp,power.draw --format=csv -lms 20`, a plain pynvml loop
 polling nvmlDeviceGetPowerUsage every 100 ms, and Zeus's PowerMonitor (bench/zeus_reader.py)
 where ``import zeus`` works (the GPU machine cannot fetch packages: carry Zeus and its

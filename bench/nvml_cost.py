@@ -9,7 +9,7 @@
 2. A recording session of the GPU, in steady state (after a warm-up): CPU of the NVML source
    thread, of the rest of the session process and of the recorder process, % of one core;
    once per configuration in ``--configs``: every NVML stream, ``samples,energy`` (lean),
-   and lean with ``drain=1.8,emit=6,energy=60`` (frugal); and the mean CPU of each NVML
+   and lean with ``drain=1.8,emit=12,energy=60`` (frugal); and the mean CPU of each NVML
    call as the recording made it (after a sleep, not back to back as in 1).
 Without a GPU it measures the simulated one (then the call costs are the simulator's).
 """

@@ -2,7 +2,7 @@
 
 Records `wattlab record --nvml 0 -- python matmul_load.py`, with every NVML stream, with
 `--nvml-streams samples,energy` (one wake-up a second) and with that plus
-`--nvml-intervals drain=1.8,emit=6,energy=60` (the least CPU), and checks what issue 2 asks:
+`--nvml-intervals` FRUGAL_INTERVALS (the least CPU), and checks what issue 2 asks:
 ~50 samples/s from the driver's buffer, none duplicated or missing, and the samples'
 integral agreeing with the energy counter within 2 %.
 """
@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import wattlab
+from wattlab.acquisition.nvml_cadence import FRUGAL_INTERVALS
 
 pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
                                 reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1")
@@ -27,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module", params=[("all", "all", ""), ("lean", "samples,energy", ""),
-                                        ("frugal", "samples,energy", "drain=1.8,emit=6,energy=60")],
+                                        ("frugal", "samples,energy", FRUGAL_INTERVALS)],
                 ids=lambda param: param[0])
 def recorded_run(request, tmp_path_factory):
     out = os.environ.get("OUT")

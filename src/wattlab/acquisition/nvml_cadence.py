@@ -18,7 +18,7 @@ MIN_INTERVAL_S = 0.01  # shorter would spin: the driver's own samples come every
 # under 0.38 s for a late wake-up before samples are lost
 MAX_DRAIN_S = 2.0
 # every driver sample at the least CPU (BENCHMARKS.md, "Reading less often")
-FRUGAL_INTERVALS = "drain=1.8,emit=6,energy=60"
+FRUGAL_INTERVALS = "drain=1.8,emit=12,energy=60"
 
 
 def parse_intervals(value: str | Mapping[str, Any]) -> dict[str, float]:
