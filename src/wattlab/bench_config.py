@@ -630,7 +630,7 @@ gpus = "all"            # "all", "0,1" or [0, 1]
 # simulated_gpus = 1
 # seed = 0
 # streams = ["samples", "energy"]  # fewer streams, less CPU (default "all")
-# intervals = { drain = 1.8, emit = 6, energy = 60 }  # rarer reads, less CPU again
+# intervals = { drain = 1.8, emit = 12, energy = 60 }  # rarer reads, less CPU again
 
 # PowerSensor3 riser on GPU 0's PCIe power (USB serial). rails: pair number (0-3) = rail.
 # [[device]]

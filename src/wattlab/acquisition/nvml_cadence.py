@@ -17,7 +17,8 @@ MIN_INTERVAL_S = 0.01  # shorter would spin: the driver's own samples come every
 # the driver keeps ~2.38 s of samples (H100 and H200, driver 580): a longer drain leaves
 # under 0.38 s for a late wake-up before samples are lost
 MAX_DRAIN_S = 2.0
-# every driver sample at the least CPU (BENCHMARKS.md, "Reading less often")
+# every driver sample at the least CPU (BENCHMARKS.md, "One-call drains, nanosecond CPU
+# clocks, emit every 12 s"): the run file lags up to 12 s
 FRUGAL_INTERVALS = "drain=1.8,emit=12,energy=60"
 
 

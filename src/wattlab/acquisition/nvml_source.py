@@ -31,7 +31,7 @@ A recording can also ask for fewer streams (``--nvml-streams samples,energy``): 
 90 ms power poll the reader wakes about once a second, for users who want every driver
 sample and the run's energy at the least CPU, and not the calibration views. Each cadence
 can be changed (``--nvml-intervals``, ``nvml_cadence``): draining every 1.8 s and
-sending every 6 s costs less again, at a smaller margin against a late wake-up and a run
+sending every 12 s costs less again, at a smaller margin against a late wake-up and a run
 file that lags further behind. Everything read, drained samples included, leaves at the
 ``emit`` cadence: one message per stream, one run-file write.
 """

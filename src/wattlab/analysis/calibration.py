@@ -613,7 +613,7 @@ def calibrate(
     se_g_res = sigma / math.sqrt(float(mc @ mc) / n * n_eff) if mc.size else math.nan
     se_c_res = math.sqrt(sigma**2 / n_eff + (m[ok].mean() * se_g_res) ** 2)
     se = dict(zip(("tau", "w", "g", "c", "eff", "d"), se_b.tolist(), strict=True))
-    info = np.array(block_info).reshape(-1, 2)
+    info = np.array(block_info) if block_info else np.full((1, 2), np.nan)  # as ``arr``
     se["g"] = float(np.nanmax([weighted_batch_se(arr[:, 2], info[:, 0]), se_g_res]))
     se["c"] = float(np.nanmax([weighted_batch_se(arr[:, 3], info[:, 1]), se_c_res]))
 

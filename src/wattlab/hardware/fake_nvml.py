@@ -180,9 +180,9 @@ class FakeNvml:
         except pynvml.NVMLError as e:
             return int(e.value)
         value_type.contents.value = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-        n = stamps_us.shape[0] if samples is None else min(stamps_us.shape[0],
-                                                           count.contents.value)
+        n = stamps_us.shape[0]
         if samples is not None:
+            n = min(n, count.contents.value)
             _fill_samples(samples, stamps_us[:n], power_mw[:n])
         count.contents.value = n
         return pynvml.NVML_SUCCESS
