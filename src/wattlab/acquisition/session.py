@@ -40,6 +40,7 @@ from wattlab.integrations.auto_markers import auto_marker_env
 from wattlab.runtime_env import workload_environ
 from wattlab.samples import Marker
 from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
+from wattlab.sync.disk_full import DISK_FULL_EXIT, DiskFullReport, read_report
 from wattlab.sync.recorder import RecorderConfig, hosts_ready
 
 RECORDER_START_TIMEOUT_S = 20.0
@@ -59,6 +60,7 @@ class SessionResult:
     interrupted: bool
     recorder_restarts: int = 0
     source_restarts: dict[str, int] = field(default_factory=dict)
+    disk_full: DiskFullReport | None = None  # the disk filled: the recording stopped there
 
 
 @dataclass
@@ -118,7 +120,9 @@ class Session:
                                 root_attrs=attrs, expected_sources=expected,
                                 flush_interval_s=self.flush_interval_s, resume=resume,
                                 parent_pid=os.getpid(), **self.recorder_options)
-        return subprocess.Popen([sys.executable, "-m", "wattlab.sync.recorder", config.to_json()])
+        # stdout: a recorder stopped by a full disk reports there (see sync/disk_full.py)
+        return subprocess.Popen([sys.executable, "-m", "wattlab.sync.recorder", config.to_json()],
+                                stdout=subprocess.PIPE)
 
     def _wait_for(self, control: ControlClient, recorder: subprocess.Popen[bytes],
                   predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str) -> None:
@@ -126,6 +130,9 @@ class Session:
         while time.monotonic() < deadline:
             if self._stop.is_set():
                 return  # stopping before the workload started: no need to wait
+            if recorder.poll() == DISK_FULL_EXIT:
+                self.request_stop()  # the result says where the disk filled
+                return
             if recorder.poll() is not None:
                 raise WattlabError(f"recorder exited with status {recorder.returncode} ({what})")
             try:
@@ -178,18 +185,25 @@ class Session:
                                               {"command_exit_code": exit_code}))
                 self._stop.wait(self.tail_s)  # a stop (Ctrl-C) cuts the tail short
             finally:
+                gone = (supervisor.disk_full is not None
+                        or supervisor.recorder.poll() == DISK_FULL_EXIT)
                 for runner in runners:
-                    runner.request_stop()
+                    if gone:
+                        runner.abandon()  # nobody will confirm their last batches
+                    else:
+                        runner.request_stop()
                 for runner in runners:
                     runner.stop()
-                marker_pub.close()
+                marker_pub.close(wait=not gone)
                 supervisor.stop()
                 status = self._stop_recorder(control, supervisor.recorder)
                 control.close()
+                disk_full = supervisor.disk_full or _reap(supervisor.recorder)
         errors = {r.name: r.error for r in runners if r.error}
         errors.update(supervisor.errors)
         return SessionResult(self.output, exit_code, status, errors, self._stop.is_set(),
-                             supervisor.recorder_restarts, dict(supervisor.source_restarts))
+                             supervisor.recorder_restarts, dict(supervisor.source_restarts),
+                             disk_full)
 
     def _run_workload(self, endpoint: str, runners: list[Runner]) -> int | None:
         started = time.monotonic()
@@ -270,6 +284,7 @@ class _Supervisor:
         self.recorder_restarts = 0
         self.source_restarts: dict[str, int] = {}
         self.errors: dict[str, str] = {}
+        self.disk_full: DiskFullReport | None = None
         self._done = threading.Event()
         self._watch = ExitWatch()  # a death is seen at once, with no wake-up until then
         self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
@@ -313,6 +328,12 @@ class _Supervisor:
         code = self.recorder.poll()
         if code is None:
             return
+        report = _reap(self.recorder)
+        if code == DISK_FULL_EXIT:  # a new recorder would fail on the same disk
+            self.disk_full = report
+            self.session.request_stop()
+            self._done.set()
+            return
         if not self.session.restart_recorder or self.recorder_restarts >= self.session.max_restarts:
             self.errors["recorder"] = f"recorder exited with status {code}; not restarted"
             self.session.request_stop()
@@ -349,6 +370,15 @@ class _Supervisor:
         except WattlabError as e:
             self.errors[runner.name] = f"{how}; restart failed: {e}"
             runner.stop(1.0)
+
+
+def _reap(recorder: subprocess.Popen[bytes]) -> DiskFullReport | None:
+    """Close an ended recorder's stdout; its full-disk report if it stopped for one."""
+    if recorder.stdout is None or recorder.stdout.closed or recorder.returncode is None:
+        return None
+    text = recorder.stdout.read().decode(errors="replace")
+    recorder.stdout.close()
+    return read_report(text) if recorder.returncode == DISK_FULL_EXIT else None
 
 
 @contextmanager

@@ -99,6 +99,7 @@ class SourceRunner:
         self.dropped_batches = 0
         self.dropped_rows = 0
         self._stop = threading.Event()
+        self._abandoned = False
         self._opened = threading.Event()
         self._seq: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, name=f"source-{name}", daemon=True)
@@ -118,6 +119,11 @@ class SourceRunner:
         wake = getattr(self.acquirer, "wake", None)
         if wake is not None:
             wake()
+
+    def abandon(self) -> None:
+        """Stop without waiting for a recorder that is gone for good (full disk)."""
+        self._abandoned = True
+        self.request_stop()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self.request_stop()
@@ -179,7 +185,7 @@ class SourceRunner:
             finally:
                 for source_id, seq in self._seq.items():
                     publisher.end(source_id, seq - 1)
-                publisher.close()
+                publisher.close(wait=not self._abandoned)
                 self.dropped_batches = publisher.dropped_batches
                 self.dropped_rows = publisher.dropped_rows
                 self._opened.set()

@@ -34,6 +34,7 @@ from wattlab.samples import SourceDescriptor
 
 EXIT_SOURCE_FAILED = 1  # the acquirer failed; the child already sent the gap and "end"
 EXIT_OPEN_FAILED = 2
+ABANDON_WAIT_S = 2.0  # a child whose recorder is gone: time to close its instrument
 SPEC_KINDS = ("nvml", "meter")
 
 
@@ -168,6 +169,11 @@ class ProcessSourceRunner:
         self._stopping = True
         if self._proc is not None and self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
+
+    def abandon(self) -> None:
+        """Stop without waiting for a recorder that is gone for good (full disk): the
+        child gets a moment to close its instrument, then is killed."""
+        self.stop(ABANDON_WAIT_S)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         self.request_stop()

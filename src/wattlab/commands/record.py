@@ -34,6 +34,7 @@ from wattlab.bench_config import (
     nvml_selection,
 )
 from wattlab.errors import UsageError
+from wattlab.sync.disk_full import DiskFullReport
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5560"
 NVML_STREAMS_HELP = (
@@ -123,6 +124,9 @@ def nvml_choice(args: argparse.Namespace, bench: BenchConfig | None) -> NvmlChoi
 
 def report(result: SessionResult) -> None:
     """Print the per-source summary of a finished session."""
+    full = result.disk_full
+    if full is not None and not full.in_gaps:
+        lost_spans(full)
     with Run(result.output) as run:
         print(format_table(summarise(run)))
         gaps = run.gaps
@@ -143,8 +147,19 @@ def report(result: SessionResult) -> None:
               f"{result.recorder_status.get('last_rejection')}", file=sys.stderr)
 
 
+def lost_spans(full: DiskFullReport) -> None:
+    """The spans a full disk cost, when the file had no room for their /gaps rows."""
+    for span in full.spans:
+        since = "the start" if span.last_row_s is None else f"{span.last_row_s:.1f} s"
+        print(f"  lost in {span.source}: from {since} to the stop at {full.failed_at_s:.1f} s "
+              f"(disk full, {full.error}; not in /gaps: no room)")
+
+
 def exit_status(result: SessionResult) -> int:
-    """The command's own status if there was one; 130 after Ctrl-C; 1 if a source failed."""
+    """1 if the disk filled or a source failed; else the command's own status, or 130
+    after Ctrl-C."""
+    if result.disk_full is not None:
+        return 1
     code = result.command_exit_code
     if code is not None and code != 0:
         return code if code > 0 else 128 - code  # killed by signal -code, as shells report

@@ -498,8 +498,15 @@ class BusPublisher:
         """Bytes held for the recorder: the replay window plus the unsent backlog."""
         return self._window_used + self._outbox_bytes
 
-    def close(self) -> None:
-        """Close after the recorder confirmed it has everything (bounded by the linger time)."""
+    def close(self, wait: bool = True) -> None:
+        """Close after the recorder confirmed it has everything (bounded by the linger time).
+
+        ``wait=False``: the recorder is gone for good (it stopped on a full disk); drop what
+        is queued at once.
+        """
+        if not wait:
+            self._socket.close(linger=0)
+            return
         deadline = time.monotonic() + self._linger_s
         if self._coalescer is not None:
             for item in self._coalescer.take_all():

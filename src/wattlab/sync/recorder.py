@@ -35,6 +35,13 @@ from wattlab.exit_watch import open_pidfd
 from wattlab.samples import Gap, Marker, SampleBatch, SourceDescriptor
 from wattlab.sync import message
 from wattlab.sync.clock_service import ClockPinger
+from wattlab.sync.disk_full import (
+    SealRequest,
+    disk_full_error,
+    free_reserve,
+    make_reserve,
+    stop_recording,
+)
 from wattlab.sync.run_writer import ResumePoint, RunFileWriter
 
 if TYPE_CHECKING:
@@ -132,6 +139,7 @@ class Recorder:
             else:
                 self.writer = RunFileWriter(config.output, config.root_attrs,
                                             config.session_start_ns)
+            self._set_reserve_aside()
         except (zmq.ZMQError, WattlabError):
             self._close_sockets()
             raise
@@ -154,6 +162,35 @@ class Recorder:
         self._resyncing: set[str] = set()
         if config.resume:
             self._resume(points)
+
+    def _set_reserve_aside(self) -> None:
+        """Room to finish the file if the disk fills (see wattlab.sync.disk_full)."""
+        try:
+            make_reserve(self.config.output)
+        except OSError as e:
+            if self.config.resume:  # carry on: a full disk then ends without the /gaps row
+                print(f"wattlab recorder: no reserve beside {self.config.output}: {e}",
+                      file=sys.stderr)
+                return
+            self.writer.close(fit_device_clocks=False)
+            os.unlink(self.config.output)  # just created, holds nothing: never half a run
+            raise UsageError(f"{self.config.output}: no room for the "
+                             f"{os.path.basename(self.config.output)} reserve: {e}") from e
+
+    def stop_for_full_disk(self, error: str) -> None:
+        """Stop at the first full-disk error: answer a pending stop, then finish the file.
+
+        Never returns: the process becomes ``wattlab.sync.disk_full``. Nothing is written
+        through this process's HDF5 handles any more.
+        """
+        failed_at_ns = time.monotonic_ns()
+        if self._stop_requested is not None and self._stop_requested[0]:
+            identity, rid = self._stop_requested
+            self._peer_socket = self._socket
+            self._reply(identity, rid=rid, stopped=False, disk_full=error)
+        self._context.destroy(linger=1000)  # the reply leaves before exec
+        stop_recording(SealRequest(self.config.output, self.config.session_start_ns,
+                                   failed_at_ns, error))
 
     def _resume(self, points: dict[str, ResumePoint]) -> None:
         """Carry on a crashed recorder's file: every stream waits for its publisher's resend."""
@@ -363,6 +400,8 @@ class Recorder:
         try:
             self.writer.add_source(desc, remote_host=host or "")
         except WattlabError as e:
+            if disk_full_error(e):
+                raise  # not the message's fault: the recording stops
             raise MalformedMessageError(str(e)) from e
         self._new_objects = True
         state = self._sources.get(desc.source_id)
@@ -828,6 +867,7 @@ class Recorder:
             "session_end_monotonic_ns": time.monotonic_ns(),
             "recorder_status_json": json.dumps(final, sort_keys=True),
         }, sync=sync, remaps=remaps)
+        free_reserve(self.config.output)
         if self._stop_requested is not None and self._stop_requested[0]:
             identity, rid = self._stop_requested
             self._peer_socket = self._socket
@@ -880,7 +920,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wattlab recorder: {e}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, lambda signum, frame: recorder.request_stop())
-    recorder.run()
+    try:
+        recorder.run()
+    except (OSError, RuntimeError, WattlabError) as e:
+        error = disk_full_error(e)
+        if error is None:
+            raise
+        recorder.stop_for_full_disk(error)
     return 0
 
 

@@ -312,6 +312,12 @@ class RunFileWriter:
     def descriptor(self, source_id: str) -> SourceDescriptor:
         return self._descriptors[source_id]
 
+    def last_times_ns(self, source_id: str, rows: int) -> npt.NDArray[np.int64]:
+        """Session times of a source's last ``rows`` rows on disk."""
+        column = self._sources[source_id].time
+        end = column.rows
+        return np.asarray(column.ds[max(0, end - rows):end], dtype=np.int64)
+
     def remote_host(self, source_id: str) -> str:
         """The agent host a stream came from ("" for this host's own)."""
         return str(self._file["sources"][source_id].attrs.get("remote_host", ""))
