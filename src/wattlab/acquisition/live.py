@@ -20,15 +20,20 @@ from typing import Any
 
 import numpy as np
 
+from wattlab.acquisition.disk_budget import duration_text, rate_text
 from wattlab.analysis.run_file import Run, SourceView
 from wattlab.analysis.summary import GAP_FACTOR, energy_channel, power_channel
 from wattlab.errors import RunFileError
+from wattlab.sync.disk_full import room_bytes
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 24
 SPARK_WINDOW_S = 12.0
 RATE_WINDOW_S = 2.0
 END_ATTR = "session_end_monotonic_ns"
+LOW_SPACE_BYTES = 512 * 1024 * 1024  # show the free space below this
+LOW_SPACE_S = 600.0  # ... or when it lasts less than this at the file's growth rate
+GROWTH_WINDOW_S = 10.0
 
 
 def sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
@@ -124,6 +129,38 @@ class _Tracker:
         return sparkline(means)
 
 
+def space_note(free_bytes: int, growth_bytes_s: float) -> str:
+    """The panel's free-space note: empty while there is plenty."""
+    left_s = free_bytes / growth_bytes_s if growth_bytes_s > 0 else float("inf")
+    if free_bytes >= LOW_SPACE_BYTES and left_s >= LOW_SPACE_S:
+        return ""
+    note = f"disk: {free_bytes / 2**20:.1f} MB free"
+    if left_s < float("inf"):
+        note += f", full in ~{duration_text(left_s)} at {rate_text(growth_bytes_s)}"
+    return note
+
+
+class SpaceWatch:
+    """Free space beside a run file and how fast the file grows (for the live panel)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._sizes: deque[tuple[float, int]] = deque()
+
+    def poll(self) -> str:
+        try:
+            size = os.path.getsize(self.path)
+            free = room_bytes(self.path, size)
+        except OSError:
+            return ""
+        now = time.monotonic()
+        self._sizes.append((now, size))
+        while self._sizes and self._sizes[0][0] < now - GROWTH_WINDOW_S:
+            self._sizes.popleft()
+        (t0, s0), (t1, s1) = self._sizes[0], self._sizes[-1]
+        return space_note(free, (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0)
+
+
 class RunFollower:
     """Follows a run file while it is written; ``poll()`` returns the current status."""
 
@@ -205,13 +242,16 @@ class RunFollower:
         return out
 
 
-def render(statuses: list[SourceStatus], path: str, elapsed_s: float, finished: bool) -> Any:
-    """A rich Table of the current status (one row per source)."""
+def render(statuses: list[SourceStatus], path: str, elapsed_s: float, finished: bool,
+           space: str = "") -> Any:
+    """A rich Table of the current status (one row per source); ``space``: a low-disk note."""
     from rich.table import Table
 
     state = "finished" if finished else ("waiting for the file" if not statuses else "recording")
-    table = Table(title=f"wattlab live: {os.path.basename(path)} - {state} - {elapsed_s:.0f} s",
-                  title_justify="left", expand=False)
+    title = f"wattlab live: {os.path.basename(path)} - {state} - {elapsed_s:.0f} s"
+    if space:
+        title += f" - [bold red]{space}[/bold red]"
+    table = Table(title=title, title_justify="left", expand=False)
     for name, justify in (("source", "left"), ("power (W)", "right"), ("rate (Hz)", "right"),
                           ("samples", "right"), ("drops", "right"), ("energy (J)", "right"),
                           ("last 12 s", "left")):
@@ -260,12 +300,13 @@ def follow(path: str, *, console: Any = None, interval_s: float = 0.5,
     statuses: list[SourceStatus] = []
     live_cm: Any = (Live(console=console, refresh_per_second=4, transient=False)
                     if console.is_terminal else contextlib.nullcontext())
+    space = SpaceWatch(path)
     with RunFollower(path) as follower, live_cm as live:
         while True:
             statuses = follower.poll()
             elapsed = time.monotonic() - started
             if live is not None:
-                live.update(render(statuses, path, elapsed, follower.finished))
+                live.update(render(statuses, path, elapsed, follower.finished, space.poll()))
             if follower.finished or stop.is_set():
                 break
             if not follower.started and elapsed > wait_s:

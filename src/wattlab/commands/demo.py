@@ -8,7 +8,8 @@ from typing import Any
 from wattlab.acquisition.session import Session
 from wattlab.acquisition.simulated_phases import SchedulePhaseMarkers
 from wattlab.acquisition.source import Acquirer
-from wattlab.commands.record import default_output, exit_status, report
+from wattlab.acquisition.disk_budget import check_room, nvml_streams
+from wattlab.commands.record import add_min_free_option, default_output, exit_status, report
 from wattlab.errors import UsageError
 
 
@@ -19,6 +20,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=20.0, metavar="S",
                    help="length of the simulated workload (default 20 s)")
     p.add_argument("--seed", type=int, default=11, help="seed of the simulated workload")
+    add_min_free_option(p)
     return p
 
 
@@ -32,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if args.duration <= 0:
         raise UsageError(f"--duration must be > 0 s, got {args.duration}")
     output = args.output or default_output("demo")
+    check_room(output, [*nvml_streams(1, "all"), "powersensor3", "wt300e"], args.duration,
+               args.min_free_mb)
     with VirtualBench(args.seed, args.duration) as bench:
         driver = NvmlDriver(bench.nvml)
         acquirers: list[tuple[str, Acquirer]] = [

@@ -11,6 +11,7 @@ import datetime as dt
 import sys
 from typing import Any
 
+from wattlab.acquisition.disk_budget import check_room, nvml_streams
 from wattlab.acquisition.live import live_panel
 from wattlab.acquisition.meters import (
     check_unique_ids,
@@ -19,9 +20,10 @@ from wattlab.acquisition.meters import (
     parse_meter_spec,
 )
 from wattlab.acquisition.nvml_cadence import DEFAULT_INTERVALS_S, FRUGAL_INTERVALS, MAX_DRAIN_S
+from wattlab.acquisition.nvml_source import NvmlAcquirer
 from wattlab.acquisition.session import Session, SessionResult
 from wattlab.acquisition.source_process import SourceSpec
-from wattlab.analysis.run_file import Run
+from wattlab.analysis.run_file import GapRow, Run
 from wattlab.analysis.summary import format_table, summarise
 from wattlab.bench_config import (
     BenchConfig,
@@ -133,7 +135,7 @@ def report(result: SessionResult) -> None:
         markers = run.markers
     print(f"run file: {result.output} ({len(markers)} markers, {len(gaps)} gaps)")
     for gap in gaps:
-        print(f"  gap in {gap.source}: {gap.reason}")
+        print(f"  gap in {gap.source}: {gap.reason}{span_text(gap)}")
     for name, error in result.source_errors.items():
         print(f"wattlab: source {name} failed: {error}", file=sys.stderr)
     if result.recorder_restarts:
@@ -145,6 +147,13 @@ def report(result: SessionResult) -> None:
     if rejected:
         print(f"wattlab: the recorder rejected {rejected} malformed message(s): "
               f"{result.recorder_status.get('last_rejection')}", file=sys.stderr)
+
+
+def span_text(gap: GapRow) -> str:
+    """`` (from 3.1 s to 3.8 s)`` where both ends of a gap are known."""
+    if gap.time_first_ns is None or gap.time_last_ns is None:
+        return ""
+    return f" (from {gap.time_first_ns / 1e9:.1f} s to {gap.time_last_ns / 1e9:.1f} s)"
 
 
 def lost_spans(full: DiskFullReport) -> None:
@@ -219,10 +228,25 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--auto-markers", action="store_true",
                    help="a Python workload gets phase markers from Keras, Lightning, the "
                         "Hugging Face Trainer or torch without a code change")
+    add_min_free_option(p)
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
                    help="draw the live panel (default: only when stdout is a terminal)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
+
+
+def add_min_free_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--min-free-mb", type=float, metavar="MB",
+                   help="warn when the output's disk has less free space than this "
+                        "(default: the --duration's data, or five minutes of it); under a "
+                        "minute of data the run is refused")
+
+
+def planned_streams(gpus: int, nvml: NvmlChoice, meters: list[str],
+                    bench: BenchConfig | None) -> list[str]:
+    """What will be recorded, as the disk budget counts it (see disk_budget.STREAM_RATES)."""
+    kinds = [d.kind for d in bench_meters(bench)] + [parse_meter_spec(t).kind for t in meters]
+    return nvml_streams(gpus, nvml.streams) + kinds
 
 
 def remote_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -282,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
         if not specs and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")
+        check_room(output, planned_streams(len(gpu_specs), nvml, args.meter, bench),
+                   args.duration, args.min_free_mb)
         with live_panel(output, enabled=args.live):
             result = Session(output, [], source_specs=specs, **common).run()
         report(result)
@@ -291,6 +317,9 @@ def run(args: argparse.Namespace) -> int:
         if not acquirers and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")
+        gpus = sum(isinstance(acquirer, NvmlAcquirer) for _, acquirer in sources)
+        check_room(output, planned_streams(gpus, nvml, args.meter, bench), args.duration,
+                   args.min_free_mb)
         with live_panel(output, enabled=args.live):
             result = Session(output, acquirers, **common).run()
     report(result)

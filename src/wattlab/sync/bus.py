@@ -373,6 +373,11 @@ class BusPublisher:
             if isinstance(resend, str) and isinstance(head.get("from_seq"), int):
                 self._on_resend(resend, head["from_seq"])
 
+    def durable_seq(self, source_id: str) -> int:
+        """The next sequence number of a stream not yet confirmed on disk by the recorder."""
+        stream = self._streams.get(source_id)
+        return 0 if stream is None else stream.durable_next
+
     def _on_durable(self, source_id: str, seq_next: int) -> None:
         stream = self._streams.get(source_id)
         if stream is None:

@@ -145,13 +145,14 @@ def stop_recording(request: SealRequest) -> None:
     os.execv(argv[0], argv)
 
 
-def room_bytes(output: str) -> int:
-    """Bytes this process may still add to ``output``: free space, and ``ulimit -f``."""
+def room_bytes(output: str, written: int = 0) -> int:
+    """Bytes this process may still add to ``output`` (``written`` bytes long already):
+    free space in its folder, and ``ulimit -f``."""
     stat = os.statvfs(os.path.dirname(os.path.abspath(output)))
     room = stat.f_bavail * stat.f_frsize
     limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     if limit != resource.RLIM_INFINITY:
-        room = min(room, max(0, limit - os.path.getsize(output)))
+        room = min(room, max(0, limit - written))
     return room
 
 
@@ -162,17 +163,17 @@ def seal(request: SealRequest) -> DiskFullReport:
     report = DiskFullReport(request.output, request.error,
                             (request.failed_at_ns - request.session_start_ns) / 1e9, None)
     free_reserve(request.output)
-    try:
-        clear_crash_flags(request.output)  # in place: needs no room
+    try:  # both in place: they need no room
+        clear_crash_flags(request.output)
+        fit_eoa_to_file(request.output)
     except Exception as e:  # noqa: BLE001 - reported, the session must still end cleanly
         report.problem = f"could not clear the file's crash flags: {e}"
         return report
-    if room_bytes(request.output) < RESERVE_BYTES // 2:
-        report.problem = "no room left to finish it"
-        _spans_from_file(request, report)
-        return report
+    room = room_bytes(request.output, os.path.getsize(request.output)) >= RESERVE_BYTES // 2
+    if not room:
+        report.problem = "no room left for the /gaps rows"
     try:
-        _finish(request, report)
+        _finish(request, report, room)
     except Exception as e:  # noqa: BLE001
         # the reopened file may hold half-written metadata: leave it as the flush left it
         report.problem = f"could not finish it: {_short(e)}"
@@ -181,7 +182,31 @@ def seal(request: SealRequest) -> DiskFullReport:
     return report
 
 
-def _finish(request: SealRequest, report: DiskFullReport) -> None:
+def fit_eoa_to_file(path: str) -> bool:
+    """Lower a superblock's end of allocation that lies past the end of the file.
+
+    Why: under ``ulimit -f`` the writer's last flush can store an end of allocation the
+    file could not grow to (the extension failed with EFBIG); HDF5 then refuses the file
+    as truncated. The space past the end holds nothing the flushed metadata points to
+    (SWMR writes a block before anything that refers to it), so the end of allocation
+    may come down to the file's size. Returns whether it changed anything.
+    """
+    from wattlab.sync.hdf5_repair import _read_superblock, lookup3
+
+    block = _read_superblock(path)
+    offsets = block[9]
+    eoa_at = 12 + 2 * offsets
+    size = os.path.getsize(path)
+    if int.from_bytes(block[eoa_at:eoa_at + offsets], "little") <= size:
+        return False
+    block[eoa_at:eoa_at + offsets] = size.to_bytes(offsets, "little")
+    block[-4:] = lookup3(bytes(block[:-4])).to_bytes(4, "little")
+    with open(path, "r+b") as f:
+        f.write(block)
+    return True
+
+
+def _finish(request: SealRequest, report: DiskFullReport, room: bool) -> None:
     from wattlab.samples import Gap
     from wattlab.sync.run_writer import RunFileWriter
 
@@ -197,6 +222,9 @@ def _finish(request: SealRequest, report: DiskFullReport) -> None:
                             point.seq_next, -1, t_first, request.failed_at_ns))
     report.spans = [s for s in report.spans if not points[s.source].ended]
     report.held_until_s = _held_until(report.spans, report.failed_at_s)
+    if not room:  # the cut only: it rewrites in place
+        writer.close(fit_device_clocks=False)
+        return
     if gaps:
         writer.add_gaps(gaps)
     writer.close({"session_end_monotonic_ns": time.monotonic_ns(),
@@ -204,18 +232,6 @@ def _finish(request: SealRequest, report: DiskFullReport) -> None:
                   "disk_full_json": report.to_json()})
     report.in_gaps = bool(gaps)
     report.finished = True
-
-
-def _spans_from_file(request: SealRequest, report: DiskFullReport) -> None:
-    """The spans read from the file as the last flush left it (nothing written)."""
-    import h5py
-
-    with h5py.File(request.output, "r", locking=False) as f:
-        for source_id, group in f["sources"].items():
-            n = min(group[name].shape[0] for name in ("time", "time_raw", "values", "flags"))
-            tail = group["time"][max(0, n - TAIL_ROWS):n]
-            report.spans.append(_span(source_id, tail, -1))
-    report.held_until_s = _held_until(report.spans, report.failed_at_s)
 
 
 def _span(source_id: str, tail_ns: Any, seq_next: int) -> LostSpan:

@@ -655,6 +655,8 @@ class Recorder:
         news = self._has_news()
         for state in self._sources.values():
             self._write_pending(state)
+        # a /progress row vouches for rows: a full disk must fail before it is written
+        self.writer.flush_rows()
         if self._markers:
             self.writer.add_markers(self._markers)
             self._markers = []

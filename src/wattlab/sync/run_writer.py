@@ -285,7 +285,7 @@ class RunFileWriter:
             self._descriptors[source_id] = desc
             parts = [group[name] for name in ("time", "time_raw", "values", "flags",
                                               "time_host_raw") if name in group]
-            whole = min(int(p.shape[0]) for p in parts)
+            whole = min(_backed_rows(p) for p in parts)
             mine = table[table["source"] == source_id.encode()]
             mine = mine[mine["rows"] <= whole]
             seq_next, rows, ended = (0, 0, False) if len(mine) == 0 else (
@@ -445,11 +445,15 @@ class RunFileWriter:
         """Root attributes can only be written before SWMR starts, or at close."""
         self._file.attrs[key] = value
 
-    def flush(self) -> None:
-        """Staged rows to disk, then HDF5's own flush (what SWMR readers see)."""
+    def flush_rows(self) -> None:
+        """Staged rows to disk: before the /progress row that says they are there."""
         for ds in self._sources.values():
             for column in ds.columns():
                 column.flush()
+
+    def flush(self) -> None:
+        """Staged rows to disk, then HDF5's own flush (what SWMR readers see)."""
+        self.flush_rows()
         self._file.flush()
 
     def close(
@@ -494,6 +498,23 @@ class RunFileWriter:
 def _layout(desc: SourceDescriptor) -> dict[str, Any]:
     """What a source's datasets are: everything in its descriptor but the configuration."""
     return {k: v for k, v in desc.to_json().items() if k != "config"}
+
+
+def _backed_rows(ds: h5py.Dataset) -> int:
+    """Rows of ``ds`` whose chunks are in the file: up to the first chunk it lacks.
+
+    Why: a flush that failed half-way (a full disk) can leave a dataset's extent on disk
+    but not the index entry of its last chunk; those rows would read as zeros.
+    """
+    rows = int(ds.shape[0])
+    chunk_rows = int(ds.chunks[0])
+    expected = -(-rows // chunk_rows)
+    if ds.id.get_num_chunks() >= expected:
+        return rows
+    have = {ds.id.get_chunk_info(i).chunk_offset[0] // chunk_rows
+            for i in range(ds.id.get_num_chunks())}
+    first_missing = next(k for k in range(expected) if k not in have)
+    return first_missing * chunk_rows
 
 
 def _drop_blank_tail(ds: h5py.Dataset, dtype: np.dtype[Any]) -> None:
