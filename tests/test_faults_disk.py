@@ -9,6 +9,7 @@ disk before the failure is there, and the lost span is stated.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import subprocess
@@ -23,12 +24,13 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.test_faults_recorder import ROWS, batch, descriptor, start_recorder
+from tests.test_faults_recorder import ROWS, batch, descriptor
 from tests.test_faults_session import wait_for_rows
 from wattlab.acquisition.disk_budget import DataRate, estimate, judge, nvml_streams
 from wattlab.acquisition.live import space_note
 from wattlab.cli import main
-from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
+from wattlab.hardware.virtual_bench import VirtualBench
+from wattlab.sync.bus import BusPublisher, local_endpoint
 from wattlab.sync.disk_full import (
     DISK_FULL_EXIT,
     DiskFullReport,
@@ -63,11 +65,8 @@ def tmpfs(folder: Path, size: str) -> Iterator[Path]:
 def fill(folder: Path) -> None:
     """Take every free byte of the file system, the way another writer would."""
     stat = os.statvfs(folder)
-    with open(folder / "filler", "wb") as f:
-        try:
-            os.posix_fallocate(f.fileno(), 0, stat.f_bavail * stat.f_frsize)
-        except OSError:
-            pass  # what could be taken is taken
+    with open(folder / "filler", "wb") as f, contextlib.suppress(OSError):
+        os.posix_fallocate(f.fileno(), 0, stat.f_bavail * stat.f_frsize)  # or what it can
 
 
 def fsize_limit(limit_bytes: int) -> Callable[[], None]:
@@ -197,15 +196,17 @@ def cli(*args: str) -> subprocess.Popen[bytes]:
 
 
 @pytest.mark.parametrize(("verb", "fill_after_s"), [
-    ("record", 0.0), ("record", 1.5), ("record-processes", 1.0), ("demo", 1.0)])
+    ("record", 0.0), ("record-processes", 1.0), ("demo", 0.5), ("demo", 2.0)])
 def test_session_stops_cleanly_when_the_disk_fills(tmp_path, verb, fill_after_s):
-    with tmpfs(tmp_path / "small", "128m" if verb == "demo" else "12m") as folder:
+    """A fast meter (an emulated PowerSensor3) fills pages quickly: the disk fills soon."""
+    with tmpfs(tmp_path / "small", "128m") as folder, VirtualBench(3, 30.0) as bench:
         path = folder / "run.h5"
         if verb == "demo":
             session = cli("demo", "--duration", "20", "-o", str(path))
         else:
             extra = ["--source-processes"] if verb == "record-processes" else []
-            session = cli("record", "--simulate", "--duration", "20", "-o", str(path), *extra)
+            session = cli("record", "--simulate", "--duration", "20", "-o", str(path),
+                          "--meter", f"ps3=powersensor3:{bench.ps3_port}", *extra)
         wait_for_rows(path, "gpu0.samples")
         time.sleep(fill_after_s)
         with h5py.File(path, "r", swmr=True, locking=False) as f:  # on disk before the fill
@@ -291,4 +292,5 @@ def test_live_panel_shows_free_space_only_when_low():
     assert space_note(10 * 1024 * MIB, 1.4 * MIB) == ""
     assert space_note(100 * MIB, 0.0) == "disk: 100.0 MB free"
     assert space_note(100 * MIB, 1.0 * MIB) == "disk: 100.0 MB free, full in ~100 s at 1.00 MB/s"
-    assert space_note(900 * MIB, 1.0 * MIB).endswith("~15 min at 1.00 MB/s")
+    assert space_note(900 * MIB, 1.0 * MIB) == ""  # 15 min left: plenty
+    assert space_note(300 * MIB, 0.1 * MIB).endswith("~50 min at 102.4 kB/s")  # under 512 MB

@@ -1,4 +1,4 @@
-"""Before recording: will the run fit on its disk?
+"""Before recording: will the run fit on its disk.
 
 Why an estimate and not a measurement: the check has to come before anything starts (a
 refused run leaves no file). What the recorder writes is known well enough: every stream
@@ -25,6 +25,8 @@ NVML_STREAMS = ("samples", "power", "energy", "state")
 
 @dataclass(frozen=True)
 class StreamRate:
+    """What one stream writes: rows per second of so many bytes (all its datasets)."""
+
     rows_per_s: float
     row_bytes: int
 
@@ -65,8 +67,10 @@ def nvml_streams(gpus: int, streams: str) -> list[str]:
 
 
 def estimate(streams: list[str]) -> DataRate:
-    """The data rate of these streams (kinds of ``STREAM_RATES``; unknown kinds cost only
-    their chunks)."""
+    """The data rate of these streams.
+
+    Kinds not in ``STREAM_RATES`` (an agent's, a new meter's) count only their chunks.
+    """
     rates = [STREAM_RATES[s] for s in streams if s in STREAM_RATES]
     return DataRate(sum(r.rows_per_s * r.row_bytes for r in rates),
                     FIXED_BYTES_PER_STREAM * len(streams))

@@ -33,7 +33,12 @@ from wattlab.acquisition.source import (
     Acquirer,
     SourceRunner,
 )
-from wattlab.acquisition.source_process import ProcessSourceRunner, SourceSpec, describe_exit
+from wattlab.acquisition.source_process import (
+    ABANDON_WAIT_S,
+    ProcessSourceRunner,
+    SourceSpec,
+    describe_exit,
+)
 from wattlab.errors import BusError, UsageError, WattlabError
 from wattlab.exit_watch import ExitWatch
 from wattlab.integrations.auto_markers import auto_marker_env
@@ -193,7 +198,10 @@ class Session:
                     else:
                         runner.request_stop()
                 for runner in runners:
-                    runner.stop()
+                    if gone:
+                        runner.stop(ABANDON_WAIT_S)
+                    else:
+                        runner.stop()
                 marker_pub.close(wait=not gone)
                 supervisor.stop()
                 status = self._stop_recorder(control, supervisor.recorder)
@@ -201,7 +209,8 @@ class Session:
                 disk_full = supervisor.disk_full or _reap(supervisor.recorder)
         errors = {r.name: r.error for r in runners if r.error}
         errors.update(supervisor.errors)
-        return SessionResult(self.output, exit_code, status, errors, self._stop.is_set(),
+        interrupted = self._stop.is_set() and disk_full is None  # Ctrl-C, not the disk
+        return SessionResult(self.output, exit_code, status, errors, interrupted,
                              supervisor.recorder_restarts, dict(supervisor.source_restarts),
                              disk_full)
 

@@ -171,9 +171,12 @@ class ProcessSourceRunner:
             self._proc.send_signal(signal.SIGTERM)
 
     def abandon(self) -> None:
-        """Stop without waiting for a recorder that is gone for good (full disk): the
-        child gets a moment to close its instrument, then is killed."""
-        self.stop(ABANDON_WAIT_S)
+        """The recorder is gone for good (full disk): SIGTERM only.
+
+        ``stop(ABANDON_WAIT_S)`` then gives the child a moment to close its instrument
+        before it is killed.
+        """
+        self.request_stop()
 
     def stop(self, timeout_s: float = 15.0) -> None:
         self.request_stop()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from wattlab.acquisition.disk_budget import check_room, nvml_streams
 from wattlab.acquisition.session import Session
 from wattlab.acquisition.simulated_phases import SchedulePhaseMarkers
 from wattlab.acquisition.source import Acquirer
-from wattlab.acquisition.disk_budget import check_room, nvml_streams
 from wattlab.commands.record import add_min_free_option, default_output, exit_status, report
 from wattlab.errors import UsageError
 

@@ -165,8 +165,11 @@ def lost_spans(full: DiskFullReport) -> None:
 
 
 def exit_status(result: SessionResult) -> int:
-    """1 if the disk filled or a source failed; else the command's own status, or 130
-    after Ctrl-C."""
+    """The exit status of a finished session.
+
+    1 if the disk filled; else the command's own status; 130 after Ctrl-C; 1 if a source
+    failed.
+    """
     if result.disk_full is not None:
         return 1
     code = result.command_exit_code

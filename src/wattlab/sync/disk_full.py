@@ -14,6 +14,7 @@ line the user reads and a JSON report on stdout for the session, and exits with
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -78,10 +79,8 @@ def make_reserve(output: str, size_bytes: int = RESERVE_BYTES) -> None:
 
 
 def free_reserve(output: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(reserve_path(output))
-    except FileNotFoundError:
-        pass
 
 
 @dataclass
@@ -146,8 +145,10 @@ def stop_recording(request: SealRequest) -> None:
 
 
 def room_bytes(output: str, written: int = 0) -> int:
-    """Bytes this process may still add to ``output`` (``written`` bytes long already):
-    free space in its folder, and ``ulimit -f``."""
+    """Bytes this process may still add to ``output`` (``written`` bytes long already).
+
+    The free space in its folder, and what ``ulimit -f`` leaves.
+    """
     stat = os.statvfs(os.path.dirname(os.path.abspath(output)))
     room = stat.f_bavail * stat.f_frsize
     limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -157,7 +158,11 @@ def room_bytes(output: str, written: int = 0) -> int:
 
 
 def seal(request: SealRequest) -> DiskFullReport:
-    """Make the file consistent and record the loss in it where there is room."""
+    """Make the file consistent and record the loss in it where there is room.
+
+    If finishing fails half-way this process ends at once (HDF5 must not close what it
+    could not write), after saying so.
+    """
     from wattlab.sync.hdf5_repair import clear_crash_flags
 
     report = DiskFullReport(request.output, request.error,
@@ -166,7 +171,7 @@ def seal(request: SealRequest) -> DiskFullReport:
     try:  # both in place: they need no room
         clear_crash_flags(request.output)
         fit_eoa_to_file(request.output)
-    except Exception as e:  # noqa: BLE001 - reported, the session must still end cleanly
+    except Exception as e:  # said in the line: the session must still end cleanly
         report.problem = f"could not clear the file's crash flags: {e}"
         return report
     room = room_bytes(request.output, os.path.getsize(request.output)) >= RESERVE_BYTES // 2
@@ -174,10 +179,11 @@ def seal(request: SealRequest) -> DiskFullReport:
         report.problem = "no room left for the /gaps rows"
     try:
         _finish(request, report, room)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         # the reopened file may hold half-written metadata: leave it as the flush left it
         report.problem = f"could not finish it: {_short(e)}"
-        clear_crash_flags(request.output)
+        with contextlib.suppress(Exception):
+            clear_crash_flags(request.output)
         _exit(report)
     return report
 
@@ -252,7 +258,7 @@ def _held_until(spans: list[LostSpan], failed_at_s: float) -> float | None:
     due = [s.last_row_s + s.row_interval_s for s in spans
            if s.last_row_s is not None and s.row_interval_s is not None]
     due = due or [s.last_row_s for s in spans if s.last_row_s is not None]
-    return min(min(due), failed_at_s) if due else None
+    return min(*due, failed_at_s) if due else None
 
 
 def _short(exc: BaseException) -> str:
@@ -262,13 +268,11 @@ def _short(exc: BaseException) -> str:
 
 def _emit(report: DiskFullReport) -> None:
     """The user's line on stderr, the session's report on stdout (either may be gone)."""
-    extra = "" if report.finished else f" ({report.problem}; the lost span is not in /gaps)"
+    extra = f" ({report.problem})" if report.problem else ""
     for stream, text in ((sys.stderr, f"wattlab: {report.line()}{extra}"),
                          (sys.stdout, REPORT_PREFIX + report.to_json())):
-        try:
+        with contextlib.suppress(OSError):
             print(text, file=stream, flush=True)
-        except OSError:
-            pass
 
 
 def _exit(report: DiskFullReport) -> None:
