@@ -27,7 +27,7 @@ import pytest
 from tests.test_faults_recorder import ROWS, batch, descriptor
 from tests.test_faults_session import wait_for_rows
 from wattlab.acquisition.disk_budget import DataRate, estimate, judge, nvml_streams
-from wattlab.acquisition.live import space_note
+from wattlab.acquisition.live import SpaceWatch, space_note
 from wattlab.cli import main
 from wattlab.hardware.virtual_bench import VirtualBench
 from wattlab.sync.bus import BusPublisher, local_endpoint
@@ -294,3 +294,16 @@ def test_live_panel_shows_free_space_only_when_low():
     assert space_note(100 * MIB, 1.0 * MIB) == "disk: 100.0 MB free, full in ~100 s at 1.00 MB/s"
     assert space_note(900 * MIB, 1.0 * MIB) == ""  # 15 min left: plenty
     assert space_note(300 * MIB, 0.1 * MIB).endswith("~50 min at 102.4 kB/s")  # under 512 MB
+
+
+def test_live_panel_reads_the_free_space_beside_the_run(tmp_path):
+    with tmpfs(tmp_path / "small", "8m") as folder:
+        path = folder / "run.h5"
+        path.write_bytes(b"\0" * MIB)
+        watch = SpaceWatch(str(path))
+        assert watch.poll() == "disk: 7.0 MB free"  # not growing yet: no time left to say
+        with open(path, "ab") as f:
+            f.write(b"\0" * MIB)
+        time.sleep(0.2)
+        note = watch.poll()
+        assert note.startswith("disk: 6.0 MB free, full in ~") and note.endswith("MB/s"), note
