@@ -711,7 +711,12 @@ def store_in_run(path: str, record: dict[str, Any]) -> str:
 
     Needs the recorder to have closed the file; a record of the same stream is replaced.
     """
+    from wattlab.sync.run_repair import writer_status
+
     where = record_path(record)
+    status = writer_status(path)
+    if status.flags:
+        raise RunFileError(f"cannot add {where}: {status.describe(path)} (or use --no-store)")
     try:
         with h5py.File(path, "r+", locking=False) as f:
             if where in f:

@@ -8,13 +8,18 @@ from typing import Any
 
 from wattlab.analysis.run_file import Run
 from wattlab.analysis.summary import format_table, summarise
+from wattlab.sync.run_repair import REPAIR_ATTR, writer_status
 
 
 def describe(run: Run) -> dict[str, Any]:
     """The JSON shape of `wattlab info --json`."""
     attrs = {k: (v.item() if hasattr(v, "item") else v) for k, v in run.attrs.items()}
+    status = writer_status(run.path)
     return {
         "path": run.path,
+        "open_for_writing": status.flags != 0,
+        "writer_alive": status.alive,
+        "needs_repair": status.needs_repair,
         "attrs": attrs,
         "sources": {
             sid: {
@@ -51,6 +56,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"{run_file.path}: wattlab run format {attrs.get('format_version')}, "
               f"created {attrs.get('created', '?')} on {attrs.get('host', '?')}")
         print(f"command: {' '.join(json.loads(attrs.get('command', '[]'))) or '-'}")
+        status = writer_status(run_file.path)
+        if status.flags:
+            print(("needs repair: " if status.needs_repair else "") + status.describe(
+                run_file.path))
+        if REPAIR_ATTR in attrs:
+            record = json.loads(attrs[REPAIR_ATTR])
+            print(f"repaired {record['repaired_at']} after a crash: "
+                  f"{sum(s['rows_trimmed'] for s in record['sources'].values())} torn row(s) "
+                  "trimmed, every whole row kept")
         for sid, view in run_file.sources.items():
             channels = ", ".join(f"{n} [{u}]" for n, u in zip(view.channel_names, view.units,
                                                                strict=True))
