@@ -20,7 +20,6 @@ import html
 import json
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +64,7 @@ from wattlab.analysis.run_file import GapRow, MarkerRow, Run, SourceView
 from wattlab.analysis.summary import summarise
 from wattlab.analysis.sweep_results import SWEEP_FORMAT, SweepTable, load_table
 from wattlab.errors import RunFileError, UsageError, WattlabError
+from wattlab.output_files import create_temp
 
 FloatArray = npt.NDArray[np.float64]
 DISPLAY_BINS = 2000
@@ -658,8 +658,7 @@ def _write_all(files: Sequence[tuple[str, bytes]]) -> None:
     done: list[str] = []
     try:
         for path, data in files:
-            fd, tmp = tempfile.mkstemp(prefix=".report-", dir=os.path.dirname(
-                os.path.abspath(path)))
+            fd, tmp = create_temp(os.path.dirname(os.path.abspath(path)), ".report-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
