@@ -24,7 +24,7 @@ import numpy as np
 
 from wattlab.acquisition.source import Acquirer, Chunk, Reading
 from wattlab.bench_config import NvmlChoice
-from wattlab.errors import NvmlError, UsageError, WattlabError
+from wattlab.errors import NvmlError, NvmlMissingError, UsageError, WattlabError
 from wattlab.samples import Channel, SourceDescriptor, check_source_id
 
 BOARD_POWER_CHANNEL = "board_power_w"
@@ -284,8 +284,14 @@ def meter_acquirers(specs: list[str]) -> list[tuple[str, Acquirer]]:
 
 
 @contextmanager
-def nvml_acquirers(choice: NvmlChoice) -> Iterator[list[tuple[str, Acquirer]]]:
-    """NVML (or simulated) acquirers for the chosen GPUs; the library stays open."""
+def nvml_acquirers(choice: NvmlChoice, *, other_sources: bool = False
+                   ) -> Iterator[list[tuple[str, Acquirer]]]:
+    """NVML (or simulated) acquirers for the chosen GPUs; the library stays open.
+
+    ``other_sources``: meters (or agents) are recorded as well, so with ``all`` GPUs (the
+    default) a machine without the NVIDIA driver has none, said in one line, instead of an
+    error; GPUs named by number, or nothing else to record, still need the driver.
+    """
     if choice.gpus == "none":
         yield []
         return
@@ -306,6 +312,13 @@ def nvml_acquirers(choice: NvmlChoice) -> Iterator[list[tuple[str, Acquirer]]]:
     driver = NvmlDriver(lib)
     try:
         driver.open()
+    except NvmlMissingError as e:
+        if not (other_sources and choice.gpus == "all"):
+            raise UsageError(str(e)) from e
+        print(f"wattlab: no GPU found (no NVIDIA driver: {e.__cause__ or e}); recording "
+              "without GPUs", file=sys.stderr)
+        yield []
+        return
     except NvmlError as e:
         raise UsageError(str(e)) from e
     try:

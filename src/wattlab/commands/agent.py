@@ -33,7 +33,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--server-key", required=True, metavar="RECORDER.key",
                    help="the recorder's public key file")
     p.add_argument("--nvml", default="all",
-                   help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all)")
+                   help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all; "
+                        "with --meter, 'all' on a machine without the NVIDIA driver sends no "
+                        "GPU and says so)")
     p.add_argument("--nvml-streams", default="all", metavar="LIST", help=NVML_STREAMS_HELP)
     p.add_argument("--nvml-intervals", default="", metavar="KEY=S,...",
                    help=NVML_INTERVALS_HELP)
@@ -60,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(s, lambda signum, frame: stop.set())
     try:
         with nvml_acquirers(NvmlChoice(args.nvml, args.simulate, args.simulated_gpus,
-                                       args.seed, args.nvml_streams,
-                                       args.nvml_intervals)) as gpus:
+                                       args.seed, args.nvml_streams, args.nvml_intervals),
+                            other_sources=bool(meters)) as gpus:
             acquirers = gpus + meters
             if not acquirers:
                 raise UsageError("nothing to publish: no GPU selected (--nvml none) and no meter")
