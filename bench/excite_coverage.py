@@ -32,11 +32,9 @@ def one_run(folder: Path, seed: int, duration_s: float) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"excite seed {seed} failed: {done.stderr}")
     summary = json.loads(done.stdout)
-    import wattlab
     from wattlab.analysis.calibration import load_from_run
 
-    with wattlab.open(str(out)):
-        records = {r["target"]["channel"]: r for r in load_from_run(str(out))}
+    records = {r["target"]["channel"]: r for r in load_from_run(str(out))}
     for view in summary["views"]:
         energy = records[view["view"]]["energy"]
         view["phase_error_after_pct"] = energy["mean_abs_error_after_pct"]
