@@ -121,3 +121,17 @@ def test_effective_points_shrink_with_autocorrelation():
     smooth = np.convolve(white, np.ones(10) / 10, mode="valid")
     assert effective_points(white) > 1500
     assert effective_points(smooth) < 400
+
+
+def test_calibration_reports_the_energy_error_by_phase_length_and_the_report_shows_it():
+    from wattlab.analysis.report import calibration_caveats
+
+    rec = record_of("torch-long")
+    rows = {r["length_s"]: r for r in rec["energy"]["by_length"]}
+    assert {0.5, 1.0, 2.0, 5.0, 10.0} <= set(rows)
+    # a 1 s average cannot resolve short phases; long ones come out right
+    assert rows[0.5]["rms_error_after_pct"] > 5 * rows[10.0]["rms_error_after_pct"]
+    assert rows[10.0]["rms_error_after_pct"] < 1.0
+    text = calibration_caveats(rec)
+    assert "observes 100 % of the time" in text and "10 s:" in text
+    assert "NOT IDENTIFIABLE" in calibration_caveats(record_of("square-1hz"))

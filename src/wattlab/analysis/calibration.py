@@ -84,6 +84,9 @@ REFINE_FACTOR = 2.0
 """A kernel whose searched fit is this many times worse than the best one is not refined."""
 MIN_OVERLAP_FACTOR = 3.0
 """Reference and target must overlap this many (max lag + longest kernel) spans."""
+PHASE_LENGTHS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+"""Phase lengths whose energy error a calibration reports (those up to half the run)."""
+MAX_LENGTH_WINDOWS = 400
 CONVENTION = ("causal kernels starting at 0 (a boxcar averages the trailing window "
               "[u-tau-w, u-tau]); tau is the pure delay; effective delay = tau + centroid")
 
@@ -539,6 +542,32 @@ def _phase_errors(
     return rows
 
 
+def _length_errors(length_s: float, ref: _Ref, terms: dict[str, Any]) -> dict[str, Any]:
+    """Energy errors of phases of one length, slid over the run (half-overlapping windows).
+
+    Why: what a view observes of the load (its coverage and smoothing) shows as the energy
+    error of phases of a given length; a user with 2 s phases needs that number, not the
+    whole run's.
+    """
+    span = terms["span"]
+    starts = np.arange(span[0], span[1] - length_s, length_s / 2)
+    if starts.size > MAX_LENGTH_WINDOWS:
+        starts = starts[np.linspace(0, starts.size - 1, MAX_LENGTH_WINDOWS).astype(np.int64)]
+    windows = [Phase("window", i, float(a), float(a) + length_s, "")
+               for i, a in enumerate(starts)]
+    rows = _phase_errors(windows, ref, **terms)
+    before = np.array([r["error_before_pct"] for r in rows if r["error_before_pct"] is not None])
+    after = np.array([r["error_after_pct"] for r in rows if r["error_after_pct"] is not None])
+
+    def rms(x: FloatArray) -> float | None:
+        return float(np.sqrt(np.mean(x * x))) if x.size else None
+
+    return {"length_s": length_s, "windows": int(after.size), "rms_error_before_pct": rms(before),
+            "rms_error_after_pct": rms(after),
+            "p95_abs_error_after_pct": float(np.percentile(np.abs(after), 95)) if after.size
+            else None}
+
+
 def calibrate(
     run: Run,
     reference: str,
@@ -713,6 +742,8 @@ def calibrate(
                              "d": d_e, "span": span}
     overall = _phase_errors([Phase("overall", 0, span[0], span[1], "")], ref, **terms)
     per_phase = _phase_errors(phases, ref, **terms)
+    by_length = [_length_errors(length, ref, terms) for length in PHASE_LENGTHS_S
+                 if length <= (span[1] - span[0]) / 2]
     long = [p for p in per_phase if p["duration_s"] >= min_phase_s]
 
     def mean_abs(key: str) -> float | None:
@@ -769,6 +800,7 @@ def calibrate(
             "phases_considered": len(long),
             "mean_abs_error_before_pct": mean_abs("error_before_pct"),
             "mean_abs_error_after_pct": mean_abs("error_after_pct"),
+            "by_length": by_length,
         },
     })
 

@@ -87,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         o = e["overall"]
         print(f"  energy overall  {o['error_before_pct']:+.2f} % before, "
               f"{o['error_after_pct']:+.2f} % after correction")
+    if e.get("by_length"):
+        print("  energy error by phase length (rms over sliding windows, after correction): "
+              + ", ".join(f"{row['length_s']:g} s {row['rms_error_after_pct']:.2f} %"
+                          for row in e["by_length"] if row["rms_error_after_pct"] is not None))
     if e["phases_considered"]:
         print(f"  phases ≥ {e['min_phase_s']:g} s ({e['phases_considered']}): mean |error| "
               f"{e['mean_abs_error_before_pct']:.2f} % before, "
