@@ -37,7 +37,11 @@ class IterationResult:
     ``resolvable``: whether the stream's samples can tell single steps apart.
     ``confidence``: for power-segments, the probability that the count is within 5 % and the
     energy within 10 % of the markers', calibrated on traces (docs/analysis.md); 1 for
-    markers; the autocorrelation at the period for autocorrelation.
+    markers; 0 where the stream cannot resolve steps (the autocorrelation fallback: its
+    correlation at the period is ``autocorrelation``).
+    ``separation``: busy vs idle power levels in noise sds; ``regular_fraction``: share of
+    periods 0.5–1.9× the median; ``period_spacings``: median period in sample spacings (the
+    three inputs of the confidence).
     """
 
     period_s: float | None
@@ -53,6 +57,9 @@ class IterationResult:
     resolvable: bool = True
     markers: str | None = None
     separation: float | None = None
+    autocorrelation: float | None = None
+    regular_fraction: float | None = None
+    period_spacings: float | None = None
     iterations_used: int = 0
     warnings: list[str] = field(default_factory=list)
 

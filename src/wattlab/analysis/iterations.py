@@ -11,7 +11,6 @@ steps at once. The result says which method was used, and warns about the rest.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -25,15 +24,15 @@ from wattlab.analysis.alignment import (
     resolve,
     span_s,
 )
-from wattlab.analysis.energy import Phase, counter_energy
+from wattlab.analysis.burst_edges import MIN_SEPARATION
+from wattlab.analysis.energy import Phase, counter_energy, phases_from_markers
 from wattlab.analysis.iteration_result import (
     RESOLVABLE_SPACINGS,
     IterationResult,
-    regular_fraction,
     steady_stats,
 )
-from wattlab.analysis.iteration_stream import DetectedIteration, IterationStream
 from wattlab.analysis.period_autocorr import detect_period
+from wattlab.analysis.power_segments import segment
 from wattlab.analysis.run_file import Run, SourceView
 from wattlab.analysis.step_markers import StepMarks, step_marks
 from wattlab.errors import UsageError
@@ -41,7 +40,8 @@ from wattlab.errors import UsageError
 FloatArray = npt.NDArray[np.float64]
 CHUNK_ROWS = 1 << 16
 """Rows pushed at a time offline (a live reader pushes ~1 s at a time; results agree)."""
-MIN_ITERATIONS = 3
+EVALUATION_NAMES = ("eval", "evaluate", "evaluation", "validation", "val", "test", "predict")
+"""Marked phases whose GPU bursts are not training steps (integrations mark these)."""
 
 
 def window_chunks(view: SourceView, channel: str, t0_ns: int, t1_ns: int
@@ -53,55 +53,10 @@ def window_chunks(view: SourceView, channel: str, t0_ns: int, t1_ns: int
             yield t[keep], np.asarray(v[keep], dtype=np.float64)
 
 
-def segment_confidence(regular: float, separation: float, spacings: float, n: int) -> float:
-    """Probability that a power-segments result is right (count ±5 %, energy ±10 %).
-
-    A logistic in the share of regular periods, the busy/idle separation (noise sds) and
-    the period in sample spacings; coefficients fitted on simulated and real traces with
-    step markers as truth (bench/iterations_real.py; docs/analysis.md states the fit).
-    """
-    if n < MIN_ITERATIONS or spacings < RESOLVABLE_SPACINGS:
-        return 0.0
-    z = (CONF_COEF[0] + CONF_COEF[1] * (regular - 1.0) * 10
-         + CONF_COEF[2] * math.log(max(separation, 1e-3) / 5.0)
-         + CONF_COEF[3] * math.log(spacings / RESOLVABLE_SPACINGS))
-    return 1.0 / (1.0 + math.exp(-z))
-
-
-CONF_COEF = (0.0, 1.0, 1.0, 1.0)
-
-
-def from_segments(found: list[DetectedIteration], stream: IterationStream,
-                  mean_power_w: float, rate_hz: float) -> IterationResult:
-    """Summary of the iterations a pass of ``IterationStream`` found."""
-    periods = np.array([i.period_s for i in found])
-    stats = steady_stats(periods, [i.energy_j for i in found])
-    spacing = stream.spacing_s or math.nan
-    result = IterationResult(None, None, 0.0, stream.edges_seen, mean_power_w, None, None,
-                             rate_hz, separation=stream.separation)
-    if stats is None or len(found) < MIN_ITERATIONS:
-        result.count = 0
-        return result
-    spacings = stats.median_s / spacing
-    result.period_s, result.period_se_s, result.period_iqr_s = (
-        stats.median_s, stats.period_se_s, stats.iqr_s)
-    result.energy_per_iteration_j = stats.energy_j
-    result.energy_per_iteration_se_j = stats.energy_se_j
-    result.iterations_used = stats.used
-    seps = [i.separation for i in found]
-    result.confidence = segment_confidence(regular_fraction(periods, stats.median_s),
-                                           float(np.median(seps)), spacings, len(found))
-    if spacings < RESOLVABLE_SPACINGS:
-        result.resolvable = False
-        result.warnings.append(f"bursts {stats.median_s * 1e3:.1f} ms apart are under "
-                               f"{RESOLVABLE_SPACINGS:g} sample spacings ({spacing * 1e3:.1f} ms)")
-    if stats.pauses:
-        result.warnings.append(f"{stats.pauses} iteration(s) hold a pause (epoch end, "
-                               "evaluation): counted, left out of the energy per iteration")
-    if stream.skipped:
-        result.warnings.append(f"{stream.skipped} stretch(es) longer than the longest period "
-                               "or across a gap in the stream: not an iteration")
-    return result
+def evaluation_windows_ns(run: Run) -> list[tuple[int, int]]:
+    """Begin/end windows of evaluation-like phases the run marks."""
+    return [(round(p.t0_s * 1e9), round(p.t1_s * 1e9)) for p in phases_from_markers(run.markers)
+            if p.name in EVALUATION_NAMES]
 
 
 def from_markers(run: Run, view: SourceView, channel: str, marks: StepMarks, *,
@@ -173,30 +128,20 @@ def iterations(run: Run, spec: str, *, markers: str = "auto", rate_hz: float | N
         raise UsageError(f"{run.path}: {spec} has no samples in {a:.3f}..{b:.3f} s")
     a_ns, b_ns = round(a * 1e9), round(b * 1e9)
     longest = max_period_s or (b - a)
-    stream = IterationStream(min_period_s=min_period_s, max_period_s=longest + 1e-9)
-    found: list[DetectedIteration] = []
-    n, energy_sum, t_first, t_last = 0, 0.0, 0, 0
-    for t, p in window_chunks(view, channel, a_ns, b_ns):
-        found += stream.push(t, p)
-        t_first = t_first or int(t[0])
-        n, t_last, energy_sum = n + t.size, int(t[-1]), energy_sum + float(np.sum(p))
-    if n < 2:
-        raise UsageError(f"{run.path}: {spec} has {n} sample(s) in {a:.3f}..{b:.3f} s")
-    spacing = (t_last - t_first) / 1e9 / (n - 1)
-    mean_power = energy_sum / n
+    segs = segment(window_chunks(view, channel, a_ns, b_ns), min_period_s=min_period_s,
+                   max_period_s=longest, evaluation_ns=evaluation_windows_ns(run))
+    spacing, mean_power = 1.0 / segs.rate_hz, segs.mean_power_w
     marks = None if markers == "none" else step_marks(run.markers, markers, t0_ns=a_ns,
                                                       t1_ns=b_ns)
     if marks is not None:
         result = from_markers(run, view, channel, marks, spacing_s=spacing,
                               mean_power_w=mean_power)
-        segs = from_segments(found, stream, mean_power, 1.0 / spacing)
         result.separation = segs.separation
         if result.resolvable and segs.count and abs(segs.count - result.count) > 0.05 * \
                 result.count:
             result.warnings.append(f"the power shows {segs.count} bursts for {result.count} "
                                    "marked steps: steps may not map to GPU bursts")
         return result
-    segs = from_segments(found, stream, mean_power, 1.0 / spacing)
     if segs.count and segs.resolvable:
         return segs
     return autocorrelation_fallback(run, view, channel, segs, (a, b),
@@ -208,21 +153,33 @@ def autocorrelation_fallback(run: Run, view: SourceView, channel: str,
                              segs: IterationResult, window_s: tuple[float, float], *,
                              rate_hz: float | None, min_period_s: float,
                              max_period_s: float | None) -> IterationResult:
-    """One autocorrelation period, where the power shows no bursts; says why it fell back."""
+    """One autocorrelation period where the power shows no steps; says why it fell back.
+
+    Without bursts, nothing says a repetition in the power is one training step (a 120 ms
+    pattern in a job of 4.6 ms steps is real, and not the steps), so the result is marked
+    unresolvable, its confidence is 0 and the autocorrelation at the period is reported
+    beside it.
+    """
     a, b = window_s
     spacing = 1.0 / segs.rate_hz
+    why = (f"busy and idle power levels {segs.separation or 0:.1f} noise sds apart, "
+           f"{MIN_SEPARATION:g} needed"
+           if segs.count == 0 else "bursts closer than the stream resolves")
+    segs.warnings.append(f"no step per burst in the power ({why}): steps are shorter than "
+                         f"~{RESOLVABLE_SPACINGS:g} sample spacings ({spacing * 1e3:.0f} ms) "
+                         "or the GPU never idles between them; mark the steps "
+                         "(--auto-markers) to count them")
     if rate_hz is None:
         rate_hz = min(1000.0, max(20.0 / min_period_s, 10.0), segs.rate_hz)
-    power = resample_view(run, view, channel, grid_edges(a, b, rate_hz))
-    result = detect_period(power, rate_hz, min_period_s, max_period_s)
-    result.separation = segs.separation
-    result.warnings = [*segs.warnings,
-                       "no separate busy bursts in the power (busy and idle levels "
-                       f"{segs.separation or 0:.1f} noise sds apart, 5 needed): one "
-                       "autocorrelation period instead"]
-    if result.period_s is None or result.period_s < RESOLVABLE_SPACINGS * spacing:
-        result.resolvable = False
-        result.warnings.append(f"no repetition resolvable at {spacing * 1e3:.1f} ms per "
-                               "sample: steps, if any, are too short for this stream; mark "
-                               "them (--auto-markers) to count them")
+    try:
+        result = detect_period(resample_view(run, view, channel, grid_edges(a, b, rate_hz)),
+                               rate_hz, min_period_s, max_period_s)
+    except UsageError as e:
+        segs.resolvable, segs.confidence = False, 0.0
+        segs.warnings.append(f"no autocorrelation either: {e}")
+        return segs
+    result.autocorrelation, result.confidence = result.confidence, 0.0
+    result.separation, result.resolvable = segs.separation, False
+    result.warnings = [*segs.warnings, "the period is the autocorrelation's: a repetition in "
+                       "the power, which may span many steps or none"]
     return result
