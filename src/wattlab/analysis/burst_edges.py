@@ -151,6 +151,10 @@ class BurstEdges:
         frontier = int(self._t[-1]) - self.lookahead_ns
         return self._advance(int(np.searchsorted(self._t[-self._pending:], frontier, "right")))
 
+    @property
+    def held_samples(self) -> int:
+        return int(self._t.size)
+
     def finish(self) -> list[Edge]:
         """Classify the samples still held for the lookahead (the stream has ended)."""
         return self._advance(self._pending) if self._t.size >= 2 else []

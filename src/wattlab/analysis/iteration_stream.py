@@ -126,6 +126,11 @@ class IterationStream:
         return self._closed + (self._previous is not None)
 
     @property
+    def held_samples(self) -> int:
+        """Samples held now (for the levels and the lookahead): bounded by ``memory_s``."""
+        return self._edges.held_samples
+
+    @property
     def spacing_s(self) -> float | None:
         """Median sample spacing of the stream (None before the first levels)."""
         ns = self._edges.spacing_ns
