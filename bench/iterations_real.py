@@ -136,7 +136,7 @@ def simulated_rows(loops: int) -> list[dict[str, Any]]:
         features = None
         if r.count and r.period_spacings and r.regular_fraction is not None:
             features = confidence_features(r.regular_fraction, r.separation or 0.0,
-                                           r.period_spacings).tolist()
+                                           r.period_spacings, r.thin_dips or 0.0).tolist()
         rows.append({"seed": seed, "loop": loop.__dict__, "count": r.count,
                      "truth_count": loop.steps, "energy_error": rel(r.energy_per_iteration_j,
                                                                     e_truth),

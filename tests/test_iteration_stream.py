@@ -3,10 +3,14 @@ iteration once, the same answer however the stream is chunked."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
+from wattlab.analysis.burst_edges import BinMeans
 from wattlab.analysis.iteration_stream import DetectedIteration, IterationStream
+from wattlab.analysis.power_segments import segment
 from wattlab.hardware.training_schedule import TrainingLoop, simulated_training
 
 
@@ -35,7 +39,7 @@ def test_jittered_steps_are_counted_and_costed(jittered):
     found_s = np.array([i.start_ns for i in found]) / 1e9
     assert np.all(np.abs(found_s - starts[:-1] - 0.025) < 0.025)
     true_j = [gpu.true_energy_j(round(a * 1e9), round(b * 1e9))
-              for a, b in zip(starts[:-1], starts[1:], strict=True)]
+              for a, b in itertools.pairwise(starts)]
     assert np.mean([i.energy_j for i in found]) == pytest.approx(np.mean(true_j), rel=0.02)
     periods = np.diff(starts)
     assert stream.state.median_period_s == pytest.approx(np.median(periods), rel=0.03)
@@ -64,7 +68,7 @@ def test_each_iteration_once_and_contiguous(jittered):
     assert sum(1 for b in batches if b) > 10  # iterations come out while the stream runs
     starts = [i.start_ns for i in found]
     assert starts == sorted(set(starts))
-    assert all(a.end_ns == b.start_ns for a, b in zip(found, found[1:], strict=False))
+    assert all(a.end_ns == b.start_ns for a, b in itertools.pairwise(found))
 
 
 def test_memory_is_bounded_on_a_long_stream():
@@ -124,3 +128,27 @@ def test_bad_input_is_refused():
         stream.push(np.array([3, 2, 1], dtype=np.int64), np.zeros(3))
     with pytest.raises(ValueError, match="min_period_s"):
         IterationStream(min_period_s=1.0, max_period_s=0.5)
+
+
+def test_bins_are_the_same_however_the_samples_arrive():
+    rng = np.random.default_rng(5)
+    t = np.cumsum(rng.integers(400_000, 600_000, 5000)).astype(np.int64)  # ~2 kHz
+    p = rng.normal(300, 30, t.size)
+    whole = BinMeans(2_500_000)
+    t1, p1 = (np.concatenate(x) for x in zip(whole.push(t, p), whole.flush(), strict=True))
+    parts = BinMeans(2_500_000)
+    pieces = [parts.push(tc, pc) for tc, pc in zip(np.array_split(t, 37),
+                                                   np.array_split(p, 37), strict=True)]
+    pieces.append(parts.flush())
+    assert np.array_equal(t1, np.concatenate([a for a, _ in pieces]))
+    assert np.allclose(p1, np.concatenate([b for _, b in pieces]))
+    assert t1.size == pytest.approx((t[-1] - t[0]) / 2_500_000, abs=2)
+
+
+def test_confidence_separates_clean_steps_from_steps_near_the_sample_spacing():
+    """40 ms steps parted by 20-60 ms waits: dips of one sample, some missed."""
+    clean = segment([simulated_training(TrainingLoop(jitter=0.5), 2)[:2]])
+    fast = segment([simulated_training(TrainingLoop(busy_s=0.04, wait_s=0.04), 3)[:2]])
+    assert clean.count == 60 and clean.confidence > 0.9
+    assert fast.count < 57  # more than 5 % missed: it deserves its lower confidence
+    assert fast.confidence < 0.8 and fast.thin_dips > 0.1

@@ -48,6 +48,8 @@ LOOKAHEAD_S = 2.0
 """A sample is classified once this much newer stream is seen (or half of ``memory_s`` if
 shorter), with levels from the past ``memory_s`` and these newer samples: a job that
 wakes the GPU (72 → 120 W on an H100) before its first step must not look like a burst."""
+BINS_PER_MIN_PERIOD = 4
+"""Samples are averaged over bins of a quarter of the shortest period (kHz meters)."""
 MAX_SAMPLES = 1 << 18
 """Cap on the samples kept for the levels, whatever the stream's rate."""
 
@@ -96,6 +98,48 @@ def two_levels(power_w: FloatArray) -> Levels | None:
     return Levels(float(lo), float(hi), sd)
 
 
+class BinMeans:
+    """Means of samples over fixed time bins, incrementally (the last bin waits to close).
+
+    Why: a kHz meter's sample-to-sample noise crosses any threshold now and then; averaging
+    over a fraction of the shortest step keeps the edges of real steps and drops the noise.
+    A 50 Hz stream is left as it is (one sample per bin).
+    """
+
+    def __init__(self, bin_ns: int) -> None:
+        self.bin_ns = max(1, bin_ns)
+        self._t = np.zeros(0, np.int64)
+        self._p = np.zeros(0, np.float64)
+
+    @property
+    def newest_ns(self) -> int | None:
+        """The latest sample held (none held: None)."""
+        return int(self._t[-1]) if self._t.size else None
+
+    def push(self, t: IntArray, p: FloatArray) -> tuple[IntArray, FloatArray]:
+        t, p = np.concatenate([self._t, t]), np.concatenate([self._p, p])
+        if t.size == 0:
+            return t, p
+        idx = t // self.bin_ns
+        done = int(np.searchsorted(idx, idx[-1]))
+        self._t, self._p = t[done:], p[done:]
+        return self._means(t[:done], p[:done], idx[:done])
+
+    def flush(self) -> tuple[IntArray, FloatArray]:
+        t, p = self._t, self._p
+        self._t, self._p = t[:0], p[:0]
+        return self._means(t, p, t // self.bin_ns)
+
+    def _means(self, t: IntArray, p: FloatArray, idx: IntArray) -> tuple[IntArray, FloatArray]:
+        if t.size == 0:
+            return t, p
+        starts = np.flatnonzero(np.diff(idx, prepend=idx[0] - 1))
+        n = np.diff(np.append(starts, t.size))
+        base = idx[starts] * self.bin_ns  # sums of offsets within a bin: no int64 overflow
+        offset = np.add.reduceat((t - np.repeat(base, n)).astype(np.float64), starts) / n
+        return base + np.round(offset).astype(np.int64), np.add.reduceat(p, starts) / n
+
+
 @dataclass(frozen=True)
 class Edge:
     """A burst's rising edge: time, cumulative energy there, and the levels it was seen with."""
@@ -106,9 +150,11 @@ class Edge:
     after_gap: bool
     peak_before_w: float = math.inf
     busy_w: float = -math.inf
+    idle_samples: int = -1
     """Highest power since the previous edge, and the busy threshold when this edge was
     found: a previous "burst" under the threshold now was no burst (a job waking the GPU
-    from deep idle long before its first step moves the levels later)."""
+    from deep idle long before its first step moves the levels later). ``idle_samples``:
+    samples classified idle since the previous edge (one: the dip was barely seen)."""
 
 
 class BurstEdges:
@@ -127,9 +173,11 @@ class BurstEdges:
         self._energy_j = 0.0
         self._last_edge_ns: int | None = None
         self._peak_w = -math.inf  # highest power since the last edge
+        self._idle_n = 0  # idle samples since the last edge
         self._gap_since_edge = True
         self.levels: Levels | None = None
         self.spacing_ns: float | None = None
+        self._bins = BinMeans(self.min_period_ns // BINS_PER_MIN_PERIOD)
 
     def push(self, t_ns: IntArray, power_w: FloatArray) -> list[Edge]:
         """Take samples (time-ordered, after the previous ones); return the edges found."""
@@ -138,11 +186,17 @@ class BurstEdges:
         if t.shape != p.shape or t.ndim != 1:
             raise ValueError(f"times {t.shape} and powers {p.shape} must be 1-d of one length")
         keep = np.isfinite(p)
-        if self._last is not None:
-            keep &= t > self._last[0]
+        newest = self._bins.newest_ns if self._bins.newest_ns is not None else (
+            int(self._t[-1]) if self._t.size else None)
+        if newest is not None:
+            keep &= t > newest
         t, p = t[keep], p[keep]
         if t.size and np.any(np.diff(t) <= 0):
             raise ValueError("sample times must increase")
+        return self._take(*self._bins.push(t, p))
+
+    def _take(self, t: IntArray, p: FloatArray) -> list[Edge]:
+        """Hold binned samples; classify those the lookahead has passed."""
         self._t = np.concatenate([self._t, t])
         self._p = np.concatenate([self._p, p])
         self._pending += t.size
@@ -157,6 +211,7 @@ class BurstEdges:
 
     def finish(self) -> list[Edge]:
         """Classify the samples still held for the lookahead (the stream has ended)."""
+        self._take(*self._bins.flush())
         return self._advance(self._pending) if self._t.size >= 2 else []
 
     def _advance(self, ready: int) -> list[Edge]:
@@ -208,9 +263,12 @@ class BurstEdges:
             if self._last_edge_ns is not None and e.t_ns - self._last_edge_ns < self.min_period_ns:
                 continue  # a dip inside one step, not a new step
             peak = max(self._peak_w, float(np.max(p[start:j], initial=-math.inf)))
-            out.append(Edge(e.t_ns, e.energy_j, e.separation, e.after_gap, peak, hi))
-            self._last_edge_ns, self._peak_w, start = e.t_ns, -math.inf, int(j)
+            idle = self._idle_n + int(np.count_nonzero(state[start:j] == 0))
+            out.append(Edge(e.t_ns, e.energy_j, e.separation, e.after_gap, peak, hi, idle))
+            self._last_edge_ns, self._peak_w, self._idle_n = e.t_ns, -math.inf, 0
+            start = int(j)
         self._peak_w = max(self._peak_w, float(np.max(p[start:])))
+        self._idle_n += int(np.count_nonzero(state[start:] == 0))
         under = np.flatnonzero(p < mid)
         if under.size:
             k = int(under[-1])

@@ -27,13 +27,16 @@ class DetectedIteration:
     """One iteration: rising edge to the next rising edge, and the energy in between.
 
     ``separation``: how far apart the busy and idle power levels were when it was seen, in
-    noise standard deviations (larger is clearer; under 5 nothing is detected).
+    noise standard deviations (larger is clearer; under 4 nothing is detected).
+    ``idle_samples``: samples seen idle before the next step began (1: a barely-seen dip,
+    where a neighbouring step's dip may have been missed).
     """
 
     start_ns: int
     end_ns: int
     energy_j: float
     separation: float = float("nan")
+    idle_samples: int = -1
 
     @property
     def period_s(self) -> float:
@@ -113,7 +116,7 @@ class IterationStream:
                 self.skipped += 1
                 continue
             it = DetectedIteration(prev.t_ns, edge.t_ns, edge.energy_j - prev.energy_j,
-                                   min(prev.separation, edge.separation))
+                                   min(prev.separation, edge.separation), edge.idle_samples)
             self._count += 1
             self._periods_s.append(it.period_s)
             self._energies_j.append(it.energy_j)

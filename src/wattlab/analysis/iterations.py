@@ -25,12 +25,14 @@ from wattlab.analysis.alignment import (
     span_s,
 )
 from wattlab.analysis.burst_edges import MIN_SEPARATION
+from wattlab.analysis.counter_shape import shape_source
 from wattlab.analysis.energy import Phase, counter_energy, phases_from_markers
 from wattlab.analysis.iteration_result import (
     RESOLVABLE_SPACINGS,
     IterationResult,
     steady_stats,
 )
+from wattlab.analysis.iteration_stream import quartiles
 from wattlab.analysis.period_autocorr import detect_period
 from wattlab.analysis.power_segments import segment
 from wattlab.analysis.run_file import Run, SourceView
@@ -83,7 +85,8 @@ def from_markers(run: Run, view: SourceView, channel: str, marks: StepMarks, *,
             result.warnings.append(f"{int(np.sum(~covered))} marked step(s) touch a gap in "
                                    f"{view.source_id}: left out of the energy")
         return result
-    result.resolvable = False
+    q1, _, q3 = quartiles(periods)
+    result.resolvable, result.period_iqr_s = False, q3 - q1
     result.warnings.append(f"steps {med * 1e3:.2f} ms apart are shorter than "
                            f"{RESOLVABLE_SPACINGS:g} sample spacings ({spacing_s * 1e3:.1f} ms):"
                            " energy per step is the energy over all marked steps / steps")
@@ -91,7 +94,7 @@ def from_markers(run: Run, view: SourceView, channel: str, marks: StepMarks, *,
     group = Phase("steps", 0, float(t_s[0]), float(t_s[-1]), "markers")
     counter = counter_stream(run, view)
     if counter is not None:
-        row = counter_energy(counter[0], counter[1], [group])[0]
+        row = counter_energy(counter[0], counter[1], [group], shape_source(run, counter[0]))[0]
         if row.energy_j is not None:
             result.method = "counter"
             result.energy_per_iteration_j = row.energy_j / steps

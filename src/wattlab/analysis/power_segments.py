@@ -41,35 +41,45 @@ def merge_inside(found: list[DetectedIteration], windows_ns: list[tuple[int, int
         if inside and out and out[-1].end_ns == it.start_ns:
             last = out.pop()
             out.append(DetectedIteration(last.start_ns, it.end_ns, last.energy_j + it.energy_j,
-                                         min(last.separation, it.separation)))
+                                         min(last.separation, it.separation),
+                                         it.idle_samples))
             joined += 1
         else:
             out.append(it)
     return out, joined
 
 
-def confidence_features(regular: float, separation: float, spacings: float
-                        ) -> FloatArray:
-    """The logistic's inputs: 1, misplaced-period share ×10, log separation, log period.
+def confidence_features(regular: float, separation: float, spacings: float,
+                        thin_dips: float) -> FloatArray:
+    """The logistic's inputs: 1, off-period share, log separation, log period, thin dips.
 
-    Each is 0 at the edge of what the segmentation accepts (all periods regular, levels
-    ``MIN_SEPARATION`` noise sds apart, 3 sample spacings per period).
+    The shares (periods outside 0.5-1.6× the median, steps parted by one idle sample) are
+    ×10. Each is 0 at the edge of what the segmentation accepts (all periods regular, levels
+    ``MIN_SEPARATION`` noise sds apart, 3 sample spacings per period, no thin dip). Where
+    steps are parted by one idle sample, some are parted by none and merge.
     """
-    return np.array([1.0, 10.0 * (regular - 1.0), math.log(max(separation, 1e-3) / MIN_SEPARATION),
-                     math.log(max(spacings, 1e-3) / RESOLVABLE_SPACINGS)])
+    spacings = min(max(spacings, 1e-3), CALIBRATED_SPACINGS)
+    return np.array([1.0, 10.0 * (regular - 1.0),
+                     math.log(max(separation, 1e-3) / MIN_SEPARATION),
+                     math.log(spacings / RESOLVABLE_SPACINGS), 10.0 * thin_dips])
 
 
-CONFIDENCE_COEF = np.array([2.332, 2.421, 2.118, -0.622])
+CALIBRATED_SPACINGS = 60.0
+"""Periods up to ~60 sample spacings were in the fit (50 Hz loops of up to 1.2 s); a longer
+period (a kHz meter) counts as this long rather than extrapolate the logistic."""
+
+
+CONFIDENCE_COEF = np.array([4.331, 2.549, 2.133, -1.312, -0.462])
 """Logistic coefficients for ``confidence_features``, fitted by bench/iterations_real.py
 (``--fit``) on simulated training loops with their true steps; the fit and its check on
 the real H100 traces are in BENCHMARKS.md."""
 
 
-def segment_confidence(regular: float, separation: float, spacings: float, n: int) -> float:
+def segment_confidence(features: FloatArray, n: int, spacings: float) -> float:
     """Probability that a power-segments result is right (count ±5 %, energy ±10 %)."""
     if n < MIN_ITERATIONS or spacings < RESOLVABLE_SPACINGS:
         return 0.0
-    z = float(CONFIDENCE_COEF @ confidence_features(regular, separation, spacings))
+    z = float(CONFIDENCE_COEF @ features)
     return 1.0 / (1.0 + math.exp(-z))
 
 
@@ -93,8 +103,10 @@ def from_segments(found: list[DetectedIteration], stream: IterationStream,
     result.separation = float(np.median([i.separation for i in found]))
     result.regular_fraction = regular_fraction(periods, stats.median_s)
     result.period_spacings = spacings
-    result.confidence = segment_confidence(result.regular_fraction, result.separation,
-                                           spacings, len(found))
+    result.thin_dips = float(np.mean([0 <= i.idle_samples <= 1 for i in found]))
+    result.confidence = segment_confidence(
+        confidence_features(result.regular_fraction, result.separation, spacings,
+                            result.thin_dips), len(found), spacings)
     if spacings < RESOLVABLE_SPACINGS:
         result.resolvable = False
         result.warnings.append(f"bursts {stats.median_s * 1e3:.1f} ms apart are under "
