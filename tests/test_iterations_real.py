@@ -8,6 +8,10 @@ within 10 % where steps are ≥ 3 sample spacings; below, say so and fall back.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -109,3 +113,16 @@ def test_cli_json_and_text_name_the_method(capsys):
     assert "48 iterations by markers (step)" in capsys.readouterr().out
     assert main(["iterations", path, "--source", SRC, "--markers", "nosuch"]) == 2
     assert "no 3+ begin or point markers named 'nosuch'" in capsys.readouterr().err
+
+
+def test_the_benchmark_runs_and_meets_the_goal(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, str(root / "bench" / "iterations_real.py"),
+                             "--loops", "12"], cwd=root / "bench", capture_output=True,
+                            text=True, timeout=300, check=False,
+                            env={**os.environ, "WATTLAB_BENCH_RESULTS": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((tmp_path / "iterations_real.json").read_text())
+    goal = [r for r in data["traces"] if r["goal_applies"]]
+    assert len(goal) == 3 and all(r["right"] for r in goal)
+    assert len(data["simulated"]) == 12
