@@ -8,7 +8,8 @@ step's end + 0.1 s):
   the marker windows (begin to next begin), steady iterations only;
 - power: ``wattlab iterations --markers none`` (burst segmentation, no markers);
 - online: ``IterationStream`` fed 1 s at a time, as a live reader would;
-- auto: ``--markers auto`` (the framework's own step markers, host time).
+- auto: ``--markers auto`` (the framework's own step markers, host time);
+- the online path's CPU per 1 s push at 50 Hz and 20 kHz.
 
 The confidence of power segments is a logistic fitted on simulated training loops (random
 step lengths, jitter, levels, pauses) with their true steps; ``--fit`` refits it (half the
@@ -24,6 +25,7 @@ import argparse
 import itertools
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ import numpy as np
 import wattlab
 from common import DATA, write_json
 from wattlab.analysis.iteration_result import IterationResult, steady_stats
+from wattlab.analysis.iteration_stream import IterationStream
 from wattlab.analysis.iterations import iterations
 from wattlab.analysis.power_segments import (
     CONFIDENCE_COEF,
@@ -109,6 +112,22 @@ def trace_row(path: Path) -> dict[str, Any] | None:
         "auto_energy_error": rel(auto.energy_per_iteration_j, e_truth),
         "auto_resolvable": auto.resolvable, "warnings": power.warnings + auto.warnings,
     }
+
+
+def online_cost(rate_hz: int, seconds: int = 120) -> dict[str, Any]:
+    """CPU per 1 s push of a 0.4 s square wave with noise (what ``tune`` adds per second)."""
+    rng = np.random.default_rng(1)
+    stream = IterationStream()
+    cpu_s = 0.0
+    for k in range(seconds):
+        t = (np.arange(k * rate_hz, (k + 1) * rate_hz) * (1e9 / rate_hz)).astype(np.int64)
+        p = np.where((t / 1e9) % 0.4 < 0.2, 600.0, 120.0) + rng.normal(0, 20, rate_hz)
+        start = time.process_time()
+        stream.push(t, p)
+        cpu_s += time.process_time() - start
+    return {"rate_hz": rate_hz, "seconds": seconds, "cpu_ms_per_push": 1e3 * cpu_s / seconds,
+            "core_percent": 100 * cpu_s / seconds, "held_samples": stream.held_samples,
+            "count": stream.state.count}
 
 
 def random_loop(rng: np.random.Generator) -> TrainingLoop:
@@ -230,8 +249,15 @@ def main() -> int:
     print(f"\nreal traces with steps ≥ 3 sample spacings: {sum(r['right'] for r in real)}/"
           f"{len(real)} right (count ±5 %, energy ±10 %); all traces: "
           f"{sum(r['right'] for r in rows)}/{len(rows)}")
+    costs = [online_cost(rate) for rate in (50, 20_000)]
+    print("\n| online stream | CPU per 1 s push | share of a core | samples held |")
+    print("|---|---|---|---|")
+    for c in costs:
+        print(f"| {c['rate_hz']} Hz | {c['cpu_ms_per_push']:.2f} ms | {c['core_percent']:.3f} % | "
+              f"{c['held_samples']} |")
     path = write_json("iterations_real", {"benchmark": "iterations_real", "traces": rows,
-                                          "calibration": cal, "simulated": sims})
+                                          "calibration": cal, "simulated": sims,
+                                          "online_cost": costs})
     print(f"wrote {path}")
     return 0
 
