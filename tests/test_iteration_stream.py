@@ -152,3 +152,15 @@ def test_confidence_separates_clean_steps_from_steps_near_the_sample_spacing():
     assert clean.count == 60 and clean.confidence > 0.9
     assert fast.count < 57  # more than 5 % missed: it deserves its lower confidence
     assert fast.confidence < 0.8 and fast.thin_dips > 0.1
+
+
+def test_no_iteration_spans_a_stretch_without_bursts():
+    """Steps, 60 s of steady full load, steps again: once the 20 s of levels hold no step,
+    the stream cannot tell what happened, so no iteration bridges it."""
+    rate = 50.0
+    t = np.arange(0, 150, 1 / rate)
+    p = np.where((t % 0.5) < 0.2, 650.0, 120.0)
+    p[(t >= 40) & (t < 100)] = 650.0
+    stream = IterationStream(max_period_s=100.0, memory_s=20.0)
+    found = feed(stream, np.round(t * 1e9).astype(np.int64), p, 1.0)
+    assert len(found) > 150 and max(i.period_s for i in found) < 1.0

@@ -235,8 +235,8 @@ class BurstEdges:
         gap = self._gap_mask(t)
         energy = self._integrate(t, p, gap)
         lv = self.levels
-        if lv is None or not lv.separable:
-            self._state, self._below = -1, None
+        if lv is None or not lv.separable:  # no steps to see: nothing spans this stretch
+            self._state, self._below, self._gap_since_edge = -1, None, True
             return []
         out = []
         bounds = [0, *np.flatnonzero(gap).tolist(), t.size]
