@@ -6,7 +6,8 @@ precisely: file, line and key. tomllib gives no line numbers for keys, so they a
 by scanning the text for the table headers and ``key =`` lines.
 
 Layout: an optional ``[bench]`` table (name, description) and one ``[[device]]`` table per
-device with a ``kind``: nvml, powersensor3, pmd, wt300e, hmc8015.
+device with a ``kind``: nvml, powersensor3, pmd, wt300e, hmc8015, or a kind of the meter
+registry (mcp39f511), whose keys come from its registration.
 """
 
 from __future__ import annotations
@@ -22,72 +23,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from wattlab.acquisition.meter_registry import MeterKind, meter_kinds
 from wattlab.acquisition.nvml_cadence import parse_intervals
 from wattlab.errors import UsageError, WattlabError
-from wattlab.samples import SOURCE_ID_PATTERN
-
-Check = Callable[[Any], str | None]  # returns what is wrong, or None
-
-
-def _string(value: Any) -> str | None:
-    return None if isinstance(value, str) and value.strip() else "must be a non-empty string"
-
-
-def _bool(value: Any) -> str | None:
-    return None if isinstance(value, bool) else "must be true or false"
-
-
-def _positive_number(value: Any) -> str | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-    return None if ok else "must be a number > 0"
-
-
-def _non_negative_int(value: Any) -> str | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return None if ok else "must be a whole number >= 0"
-
-
-def _positive_int(value: Any) -> str | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    return None if ok else "must be a whole number >= 1"
-
-
-def _string_list(value: Any) -> str | None:
-    ok = isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)
-    return None if ok else "must be a non-empty list of strings"
-
-
-_RAIL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-RAIL_NAME_RULE = "1-32 lower-case letters, digits and '_', starting with a letter"
-
-
-def _rail_name(value: Any) -> str | None:
-    if not isinstance(value, str) or not _RAIL_NAME.match(value):
-        return f"must be a rail name: {RAIL_NAME_RULE} (it starts the channel names)"
-    if value == "board":
-        return "must not be 'board' (board_power_w is the sum of the rails)"
-    return None
-
-
-def _rail_table(inputs: list[str], what: str) -> Check:
-    """A check for ``{ input = "rail_name" }`` where input is one of the device's inputs."""
-
-    def check(value: Any) -> str | None:
-        example = f'{{ {inputs[0]} = "slot_12v" }}'
-        if not isinstance(value, dict) or not value:
-            return f"must be a table of {what} = rail name, e.g. {example}"
-        for key, name in value.items():
-            if key not in inputs:
-                return f"names {what} {key!r}, which does not exist ({what}s: " \
-                       f"{', '.join(inputs)})"
-            problem = _rail_name(name)
-            if problem:
-                return f"{key} = {name!r}: {problem}"
-        names = list(value.values())
-        twice = sorted({n for n in names if names.count(n) > 1})
-        return f"uses the rail name(s) {twice} twice" if twice else None
-
-    return check
+from wattlab.option_checks import (
+    RAIL_NAME_RULE,
+    Check,
+    bool_check as _bool,
+    non_negative_int as _non_negative_int,
+    positive_int as _positive_int,
+    positive_number as _positive_number,
+    rail_name as _rail_name,
+    rail_table as _rail_table,
+    source_id as _source_id,
+    string as _string,
+    string_list as _string_list,
+)
 
 
 def _ps3_rails(value: Any) -> str | None:
@@ -149,12 +100,6 @@ def _nvml_intervals(value: Any) -> str | None:
     return None
 
 
-def _source_id(value: Any) -> str | None:
-    if isinstance(value, str) and SOURCE_ID_PATTERN.match(value):
-        return None
-    return "must be 1-64 letters, digits, '_', '.', '-' (it names the stream in the run file)"
-
-
 @dataclass(frozen=True)
 class KindSchema:
     """Keys of one device kind: required ones, optional ones with defaults, checks."""
@@ -193,6 +138,18 @@ KINDS: dict[str, KindSchema] = {
                            "rail": (_rail_name, None)},
                           "hmc", "Rohde & Schwarz HMC8015 over VISA"),
 }
+
+
+def _registered_schema(kind: MeterKind) -> KindSchema:
+    """A registered meter's keys: its address, id, rails over its inputs, its options."""
+    optional: dict[str, tuple[Check, Any]] = {"id": (_source_id, kind.default_id),
+                                              **kind.options}
+    if kind.rails:
+        optional["rails"] = (_rail_table(list(kind.rails), "input"), None)
+    return KindSchema({kind.address_key: _string}, optional, kind.default_id, kind.help)
+
+
+KINDS.update({k.kind: _registered_schema(k) for k in meter_kinds().values()})
 BENCH_KEYS: dict[str, Check] = {"name": _string, "description": _string}
 
 
@@ -427,7 +384,9 @@ def _board_problem(kind: str, options: dict[str, Any]) -> str | None:
         has_p = any(i.strip().upper() == "P" for i in options["items"])
         return None if has_p else 'needs "P" (active power) in items'
     if "rails" not in options:
-        first = "0" if kind == "powersensor3" else "pcie1"
+        registered = meter_kinds().get(kind)
+        first = next(iter(registered.rails)) if registered is not None else (
+            "0" if kind == "powersensor3" else "pcie1")
         return f'needs rails = {{ {first} = "slot_12v", ... }} naming what feeds the GPU'
     return None
 
@@ -608,7 +567,7 @@ TEMPLATE = """\
 # Check it with `wattlab bench check bench.toml` (opens every device and shows a first
 # reading); record with `wattlab record --bench bench.toml -- python train.py`.
 # One [[device]] table per device; `kind` is one of:
-#   nvml, powersensor3, pmd, wt300e, hmc8015.
+#   nvml, powersensor3, pmd, wt300e, hmc8015, or a registered meter (at the end).
 # `id` names the device's stream in the run file (letters, digits, '_', '.', '-').
 #
 # Rails: a meter may name what each of its inputs measures, and `gpu = N` says that
@@ -666,7 +625,7 @@ gpus = "all"            # "all", "0,1" or [0, 1]
 # functions = ["URMS", "IRMS", "P"]
 # rate_s = 0.1
 # rail = "psu_ac"
-"""
+""" + "".join(k.template for k in meter_kinds().values())
 
 
 def write_template(path: str) -> None:

@@ -1,9 +1,9 @@
-"""What is plugged in: serial ports (recognising PowerSensor3 and PMD), VISA resources, GPUs.
+"""What is plugged in: serial ports (recognising known meters), VISA resources, GPUs.
 
 Recognition is in two steps, as a careful person would do it: the USB vendor/product id
 says what a port *might* be, then a harmless identify query (PowerSensor3 ``V``, PMD
-``00``) says what it is. Ports are only queried when their id matches a known meter, or
-when the user names them with ``--probe``.
+``00``, a registered meter's own ``identify``) says what it is. Ports are only queried
+when their id matches a known meter, or when the user names them with ``--probe``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import importlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from wattlab.acquisition.meter_registry import meter_kinds
 from wattlab.drivers.transport import SerialTransport
 from wattlab.errors import WattlabError
 
@@ -20,6 +21,11 @@ USB_CANDIDATES: dict[tuple[int, int], tuple[str, ...]] = {
     (0x0483, 0x5740): ("powersensor3", "pmd"),
     (0x1A86, 0x7523): ("pmd",),
 }
+for _kind in meter_kinds().values():
+    for _usb_id in _kind.usb_ids:
+        USB_CANDIDATES[_usb_id] = (*USB_CANDIDATES.get(_usb_id, ()), _kind.kind)
+PROBE_KINDS = ("powersensor3", "pmd",
+               *(k.kind for k in meter_kinds().values() if k.identify is not None))
 IDENTIFY_TIMEOUT_S = 0.5
 
 
@@ -38,9 +44,7 @@ class FoundDevice:
         return asdict(self)
 
 
-def identify_serial(
-    port: str, candidates: tuple[str, ...] = ("powersensor3", "pmd")
-) -> FoundDevice:
+def identify_serial(port: str, candidates: tuple[str, ...] = PROBE_KINDS) -> FoundDevice:
     """Ask the port, politely, what it is; unknown devices are reported as such."""
     from wattlab.drivers.powersensor3 import PowerSensor3
 
@@ -51,12 +55,14 @@ def identify_serial(
         except WattlabError as e:
             return FoundDevice("serial", port, notes=[str(e)])
         try:
-            if kind == "powersensor3":
-                version = PowerSensor3(transport, name=port).read_version()
-                return FoundDevice("powersensor3", port, identity=version,
-                                   meter_spec=f"powersensor3:{port}")
-            identity = _identify_pmd(transport)
-            return FoundDevice("pmd", port, identity=identity, meter_spec=f"pmd:{port}")
+            registered = meter_kinds().get(kind)
+            if registered is not None and registered.identify is not None:
+                identity = registered.identify(transport)
+            elif kind == "powersensor3":
+                identity = PowerSensor3(transport, name=port).read_version()
+            else:
+                identity = _identify_pmd(transport)
+            return FoundDevice(kind, port, identity=identity, meter_spec=f"{kind}:{port}")
         except WattlabError as e:
             notes.append(f"not a {kind}: {e}")
         finally:

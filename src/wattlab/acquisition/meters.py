@@ -1,7 +1,8 @@
 """External meters, named on the command line (``--meter``) or in a bench file, and GPUs.
 
 ``--meter [ID=]KIND:ADDRESS``: KIND is ``powersensor3`` (alias ``ps3``), ``pmd``,
-``wt300e`` (aliases ``wt310e``, ``wt332e``, ``wt333e``) or ``hmc8015``; ADDRESS is a
+``wt300e`` (aliases ``wt310e``, ``wt332e``, ``wt333e``), ``hmc8015`` or a kind in the
+meter registry (``mcp39f511``, see :mod:`wattlab.acquisition.meter_registry`); ADDRESS is a
 serial port or a VISA resource string (which contains colons itself, so only the first
 colon splits). ID names the stream in the run file (default: the kind's usual name).
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from wattlab.acquisition.meter_registry import meter_kinds
 from wattlab.acquisition.source import Acquirer, Chunk, Reading
 from wattlab.bench_config import NvmlChoice
 from wattlab.errors import NvmlError, UsageError, WattlabError
@@ -44,6 +46,11 @@ class Rail:
 def _rails_of(kind: str, options: Mapping[str, Any]) -> list[Rail]:
     """The rails a bench entry names, with the device channels each one renames."""
     named: dict[str, str] = dict(options.get("rails") or {})
+    registered = meter_kinds().get(kind)
+    if registered is not None:
+        return [Rail(name, f"input {key}", tuple((old, f"{name}_{suffix}")
+                                                 for old, suffix in registered.rails[key]),
+                     registered.rail_power.get(key)) for key, name in named.items()]
     if kind == "powersensor3":
         return [Rail(name, f"pair {p}", ((f"current{p}_a", f"{name}_current_a"),
                                          (f"voltage{p}_v", f"{name}_voltage_v"),
@@ -199,7 +206,10 @@ def build_meter(kind: str, address: str, source_id: str,
     """
     opts = dict(options or {})
     inner: Acquirer
-    if kind == "powersensor3":
+    registered = meter_kinds().get(kind)
+    if registered is not None:
+        inner = registered.build(address, source_id, {**registered.defaults(), **opts})
+    elif kind == "powersensor3":
         from wattlab.acquisition.powersensor3_source import PowerSensor3Acquirer
 
         inner = PowerSensor3Acquirer(address, source_id)
@@ -234,8 +244,10 @@ def build_meter(kind: str, address: str, source_id: str,
 
 METER_KINDS: dict[str, str] = {  # kind -> default stream id
     "powersensor3": "ps3", "pmd": "pmd", "wt300e": "wall", "hmc8015": "hmc",
+    **{k.kind: k.default_id for k in meter_kinds().values()},
 }
-ALIASES = {"ps3": "powersensor3", "wt310e": "wt300e", "wt332e": "wt300e", "wt333e": "wt300e"}
+ALIASES = {"ps3": "powersensor3", "wt310e": "wt300e", "wt332e": "wt300e", "wt333e": "wt300e",
+           **{a: k.kind for k in meter_kinds().values() for a in k.aliases}}
 
 
 @dataclass(frozen=True)
