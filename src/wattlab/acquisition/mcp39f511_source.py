@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.meter_registry import MeterKind, register
-from wattlab.acquisition.powersensor3_source import open_serial
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.mcp39f511 import (
     DEFAULT_ENERGY_UNIT_J,
@@ -34,7 +33,7 @@ from wattlab.drivers.mcp39f511 import (
     Powers,
     identify,
 )
-from wattlab.drivers.transport import ByteTransport
+from wattlab.drivers.transport import ByteTransport, SerialTransport
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError, UsageError
 from wattlab.option_checks import int_range, positive_number
 from wattlab.samples import Channel, Gap, SourceDescriptor
@@ -56,6 +55,12 @@ CHANNELS_PER_INPUT = (("current", "_a", "A", "RMS current"),
                       ("energy_export", "_j", "J", "export active energy since the stream "
                                                   "opened, from the chip's accumulator"))
 INPUTS = ("1", "2")
+READ_TIMEOUT_S = 0.05  # a 35-byte reply takes 3 ms at 115 200 baud: a cut reply shows soon
+
+
+def open_serial(port: str) -> ByteTransport:
+    """115 200 8N1, exclusive, with a timeout short against the 33-40 ms update interval."""
+    return SerialTransport(port, timeout_s=READ_TIMEOUT_S)
 
 
 def rail_renames(c: str) -> tuple[tuple[str, str], ...]:
