@@ -27,16 +27,33 @@ from wattlab.acquisition.meter_registry import MeterKind, meter_kinds
 from wattlab.acquisition.nvml_cadence import parse_intervals
 from wattlab.errors import UsageError, WattlabError
 from wattlab.option_checks import (
-    RAIL_NAME_RULE,
     Check,
+)
+from wattlab.option_checks import (
     bool_check as _bool,
+)
+from wattlab.option_checks import (
     non_negative_int as _non_negative_int,
+)
+from wattlab.option_checks import (
     positive_int as _positive_int,
+)
+from wattlab.option_checks import (
     positive_number as _positive_number,
+)
+from wattlab.option_checks import (
     rail_name as _rail_name,
+)
+from wattlab.option_checks import (
     rail_table as _rail_table,
+)
+from wattlab.option_checks import (
     source_id as _source_id,
+)
+from wattlab.option_checks import (
     string as _string,
+)
+from wattlab.option_checks import (
     string_list as _string_list,
 )
 

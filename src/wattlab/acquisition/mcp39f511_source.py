@@ -186,7 +186,7 @@ class Mcp39f511Acquirer:
         self._failed_polls = 0
         self._last_raw = outputs.raw
         self._due_ns = t0 + interval_ns - interval_ns // 8
-        return self._missed(t0) + [self._chunk((t0 + t1) // 2, outputs, counts)]
+        return [*self._missed(t0), self._chunk((t0 + t1) // 2, outputs, counts)]
 
     def _missed(self, t_ns: int) -> list[Reading]:
         last, self._last_ns = self._last_ns, t_ns

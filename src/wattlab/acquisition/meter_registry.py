@@ -54,7 +54,6 @@ class MeterKind:
 
 
 _KINDS: dict[str, MeterKind] = {}
-_loaded = False
 
 
 def register(kind: MeterKind) -> MeterKind:
@@ -68,9 +67,6 @@ def register(kind: MeterKind) -> MeterKind:
 
 def meter_kinds() -> dict[str, MeterKind]:
     """Every registered kind, importing the meter modules on first use."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for module in METER_MODULES:
-            importlib.import_module(module)
+    for module in METER_MODULES:
+        importlib.import_module(module)  # once: later calls find it in sys.modules
     return dict(_KINDS)
