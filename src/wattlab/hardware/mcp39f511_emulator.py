@@ -70,6 +70,8 @@ class Mcp39f511Emulator(PtyDevice):
     # -- faults (any thread) ---------------------------------------------------------------
     def inject(self, fault: str, count: int = 1) -> None:
         """The next ``count`` frames get: ``nak``, ``bad_checksum`` or a ``short`` reply."""
+        if fault not in self._faults:
+            raise ValueError(f"unknown fault {fault!r}; one of {', '.join(self._faults)}")
         with self._lock:
             self._faults[fault] += count
 
