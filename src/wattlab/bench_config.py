@@ -26,61 +26,12 @@ from typing import Any
 from wattlab.acquisition.meter_registry import MeterKind, meter_kinds
 from wattlab.acquisition.nvml_cadence import parse_intervals
 from wattlab.errors import UsageError, WattlabError
-from wattlab.option_checks import (
-    Check,
-)
-from wattlab.option_checks import (
-    bool_check as _bool,
-)
-from wattlab.option_checks import (
-    non_negative_int as _non_negative_int,
-)
-from wattlab.option_checks import (
-    positive_int as _positive_int,
-)
-from wattlab.option_checks import (
-    positive_number as _positive_number,
-)
-from wattlab.option_checks import (
-    rail_name as _rail_name,
-)
-from wattlab.option_checks import (
-    rail_table as _rail_table,
-)
-from wattlab.option_checks import (
-    source_id as _source_id,
-)
-from wattlab.option_checks import (
-    string as _string,
-)
-from wattlab.option_checks import (
-    string_list as _string_list,
-)
-
-
-def _ps3_rails(value: Any) -> str | None:
-    from wattlab.drivers.powersensor3 import N_PAIRS
-
-    return _rail_table([str(p) for p in range(N_PAIRS)], "pair")(value)
-
-
-def _pmd_rails(value: Any) -> str | None:
-    from wattlab.drivers.pmd import RAILS
-
-    return _rail_table(list(RAILS), "input")(value)
-
-
-_WT_ELEMENTS = ["1", "2", "3", "SIGMA"]
-
-
-def _elements(value: Any) -> str | None:
-    if isinstance(value, dict):
-        return _rail_table(_WT_ELEMENTS, "element")(value)
-    ok = isinstance(value, list) and value and all(
-        (isinstance(v, int) and not isinstance(v, bool) and v >= 1) or v == "SIGMA"
-        for v in value)
-    return None if ok else ("must be a list of element numbers like [1, 2] (or \"SIGMA\"), "
-                            "or a table naming what each measures: { 1 = \"wall\" }")
+from wattlab.option_checks import Check
+from wattlab.option_checks import bool_check as _bool
+from wattlab.option_checks import non_negative_int as _non_negative_int
+from wattlab.option_checks import positive_int as _positive_int
+from wattlab.option_checks import source_id as _source_id
+from wattlab.option_checks import string as _string
 
 
 def _gpus(value: Any) -> str | None:
@@ -136,33 +87,13 @@ KINDS: dict[str, KindSchema] = {
                             "streams": (_nvml_streams, "all"),
                             "intervals": (_nvml_intervals, "")},
                        "gpu", "GPUs read through NVML (source ids gpu<N>.*)"),
-    "powersensor3": KindSchema({"port": _string}, {"id": (_source_id, "ps3"),
-                                                   "rails": (_ps3_rails, None)}, "ps3",
-                               "PowerSensor3 on a USB serial port"),
-    "pmd": KindSchema({"port": _string}, {"id": (_source_id, "pmd"),
-                                          "baud": (_positive_int, None),
-                                          "rails": (_pmd_rails, None)}, "pmd",
-                      "ElmorLabs PMD-USB on a USB serial port"),
-    "wt300e": KindSchema({"resource": _string},
-                         {"id": (_source_id, "wall"), "elements": (_elements, [1]),
-                          "items": (_string_list, ["U", "I", "P"]),
-                          "rate_s": (_positive_number, 0.1), "model": (_string, None)},
-                         "wall", "Yokogawa WT300E series over VISA"),
-    "hmc8015": KindSchema({"resource": _string},
-                          {"id": (_source_id, "hmc"),
-                           "functions": (_string_list, ["URMS", "IRMS", "P"]),
-                           "rate_s": (_positive_number, 0.1), "auto_range": (_bool, True),
-                           "rail": (_rail_name, None)},
-                          "hmc", "Rohde & Schwarz HMC8015 over VISA"),
 }
 
 
 def _registered_schema(kind: MeterKind) -> KindSchema:
-    """A registered meter's keys: its address, id, rails over its inputs, its options."""
+    """A registered meter's keys: its address, id, and the options it declares."""
     optional: dict[str, tuple[Check, Any]] = {"id": (_source_id, kind.default_id),
                                               **kind.options}
-    if kind.rails:
-        optional["rails"] = (_rail_table(list(kind.rails), "input"), None)
     return KindSchema({kind.address_key: _string}, optional, kind.default_id, kind.help)
 
 
@@ -390,22 +321,8 @@ def _device(table: dict[str, Any], index: int, lines: _Lines,
 
 def _board_problem(kind: str, options: dict[str, Any]) -> str | None:
     """Board power is the sum of named rails that measure power: say what is missing."""
-    if kind == "hmc8015":
-        if "rail" not in options:
-            return 'needs rail = "..." naming what the HMC8015 measures'
-        has_p = any(f.strip().upper() == "P" for f in options["functions"])
-        return None if has_p else 'needs "P" (active power) in functions'
-    if kind == "wt300e":
-        if not isinstance(options["elements"], dict):
-            return 'needs elements = { 1 = "..." } naming what each element measures'
-        has_p = any(i.strip().upper() == "P" for i in options["items"])
-        return None if has_p else 'needs "P" (active power) in items'
-    if "rails" not in options:
-        registered = meter_kinds().get(kind)
-        first = next(iter(registered.rails)) if registered is not None else (
-            "0" if kind == "powersensor3" else "pcie1")
-        return f'needs rails = {{ {first} = "slot_12v", ... }} naming what feeds the GPU'
-    return None
+    problem = meter_kinds()[kind].board_problem
+    return None if problem is None else problem(options)
 
 
 def load_bench(path: str) -> BenchConfig:
@@ -607,41 +524,6 @@ gpus = "all"            # "all", "0,1" or [0, 1]
 # seed = 0
 # streams = ["samples", "energy"]  # fewer streams, less CPU (default "all")
 # intervals = { drain = 1.8, emit = 12, energy = 60 }  # rarer reads, less CPU again
-
-# PowerSensor3 riser on GPU 0's PCIe power (USB serial). rails: pair number (0-3) = rail.
-# [[device]]
-# kind = "powersensor3"
-# id = "ps3"
-# port = "/dev/ttyACM0"
-# rails = { 0 = "slot_12v", 1 = "slot_3v3", 2 = "cable_12vhpwr" }
-# gpu = 0
-
-# ElmorLabs PMD-USB (USB serial). rails: input (pcie1, pcie2, eps1, eps2) = rail.
-# [[device]]
-# kind = "pmd"
-# id = "pmd"
-# port = "/dev/ttyUSB0"
-# rails = { pcie1 = "cable_8pin_1", pcie2 = "cable_8pin_2" }
-# gpu = 1
-
-# Yokogawa WT310E / WT332E / WT333E (VISA resource). elements: a list [1, 2], or a
-# table naming what each element measures: { 1 = "wall" } gives wall_power_w, ...
-# [[device]]
-# kind = "wt300e"
-# id = "wall"
-# resource = "TCPIP::192.168.1.50::10001::SOCKET"
-# elements = { 1 = "wall" }
-# items = ["U", "I", "P"]
-# rate_s = 0.1          # update interval: 0.1, 0.25, 0.5, 1, 2, 5 s
-
-# Rohde & Schwarz HMC8015 (VISA resource). rail: what its one input measures.
-# [[device]]
-# kind = "hmc8015"
-# id = "hmc"
-# resource = "TCPIP::192.168.1.51::5025::SOCKET"
-# functions = ["URMS", "IRMS", "P"]
-# rate_s = 0.1
-# rail = "psu_ac"
 """ + "".join(k.template for k in meter_kinds().values())
 
 

@@ -16,16 +16,12 @@ from wattlab.acquisition.meter_registry import meter_kinds
 from wattlab.drivers.transport import SerialTransport
 from wattlab.errors import WattlabError
 
-# USB ids seen on these meters: STM32 CDC (PowerSensor3, also PMD2) and CH340 (PMD-USB).
-USB_CANDIDATES: dict[tuple[int, int], tuple[str, ...]] = {
-    (0x0483, 0x5740): ("powersensor3", "pmd"),
-    (0x1A86, 0x7523): ("pmd",),
-}
+# USB (vendor, product) id -> the meter kinds seen with it, as the meters registered them
+USB_CANDIDATES: dict[tuple[int, int], tuple[str, ...]] = {}
 for _kind in meter_kinds().values():
     for _usb_id in _kind.usb_ids:
         USB_CANDIDATES[_usb_id] = (*USB_CANDIDATES.get(_usb_id, ()), _kind.kind)
-PROBE_KINDS = ("powersensor3", "pmd",
-               *(k.kind for k in meter_kinds().values() if k.identify is not None))
+PROBE_KINDS = tuple(k.kind for k in meter_kinds().values() if k.identify is not None)
 IDENTIFY_TIMEOUT_S = 0.5
 
 
@@ -46,8 +42,6 @@ class FoundDevice:
 
 def identify_serial(port: str, candidates: tuple[str, ...] = PROBE_KINDS) -> FoundDevice:
     """Ask the port, politely, what it is; unknown devices are reported as such."""
-    from wattlab.drivers.powersensor3 import PowerSensor3
-
     notes: list[str] = []
     for kind in candidates:
         try:
@@ -55,25 +49,16 @@ def identify_serial(port: str, candidates: tuple[str, ...] = PROBE_KINDS) -> Fou
         except WattlabError as e:
             return FoundDevice("serial", port, notes=[str(e)])
         try:
-            registered = meter_kinds().get(kind)
-            if registered is not None and registered.identify is not None:
-                identity = registered.identify(transport)
-            elif kind == "powersensor3":
-                identity = PowerSensor3(transport, name=port).read_version()
-            else:
-                identity = _identify_pmd(transport)
+            identify = meter_kinds()[kind].identify
+            if identify is None:
+                raise WattlabError("it has no identify query")
+            identity = identify(transport)
             return FoundDevice(kind, port, identity=identity, meter_spec=f"{kind}:{port}")
         except WattlabError as e:
             notes.append(f"not a {kind}: {e}")
         finally:
             transport.close()
     return FoundDevice("serial", port, notes=notes)
-
-
-def _identify_pmd(transport: SerialTransport) -> str:
-    from wattlab.drivers.pmd import PmdUsb
-
-    return str(PmdUsb(transport).identify())
 
 
 def serial_ports() -> list[FoundDevice]:

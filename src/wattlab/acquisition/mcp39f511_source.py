@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from wattlab.acquisition.meter_registry import MeterKind, register
+from wattlab.acquisition.meter_registry import MeterKind, input_rails, needs_rails, register
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.mcp39f511 import (
     DEFAULT_ENERGY_UNIT_J,
@@ -35,7 +35,7 @@ from wattlab.drivers.mcp39f511 import (
 )
 from wattlab.drivers.transport import ByteTransport, SerialTransport
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError, UsageError
-from wattlab.option_checks import int_range, positive_number
+from wattlab.option_checks import int_range, positive_number, rail_table
 from wattlab.samples import Channel, Gap, SourceDescriptor
 
 POLL_STEP_S = 0.1
@@ -257,7 +257,7 @@ def _build(address: str, source_id: str, options: Mapping[str, Any]) -> Mcp39f51
                                                              DEFAULT_ENERGY_UNIT_J)))
 
 
-def _emulate(power_w: Callable[[Any], Any], seed: int) -> int:
+def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
     from wattlab.hardware.mcp39f511_emulator import run_emulator_cli
 
     return run_emulator_cli(power_w, seed=seed)
@@ -267,13 +267,13 @@ KIND = register(MeterKind(
     kind="mcp39f511", default_id="mcp", aliases=("mcp39f511n", "mcp"),
     help="Microchip MCP39F511N power-monitor demo board (two AC outlets) on USB serial",
     build=_build,
-    options={"accumulation_n": (int_range(0, MAX_N), MIN_USEFUL_N),
+    options={"rails": (rail_table(list(INPUTS), "outlet"), None),
+             "accumulation_n": (int_range(0, MAX_N), MIN_USEFUL_N),
              "energy_unit_j": (positive_number, DEFAULT_ENERGY_UNIT_J)},
-    rails={c: rail_renames(c) for c in INPUTS},
-    rail_power={c: f"power{c}_w" for c in INPUTS},
+    rails_of=input_rails(lambda c: f"outlet {c}", rail_renames, lambda c: f"power{c}_w"),
+    board_problem=needs_rails("1"),
     usb_ids=((0x04D8, 0x00DD),),  # the board's MCP2221 USB-UART bridge
-    identify=identify,
-    emulate=_emulate,
+    identify=identify, emulate=_emulate, emulate_as=("mcp39f511",),
     template="""
 # Microchip MCP39F511N demo board: two AC outlets (USB serial, /dev/ttyACM* on Linux).
 # rails: outlet (1, 2) = rail. accumulation_n: outputs every 2^N line cycles (1 = 40 ms

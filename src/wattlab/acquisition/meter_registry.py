@@ -1,12 +1,11 @@
 """Meter kinds that describe themselves: one registration instead of edits in five files.
 
-A meter module ends with ``register(MeterKind(...))``: how to build its acquirer, its
-``--meter`` name and aliases, its bench-file options and rails, the USB ids and the
-identify query ``wattlab devices`` may use, and its emulator for ``wattlab emulate``.
-``--meter``, bench files, ``devices`` and ``emulate`` all ask this registry, so adding a
-meter is: a driver, an emulator, a source module that registers itself, a test, and its
-module name in ``METER_MODULES``. (The four meters written before it are still wired in
-by hand in those places.)
+A meter's source module ends with ``register(MeterKind(...))``: how to build its
+acquirer, its ``--meter`` name and aliases, its bench-file options and rails, the USB ids
+and the identify query ``wattlab devices`` may use, and its emulator for ``wattlab
+emulate``. ``--meter``, bench files, ``devices`` and ``emulate`` all ask this registry, so
+adding a meter is: a driver, an emulator, a source module that registers itself, its
+tests, and the module's name in ``METER_MODULES``.
 """
 
 from __future__ import annotations
@@ -18,21 +17,73 @@ from typing import Any
 
 from wattlab.option_checks import Check
 
-METER_MODULES = ("wattlab.acquisition.mcp39f511_source",)
+METER_MODULES = (  # in the order meters are listed (bench template, error messages)
+    "wattlab.acquisition.powersensor3_source",
+    "wattlab.acquisition.pmd_source",
+    "wattlab.acquisition.scpi_sources",
+    "wattlab.acquisition.mcp39f511_source",
+)
+
+
+@dataclass(frozen=True)
+class Rail:
+    """One named input of a meter: which device channels become ``<name>_...``."""
+
+    name: str
+    input: str  # what the device calls it: "pair 0", "pcie1", "element 1", "input"
+    renames: tuple[tuple[str, str], ...]  # (device channel, channel in the run file)
+    power_channel: str | None  # the device channel holding this rail's power, if measured
+
 
 Builder = Callable[[str, str, Mapping[str, Any]], Any]  # (address, source id, options)
+RailsOf = Callable[[Mapping[str, Any]], list[Rail]]  # a bench entry's options → its rails
+BoardProblem = Callable[[Mapping[str, Any]], str | None]  # what ``gpu = N`` still needs
 Identify = Callable[[Any], str]  # a ByteTransport → identity, or raise MeterError
-Emulate = Callable[[Callable[[Any], Any], int], int]  # (power_w(t_ns), seed) → exit code
+Emulate = Callable[[Callable[[Any], Any], int, str], int]  # (power_w, seed, name) → status
+
+
+def no_rails(options: Mapping[str, Any]) -> list[Rail]:
+    return []
+
+
+def input_rails(label: Callable[[str], str],
+                renames: Callable[[str], tuple[tuple[str, str], ...]],
+                power: Callable[[str], str]) -> RailsOf:
+    """Rails of a meter with fixed inputs, named in ``rails = { INPUT = "name" }``.
+
+    ``renames(input)`` gives (device channel, suffix) pairs: the rail's channels are
+    ``<name>_<suffix>``; ``power(input)`` is the device channel of that input's power.
+    """
+
+    def rails_of(options: Mapping[str, Any]) -> list[Rail]:
+        named: dict[str, str] = dict(options.get("rails") or {})
+        return [Rail(name, label(key), tuple((old, f"{name}_{suffix}")
+                                             for old, suffix in renames(key)), power(key))
+                for key, name in named.items()]
+
+    return rails_of
+
+
+def needs_rails(first_input: str) -> BoardProblem:
+    """``gpu = N`` on a meter with fixed inputs needs ``rails`` naming what feeds the GPU."""
+
+    def problem(options: Mapping[str, Any]) -> str | None:
+        if "rails" in options:
+            return None
+        return f'needs rails = {{ {first_input} = "slot_12v", ... }} naming what feeds the GPU'
+
+    return problem
 
 
 @dataclass(frozen=True)
 class MeterKind:
     """Everything wattlab needs to know about one kind of meter, in one place.
 
-    ``rails`` maps each input a bench file may name (``rails = { 1 = "outlet_a" }``) to its
-    (device channel, channel suffix) pairs; ``rail_power`` names each input's power channel.
-    ``options`` are the bench-file keys beyond id, the address, rails, gpu and note, with
-    their checks and defaults; ``build`` gets them (defaults filled) with ``--meter`` too.
+    ``options`` are the bench-file keys beyond kind, id, the address (``address_key``), gpu
+    and note, with their checks and defaults; ``build`` gets them, defaults filled in, from
+    ``--meter`` too. ``rails_of`` turns a bench entry's options into named rails and
+    ``board_problem`` says what ``gpu = N`` still needs. ``emulate_as`` are the names
+    ``wattlab emulate`` accepts; ``template`` is the commented bench-template section.
     """
 
     kind: str
@@ -42,11 +93,12 @@ class MeterKind:
     aliases: tuple[str, ...] = ()
     address_key: str = "port"
     options: Mapping[str, tuple[Check, Any]] = field(default_factory=dict)
-    rails: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
-    rail_power: Mapping[str, str] = field(default_factory=dict)
+    rails_of: RailsOf = no_rails
+    board_problem: BoardProblem | None = None
     usb_ids: tuple[tuple[int, int], ...] = ()
     identify: Identify | None = None
     emulate: Emulate | None = None
+    emulate_as: tuple[str, ...] = ()
     template: str = ""
 
     def defaults(self) -> dict[str, Any]:
