@@ -6,8 +6,8 @@ precisely: file, line and key. tomllib gives no line numbers for keys, so they a
 by scanning the text for the table headers and ``key =`` lines.
 
 Layout: an optional ``[bench]`` table (name, description) and one ``[[device]]`` table per
-device with a ``kind``: nvml, powersensor3, pmd, wt300e, hmc8015, or a kind of the meter
-registry (mcp39f511), whose keys come from its registration.
+device with a ``kind``: nvml, or a meter kind of :mod:`wattlab.acquisition.meter_registry`
+(powersensor3, pmd, wt300e, hmc8015, mcp39f511), whose keys come from its registration.
 """
 
 from __future__ import annotations
@@ -500,8 +500,7 @@ TEMPLATE = """\
 # wattlab bench file: the GPUs and meters of one bench.
 # Check it with `wattlab bench check bench.toml` (opens every device and shows a first
 # reading); record with `wattlab record --bench bench.toml -- python train.py`.
-# One [[device]] table per device; `kind` is one of:
-#   nvml, powersensor3, pmd, wt300e, hmc8015, or a registered meter (at the end).
+# One [[device]] table per device; `kind` is nvml or one of the meters below.
 # `id` names the device's stream in the run file (letters, digits, '_', '.', '-').
 #
 # Rails: a meter may name what each of its inputs measures, and `gpu = N` says that

@@ -33,7 +33,7 @@ from wattlab.drivers.mcp39f511 import (
     Powers,
     identify,
 )
-from wattlab.drivers.transport import ByteTransport, SerialTransport
+from wattlab.drivers.transport import ByteTransport, open_serial
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError, UsageError
 from wattlab.option_checks import int_range, positive_number, rail_table
 from wattlab.samples import Channel, Gap, SourceDescriptor
@@ -58,9 +58,9 @@ INPUTS = ("1", "2")
 READ_TIMEOUT_S = 0.05  # a 35-byte reply takes 3 ms at 115 200 baud: a cut reply shows soon
 
 
-def open_serial(port: str) -> ByteTransport:
-    """115 200 8N1, exclusive, with a timeout short against the 33-40 ms update interval."""
-    return SerialTransport(port, timeout_s=READ_TIMEOUT_S)
+def open_port(port: str) -> ByteTransport:
+    """The shared serial opener, with a timeout short against the 33-40 ms interval."""
+    return open_serial(port, timeout_s=READ_TIMEOUT_S)
 
 
 def rail_renames(c: str) -> tuple[tuple[str, str], ...]:
@@ -84,7 +84,7 @@ class Mcp39f511Acquirer:
     def __init__(self, port: str, source_id: str = "mcp", *,
                  accumulation_n: int = MIN_USEFUL_N,
                  energy_unit_j: float = DEFAULT_ENERGY_UNIT_J,
-                 transport_factory: Callable[[str], ByteTransport] = open_serial) -> None:
+                 transport_factory: Callable[[str], ByteTransport] = open_port) -> None:
         if not 0 <= accumulation_n <= MAX_N:
             raise UsageError(f"{port}: accumulation_n {accumulation_n} outside 0..{MAX_N}")
         if not energy_unit_j > 0:

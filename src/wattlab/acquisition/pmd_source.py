@@ -11,10 +11,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from wattlab.acquisition.meter_registry import MeterKind, input_rails, needs_rails, register
-from wattlab.acquisition.powersensor3_source import open_serial
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.pmd import BAUD_SETTLE_S, RAILS, PmdUsb, StreamBlock, stream_channels
-from wattlab.drivers.transport import ByteTransport
+from wattlab.drivers.transport import ByteTransport, open_serial
 from wattlab.errors import MeterError
 from wattlab.option_checks import positive_int, rail_table
 from wattlab.samples import Gap, SourceDescriptor

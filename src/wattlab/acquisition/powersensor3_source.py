@@ -15,7 +15,7 @@ import numpy as np
 from wattlab.acquisition.meter_registry import MeterKind, input_rails, needs_rails, register
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.powersensor3 import N_PAIRS, PowerSensor3, StreamBlock
-from wattlab.drivers.transport import ByteTransport, SerialTransport
+from wattlab.drivers.transport import ByteTransport, open_serial
 from wattlab.errors import MeterError
 from wattlab.option_checks import rail_table
 from wattlab.samples import Gap, Marker, SourceDescriptor
@@ -24,11 +24,6 @@ POLL_COLLECT_S = 0.05
 CLOSE_DRAIN_S = 0.5
 NOMINAL_RATE_HZ = 20000
 FRAME_PERIOD_US = 1_000_000 // NOMINAL_RATE_HZ
-
-
-def open_serial(port: str) -> ByteTransport:
-    """Raw 8N1, exclusive, with a short timeout so ``poll`` returns promptly."""
-    return SerialTransport(port, timeout_s=0.1)
 
 
 class PowerSensor3Acquirer:
