@@ -50,14 +50,14 @@ def test_every_update_once_values_energy_and_restore(emu: Mcp39f511Emulator) -> 
     acq = Mcp39f511Acquirer(emu.path)
     (desc,) = acq.open()
     names = desc.channel_names
-    first_update = emu.updates
+    first_update, first_hidden = emu.updates, emu.updates_hidden
     readings = run_for(acq, 1.5)
-    last_update = emu.updates
+    made = emu.updates - first_update - (emu.updates_hidden - first_hidden)  # could be seen
     values = rows(readings)
-    assert not [r for r in readings if isinstance(r, Gap)]
-    # every update after the one found at open, once: none lost, none twice
-    assert last_update - first_update - 1 <= len(values) <= last_update - first_update
-    assert len(values) >= 30  # 25 updates a second at N = 1 and 50 Hz
+    lost = sum(r.samples_lost for r in readings if isinstance(r, Gap))
+    # every update after the one found at open, once: none twice, none lost unreported
+    assert made - 1 <= len(values) + lost and len(values) <= made
+    assert len(values) >= 25  # 25 updates a second at N = 1 and 50 Hz
     total = values[:, names.index("power_total_w")]
     assert set(np.round(total, -2)) <= {300.0, 400.0} and np.ptp(total) > 50
     p1, p2 = values[:, names.index("power1_w")], values[:, names.index("power2_w")]
@@ -70,7 +70,7 @@ def test_every_update_once_values_energy_and_restore(emu: Mcp39f511Emulator) -> 
     assert counted == pytest.approx(integrated, abs=3 * 3.6 + 0.02 * integrated)
     assert acq.energy_check() is None
     acq.close()
-    assert emu._get(0xA8, "<H") == 4 and emu._get(0xA0, "<I") == 0  # as found
+    assert emu.register(0xA8, "<H") == 4 and emu.register(0xA0, "<I") == 0  # as found
 
 
 def test_faults_are_retried(emu: Mcp39f511Emulator) -> None:
@@ -95,7 +95,9 @@ def test_a_stall_loses_updates_but_not_energy(emu: Mcp39f511Emulator) -> None:
     readings = run_for(acq, 0.3)
     acq.close()
     (gap,) = [r for r in readings if isinstance(r, Gap)]
-    assert 9 <= gap.samples_lost <= 15
+    unread_s = (gap.t_last_ns - gap.t_first_ns) / 1e9  # between the reads around the stall
+    assert gap.samples_lost >= 9
+    assert abs(gap.samples_lost - (unread_s / acq.interval_s - 1)) <= 1
     after = rows(readings)
     e = names.index("energy_import1_j")
     bridged = after[0, e] - before[-1, e]  # energy across the gap, from the accumulator

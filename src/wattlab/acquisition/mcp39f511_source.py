@@ -108,7 +108,6 @@ class Mcp39f511Acquirer:
         self._counts = (0, 0, 0, 0)
         self._power_j = 0.0  # Σ active power × interval over the updates read
         self._seconds = 0.0  # intervals read, in seconds
-        self._powers: Powers | None = None  # the last update's second block
 
     def _try(self, call: Callable[[], Any]) -> Any:
         """One transaction, tried again after a NAK, a bad checksum or a short reply."""
@@ -136,7 +135,8 @@ class Mcp39f511Acquirer:
         line_hz = first.frequency_hz if 40.0 < first.frequency_hz < 70.0 else 50.0
         self.interval_s = (1 << self.accumulation_n) / line_hz
         self._last_raw = first.raw  # may predate the new N: the first update kept is the next
-        self._counts0 = self._counts = self._read_counts(first.status)
+        _, self._counts0 = self._read_rest(first.status)
+        self._counts = self._counts0
         self._due_ns = time.monotonic_ns()
         return [SourceDescriptor(
             source_id=self.source_id, kind="mcp39f511", model="Microchip MCP39F511N",
@@ -149,13 +149,13 @@ class Mcp39f511Acquirer:
                                "chip's accumulators, exact across unread updates",
                     "power_channel": "power_total_w"})]
 
-    def _read_counts(self, status: int) -> tuple[int, int, int, int]:
+    def _read_rest(self, status: int) -> tuple[Powers, tuple[int, int, int, int]]:
+        """The update's other powers, and import 1, 2 and export 1, 2 accumulator counts."""
         assert self.driver is not None
         d = self.driver
-        powers = self._try(lambda: d.read_powers(status))
+        powers: Powers = self._try(lambda: d.read_powers(status))
         export = self._try(d.read_export)
-        self._powers = powers
-        return (*powers.import_counts, *export)
+        return powers, (*powers.import_counts, *export)
 
     def poll(self) -> list[Reading]:
         """Read the outputs when an update is due; keep each update once."""
@@ -174,7 +174,7 @@ class Mcp39f511Acquirer:
                 self._due_ns = t0 + interval_ns // 8
                 self._failed_polls = 0
                 return []
-            counts = self._read_counts(outputs.status)
+            powers, counts = self._read_rest(outputs.status)
         except (MeterProtocolError, MeterTimeoutError) as e:
             self._failed_polls += 1
             if self._failed_polls >= MAX_FAILED_POLLS:
@@ -186,7 +186,7 @@ class Mcp39f511Acquirer:
         self._failed_polls = 0
         self._last_raw = outputs.raw
         self._due_ns = t0 + interval_ns - interval_ns // 8
-        return [*self._missed(t0), self._chunk((t0 + t1) // 2, outputs, counts)]
+        return [*self._missed(t0), self._chunk((t0 + t1) // 2, outputs, powers, counts)]
 
     def _missed(self, t_ns: int) -> list[Reading]:
         last, self._last_ns = self._last_ns, t_ns
@@ -197,9 +197,8 @@ class Mcp39f511Acquirer:
         return [Gap(self.source_id, "chip updates not read in time (energy counters "
                     "bridge them)", t_first_ns=last, t_last_ns=t_ns, samples_lost=lost)]
 
-    def _chunk(self, t_ns: int, o: Outputs, counts: tuple[int, int, int, int]) -> Chunk:
-        p = self._powers
-        assert p is not None
+    def _chunk(self, t_ns: int, o: Outputs, p: Powers, counts: tuple[int, int, int, int]
+               ) -> Chunk:
         self._counts = counts
         self._power_j += sum(o.active_w) * self.interval_s
         self._seconds += self.interval_s

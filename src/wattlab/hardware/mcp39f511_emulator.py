@@ -58,6 +58,7 @@ class Mcp39f511Emulator(PtyDevice):
         self.eeprom = bytearray(512)
         self.flash_saves = 0
         self.updates = 0
+        self.updates_hidden = 0  # overwritten in the same tick (a late thread): never visible
         self.frames: list[bytes] = []
         self._rng = np.random.default_rng(seed)
         self._carry = [0.0, 0.0]  # energy below one count, per channel, not yet counted
@@ -87,17 +88,18 @@ class Mcp39f511Emulator(PtyDevice):
     def _put(self, address: int, fmt: str, *values: Any) -> None:
         struct.pack_into(fmt, self.regs, address, *values)
 
-    def _get(self, address: int, fmt: str) -> Any:
+    def register(self, address: int, fmt: str) -> Any:
+        """A register's value, ``fmt`` a struct format such as ``"<H"`` (tests look here)."""
         return struct.unpack_from(fmt, self.regs, address)[0]
 
     @property
     def interval_ns(self) -> int:
         """2^N line cycles."""
-        return round((1 << self._get(ACC_N, "<H")) * 1e9 / self.line_hz)
+        return round((1 << self.register(ACC_N, "<H")) * 1e9 / self.line_hz)
 
     def accumulated_j(self, channel: int) -> float:
         """Import-active energy counted so far (whole counts), in joules."""
-        return int(self._get(IMPORT_P + 8 * channel, "<Q")) * self.energy_unit_j
+        return int(self.register(IMPORT_P + 8 * channel, "<Q")) * self.energy_unit_j
 
     def _mean_power_w(self, t0_ns: int, t1_ns: int) -> float:
         t = np.linspace(t0_ns, t1_ns, SAMPLES_PER_INTERVAL, dtype=np.int64)
@@ -124,7 +126,7 @@ class Mcp39f511Emulator(PtyDevice):
             self._put(S + 4 * ch, "<I", round(s * 100))
             self._put(IRMS + 4 * ch, "<I", round(s / self.volts * 1e4))
             self._put(PF + 2 * ch, "<h", round(32767 * (p / s if s else 1.0)))
-            if self._get(CONFIG, "<I") & (0x100 << ch):
+            if self.register(CONFIG, "<I") & (0x100 << ch):
                 self._accumulate(ch, p * interval / 1e9)
         self._put(STATUS, "<H", status)
         self._put(VOLTS, "<H", round(self.volts * 10))
@@ -136,7 +138,7 @@ class Mcp39f511Emulator(PtyDevice):
         self._carry[ch] += abs(energy_j) / self.energy_unit_j
         whole = int(self._carry[ch])
         self._carry[ch] -= whole
-        self._put(target + 8 * ch, "<Q", self._get(target + 8 * ch, "<Q") + whole)
+        self._put(target + 8 * ch, "<Q", self.register(target + 8 * ch, "<Q") + whole)
 
     # -- device thread -----------------------------------------------------------------------
     def on_start(self, now_ns: int) -> None:
@@ -145,9 +147,12 @@ class Mcp39f511Emulator(PtyDevice):
         self._next_update_ns = now_ns + self.interval_ns
 
     def tick(self, now_ns: int) -> None:
+        due = 0
         while now_ns >= self._next_update_ns:
             self._update(self._next_update_ns)
             self._next_update_ns += self.interval_ns
+            due += 1
+        self.updates_hidden += max(due - 1, 0)
 
     def on_bytes(self, data: bytes) -> None:
         now = time.monotonic_ns()
