@@ -119,17 +119,23 @@ def test_sized_but_unwritten_rows_are_trimmed(tmp_path):
     assert dataset_lengths(path)["time"] == 15
 
 
-def test_readers_open_a_crash_left_file_without_changing_it(tmp_path, capsys):
-    """Killed before SWMR started (flags 0x1): wattlab reads it as is; info says repair."""
+@pytest.mark.parametrize("swmr", [False, True])
+def test_readers_open_a_crash_left_file_without_changing_it(tmp_path, capsys, swmr):
+    """Killed before SWMR started (flags 0x1: not even SWMR readers open it) or after:
+    wattlab reads it as is, `report` too (it opens plainly first); info says repair."""
     path = tmp_path / "early.h5"
-    crash_writer(path, """
+    crash_writer(path, f"""
         w.append("meter", *rows(0, 10))
         w.add_progress([("meter", 1, 10, False)])
         w.flush()
+        if {swmr}:
+            w.start_swmr()
     """)
+    assert crash_flags(str(path)) == (0x5 if swmr else 0x1)
     before = path.read_bytes()
     with wattlab.open(str(path)) as run:
         assert len(run.source("meter")) == 10
+    assert main(["report", str(path), "-o", str(tmp_path / "early.html"), "--dpi", "30"]) == 0
     assert main(["info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "needs repair" in out and "left open by a recorder that is gone" in out
