@@ -46,6 +46,11 @@ class Phase:
     t0_s: float
     t1_s: float
     source: str
+    clock: str = "host"  # "gpu": both edges are the GPU's execution times (CUDA events)
+
+    @property
+    def duration_s(self) -> float:
+        return self.t1_s - self.t0_s
 
     @property
     def label(self) -> str:
@@ -56,23 +61,26 @@ def phases_from_markers(markers: Sequence[MarkerRow]) -> list[Phase]:
     """Begin/end marker pairs (matched per source and name, nesting allowed) as phases.
 
     Repeated phases of one name are numbered in time order (``index``); a begin without an
-    end is left out.
+    end is left out. Edges are the GPU's execution times where the markers carry them (a
+    framework marker's host time is when the step was queued, not run).
     """
     open_: dict[tuple[str, str], list[MarkerRow]] = {}
     pairs: list[tuple[MarkerRow, MarkerRow]] = []
-    for m in sorted(markers, key=lambda m: m.time_ns):
+    for m in sorted(markers, key=lambda m: m.effective_ns):
         key = (m.source, m.name)
         if m.kind == "begin":
             open_.setdefault(key, []).append(m)
         elif m.kind == "end" and open_.get(key):
             pairs.append((open_[key].pop(), m))
-    pairs.sort(key=lambda p: p[0].time_ns)
+    pairs.sort(key=lambda p: p[0].effective_ns)
     counts: dict[str, int] = {}
     out = []
     for begin, end in pairs:
         idx = counts.get(begin.name, 0)
         counts[begin.name] = idx + 1
-        out.append(Phase(begin.name, idx, begin.time_ns / 1e9, end.time_ns / 1e9, begin.source))
+        gpu = begin.gpu_time_ns is not None and end.gpu_time_ns is not None
+        out.append(Phase(begin.name, idx, begin.effective_ns / 1e9, end.effective_ns / 1e9,
+                         begin.source, "gpu" if gpu else "host"))
     return out
 
 

@@ -719,7 +719,7 @@ def _run_page(run_path: str, options: ReportOptions) -> Page:
         if found:
             traces = [display_trace(v, c, t0_ns, t1_ns, gaps_s=_gaps_of(gaps, v.source_id))
                       for v, c in found]
-            points = [(m.time_ns / 1e9, m.name) for m in marks.points]
+            points = [(m.effective_ns / 1e9, m.name) for m in marks.points]
             panels.append(Panel("timeline", "Power over time", plots.timeline_figure(
                 traces, marks.spans, gap_spans(gaps), points),
                 "Every power stream on the session timebase. Coloured bands and the lanes "
