@@ -43,7 +43,8 @@ def test_pairing_recovers_when_the_gpu_ran_each_event_within_its_uncertainty() -
     for _, ev in events:
         fake.wait(ev)
     clock.refresh()
-    assert clock.drift == pytest.approx(80e-6, abs=clock.drift_uncertainty + 1e-6)
+    # host ns per GPU ns, minus one: this GPU timer runs 80 ppm fast
+    assert clock.drift == pytest.approx(1 / (1 + 80e-6) - 1, abs=clock.drift_uncertainty)
     for recorded_ns, ev in events:
         t_ns, unc_ns = clock.to_host(ev, recorded_ns)
         assert abs(t_ns - ev.true_host_ns) <= unc_ns
@@ -224,3 +225,47 @@ def test_record_writes_gpu_times_of_framework_steps(tmp_path: Path) -> None:
     assert durations == pytest.approx([0.06] * 4, abs=0.01)
     (host_only,) = [m for m in marks if m.name == "host_only" and m.kind == "begin"]
     assert host_only.gpu_time_ns is None
+
+
+# ----------------------------------------------------------------------------- resolution
+
+
+def _epoch_of_steps(step_ms: int, n: int, gap_ms: int = 0) -> list[Marker]:
+    """An epoch of ``n`` GPU-timed steps of ``step_ms`` each, ``gap_ms`` apart."""
+    t0 = 1000 * MS
+    out = [Marker(t0, "epoch", "begin", "pid1", {}, t0, 10_000)]
+    for i in range(n):
+        a = t0 + i * (step_ms + gap_ms) * MS
+        out += [Marker(a, "step", "begin", "pid1", {}, a, 10_000),
+                Marker(a, "step", "end", "pid1", {}, a + step_ms * MS, 10_000)]
+    end = t0 + n * (step_ms + gap_ms) * MS
+    return [*out, Marker(end, "epoch", "end", "pid1", {}, end, 10_000)]
+
+
+def test_steps_too_short_for_the_stream_are_flagged_and_summed_per_epoch(
+        tmp_path: Path) -> None:
+    path = tmp_path / "short.h5"
+    _power_run(path, _epoch_of_steps(30, 40), [(1000 * MS, 2200 * MS)])
+    with wattlab.open(str(path)) as run:
+        rep = energy_report(run, by_marker=True)
+    step = next(r for r in rep["rows"] if r["phase"] == "step#3")
+    assert step["resolves"] is False and any("shorter than this stream" in n
+                                             for n in step["notes"])
+    assert step["edge_s"] == pytest.approx(0.01 + 0.0, abs=1e-6)  # 20 ms spacing, no lag
+    (group,) = rep["group_rows"]
+    assert group["phase"] == "step per epoch" and group["resolves"] is True
+    assert group["energy_j"] == pytest.approx(700.0 * 1.2, rel=0.02)
+    chosen = {c["phase"]: c for c in rep["chosen"]}
+    assert chosen["step#3"]["stream"] is None and "shorter than any" in chosen["step#3"]["reason"]
+    assert chosen["step per epoch"]["stream"] == "gpu0.samples:power_w"
+    assert chosen["epoch"]["stream"] == "gpu0.samples:power_w"
+
+
+def test_sparse_short_steps_are_not_summed_and_the_reason_is_said(tmp_path: Path) -> None:
+    """Host-time steps: 3 ms windows 200 ms apart say nothing, even all together."""
+    path = tmp_path / "sparse.h5"
+    _power_run(path, _epoch_of_steps(3, 10, gap_ms=197), [(1000 * MS, 3000 * MS)])
+    with wattlab.open(str(path)) as run:
+        rep = energy_report(run, by_marker=True)
+    assert rep["group_rows"] == []
+    assert any("fill only 2 %" in n for n in rep["notes"])

@@ -61,7 +61,7 @@ class GpuClock:
     def __init__(self, backend: EventBackend, tries: int = PAIRING_TRIES) -> None:
         self.backend = backend
         self.pairings: list[Pairing] = []
-        # GPU clock rate error vs the host's, between the first and the latest pairing (the
+        # host ns per GPU ns, minus one, between the first and the latest pairing (the
         # longest baseline: two pairings 1 s apart would know it to ~1e-4 only)
         self.drift: float = 0.0
         self.drift_uncertainty: float = 0.0
