@@ -269,3 +269,24 @@ def test_sparse_short_steps_are_not_summed_and_the_reason_is_said(tmp_path: Path
         rep = energy_report(run, by_marker=True)
     assert rep["group_rows"] == []
     assert any("fill only 2 %" in n for n in rep["notes"])
+
+
+def test_report_draws_energy_per_instance_from_streams_that_resolve_it(
+        tmp_path: Path) -> None:
+    from wattlab.analysis.report import build_report
+
+    resolved, short = tmp_path / "resolved.h5", tmp_path / "short.h5"
+    _power_run(resolved, _steps(5, lag_ns=100 * MS), [(1100 * MS, 3100 * MS)])
+    _power_run(short, _epoch_of_steps(30, 40), [(1000 * MS, 2200 * MS)])
+    got = {}
+    for path in (resolved, short):
+        result = build_report(str(path), options=None)
+        assert result.energy is not None and result.energy.per_instance is not None
+        got[path.stem] = result.energy.per_instance
+    inst = got["resolved"]
+    i, j = inst.names.index("step"), inst.streams.index("gpu0.samples:power_w")
+    assert inst.mean_j[i, j] == pytest.approx(280.0, rel=0.06) and inst.count[i, j] == 5
+    assert inst.spread_j[i, j] < 0.1 * inst.mean_j[i, j]  # not a sum with wide error bars
+    inst = got["short"]
+    assert "step" not in inst.names and "step per epoch" in inst.names
+    assert inst.unresolved == ["step: gpu0.samples:power_w"]
