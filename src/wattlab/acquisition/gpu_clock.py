@@ -41,8 +41,10 @@ class EventBackend(Protocol):
         """GPU time from ``start`` to ``end`` (both executed), ns; negative if end is first."""
 
     def pair(self) -> tuple[Any, int, int]:
-        """Record an event on an idle side stream and wait for it: (event, host ns before
-        the record, host ns after the wait)."""
+        """Record an event on an idle side stream and wait for it.
+
+        Returns (event, host ns before the record, host ns after the wait).
+        """
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ def resolver(gpu: bool | None, send: Send) -> GpuMarkResolver | None:
 
 def close() -> None:
     """Resolve and send what is queued (at exit, before the bus closes)."""
-    global _active  # noqa: PLW0603
+    global _active
     with _lock:
         current, _active = _active, None
     if current is not None and current.pid == os.getpid():

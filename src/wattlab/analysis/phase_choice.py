@@ -133,8 +133,12 @@ SOURCE_EDGE_S = {
 
 def phase_source(instance_s: float, default: str, available: list[str]
                  ) -> tuple[str, str | None]:
-    """(source, note): the default if it resolves instances this long, else the one with
-    the shortest edge that does; the default, with a note, where none does."""
+    """(source, note): the source for a phase whose instances last ``instance_s``.
+
+    The default if it resolves them, else the one with the shortest edge that does; the
+    default, with a note, where none does.
+    """
+
     def resolves(src: str) -> bool:
         return instance_s >= resolution.RESOLVE_EDGES * SOURCE_EDGE_S.get(src, 0.0)
 

@@ -76,8 +76,11 @@ class Choice:
 
 def choose(rows: Sequence[EnergyRow], phases: Sequence[Phase], reference: str | None
            ) -> list[Choice]:
-    """Per phase: the reference if it resolves the phase, else the resolving stream with the
-    shortest edge; none where no stream resolves it (see ``group_rows``)."""
+    """The stream standing for each phase.
+
+    The reference if it resolves the phase, else the resolving stream with the shortest
+    edge; none where no stream resolves it (see ``group_rows``).
+    """
     out = []
     for p in phases:
         mine = [r for r in rows if r.phase == p.label and r.energy_j is not None]
@@ -123,7 +126,7 @@ def group_rows(rows: Sequence[EnergyRow], phases: Sequence[Phase]
     not out of the group, and only the outer two edges and the time between instances
     count against it. Otherwise a note says why there is no number.
     """
-    from wattlab.analysis.energy import EnergyRow, Phase
+    from wattlab.analysis.energy import Phase
 
     new_phases: list[Phase] = []
     new_rows: list[EnergyRow] = []

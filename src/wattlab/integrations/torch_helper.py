@@ -62,8 +62,9 @@ def validation(name: str = "validation", *, emitter: PhaseEmitter | None = None,
 
 
 class OptimizerStepMarks:
-    """After every n-th ``optimizer.step()`` of any optimizer (global hook): a point marker,
-    and a ``step`` phase from the previous optimizer step to this one.
+    """Markers at every n-th ``optimizer.step()`` of any optimizer (a global hook).
+
+    A point marker, and a ``step`` phase from the previous optimizer step to this one.
 
     Why the phase: an unmodified loop shows its steps only through the optimizer, so one
     step of training lies between two optimizer steps; in a CUDA program both ends are the
