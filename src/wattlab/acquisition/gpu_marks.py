@@ -73,6 +73,11 @@ class GpuMarkResolver:
             self.most_pending = max(self.most_pending, len(self._queue))
             self._cv.notify()
 
+    def pending(self) -> int:
+        """Markers queued or being resolved (not yet sent)."""
+        with self._cv:
+            return len(self._queue)
+
     def _resolve(self, stamp: Stamp) -> None:
         if stamp.gpu_ns is not None or stamp.event is None:
             return
