@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 LAYERS = 4
-REPEATS = 4  # 16 layer applications: 48 matrix products per step with the backward pass
+REPEATS = 6  # 24 layer applications: 72 matrix products per step with the backward pass
 
 
 class MatmulNet(torch.nn.Module):
