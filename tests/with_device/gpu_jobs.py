@@ -93,7 +93,7 @@ def run_lightning(job: Job) -> None:
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs(job.steps)),
                                          batch_size=4)
     with tempfile.TemporaryDirectory() as root:
-        trainer = pl.Trainer(max_epochs=1, accelerator=job.cpu and "cpu" or "gpu", devices=1,
+        trainer = pl.Trainer(max_epochs=1, accelerator=job.device.replace("cuda", "gpu"), devices=1,
                              logger=False,
                              enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, default_root_dir=root,
