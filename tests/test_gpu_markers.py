@@ -290,3 +290,16 @@ def test_report_draws_energy_per_instance_from_streams_that_resolve_it(
     inst = got["short"]
     assert "step" not in inst.names and "step per epoch" in inst.names
     assert inst.unresolved == ["step: gpu0.samples:power_w"]
+
+
+def test_bus_messages_carry_the_gpu_time_and_older_senders_still_decode() -> None:
+    import json as _json
+
+    from wattlab.sync import message
+
+    sent = Marker(5, "step", "end", "pid7", {"step": 3}, 9_000, 40)
+    frames = message.encode_marker(sent)
+    assert message.decode_marker(message.decode_header(frames)) == sent
+    head = message.decode_header(message.encode_marker(Marker(5, "step", "end", "pid7")))
+    assert "t_gpu_ns" not in _json.dumps(head)  # host-only markers: the old message
+    assert message.decode_marker(head).t_gpu_ns is None
