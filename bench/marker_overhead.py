@@ -172,8 +172,6 @@ def main() -> int:
                 gpu_marks.close()
             gpu = False if path == "host" else None
             cost = per_marker(args.markers, gpu)
-            if path == "fake-events":
-                gpu_marks.install(FakeCudaEvents(min_queue_ns=0), markers._send)
             for step_ms in (float(x) for x in args.step_ms.split(",")):
                 if path == "cuda":
                     step, sync = cuda_step(step_ms)

@@ -303,3 +303,18 @@ def test_bus_messages_carry_the_gpu_time_and_older_senders_still_decode() -> Non
     head = message.decode_header(message.encode_marker(Marker(5, "step", "end", "pid7")))
     assert "t_gpu_ns" not in _json.dumps(head)  # host-only markers: the old message
     assert message.decode_marker(head).t_gpu_ns is None
+
+
+def test_a_failing_gpu_keeps_host_time_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    class Broken(FakeCudaEvents):
+        def elapsed_ns(self, start: object, end: object) -> float:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    sent: list[Marker] = []
+    resolver = GpuMarkResolver(Broken(), sent.append)
+    for name in ("a", "b"):
+        s = resolver.stamp()
+        resolver.submit(Marker(s.host_ns, name), s)
+    resolver.close()
+    assert [(m.name, m.t_gpu_ns) for m in sent] == [("a", None), ("b", None)]
+    assert capsys.readouterr().err.count("markers keep host time") == 1

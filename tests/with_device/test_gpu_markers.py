@@ -91,7 +91,8 @@ def measure(job: str, path: Path) -> dict[str, Any]:
         "energy_above_idle_j": total, "inside_steps_j": inside,
         "inside_steps_pct": 100 * inside / total,
         "step_s_median_gpu": float(np.median([p.duration_s for p in steps])),
-        "host_minus_gpu_ms_median": float(np.median(np.subtract(gpu, host[:len(gpu)]))) / 1e6
+        # how long after the host's callback the GPU got there (the queue's depth)
+        "gpu_after_host_ms_median": float(np.median(np.subtract(gpu, host))) / 1e6
         if len(gpu) == len(host) else None,
         "pairing_uncertainty_us_median": float(np.median(
             [m.gpu_uncertainty_ns for m in step_marks if m.gpu_uncertainty_ns is not None]))

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 PAIRING_TRIES = 5  # at start: the narrowest of these is kept
 PAIRINGS_KEPT = 8
 EVENT_RESOLUTION_NS = 500  # CUDA's event timer resolution (~0.5 µs)
+FLOAT32_REL = 6e-8  # CUDA reports elapsed times as float32 ms: ~6e-8 of the value
 
 
 class EventBackend(Protocol):
@@ -101,7 +102,8 @@ class GpuClock:
         p = usable[-1] if usable else self.pairings[0]
         gpu_ns = self.backend.elapsed_ns(p.event, event)
         t_ns = p.host_ns + round(gpu_ns * (1.0 + self.drift))
-        unc = p.half_width_ns + EVENT_RESOLUTION_NS + abs(gpu_ns) * self.drift_uncertainty
+        unc = (p.half_width_ns + EVENT_RESOLUTION_NS
+               + abs(gpu_ns) * (self.drift_uncertainty + FLOAT32_REL))
         return t_ns, round(unc)
 
 

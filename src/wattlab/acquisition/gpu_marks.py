@@ -40,6 +40,7 @@ class Stamp:
 
     host_ns: int
     event: Any = None
+    owner: GpuMarkResolver | None = None  # the resolver whose clock times the event
     gpu_ns: int | None = None  # filled in by the resolver
     gpu_uncertainty_ns: int | None = None
 
@@ -65,7 +66,8 @@ class GpuMarkResolver:
     def stamp(self) -> Stamp:
         """Host time now and an event on the current stream (the training path's only cost)."""
         host_ns = time.monotonic_ns()
-        return Stamp(host_ns, self.backend.record())
+        event = self.backend.record()
+        return Stamp(host_ns, event, None if event is None else self)
 
     def submit(self, marker: Marker, stamp: Stamp) -> None:
         with self._cv:
@@ -93,9 +95,16 @@ class GpuMarkResolver:
             return self._queue[0] if self._queue else None
 
     def _run(self) -> None:
+        failed = False
         while (item := self._next()) is not None:
             marker, stamp = item
-            self._resolve(stamp)  # outside the lock: submit never waits for the GPU
+            try:
+                self._resolve(stamp)  # outside the lock: submit never waits for the GPU
+            except Exception as e:  # a CUDA error: the marker keeps its host time
+                if not failed:
+                    print(f"wattlab: GPU marker time unavailable ({type(e).__name__}: {e}); "
+                          "markers keep host time", file=sys.stderr)
+                failed = True
             with self._cv:
                 self._queue.popleft()
             self._send(replace(marker, t_gpu_ns=stamp.gpu_ns,

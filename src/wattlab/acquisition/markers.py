@@ -92,12 +92,10 @@ def mark(name: str, kind: str = "point", *, gpu: bool | None = None, at: Stamp |
     """
     stamp = at if at is not None else take_stamp(gpu)
     marker = Marker(stamp.host_ns, name, kind, f"pid{os.getpid()}", dict(payload))
-    if stamp.event is None:
+    if stamp.owner is None:
         _send(marker)
-        return
-    resolver = gpu_marks.resolver(True, _send)
-    assert resolver is not None  # a stamp with an event came from it
-    resolver.submit(marker, stamp)
+    else:
+        stamp.owner.submit(marker, stamp)
 
 
 @contextmanager
