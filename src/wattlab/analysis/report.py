@@ -494,7 +494,20 @@ def calibration_summary(view: CalibrationView) -> str:
     return (f"{rec['kernel']} kernel, τ = {_pm(p['tau_s'], 1e3)} ms, {width}, gain "
             f"{_pm(p['gain'], fmt='.4f')}, offset {_pm(p['offset_w'])} W, effective delay "
             f"{_pm(rec['effective_delay_s'], 1e3)} ms; residual {rec['fit']['rmse_w']:.2f} W "
-            f"rms, R² {rec['fit']['r2']:.4f}")
+            f"rms, R² {rec['fit']['r2']:.4f}" + calibration_caveats(rec))
+
+
+def calibration_caveats(rec: dict[str, Any]) -> str:
+    """Coverage, the energy error for phases of each length, and whether the kernel is pinned."""
+    text = f"; it observes {100 * rec['coverage']:.0f} % of the time"
+    lengths = [row for row in rec["energy"].get("by_length", [])
+               if row["rms_error_after_pct"] is not None]
+    if lengths:
+        text += "; energy error (rms) for phases of " + ", ".join(
+            f"{row['length_s']:g} s: {row['rms_error_after_pct']:.1f} %" for row in lengths)
+    if rec.get("identifiable") is False:
+        text += "; NOT IDENTIFIABLE: " + "; ".join(rec["warnings"])
+    return text
 
 
 # ----------------------------------------------------------------------------- figures

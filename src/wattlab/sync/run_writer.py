@@ -1,4 +1,4 @@
-"""Writes the HDF5 run file layout (see README "Run file layout").
+"""Writes the HDF5 run file layout (see docs/run-file.md; how, in docs/design.md).
 
 SWMR rules shape this file: once SWMR writing starts no object may be created and
 variable-length data is unsafe, so markers and gaps use fixed-size string fields and a
