@@ -225,6 +225,9 @@ def test_record_writes_gpu_times_of_framework_steps(tmp_path: Path) -> None:
     assert durations == pytest.approx([0.06] * 4, abs=0.01)
     (host_only,) = [m for m in marks if m.name == "host_only" and m.kind == "begin"]
     assert host_only.gpu_time_ns is None
+    info = subprocess.run([sys.executable, "-m", "wattlab.cli", "info", str(out)], env=env,
+                          capture_output=True, text=True, timeout=60, check=False).stdout
+    assert "(8 on the GPU's time, pairing ± " in info
 
 
 # ----------------------------------------------------------------------------- resolution
