@@ -81,9 +81,13 @@ def choose(rows: Sequence[EnergyRow], phases: Sequence[Phase], reference: str | 
     The reference if it resolves the phase, else the resolving stream with the shortest
     edge; none where no stream resolves it (see ``group_rows``).
     """
+    by_phase: dict[str, list[EnergyRow]] = {}
+    for r in rows:
+        if r.energy_j is not None:
+            by_phase.setdefault(r.phase, []).append(r)
     out = []
     for p in phases:
-        mine = [r for r in rows if r.phase == p.label and r.energy_j is not None]
+        mine = by_phase.get(p.label, [])
         good = sorted((r for r in mine if r.resolves), key=lambda r: r.edge_s or 0.0)
         ref = [r for r in good if f"{r.source}:{r.channel}" == reference]
         if ref or good:
@@ -99,10 +103,12 @@ def choose(rows: Sequence[EnergyRow], phases: Sequence[Phase], reference: str | 
     return out
 
 
-def _parent(p: Phase, phases: Sequence[Phase]) -> Phase | None:
-    """The shortest phase of another name that holds ``p`` (its epoch, else the run)."""
-    holders = [q for q in phases if q.name != p.name and q.t0_s <= p.t0_s
-               and p.t1_s <= q.t1_s and q.name != "window"]
+def _parent(p: Phase, others: Sequence[Phase]) -> Phase | None:
+    """The shortest of ``others`` (phases of other names) that holds ``p``.
+
+    For a step: its epoch, else the run.
+    """
+    holders = [q for q in others if q.t0_s <= p.t0_s and p.t1_s <= q.t1_s]
     return min(holders, key=lambda q: q.duration_s, default=None)
 
 
@@ -133,8 +139,9 @@ def group_rows(rows: Sequence[EnergyRow], phases: Sequence[Phase]
     notes: list[str] = []
     for name in unresolved_names(rows, phases):
         groups: dict[str, tuple[Phase, list[Phase]]] = {}
+        others = [q for q in phases if q.name not in (name, "window")]
         for p in phases:
-            parent = _parent(p, phases) if p.name == name else None
+            parent = _parent(p, others) if p.name == name else None
             if parent is not None:
                 groups.setdefault(parent.label, (parent, []))[1].append(p)
         for parent, members in groups.values():
@@ -150,14 +157,13 @@ def group_rows(rows: Sequence[EnergyRow], phases: Sequence[Phase]
                           members[0].clock)
             new_phases.append(group)
             labels = {m.label for m in members}
-            streams = dict.fromkeys((r.source, r.channel, r.method) for r in rows
-                                    if r.phase in labels)
-            for source, channel, method in streams:
-                part = [r for r in rows if r.phase in labels and (r.source, r.channel)
-                        == (source, channel) and r.energy_j is not None]
-                if len(part) < len(members):
-                    continue
-                new_rows.append(_sum_row(part, group, method, t1 - t0 - inside))
+            per_stream: dict[tuple[str, str, str], list[EnergyRow]] = {}
+            for r in rows:
+                if r.phase in labels and r.energy_j is not None:
+                    per_stream.setdefault((r.source, r.channel, r.method), []).append(r)
+            for (_, _, method), part in per_stream.items():
+                if len(part) == len(members):
+                    new_rows.append(_sum_row(part, group, method, t1 - t0 - inside))
     return new_phases, new_rows, notes
 
 
