@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import wattlab
+from tests.data_files import data_file
 from wattlab.acquisition import gpu_marks
 from wattlab.acquisition.gpu_clock import GpuClock
 from wattlab.acquisition.gpu_marks import GpuMarkResolver, Stamp
@@ -30,6 +31,7 @@ from wattlab.samples import Channel, Marker, SourceDescriptor
 from wattlab.sync.run_writer import RunFileWriter
 
 MS = 1_000_000
+SAMPLES_STREAM = ("gpu0.samples", "power_w")
 
 
 def test_pairing_recovers_when_the_gpu_ran_each_event_within_its_uncertainty() -> None:
@@ -321,3 +323,21 @@ def test_a_failing_gpu_keeps_host_time_and_says_so(capsys: pytest.CaptureFixture
     resolver.close()
     assert [(m.name, m.t_gpu_ns) for m in sent] == [("a", None), ("b", None)]
     assert capsys.readouterr().err.count("markers keep host time") == 1
+
+
+@pytest.mark.parametrize(("trace", "resolved"), [("torch-long", True), ("lightning", True),
+                                                 ("torch-medium", False),
+                                                 ("torch-short", False)])
+def test_real_h100_steps_are_resolved_by_the_50hz_samples_only_when_long_enough(
+        trace: str, resolved: bool) -> None:
+    """The H100 traces' synchronised steps (``truth_step``): 172 ms steps are resolved by
+    the 50 Hz samples, 29 ms and 2 ms ones are not, and, 90-375 ms apart, not summed."""
+    with wattlab.open(str(data_file(f"traces/h100_{trace}.h5"))) as run:
+        rep = energy_report(run, by_marker=True)
+    rows = [r for r in rep["rows"] if r["phase"].startswith("truth_step")
+            and r["source"] == SAMPLES_STREAM[0] and r["channel"] == SAMPLES_STREAM[1]]
+    assert rows and {r["resolves"] for r in rows} == {resolved}
+    chosen = [c for c in rep["chosen"] if c["phase"].startswith("truth_step")]
+    assert all((c["stream"] is not None) == resolved for c in chosen)
+    if not resolved:
+        assert any("'truth_step' phase(s)" in n and "even summed" in n for n in rep["notes"])
