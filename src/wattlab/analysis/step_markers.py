@@ -58,11 +58,12 @@ def step_marks(markers: Sequence[MarkerRow], name: str = "auto", *,
     None when ``auto`` finds fewer than three; a name given explicitly must exist.
     """
     inside = [m for m in markers
-              if (t0_ns is None or m.time_ns >= t0_ns) and (t1_ns is None or m.time_ns <= t1_ns)]
+              if (t0_ns is None or m.effective_ns >= t0_ns)
+              and (t1_ns is None or m.effective_ns <= t1_ns)]
     for candidate in (AUTO_NAMES if name == "auto" else (name,)):
-        rows = sorted(_starts(inside, candidate), key=lambda m: m.time_ns)
+        rows = sorted(_starts(inside, candidate), key=lambda m: m.effective_ns)
         if len(rows) >= MIN_MARKS:
-            times = np.array([r.time_ns for r in rows], dtype=np.int64)
+            times = np.array([r.effective_ns for r in rows], dtype=np.int64)
             return StepMarks(candidate, times, _steps_per_mark(rows))
     if name != "auto":
         present = sorted({m.name for m in markers})

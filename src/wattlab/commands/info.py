@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from wattlab.analysis.run_file import Run
+from wattlab.analysis.run_file import MarkerRow, Run
 from wattlab.analysis.summary import format_table, summarise
 from wattlab.sync.run_repair import REPAIR_ATTR, writer_status
 
@@ -36,6 +36,7 @@ def describe(run: Run) -> dict[str, Any]:
         },
         "summary": [s.to_json() for s in summarise(run)],
         "markers": len(run.markers),
+        "markers_with_gpu_time": sum(m.gpu_time_ns is not None for m in run.markers),
         "gaps": [g.__dict__ for g in run.gaps],
     }
 
@@ -71,7 +72,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {sid}: {view.kind} {view.model} - {channels}")
         print(format_table(summarise(run_file)))
         markers = run_file.markers
-        print(f"markers: {len(markers)}; gaps: {len(run_file.gaps)}")
+        print(f"markers: {len(markers)}{_gpu_note(markers)}; gaps: {len(run_file.gaps)}")
         for gap in run_file.gaps:
             print(f"  gap {gap.source}: seq {gap.seq_first}..{gap.seq_last} {gap.reason}")
     return 0
+
+
+def _gpu_note(markers: list[MarkerRow]) -> str:
+    """How many markers carry the GPU's time, and how well their clock pairing knew it."""
+    unc = sorted(m.gpu_uncertainty_ns for m in markers if m.gpu_uncertainty_ns is not None)
+    if not unc:
+        return ""
+    return (f" ({len(unc)} on the GPU's time, pairing ± {unc[len(unc) // 2] / 1e3:.0f} µs "
+            "median)")

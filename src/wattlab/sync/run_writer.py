@@ -46,6 +46,9 @@ MARKER_DTYPE = np.dtype(
         ("source", "S64"),
         ("name", f"S{MARKER_NAME_MAX}"),
         ("payload", f"S{MARKER_PAYLOAD_MAX}"),
+        # when the GPU reached the marker (ns since session start; UNKNOWN_TIME_NS: none)
+        ("time_gpu", "<i8"),
+        ("time_gpu_uncertainty", "<i8"),  # ns, half-width; -1 where there is no GPU time
     ]
 )
 GAP_DTYPE = np.dtype(
@@ -233,6 +236,9 @@ class RunFileWriter:
             _growable(self._file, name, dtype, chunk_rows=64, compression="gzip",
                       compression_opts=1)
         self._file["markers"].attrs["time_unit"] = "ns since session start"
+        self._file["markers"].attrs["time_gpu"] = (
+            "when the GPU executed the marker's point of its work (a CUDA event), on the "
+            "session timebase; time is when the host reached it")
         self._file["gaps"].attrs["unknown_time"] = UNKNOWN_TIME_NS
         self._file["progress"].attrs["meaning"] = (
             "per flush: the next sequence number and row count of each source on disk; "
@@ -290,8 +296,7 @@ class RunFileWriter:
 
     def _drop_blank_table_rows(self) -> dict[str, int]:
         """Rows of the run-wide tables a dead writer had sized but not filled, dropped."""
-        return {name: _drop_blank_tail(self._file[name], dtype)
-                for name, dtype in TABLES.items()}
+        return {name: _drop_blank_tail(self._file[name]) for name in TABLES}
 
     def _cut_to_progress(self, keep_unconfirmed: bool) -> dict[str, ResumePoint]:
         table = self._file["progress"][:]
@@ -415,17 +420,22 @@ class RunFileWriter:
             ds.time_host_raw.append(t_sender_ns)
 
     def add_markers(self, markers: list[Marker]) -> None:
-        rows = np.zeros(len(markers), dtype=MARKER_DTYPE)
+        table = self._tables["markers"]
+        rows = np.zeros(len(markers), dtype=table.dtype)  # a resumed older file: its columns
+        gpu_columns = "time_gpu" in rows.dtype.names
         for i, m in enumerate(markers):
-            rows[i] = (
-                m.t_host_ns - self.session_start_ns,
-                m.t_host_ns,
-                m.kind.encode(),
-                m.source.encode()[:64],
-                m.name.encode(),
-                m.payload_json().encode(),
-            )
-        _append(self._tables["markers"], rows)
+            rows[i]["time"] = m.t_host_ns - self.session_start_ns
+            rows[i]["time_raw"] = m.t_host_ns
+            rows[i]["kind"] = m.kind.encode()
+            rows[i]["source"] = m.source.encode()[:64]
+            rows[i]["name"] = m.name.encode()
+            rows[i]["payload"] = m.payload_json().encode()
+            if gpu_columns:
+                gpu = m.t_gpu_ns is not None
+                rows[i]["time_gpu"] = (m.t_gpu_ns - self.session_start_ns  # type: ignore[operator]
+                                       if gpu else UNKNOWN_TIME_NS)
+                rows[i]["time_gpu_uncertainty"] = (m.gpu_uncertainty_ns or 0) if gpu else -1
+        _append(table, rows)
 
     def add_gaps(self, gaps: list[Gap]) -> None:
         rows = np.zeros(len(gaps), dtype=GAP_DTYPE)
@@ -514,11 +524,14 @@ def _layout(desc: SourceDescriptor) -> dict[str, Any]:
     return {k: v for k, v in desc.to_json().items() if k != "config"}
 
 
-def _drop_blank_tail(ds: h5py.Dataset, dtype: np.dtype[Any]) -> int:
-    """Rows a dead writer had sized but not filled read as all zero: drop them (how many)."""
+def _drop_blank_tail(ds: h5py.Dataset) -> int:
+    """Rows a dead writer had sized but not filled read as all zero: drop them (how many).
+
+    The file's own row type, not today's: a file from before a column was added resumes too.
+    """
     n = int(ds.shape[0])
     keep = n
-    blank = np.zeros((), dtype=dtype).tobytes()
+    blank = np.zeros((), dtype=ds.dtype).tobytes()
     while keep > 0 and ds[keep - 1].tobytes() == blank:
         keep -= 1
     if keep < n:
