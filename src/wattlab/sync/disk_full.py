@@ -216,7 +216,9 @@ def _finish(request: SealRequest, report: DiskFullReport, room: bool) -> None:
     from wattlab.samples import Gap
     from wattlab.sync.run_writer import RunFileWriter
 
-    writer, points = RunFileWriter.resume(request.output, request.session_start_ns)
+    # nothing will be resent: keep every row all of a stream's datasets hold whole
+    writer, points = RunFileWriter.resume(request.output, request.session_start_ns,
+                                          keep_unconfirmed=True)
     gaps = []
     for source_id, point in sorted(points.items()):
         tail = writer.last_times_ns(source_id, TAIL_ROWS)
