@@ -40,6 +40,7 @@ STREAM_RATES: dict[str, StreamRate] = {
     "pmd": StreamRate(3_000.0, 100),  # 17-byte frames paced by a 500 kbaud line
     "wt300e": StreamRate(10.0, 41),
     "hmc8015": StreamRate(10.0, 41),
+    "mcp39f511": StreamRate(30.0, 100),  # an update every 33-40 ms (2 line cycles)
 }
 FIXED_BYTES_PER_STREAM = 4 * CHUNK_BYTES  # time, time_raw, values, flags
 

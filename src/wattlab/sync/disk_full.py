@@ -218,7 +218,7 @@ def _finish(request: SealRequest, report: DiskFullReport, room: bool) -> None:
 
     # nothing will be resent: keep every row all of a stream's datasets hold whole
     writer, points = RunFileWriter.resume(request.output, request.session_start_ns,
-                                          keep_unconfirmed=True)
+                                          keep_unconfirmed=True, stamp_writer=room)
     gaps = []
     for source_id, point in sorted(points.items()):
         tail = writer.last_times_ns(source_id, TAIL_ROWS)

@@ -250,7 +250,8 @@ class RunFileWriter:
 
     @classmethod
     def resume(
-        cls, path: str, session_start_ns: int, *, keep_unconfirmed: bool = False
+        cls, path: str, session_start_ns: int, *, keep_unconfirmed: bool = False,
+        stamp_writer: bool = True,
     ) -> tuple[RunFileWriter, dict[str, ResumePoint]]:
         """Reopen a run file whose recorder died, cut back to its last complete flush.
 
@@ -258,6 +259,8 @@ class RunFileWriter:
         than another); the ``progress`` table says where each source was whole, and the
         sources resend from there. ``keep_unconfirmed`` (``wattlab repair``, where nothing
         will be resent) keeps the rows after it that every dataset holds whole.
+        ``stamp_writer=False`` leaves the writer attribute as it is: rewriting it needs room
+        in the file, which a file at its size limit (``ulimit -f``) does not have.
         """
         from wattlab.sync.hdf5_repair import clear_crash_flags
 
@@ -279,7 +282,8 @@ class RunFileWriter:
             self.tables_dropped = self._drop_blank_table_rows()
             points = self._cut_to_progress(keep_unconfirmed)
             self._tables = self._open_tables()
-            self._file.attrs[WRITER_ATTR] = json.dumps(writer_identity())
+            if stamp_writer:
+                self._file.attrs[WRITER_ATTR] = json.dumps(writer_identity())
         except (RunFileError, KeyError, ValueError) as e:
             self._file.close()
             if isinstance(e, RunFileError):
