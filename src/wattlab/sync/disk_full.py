@@ -180,10 +180,9 @@ def seal(request: SealRequest) -> DiskFullReport:
     try:
         _finish(request, report, room)
     except Exception as e:
-        # the reopened file may hold half-written metadata: leave it as the flush left it
-        report.problem = f"could not finish it: {_short(e)}"
-        with contextlib.suppress(Exception):
-            clear_crash_flags(request.output)
+        # the reopened file may hold half-written metadata: it stays marked open, as after
+        # a crash, for `wattlab repair` once there is room
+        report.problem = f"could not finish it: {_short(e)}; `wattlab repair` it later"
         _exit(report)
     return report
 
