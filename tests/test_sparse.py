@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from tests.test_models import TRACE, needs_public, synthetic
-from wattlab.analysis.sparse import evaluate_sparse, measured_positions, recommend_sparse
+from wattlab.analysis.sparse import evaluate_sparse, measured_positions
 from wattlab.analysis.sweep_results import SweepTable, load_table
 from wattlab.cli import main
-from wattlab.errors import UsageError
 
 A40_TRACE = TRACE / "summary_power_a40.csv"
 

@@ -84,7 +84,7 @@ def _ranked(y: FloatArray, target: FloatArray, measured: IntArray,
 
 
 def _shifted(y: FloatArray, target: FloatArray, measured: IntArray, query: IntArray,
-             pool: IntArray, m: int) -> FloatArray:
+             pool: IntArray, *, m: int) -> FloatArray:
     """Mean of the ``m`` pool curves that best fit ``target`` at ``measured``, after a shift."""
     order, shift = _ranked(y, target, measured, pool)
     best = order[:m]
@@ -92,28 +92,42 @@ def _shifted(y: FloatArray, target: FloatArray, measured: IntArray, query: IntAr
 
 
 @dataclass
-class Prediction:
-    """Time and power of one workload at its candidate settings (measured ones kept)."""
+class Task:
+    """One question: a workload measured at ``measured``, choose among ``cols`` by a rule.
 
+    ``ref`` is the default setting's index in ``cols`` (the slowdown bound's reference).
+    """
+
+    grid: Grid
+    measured: IntArray
     cols: IntArray
+    objective: str
+    max_slowdown: float | None
+    ref: int
+
+
+@dataclass
+class Prediction:
+    """Time and power of one workload at the task's candidate settings (measured ones kept)."""
+
     time_s: FloatArray
     power_w: FloatArray
 
 
-def predict(grid: Grid, g: int, measured: IntArray, cols: IntArray, pool: IntArray,
-            m: int) -> Prediction:
-    """Workload ``g`` at columns ``cols`` from its ``measured`` columns and ``pool``'s curves."""
-    t = _shifted(grid.log_time, grid.log_time[g], measured, cols, pool, m)
-    p = _shifted(grid.log_power, grid.log_power[g], measured, cols, pool, m)
+def predict(task: Task, g: int, pool: IntArray, m: int) -> Prediction:
+    """Workload ``g`` at the candidate settings, from its measured ones and ``pool``'s curves."""
+    grid, measured, cols = task.grid, task.measured, task.cols
+    t = _shifted(grid.log_time, grid.log_time[g], measured, cols, pool, m=m)
+    p = _shifted(grid.log_power, grid.log_power[g], measured, cols, pool, m=m)
     known = np.isin(cols, measured)
     t[known], p[known] = grid.log_time[g, cols[known]], grid.log_power[g, cols[known]]
-    return Prediction(cols, np.exp(t), np.exp(p))
+    return Prediction(np.exp(t), np.exp(p))
 
 
-def pick(pred: Prediction, objective: str, max_slowdown: float | None, ref: int) -> int:
-    """Index into ``pred.cols`` of the best predicted setting (``ref``: the default's index)."""
-    obj = _objective(objective, pred.time_s, pred.power_w)
-    return _best(pred.cols.astype(np.float64), pred.time_s, obj, ref, max_slowdown)
+def pick(task: Task, pred: Prediction) -> int:
+    """Index into ``task.cols`` of the best setting by ``pred`` under the slowdown bound."""
+    obj = _objective(task.objective, pred.time_s, pred.power_w)
+    return _best(task.cols.astype(np.float64), pred.time_s, obj, task.ref, task.max_slowdown)
 
 
 @dataclass
@@ -134,26 +148,21 @@ class Outcome:
         return abs(self.pick - self.best) <= 1
 
 
-def score(grid: Grid, g: int, cols: IntArray, chosen: int, objective: str,
-          max_slowdown: float | None, ref: int) -> Outcome:
-    """How good setting ``cols[chosen]`` is for workload ``g``, by its measurement."""
-    truth = Prediction(cols, np.exp(grid.log_time[g, cols]), np.exp(grid.log_power[g, cols]))
-    best = pick(truth, objective, max_slowdown, ref)
-    obj = _objective(objective, truth.time_s, truth.power_w)
-    slow = truth.time_s[chosen] / truth.time_s[ref] - 1.0
-    bound = np.inf if max_slowdown is None else max_slowdown
+def score(task: Task, g: int, chosen: int) -> Outcome:
+    """How good setting ``task.cols[chosen]`` is for workload ``g``, by its measurement."""
+    cols = task.cols
+    truth = Prediction(np.exp(task.grid.log_time[g, cols]), np.exp(task.grid.log_power[g, cols]))
+    best = pick(task, truth)
+    obj = _objective(task.objective, truth.time_s, truth.power_w)
+    slow = truth.time_s[chosen] / truth.time_s[task.ref] - 1.0
+    bound = np.inf if task.max_slowdown is None else task.max_slowdown
     return Outcome(chosen, best, float(obj[chosen] / obj[best] - 1.0), bool(slow > bound + 1e-12))
 
 
-def _backtest(grid: Grid, measured: IntArray, cols: IntArray, pool: IntArray, m: int,
-              objective: str, max_slowdown: float | None, ref: int) -> list[Outcome]:
-    """Each workload of ``pool`` measured at ``measured`` only, predicted from the rest."""
-    out = []
-    for v in pool:
-        pred = predict(grid, int(v), measured, cols, pool[pool != v], m)
-        out.append(score(grid, int(v), cols, pick(pred, objective, max_slowdown, ref),
-                         objective, max_slowdown, ref))
-    return out
+def _backtest(task: Task, pool: IntArray, m: int) -> list[Outcome]:
+    """Each workload of ``pool`` measured at ``task.measured`` only, predicted from the rest."""
+    return [score(task, int(v), pick(task, predict(task, int(v), pool[pool != v], m)))
+            for v in pool]
 
 
 def _loss(outcomes: list[Outcome]) -> float:
@@ -161,15 +170,13 @@ def _loss(outcomes: list[Outcome]) -> float:
     return float(np.mean([max(o.regret, 0.0) + (1.0 if o.violates else 0.0) for o in outcomes]))
 
 
-def choose_neighbours(grid: Grid, measured: IntArray, cols: IntArray, pool: IntArray,
-                      objective: str, max_slowdown: float | None, ref: int,
-                      ) -> tuple[int, list[Outcome]]:
+def choose_neighbours(task: Task, pool: IntArray) -> tuple[int, list[Outcome]]:
     """Neighbour count with the lowest leave-one-workload-out loss on ``pool``, its outcomes."""
     best: tuple[float, int, list[Outcome]] | None = None
     for m in NEIGHBOUR_COUNTS:
         if m >= pool.shape[0]:
             break
-        outcomes = _backtest(grid, measured, cols, pool, m, objective, max_slowdown, ref)
+        outcomes = _backtest(task, pool, m)
         loss = _loss(outcomes)
         if best is None or loss < best[0]:
             best = (loss, m, outcomes)
@@ -268,11 +275,9 @@ def evaluate_sparse(table: SweepTable, k: int, objective: str = "energy",
             cols = grid.settings(int(g))
             measured = cols[measured_positions(cols.shape[0], k, choice, rng)]
             pool = grid.covering(cols, everyone[everyone != g])
-            ref = cols.shape[0] - 1
-            m, _ = choose_neighbours(grid, measured, cols, pool, objective, max_slowdown, ref)
-            pred = predict(grid, int(g), measured, cols, pool, m)
-            o = score(grid, int(g), cols, pick(pred, objective, max_slowdown, ref), objective,
-                      max_slowdown, ref)
+            task = Task(grid, measured, cols, objective, max_slowdown, cols.shape[0] - 1)
+            m, _ = choose_neighbours(task, pool)
+            o = score(task, int(g), pick(task, predict(task, int(g), pool, m)))
             results.append(WorkloadResult(
                 grid.names[g], grid.x[measured].tolist(), float(grid.x[cols[o.pick]]),
                 float(grid.x[cols[o.best]]), o.hit, o.near, o.regret, o.violates, m))
@@ -333,8 +338,9 @@ def recommend_sparse(table: SweepTable, workload: str, objective: str = "energy"
     """
     grid = _check(table, objective, max_slowdown)
     if workload not in grid.names:
+        more = " ..." if len(grid.names) > 8 else ""
         raise UsageError(f"{table.origin}: no workload named {workload!r} "
-                         f"(has {', '.join(grid.names[:8])}{' ...' if len(grid.names) > 8 else ''})")
+                         f"(has {', '.join(grid.names[:8])}{more})")
     g = grid.names.index(workload)
     measured = grid.settings(g)
     others = np.array([v for v in range(len(grid.names)) if v != g], dtype=np.int64)
@@ -343,18 +349,20 @@ def recommend_sparse(table: SweepTable, workload: str, objective: str = "energy"
     cols = np.flatnonzero(finite.sum(axis=0) * 2 >= max(pool.shape[0], 1))
     cols = np.union1d(cols, measured)
     pool = grid.covering(cols, pool)
-    default = table.default_x if table.default_x in grid.x[measured] else grid.x[measured[-1]]
+    default = float(grid.x[measured[-1]])
+    if table.default_x is not None and table.default_x in grid.x[measured]:
+        default = float(table.default_x)
     ref = int(np.flatnonzero(grid.x[cols] == default)[0])
-    m, outcomes = choose_neighbours(grid, measured, cols, pool, objective, max_slowdown, ref)
-    pred = predict(grid, g, measured, cols, pool, m)
-    chosen = pick(pred, objective, max_slowdown, ref)
+    task = Task(grid, measured, cols, objective, max_slowdown, ref)
+    m, outcomes = choose_neighbours(task, pool)
+    pred = predict(task, g, pool, m)
+    chosen = pick(task, pred)
     obj = _objective(objective, pred.time_s, pred.power_w)
-    agree, near, savings = _bootstrap(grid, g, measured, cols, pool, m, objective,
-                                      max_slowdown, ref, chosen, seed)
+    agree, near, savings = _bootstrap(task, g, pool, m, chosen=chosen, seed=seed)
     order = _ranked(grid.log_time, grid.log_time[g], measured, pool)[0][:m]
     return SparseRecommendation(
         table.origin, workload, objective, max_slowdown, grid.x[measured].tolist(),
-        float(default), float(grid.x[cols[chosen]]), float(1.0 - obj[chosen] / obj[ref]),
+        default, float(grid.x[cols[chosen]]), float(1.0 - obj[chosen] / obj[ref]),
         float(pred.time_s[chosen] / pred.time_s[ref] - 1.0), grid.x[cols].tolist(),
         pred.time_s.tolist(), pred.power_w.tolist(), obj.tolist(), m,
         [grid.names[v] for v in pool[order]], agree, near,
@@ -363,18 +371,16 @@ def recommend_sparse(table: SweepTable, workload: str, objective: str = "energy"
         len(outcomes))
 
 
-def _bootstrap(grid: Grid, g: int, measured: IntArray, cols: IntArray, pool: IntArray, m: int,
-               objective: str, max_slowdown: float | None, ref: int, chosen: int, seed: int,
+def _bootstrap(task: Task, g: int, pool: IntArray, m: int, *, chosen: int, seed: int,
                ) -> tuple[float, float, FloatArray]:
     """Resample the other workloads: how often the pick stays, and the predicted saving."""
     rng = np.random.default_rng(seed)
     picks, savings = [], []
     for _ in range(BOOTSTRAP_DRAWS):
-        draw = rng.choice(pool, size=pool.shape[0], replace=True)
-        pred = predict(grid, g, measured, cols, draw, m)
-        c = pick(pred, objective, max_slowdown, ref)
-        obj = _objective(objective, pred.time_s, pred.power_w)
+        pred = predict(task, g, rng.choice(pool, size=pool.shape[0], replace=True), m)
+        c = pick(task, pred)
+        obj = _objective(task.objective, pred.time_s, pred.power_w)
         picks.append(c)
-        savings.append(1.0 - obj[c] / obj[ref])
+        savings.append(1.0 - obj[c] / obj[task.ref])
     p = np.array(picks)
     return float(np.mean(p == chosen)), float(np.mean(np.abs(p - chosen) <= 1)), np.array(savings)

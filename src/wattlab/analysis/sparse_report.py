@@ -11,7 +11,8 @@ def _bound(max_slowdown: float | None) -> str:
 
 def format_evaluation(ev: SparseEvaluation, unit: str, top: int) -> str:
     """Rates over held-out workloads, then the picks of the first ``top`` workloads."""
-    draws = f", {ev.draws} draws (seed {ev.seed}), ± std over draws" if ev.choice == "random" else ""
+    random = ev.choice == "random"
+    draws = f", {ev.draws} draws (seed {ev.seed}), ± std over draws" if random else ""
     sd = ev.spread
 
     def rate(name: str, value: float) -> str:
