@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from wattlab.drivers.nvml import NvmlDriver
 
 HERE = Path(__file__).resolve().parent
+# the real data the tests and benchmarks read, shipped with the repository
+DATA = HERE.parent / "tests" / "data"
 # WATTLAB_BENCH_RESULTS: elsewhere (the test suite's quick run must not replace full results)
 RESULTS = Path(os.environ.get("WATTLAB_BENCH_RESULTS")
                or HERE / "results")

@@ -3,7 +3,7 @@
     python bench/counter_grid.py [--seconds 20] [--simulate]
 
 ``analysis/counter_ticks.py`` puts each counter read at the update it shows, once the reads
-pin the update grid. Its premise came from the H100 capture in ``shared/data``; this checks
+pin the update grid. Its premise came from the H100 capture in ``tests/data``; this checks
 it on the GPU at hand, read-only:
 
 1. The counter is read back to back; each change is seen between two reads ~one call

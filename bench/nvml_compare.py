@@ -57,15 +57,18 @@ def finish(proc: subprocess.Popen[bytes], stop: bool) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def read_smi(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_smi(path: Path, gpu: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """'timestamp, power' lines, or 'timestamp, index, power' lines filtered to ``gpu``."""
     t, p = [], []
     for line in path.read_text().splitlines()[1:]:
-        stamp, _, power = line.partition(",")
+        fields = [f.strip() for f in line.split(",")]
         try:
-            when = dt.datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f")
+            if gpu is not None and int(fields[1]) != gpu:
+                continue
+            when = dt.datetime.strptime(fields[0], "%Y/%m/%d %H:%M:%S.%f")
             t.append(int(when.replace(tzinfo=dt.datetime.now().astimezone().tzinfo)
                          .timestamp() * 1e9))
-            p.append(float(power.strip().split()[0]))
+            p.append(float(fields[-1].split()[0]))
         except (ValueError, IndexError):
             continue
     return np.array(t, dtype=np.int64), np.array(p)
@@ -103,7 +106,8 @@ def read_wattlab(path: Path, streams: list[tuple[str, str]]
     return out
 
 
-def counter_window(path: Path, a_ns: int, b_ns: int) -> tuple[float, float]:
+def counter_window(path: Path, a_ns: int, b_ns: int, source: str = "gpu0.energy"
+                   ) -> tuple[float, float]:
     """wattlab's own answer for the window: `wattlab energy --window` on its counter stream,
     edges between its reads placed by the samples; (J, ± J)."""
     import wattlab
@@ -114,7 +118,7 @@ def counter_window(path: Path, a_ns: int, b_ns: int) -> tuple[float, float]:
         report = energy_report(run, by_marker=False,
                                windows=[((a_ns - unix0) / 1e9, (b_ns - unix0) / 1e9)])
     row = next(r for r in report["rows"]
-               if r["source"] == "gpu0.energy" and r["phase"] == "window")
+               if r["source"] == source and r["phase"] == "window")
     return row["energy_j"], row["uncertainty_j"]
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import wattlab
+from tests.data_files import H100_CAPTURE as H100
 from wattlab.analysis.alignment import (
     StreamIntegral,
     _xcorr,
@@ -20,9 +19,6 @@ from wattlab.analysis.importers import import_files
 from wattlab.errors import UsageError
 from wattlab.samples import Channel, Gap, SourceDescriptor
 from wattlab.sync.run_writer import RunFileWriter
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-H100 = DATA / "h100_nvml_seed11.npz"
 
 
 def test_lag_of_a_shifted_random_load_is_found_to_a_millisecond():
@@ -75,8 +71,6 @@ def test_spec_parsing():
 
 @pytest.fixture(scope="module")
 def h100(tmp_path_factory):
-    if not H100.exists():
-        pytest.skip(f"real H100 capture not available at {H100}")
     path = tmp_path_factory.mktemp("h100") / "h100.h5"
     import_files("nvml-npz", [str(H100)], str(path), names=["h100"])
     return path

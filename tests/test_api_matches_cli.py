@@ -9,18 +9,15 @@ from typing import Any
 import pytest
 
 import wattlab
+from tests.data_files import H100_CAPTURE as H100
 from wattlab.analysis.calibration import calibrate
 from wattlab.analysis.energy import energy_report
 from wattlab.analysis.importers import import_files
 from wattlab.cli import main
 
-H100 = Path(__file__).resolve().parents[2] / "shared" / "data" / "h100_nvml_seed11.npz"
-
 
 @pytest.fixture(scope="module")
 def h100_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not H100.exists():
-        pytest.skip(f"real H100 capture not available at {H100}")
     path = tmp_path_factory.mktemp("api") / "h100.h5"
     import_files("nvml-npz", [str(H100)], str(path), names=["h100"])
     return path

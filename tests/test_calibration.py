@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import wattlab
+from tests.data_files import H100_CAPTURE as H100
 from wattlab.acquisition.simulated_phases import schedule_phases
 from wattlab.analysis import calibration
 from wattlab.analysis.calibration import calibrate, load_from_run, load_record, store_in_run
@@ -19,8 +20,6 @@ from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule
 from wattlab.samples import Channel, Marker, SourceDescriptor
 from wattlab.sync.run_writer import RunFileWriter
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-H100 = DATA / "h100_nvml_seed11.npz"
 MS = 1_000_000
 
 
@@ -72,8 +71,6 @@ def sim_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def h100_run(tmp_path_factory) -> Path:
-    if not H100.exists():
-        pytest.skip(f"real H100 capture not available at {H100}")
     path = tmp_path_factory.mktemp("h100") / "h100.h5"
     import_files("nvml-npz", [str(H100)], str(path), names=["h100"])
     return path

@@ -9,18 +9,14 @@ import pytest
 
 import wattlab
 import wattlab.analysis.energy
+from tests.data_files import H100_CAPTURE as H100
+from tests.data_files import PMT_LOG as PMT
 from wattlab.analysis.importers import import_files
 from wattlab.cli import main
 from wattlab.errors import RunFileError, UsageError
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-H100 = DATA / "h100_nvml_seed11.npz"
-PMT = DATA / "public" / "powersensor3-results" / "PMT" / "ad4000" / "pmt-nvml.log"
-
 
 def test_nvml_npz_capture_imports_every_view_and_the_load_markers(tmp_path):
-    if not H100.exists():
-        pytest.skip(f"real H100 capture not available at {H100}")
     out = tmp_path / "h100.h5"
     ids = import_files("nvml-npz", [str(H100)], str(out))
     assert ids == [f"h100_nvml_seed11.{k}" for k in
@@ -58,8 +54,6 @@ def test_pmt_log_with_markers(tmp_path):
 
 
 def test_real_pmt_log(tmp_path):
-    if not PMT.exists():
-        pytest.skip(f"PMT log not available at {PMT}")
     out = tmp_path / "pmt.h5"
     import_files("pmt", [str(PMT)], str(out))
     with wattlab.open(str(out)) as run:

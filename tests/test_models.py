@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from tests.data_files import KT_A100
+from tests.data_files import PS3_TUNING as PS3
+from tests.data_files import ZEUS_PROFILE as PROFILE
+from tests.data_files import ZEUS_TRACE as TRACE
 from wattlab.analysis.models import (
     CURVE_FITS,
     _pava,
@@ -17,14 +19,6 @@ from wattlab.analysis.sweep_results import SweepTable, load_table
 from wattlab.cli import main
 from wattlab.errors import UsageError
 
-PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "data" / "public"
-needs_public = pytest.mark.skipif(not PUBLIC.is_dir(), reason=f"published data absent: {PUBLIC}")
-PROFILE = PUBLIC / "zeus/tests/profile_data"
-TRACE = PUBLIC / "zeus/examples/research_reproducibility/zeus_nsdi23/trace"
-KT_A100 = (PUBLIC / "kernel_tuner_tutorial/energy/data"
-           / "synthetic_fp32_cache_NVIDIA_A100-PCIE-40GB.json")
-PS3 = (PUBLIC / "powersensor3-results/GPU-tuning"
-       / "AD4000_wmma_complex_gemm_opt_16bit_1x4096x4096x4096.json")
 FAST_BOOST = {"n_trees": 30}
 
 
@@ -110,7 +104,6 @@ def test_bad_input() -> None:
         fit_sweep(tiny)
 
 
-@needs_public
 def test_zeus_a40_resnet50_profile_picks_175_w(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(PROFILE / "A40+resnet50+gpu0.csv")
     report = fit_sweep(load_table(path), "energy", None)
@@ -139,7 +132,6 @@ def measured_argmin(t: SweepTable, edp: bool = False) -> dict[str, float]:
     return best
 
 
-@needs_public
 def test_kernel_tuner_a100_optima() -> None:
     t = load_table(str(KT_A100))
     energy, edp = fit_sweep(t, "energy"), fit_sweep(t, "edp")
@@ -152,7 +144,6 @@ def test_kernel_tuner_a100_optima() -> None:
     assert scores[energy.chosen] == min(scores.values()) < scores["linear"]
 
 
-@needs_public
 def test_zeus_a40_trace_optimum_is_often_not_the_lowest_limit() -> None:
     t = load_table(str(TRACE / "summary_power_a40.csv"))
     best = measured_argmin(t)
@@ -165,7 +156,6 @@ def test_zeus_a40_trace_optimum_is_often_not_the_lowest_limit() -> None:
     assert {r.workload: r.measured_best_x for r in report.recommendations} == best
 
 
-@needs_public
 def test_zeus_a40_trace_boosted_trees_chosen_by_loo_pick_the_measured_optimum() -> None:
     # issue 7 on A40. The old fixed 60 trees pooled the workloads' curves into one shape
     # (minimum at 175 W nearly everywhere): the LOO-chosen count is larger, and its picks
@@ -178,7 +168,6 @@ def test_zeus_a40_trace_boosted_trees_chosen_by_loo_pick_the_measured_optimum() 
     assert len({r.recommended_x for r in report.recommendations}) >= 4
 
 
-@needs_public
 def test_zeus_v100_trace_lowest_limit_is_the_usual_optimum() -> None:
     t = load_table(str(TRACE / "summary_power_v100.csv"))
     # (the spline family's GCV costs ~8 ms a fit: left out here to keep the suite fast)
@@ -191,7 +180,6 @@ def test_zeus_v100_trace_lowest_limit_is_the_usual_optimum() -> None:
     assert report.agreement >= 0.5
 
 
-@needs_public
 def test_powersensor3_energy_vs_clock() -> None:
     t = load_table(str(PS3))
     fastest = [w for w, _ in sorted({w: t.runtime_s[i] for i, w in enumerate(t.workload)}

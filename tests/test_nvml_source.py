@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pynvml
 import pytest
 
+from tests.data_files import H100_CAPTURE as REAL_DATA
 from wattlab.acquisition.nvml_cadence import parse_intervals
 from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_streams
 from wattlab.acquisition.source import Chunk, Reading
@@ -343,10 +343,8 @@ def test_large_jitter_is_not_a_gap() -> None:
     assert not [r for r in readings if isinstance(r, Gap)]
 
 
-REAL_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "h100_nvml_seed11.npz"
 
 
-@pytest.mark.skipif(not REAL_DATA.exists(), reason=f"reference data absent: {REAL_DATA}")
 def test_real_h100_sample_stamps_drain_without_false_gaps() -> None:
     real = np.load(REAL_DATA)["samples"]  # stamp µs, mW, host ns when drained
     clock = FakeClock()

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.data_files import PUBLIC
+from tests.data_files import ULISBOA as GPM
 from wattlab.analysis.power_model import (
     LinearPowerModel,
     ScaledPowerModel,
@@ -20,10 +22,6 @@ from wattlab.analysis.power_model import (
 )
 from wattlab.cli import main
 from wattlab.errors import RunFileError, UsageError
-
-PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "data" / "public"
-GPM = PUBLIC / "hpc-ulisboa-gpupowermodel"
-needs_public = pytest.mark.skipif(not GPM.is_dir(), reason=f"published data absent: {GPM}")
 
 HEADER = "2\n1000,3000\n2,1\nALU,SFU,DRAM\n"
 CORE = (600.0, 800.0, 1000.0, 1200.0)
@@ -126,7 +124,6 @@ def test_bad_files_are_named(tmp_path: Path) -> None:
         power_model_report(str(bad), models=("forest",))
 
 
-@needs_public
 def test_titan_x_hpca18_against_published_model() -> None:
     folder = GPM / "v1.0_HPCA2018" / "example_files"
     r = power_model_report(str(folder / "micro_gtxtitanx.csv"),
@@ -144,7 +141,6 @@ def test_titan_x_hpca18_against_published_model() -> None:
     assert r.apps_vs_published_mape is not None and r.apps_vs_published_mape < 4.0
 
 
-@needs_public
 def test_titan_x_tpds19_cli(capsys: pytest.CaptureFixture[str]) -> None:
     micro, model, apps = titan_x_files(PUBLIC)
     assert main(["power-model", micro, "--published", model, "--apps", apps,

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.data_files import KT_A100, ZEUS_TRACE
+from tests.data_files import PS3_TUNING as PS3
+from tests.data_files import ZEUS_PROFILE as PROFILE
 from wattlab.analysis.sweep_results import (
     SweepTable,
     load_table,
@@ -15,15 +20,6 @@ from wattlab.analysis.sweep_results import (
     write_sweep,
 )
 from wattlab.errors import RunFileError, UsageError
-
-PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "data" / "public"
-ZEUS_TRACE = PUBLIC / "zeus/examples/research_reproducibility/zeus_nsdi23/trace"
-PROFILE = PUBLIC / "zeus/tests/profile_data"
-KT_A100 = (PUBLIC / "kernel_tuner_tutorial/energy/data"
-           / "synthetic_fp32_cache_NVIDIA_A100-PCIE-40GB.json")
-PS3 = (PUBLIC / "powersensor3-results/GPU-tuning"
-       / "AD4000_wmma_complex_gemm_opt_16bit_1x4096x4096x4096.json")
-needs_public = pytest.mark.skipif(not PUBLIC.is_dir(), reason=f"published data absent: {PUBLIC}")
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -47,6 +43,17 @@ def test_round_trip(tmp_path: Path) -> None:
     write_sweep(path, t.select(np.array([True, False, False])))  # atomic replace
     assert len(read_sweep(path)) == 1
     assert list(tmp_path.iterdir()) == [tmp_path / "s.h5"]  # no temp file left
+
+
+def test_sweep_file_gets_the_users_umask(tmp_path: Path) -> None:
+    t = SweepTable("power_limit_w", ["a"], np.array([100.0]), np.array([2.0]),
+                   np.array([200.0]))
+    previous = os.umask(0o027)
+    try:
+        write_sweep(str(tmp_path / "s.h5"), t)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "s.h5").stat().st_mode) == 0o640
 
 
 def test_missing_column_is_named(tmp_path: Path) -> None:
@@ -75,7 +82,6 @@ def test_with_x_needs_the_column() -> None:
         t.with_x("sm_clock_mhz")
 
 
-@needs_public
 def test_zeus_profile_a40_resnet50_energies() -> None:
     t = load_table(str(PROFILE / "A40+resnet50+gpu0.csv"))
     e = dict(zip(t.x.tolist(), t.energy_j.tolist(), strict=True))
@@ -88,7 +94,6 @@ def test_zeus_profile_a40_resnet50_energies() -> None:
     assert len(folder.workloads()) == 12 and "gpu_model" in folder.features
 
 
-@needs_public
 def test_zeus_trace_energy_is_time_times_power() -> None:
     t = load_table(str(ZEUS_TRACE / "summary_power_a40.csv"))
     assert len(t) == 453 and len(t.workloads()) == 53
@@ -97,7 +102,6 @@ def test_zeus_trace_energy_is_time_times_power() -> None:
     assert t.energy_j[row] == pytest.approx(27.13 * 106.88881213499654)
 
 
-@needs_public
 def test_kernel_tuner_caches() -> None:
     a100 = load_table(str(KT_A100))
     assert a100.x_name == "sm_clock_mhz" and a100.energy_source == "time*nvml_power"

@@ -77,7 +77,7 @@ def test_sample_buffer_is_complete_and_agrees_with_the_energy_counter(recorded_r
         Path(out, recorded_run.with_suffix(".json").name).write_text(json.dumps(report, indent=2))
     assert report["duplicates"] == 0
     # The driver's own stamps jitter: on an H100 consecutive samples are 7-46 ms apart and
-    # the rate is 49.5-49.8 Hz (shared/data/h100_nvml_seed11.npz and our own runs), so a
+    # the rate is 49.5-49.8 Hz (tests/data/h100_nvml_seed11.npz and our own runs), so a
     # lost sample shows as a step beyond 50 ms or a rate below 49 Hz, not as one 40 ms step.
     assert 49.0 <= rate_hz <= 50.5
     assert report["spacing_ms_max"] < 50.0, "a sample is missing"

@@ -52,7 +52,17 @@ from wattlab.analysis.energy import (
 )
 from wattlab.analysis.first_order_filter import first_order_filter
 from wattlab.analysis.h5_read import open_read_only
+from wattlab.analysis.identifiability import (
+    KernelFit,
+    Verdict,
+    delay_profile,
+    effective_points,
+    judge,
+    repeating_share,
+    width_profile,
+)
 from wattlab.analysis.minimise import golden_section, nelder_mead
+from wattlab.analysis.poll_lattice import fit_poll_lattice
 from wattlab.analysis.run_file import Run, SourceView
 from wattlab.errors import RunFileError, UsageError
 
@@ -74,6 +84,9 @@ REFINE_FACTOR = 2.0
 """A kernel whose searched fit is this many times worse than the best one is not refined."""
 MIN_OVERLAP_FACTOR = 3.0
 """Reference and target must overlap this many (max lag + longest kernel) spans."""
+PHASE_LENGTHS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+"""Phase lengths whose energy error a calibration reports (those up to half the run)."""
+MAX_LENGTH_WINDOWS = 400
 CONVENTION = ("causal kernels starting at 0 (a boxcar averages the trailing window "
               "[u-tau-w, u-tau]); tau is the pure delay; effective delay = tau + centroid")
 
@@ -103,6 +116,7 @@ class _Ref:
         self.step_s = float(self.edges[-1] - self.edges[0]) / (self.edges.size - 1)
         self.has_holes = bool(self.cum_hole_s[-1] > 0)
         self._filled: FloatArray | None = None
+        self._cum_filled: FloatArray | None = None
         # (value, step to the next edge) side by side: one memory access per lookup; the
         # last edge's row (step 0) serves a time exactly at the end of the grid
         self._cum_pairs = np.zeros((self.cum_j.size, 2))
@@ -187,8 +201,10 @@ class _Ref:
         """Running integral with gaps bridged (for energies of windows with small gaps)."""
         if not self.has_holes:
             return self.cum_j
-        dt = np.diff(self.edges)
-        return np.concatenate(([0.0], np.cumsum(self.filled_means() * dt)))
+        if self._cum_filled is None:  # once: every phase and sliding window asks for it
+            dt = np.diff(self.edges)
+            self._cum_filled = np.concatenate(([0.0], np.cumsum(self.filled_means() * dt)))
+        return self._cum_filled
 
     def filled_means(self) -> FloatArray:
         """Bin means with gaps filled by interpolation (only for kernels that need a series)."""
@@ -421,6 +437,59 @@ def update_lattice(x: FloatArray, poll_s: float = 0.0) -> tuple[FloatArray, floa
     return u, period, float(delay[snap].mean())
 
 
+def _identify(ref: _Ref, x: FloatArray, y: FloatArray, fit: KernelFit, *, kernel: str,
+              resid: FloatArray, r2: float, gain: tuple[float, float], period_s: float,
+              ref_means: tuple[FloatArray, float]) -> tuple[Verdict, dict[str, Any]]:
+    """Profile likelihoods of the width and the effective delay, and the verdict on them.
+
+    A long recording is profiled on every k-th reading and the coarse grid, as it is
+    searched (``_fit_kernels``); the misfit's rise is judged with the readings' effective
+    count (``effective_points``) either way.
+    """
+    stride = max(1, math.ceil(x.size / SEARCH_POINTS))
+    grid = ref if stride == 1 else ref.decimated(
+        max(1, round(1.0 / (ref.step_s * SEARCH_RATE_HZ))))
+    xs, ys = x[::stride], y[::stride]
+    model = MODELS[kernel]
+
+    def cost(t: float, w: float) -> float:
+        return _linear(model(grid, xs, t, w), ys)[2]
+
+    best = cost(fit.tau_s, fit.width_s)
+    bounds, n_eff = (2.0 * grid.step_s, MAX_KERNEL_S), effective_points(resid)
+    w_prof = width_profile(cost, fit, bounds=bounds, best_mse=best, n_eff=n_eff)
+    d_prof = delay_profile(cost, fit, bounds=bounds, best_mse=best, n_eff=n_eff)
+    repeat_hz, share = repeating_share(*ref_means)
+    verdict = judge(w_prof, d_prof, width_scale_s=max(fit.width_s, period_s), r2=r2,
+                    gain=gain[0],
+                    gain_se=gain[1], repeat_hz=repeat_hz, repeat_share=share)
+    profiles = {"n_eff": n_eff, "load_repeat_hz": repeat_hz, "load_repeat_share": share,
+                WIDTH_NAME[kernel]: [w_prof.low, w_prof.high],
+                "effective_delay_s": [d_prof.low, d_prof.high],
+                "width_connected": w_prof.connected, "delay_connected": d_prof.connected}
+    return verdict, profiles
+
+
+def _held_lattice(view: SourceView, channel: str, first_seen_s: FloatArray, poll_s: float
+                  ) -> tuple[FloatArray, float, float, float] | None:
+    """(update instants, period, its standard error, mean poll delay) of held readings.
+
+    Polls well inside the update period: the readings' own lattice (``update_lattice``).
+    Polls at a similar rate (the default 90 ms against 100 ms updates): the pattern of
+    polls that saw nothing new (``fit_poll_lattice``).
+    """
+    lattice = update_lattice(first_seen_s, poll_s)
+    if lattice is not None:
+        updates, period, delay = lattice
+        return updates, period, period / math.sqrt(12 * first_seen_s.size), delay
+    polled = fit_poll_lattice(view.time_ns.astype(np.float64) / 1e9,
+                              view.channel(channel).astype(np.float64))
+    if polled is None or polled.update_t_s.size != first_seen_s.size:
+        return None
+    delay = float(np.mean(first_seen_s - polled.update_t_s))
+    return polled.update_t_s, polled.period_s, polled.period_se_s, delay
+
+
 def _ref_grid(run: Run, view: SourceView, channel: str, span: tuple[float, float],
               rate_hz: float) -> tuple[_Ref, Cumulative]:
     """The reference on the fine grid, and its running integral there (one pass)."""
@@ -476,6 +545,32 @@ def _phase_errors(
     return rows
 
 
+def _length_errors(length_s: float, ref: _Ref, terms: dict[str, Any]) -> dict[str, Any]:
+    """Energy errors of phases of one length, slid over the run (half-overlapping windows).
+
+    Why: what a view observes of the load (its coverage and smoothing) shows as the energy
+    error of phases of a given length; a user with 2 s phases needs that number, not the
+    whole run's.
+    """
+    span = terms["span"]
+    starts = np.arange(span[0], span[1] - length_s, length_s / 2)
+    if starts.size > MAX_LENGTH_WINDOWS:
+        starts = starts[np.linspace(0, starts.size - 1, MAX_LENGTH_WINDOWS).astype(np.int64)]
+    windows = [Phase("window", i, float(a), float(a) + length_s, "")
+               for i, a in enumerate(starts)]
+    rows = _phase_errors(windows, ref, **terms)
+    before = np.array([r["error_before_pct"] for r in rows if r["error_before_pct"] is not None])
+    after = np.array([r["error_after_pct"] for r in rows if r["error_after_pct"] is not None])
+
+    def rms(x: FloatArray) -> float | None:
+        return float(np.sqrt(np.mean(x * x))) if x.size else None
+
+    return {"length_s": length_s, "windows": int(after.size), "rms_error_before_pct": rms(before),
+            "rms_error_after_pct": rms(after),
+            "p95_abs_error_after_pct": float(np.percentile(np.abs(after), 95)) if after.size
+            else None}
+
+
 def calibrate(
     run: Run,
     reference: str,
@@ -506,13 +601,13 @@ def calibrate(
         raise UsageError(f"update_times {update_times!r}: use auto, lattice or first_seen")
     x_all, y_all, held, poll_s = target_updates(tgt_view, tgt_ch)
     period = float(np.median(np.diff(x_all)))
-    lattice = (update_lattice(x_all, poll_s) if held and update_times != "first_seen"
-               else None)
+    lattice = (_held_lattice(tgt_view, tgt_ch, x_all, poll_s)
+               if held and update_times != "first_seen" else None)
     if lattice is None and update_times == "lattice":
         raise UsageError(f"{target}: readings are not on a periodic update lattice")
-    poll_delay = math.nan
+    poll_delay, period_se = math.nan, math.nan
     if lattice is not None:
-        x_all, period, poll_delay = lattice
+        x_all, period, period_se, poll_delay = lattice
     t0 = max(r0, float(x_all[0]) - max_lag_s - MAX_KERNEL_S)
     t1 = min(r1, float(x_all[-1]) + max_lag_s)
     if t1 - t0 < MIN_OVERLAP_FACTOR * (max_lag_s + MAX_KERNEL_S):
@@ -616,6 +711,14 @@ def calibrate(
     info = np.array(block_info) if block_info else np.full((1, 2), np.nan)  # as ``arr``
     se["g"] = float(np.nanmax([weighted_batch_se(arr[:, 2], info[:, 0]), se_g_res]))
     se["c"] = float(np.nanmax([weighted_batch_se(arr[:, 3], info[:, 1]), se_c_res]))
+    verdict, profiles = _identify(
+        ref, x, y, KernelFit(tau, width, centroid / width), kernel=kernel, resid=resid, r2=r2,
+        gain=(g, se["g"]), period_s=period, ref_means=(c_ref, 1.0 / coarse))
+    # where the data cannot pin a parameter, its uncertainty says so (batch means cannot)
+    se["w"] = float(np.nanmax([se["w"], verdict.se_floor["w"]]))
+    se["eff"] = float(np.nanmax([se["eff"], verdict.se_floor["eff"]]))
+    se["tau"] = float(np.nanmax([se["tau"], math.hypot(verdict.se_floor["eff"],
+                                                       centroid / width * se["w"])]))
 
     # power-dependent gain: y = g0·m + g1·m·(m − m̄)/m̄ + c
     mbar = float(m[ok].mean())
@@ -642,6 +745,8 @@ def calibrate(
                              "d": d_e, "span": span}
     overall = _phase_errors([Phase("overall", 0, span[0], span[1], "")], ref, **terms)
     per_phase = _phase_errors(phases, ref, **terms)
+    by_length = [_length_errors(length, ref, terms) for length in PHASE_LENGTHS_S
+                 if length <= (span[1] - span[0]) / 2]
     long = [p for p in per_phase if p["duration_s"] >= min_phase_s]
 
     def mean_abs(key: str) -> float | None:
@@ -671,7 +776,12 @@ def calibrate(
         "effective_delay_s": est(tau + centroid, se["eff"]),
         "energy_delay_s": est(d_energy, se["d"]),
         "cross_correlation_lag": lag.to_json(),
+        "identifiable": verdict.identifiable,
+        "warnings": verdict.warnings,
+        "advice": verdict.advice,
+        "profiles": profiles,
         "update_period_s": period,
+        "update_period_se_s": period_se,
         "held_readings": held,
         "update_times": "lattice" if lattice is not None else "first_seen",
         "poll_delay_s": poll_delay,
@@ -693,6 +803,7 @@ def calibrate(
             "phases_considered": len(long),
             "mean_abs_error_before_pct": mean_abs("error_before_pct"),
             "mean_abs_error_after_pct": mean_abs("error_after_pct"),
+            "by_length": by_length,
         },
     })
 
@@ -711,7 +822,12 @@ def store_in_run(path: str, record: dict[str, Any]) -> str:
 
     Needs the recorder to have closed the file; a record of the same stream is replaced.
     """
+    from wattlab.sync.run_repair import writer_status
+
     where = record_path(record)
+    status = writer_status(path)
+    if status.flags:
+        raise RunFileError(f"cannot add {where}: {status.describe(path)} (or use --no-store)")
     try:
         with h5py.File(path, "r+", locking=False) as f:
             if where in f:
@@ -719,6 +835,7 @@ def store_in_run(path: str, record: dict[str, Any]) -> str:
             group = f.require_group(where)
             group.attrs["record_json"] = json.dumps(record, sort_keys=True)
             group.attrs["kernel"] = record["kernel"]
+            group.attrs["identifiable"] = bool(record.get("identifiable", True))
             for name, value in record["params"].items():
                 if value["value"] is not None:
                     group.attrs[name] = value["value"]
@@ -740,8 +857,12 @@ def load_from_run(path: str) -> list[dict[str, Any]]:
     return out
 
 
-def load_record(path: str) -> dict[str, Any]:
-    """A calibration record from JSON (checked for the fields energy correction needs)."""
+def load_record(path: str, *, force: bool = False) -> dict[str, Any]:
+    """A calibration record from JSON (checked for the fields energy correction needs).
+
+    A record whose data could not pin the kernel is refused unless ``force``: applying it
+    would correct energy with numbers the recording could not tell.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             record = json.load(f)
@@ -754,4 +875,9 @@ def load_record(path: str) -> dict[str, Any]:
             raise UsageError(f"{path}: calibration record lacks params.{key}")
     if record.get("energy_delay_s", {}).get("value") is None:
         raise UsageError(f"{path}: calibration record lacks energy_delay_s")
+    if record.get("identifiable") is False and not force:
+        reasons = "; ".join(record.get("warnings", [])) or "no reason recorded"
+        raise UsageError(f"{path}: this calibration is not identifiable ({reasons}); "
+                         f"{record.get('advice') or 'record a richer load'}, or pass "
+                         "--force-calibration to apply it anyway")
     return record

@@ -1,7 +1,7 @@
 """Put each energy-counter read at the counter update it shows, where the reads pin them.
 
 Why: NVML's energy counter moves on a regular grid, one update every 100 ms (the change
-times in the H100 capture, ``shared/data/h100_nvml_seed11.npz``, fit a 100.0003 ms grid, and
+times in the H100 capture, ``tests/data/h100_nvml_seed11.npz``, fit a 100.0003 ms grid, and
 are seen only after it, never before). A read therefore shows the energy up to the last
 update before it. Sweep runs read the counter at the update rate, so each read lags its
 update by about the same time and the lag cancels in a difference, until a read's timing

@@ -81,7 +81,7 @@ def _descriptor(source_id: str, channels: list[Channel], path: Path, fmt: str, *
 
 
 def read_nvml_npz(path: Path, name: str) -> Imported:
-    """The NVML capture format of ``h100_nvml_seed11.npz`` (see shared/data/README.md)."""
+    """The NVML capture format of ``h100_nvml_seed11.npz`` (see tests/data/README.md)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: np.asarray(data[k]) for k in data.files}

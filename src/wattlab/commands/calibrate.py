@@ -34,7 +34,7 @@ def _fmt(obj: dict[str, Any], unit: str, scale: float = 1.0) -> str:
     if v is None:
         return "-"
     return f"{v * scale:.4g} ± {se * scale:.2g} {unit}" if se is not None else \
-        f"{v * scale:.4g} {unit}"
+        f"{v * scale:.4g} {unit} (not pinned by this data)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,12 +60,21 @@ def run(args: argparse.Namespace) -> int:
           f"{record['reference']['source']}:{record['reference']['channel']}")
     print(f"  GPU {key['gpu_model']}, board {key['board'] or '-'}, driver "
           f"{key['driver_version'] or '-'}, field {key['nvml_field']}")
+    if not record["identifiable"]:
+        print("  NOT IDENTIFIABLE: this recording cannot pin the driver's kernel")
+        for warning in record["warnings"]:
+            print(f"    - {warning}")
+        print(f"    fix: {record['advice']}")
+        print("    `wattlab energy --calibration` refuses this record unless "
+              "--force-calibration is given")
     print(f"  kernel          {record['kernel']}  ({record['convention']})")
     for name, value in p.items():
         unit = "ms" if name.endswith("_s") else ("W" if name.endswith("_w") else "")
         print(f"  {name:<15} {_fmt(value, unit, 1e3 if unit == 'ms' else 1.0)}")
     print(f"  effective delay {_fmt(record['effective_delay_s'], 'ms', 1e3)}")
-    print(f"  update period   {record['update_period_s'] * 1e3:.1f} ms, coverage "
+    period_se = record.get("update_period_se_s")
+    print(f"  update period   {record['update_period_s'] * 1e3:.1f}"
+          + (f" ± {period_se * 1e3:.2f}" if period_se is not None else "") + " ms, coverage "
           f"{record['coverage'] * 100:.0f} %")
     fit = record["fit"]
     print(f"  residual        {fit['rmse_w']:.2f} W rms (R² {fit['r2']:.4f}, "
@@ -78,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         o = e["overall"]
         print(f"  energy overall  {o['error_before_pct']:+.2f} % before, "
               f"{o['error_after_pct']:+.2f} % after correction")
+    if e.get("by_length"):
+        print("  energy error by phase length (rms over sliding windows, after correction): "
+              + ", ".join(f"{row['length_s']:g} s {row['rms_error_after_pct']:.2f} %"
+                          for row in e["by_length"] if row["rms_error_after_pct"] is not None))
     if e["phases_considered"]:
         print(f"  phases ≥ {e['min_phase_s']:g} s ({e['phases_considered']}): mean |error| "
               f"{e['mean_abs_error_before_pct']:.2f} % before, "

@@ -36,6 +36,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="stream the errors are relative to (default: the first non-NVML meter)")
     p.add_argument("--calibration", metavar="CAL.json",
                    help="correct NVML energy with a record from `wattlab calibrate -o`")
+    p.add_argument("--force-calibration", action="store_true",
+                   help="apply a calibration record even if its data could not pin the kernel")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.calibration:
         from wattlab.analysis.calibration import load_record
 
-        record = load_record(args.calibration)
+        record = load_record(args.calibration, force=args.force_calibration)
     with Run(args.run) as run_file:
         report = energy_report(run_file, by_marker=args.by_marker, reference=args.reference,
                                calibration=record, windows=args.window)
