@@ -28,12 +28,11 @@ KS = (2, 3, 4)
 
 
 def trace(gpu: str) -> str:
-    """The trace in tests/data when the repository has it, else the shared data folder."""
-    for base in (ROOT / "tests/data/public", ROOT.parent.parent / "shared/data/public"):
-        path = base / TRACE / f"summary_power_{gpu}.csv"
-        if path.exists():
-            return str(path)
-    raise SystemExit(f"summary_power_{gpu}.csv not found under tests/data/public/{TRACE}")
+    """The published trace shipped in tests/data."""
+    path = ROOT / "tests/data/public" / TRACE / f"summary_power_{gpu}.csv"
+    if not path.exists():
+        raise SystemExit(f"{path}: missing from this checkout")
+    return str(path)
 
 
 def cell(value: float, key: str, spread: dict[str, float] | None, digits: int = 0) -> str:

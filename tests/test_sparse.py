@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_models import TRACE, needs_public, synthetic
+from tests.data_files import ZEUS_TRACE
+from tests.test_models import synthetic
 from wattlab.analysis.sparse import evaluate_sparse, measured_positions
 from wattlab.analysis.sweep_results import SweepTable, load_table
 from wattlab.cli import main
 
-A40_TRACE = TRACE / "summary_power_a40.csv"
+A40_TRACE = ZEUS_TRACE / "summary_power_a40.csv"
 
 
 def sparse_csv(path: Path, table: SweepTable, workload: str, keep: tuple[float, ...]) -> Path:
@@ -110,7 +111,6 @@ def test_power_column_is_energy_over_time(tmp_path: Path) -> None:
     assert t.x_name == "sm_clock_mhz" and t.energy_j.tolist() == [200.0, 225.0]
 
 
-@needs_public
 def test_zeus_a40_k3_within_one_step() -> None:
     # measured 2026-11-24: 48/53 workloads (91 %) within one 25 W step with k = 3 spread
     # (100, 200, 300 W), mean energy regret 1.1 %; the margin allows two workloads to move
