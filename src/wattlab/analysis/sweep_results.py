@@ -442,6 +442,40 @@ def _kt_energy(entry: dict[str, Any], t_ms: float) -> tuple[float | None, str]:
     return None, ""
 
 
+SETTING_COLUMNS = ("power_limit_w", "sm_clock_mhz", "mem_clock_mhz")
+
+
+def _one_of(path: str, header: list[str], wanted: tuple[str, ...]) -> str:
+    """The first of ``wanted`` in the header, or an error naming the file and the columns."""
+    for c in wanted:
+        if c in header:
+            return c
+    raise RunFileError(f"{path}: missing column: one of {', '.join(wanted)} "
+                       f"(has {', '.join(header)})")
+
+
+def load_workload_csv(path: str) -> SweepTable:
+    """A plain CSV: ``workload``, one setting column, ``runtime_s``, ``energy_j`` or ``power_w``.
+
+    Why: a user's own measurements (e.g. a few settings of a new job beside full sweeps of
+    others) in the simplest form a spreadsheet writes; one row per run, repeats allowed.
+    """
+    rows = _read_csv(path, ("workload", "runtime_s"))
+    if not rows:
+        raise RunFileError(f"{path}: no rows after the header")
+    setting = _one_of(path, list(rows[0]), SETTING_COLUMNS)
+    energy = _one_of(path, list(rows[0]), ("energy_j", "power_w"))
+    x = np.array([_float(path, i + 2, r, setting) for i, r in enumerate(rows)])
+    t = np.array([_float(path, i + 2, r, "runtime_s") for i, r in enumerate(rows)])
+    e = np.array([_float(path, i + 2, r, energy) for i, r in enumerate(rows)])
+    return SweepTable(setting, [r["workload"] for r in rows], x, t,
+                      e if energy == "energy_j" else e * t, energy_source=energy,
+                      origin=path, attrs={"format": "workload-csv"},
+                      sm_clock_mhz=x if setting == "sm_clock_mhz" else None,
+                      mem_clock_mhz=x if setting == "mem_clock_mhz" else None,
+                      power_limit_w=x if setting == "power_limit_w" else None)
+
+
 def load_table(path: str) -> SweepTable:
     """Any supported sweep table, by content: sweep HDF5, Zeus CSVs, Kernel Tuner JSON.
 
@@ -466,8 +500,11 @@ def load_table(path: str) -> SweepTable:
         return load_zeus_profile(path)
     if "time_per_epoch" in first or "average_power" in first:
         return load_zeus_trace(path)
+    if "workload" in [c.strip() for c in first.split(",")]:
+        return load_workload_csv(path)
     raise RunFileError(f"{path}: unknown sweep table format (expected a wattlab sweep file, "
-                       "a Zeus summary_power/profile CSV or a Kernel Tuner cache JSON)")
+                       "a Zeus summary_power/profile CSV, a CSV with a workload column or a "
+                       "Kernel Tuner cache JSON)")
 
 
 def concat(tables: list[SweepTable], origin: str = "") -> SweepTable:

@@ -15,7 +15,9 @@ from wattlab.analysis.models import (
     fit_sweep,
 )
 from wattlab.analysis.phase_choice import choose_per_phase, format_phase_report
-from wattlab.analysis.sweep_results import X_NAMES, load_table
+from wattlab.analysis.sparse import CHOICES, evaluate_sparse, recommend_sparse
+from wattlab.analysis.sparse_report import format_evaluation, format_recommendation
+from wattlab.analysis.sweep_results import X_NAMES, SweepTable, load_table
 from wattlab.errors import UsageError
 
 UNITS = {"power_limit_w": "W", "sm_clock_mhz": "MHz", "mem_clock_mhz": "MHz"}
@@ -44,8 +46,38 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--by-phase", action="store_true",
                    help="also choose the best setting per marked phase (sweep files whose "
                         "workload used wattlab.phase)")
+    p.add_argument("--measured", type=int, metavar="K",
+                   help="sparse-sweep backtest: hold out each workload, keep K of its "
+                        "settings, predict its best setting from the other workloads")
+    p.add_argument("--choice", choices=CHOICES, default="spread",
+                   help="which K settings --measured keeps (always the highest): spread "
+                        "over the range, or random (default spread)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (--choice random, "
+                   "--sparse bootstrap; default 0)")
+    p.add_argument("--draws", type=int, default=20, metavar="N",
+                   help="--choice random: repetitions of the backtest (default 20)")
+    p.add_argument("--sparse", metavar="WORKLOAD",
+                   help="recommend a setting for WORKLOAD, measured at a few settings, from "
+                        "the other workloads' full sweeps in the same table")
     p.add_argument("--json", action="store_true", help="print JSON")
     return p
+
+
+def _run_sparse(args: argparse.Namespace, table: SweepTable) -> int:
+    """``--measured K`` (backtest) or ``--sparse WORKLOAD`` (a recommendation)."""
+    unit = UNITS.get(table.x_name, "")
+    if args.measured is not None:
+        if args.draws < 1:
+            raise UsageError("--draws must be at least 1")
+        ev = evaluate_sparse(table, args.measured, args.objective, args.max_slowdown,
+                             choice=args.choice, seed=args.seed, draws=args.draws)
+        out, text = ev.to_json(), format_evaluation(ev, unit, args.top)
+    else:
+        rec = recommend_sparse(table, args.sparse, args.objective, args.max_slowdown,
+                               seed=args.seed)
+        out, text = rec.to_json(), format_recommendation(rec, unit)
+    print(json.dumps(out, indent=1, allow_nan=True) if args.json else text)
+    return 0
 
 
 def format_report(report: FitReport, top: int) -> str:
@@ -92,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
         import numpy as np
 
         table = table.select(np.array(keep))
+    if args.measured is not None or args.sparse is not None:
+        if args.measured is not None and args.sparse is not None:
+            raise UsageError("--measured (backtest) and --sparse (recommend) exclude each other")
+        return _run_sparse(args, table)
     families = tuple(f.strip() for f in args.families.split(",") if f.strip())
     if args.max_boost_holdout < 1:
         raise UsageError("--max-boost-holdout must be at least 1")
