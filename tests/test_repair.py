@@ -201,3 +201,28 @@ def test_flags_are_cleared_exactly_as_h5clear_clears_them(tmp_path):
     assert clear_crash_flags(str(path)) is True
     subprocess.run(["h5clear", "-s", str(theirs)], check=True, capture_output=True)
     assert path.read_bytes() == theirs.read_bytes()
+
+
+def test_a_killed_writer_not_yet_reaped_counts_as_gone():
+    """A kill -9'd recorder whose parent died too stays a zombie until something reaps it;
+    it holds no file and writes nothing, so repair must not wait for it."""
+    import signal
+    import time
+
+    from wattlab.sync import writer_identity
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        identity = {**writer_identity.writer_identity(), "pid": child.pid,
+                    "start_ticks": writer_identity._proc_start_ticks(child.pid)}
+        assert writer_identity.writer_alive(identity) is True
+        child.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while (Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+               != "Z") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert writer_identity.writer_alive(identity) is False  # a zombie, not reaped
+    finally:
+        child.kill()
+        child.wait()
+    assert writer_identity.writer_alive(identity) is False  # reaped: gone

@@ -20,13 +20,19 @@ WRITER_ATTR = "writer_json"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
-def _proc_start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (Linux ``/proc``), None if unknown."""
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22 of stat(5)
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (Linux ``/proc``), None if unknown."""
+    fields = _proc_stat(pid)
+    return None if fields is None else int(fields[19])  # field 22 of stat(5)
 
 
 def _boot_id() -> str:
@@ -58,8 +64,11 @@ def writer_alive(identity: dict[str, Any]) -> bool | None:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
+    fields = _proc_stat(pid)
+    if fields is not None and fields[0] in ("Z", "X"):
+        return False  # killed, not yet reaped: it writes nothing any more
     started = identity.get("start_ticks")
-    now = _proc_start_ticks(pid)
+    now = None if fields is None else int(fields[19])
     return started is None or now is None or now == started
 
 
