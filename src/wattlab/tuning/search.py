@@ -1,0 +1,257 @@
+"""The search: which setting to run next, from the iterations measured so far.
+
+Why iteration-driven: the same object runs inside a live recording (fed by the iteration
+detector) and in the benchmark (fed by a simulated surface), so what is benchmarked is what
+runs. It measures the default setting first (the reference for the slowdown bound), then
+searches one knob at a time (coordinate search, the other knobs at their best so far):
+two spread probes, then repeatedly a model of time and power along the knob — the family
+chosen by leave-one-out error among those ``wattlab fit`` has — proposes the best
+unmeasured setting predicted to respect the bound, and a local search measures the
+neighbours of the best measured one. A probe lasts until its mean energy and time per
+iteration are known to ``rel_se`` (standard error), within ``min_iters``..``max_iters``,
+after dropping the first iteration at a new setting (it straddles the change). The settled
+setting is the best *measured* one whose slowdown, less its own uncertainty, keeps within
+the bound: a model only chooses what to measure, never what to keep.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wattlab.analysis.models import (
+    CURVE_FITS,
+    PER_WORKLOAD,
+    choose_family,
+    loo_predictions,
+    score_families,
+)
+from wattlab.analysis.sweep_results import SweepTable
+from wattlab.errors import UsageError
+from wattlab.tuning.surfaces import objective_value
+
+Index = tuple[int, ...]
+OBJECTIVES = ("energy", "edp")
+SPREAD = (0.3, 0.65)  # first probes along a knob, as fractions of its range from the bottom
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """How the search measures and decides."""
+
+    objective: str = "energy"
+    max_slowdown: float = 0.05
+    min_iters: int = 5
+    max_iters: int = 40
+    rel_se: float = 0.005
+    discard: int = 1
+    max_probes_per_knob: int = 8
+
+    def check(self) -> None:
+        """Bad values are usage errors that name the option."""
+        if self.objective not in OBJECTIVES:
+            raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, "
+                             f"got {self.objective!r}")
+        if not (math.isfinite(self.max_slowdown) and 0.0 <= self.max_slowdown <= 1.0):
+            raise UsageError(f"--max-slowdown is a fraction in [0, 1] (0.05 = 5 %), "
+                             f"got {self.max_slowdown}")
+        if not 1 <= self.min_iters <= self.max_iters:
+            raise UsageError(f"--min-iters must be >= 1 and <= --max-iters, got "
+                             f"{self.min_iters} and {self.max_iters}")
+
+
+@dataclass
+class Probe:
+    """Iterations measured at one setting: mean energy and time with standard errors."""
+
+    index: Index
+    setting: dict[str, float]
+    purpose: str
+    energy_j: list[float] = field(default_factory=list)
+    time_s: list[float] = field(default_factory=list)
+    skipped: int = 0
+
+    def stats(self) -> tuple[float, float, float, float]:
+        """(mean energy J, its SE, mean time s, its SE)."""
+        e, t = np.array(self.energy_j), np.array(self.time_s)
+        n = max(len(e), 1)
+        se = (lambda a: float(a.std(ddof=1) / math.sqrt(n)) if len(a) > 1 else math.inf)
+        return float(e.mean()), se(e), float(t.mean()), se(t)
+
+    def done(self, cfg: SearchConfig, min_iters: int) -> bool:
+        n = len(self.energy_j)
+        if n >= cfg.max_iters:
+            return True
+        if n < min_iters:
+            return False
+        e, se_e, t, se_t = self.stats()
+        return se_e <= cfg.rel_se * e and se_t <= cfg.rel_se * t
+
+
+class Search:
+    """The tuner's state machine: ``observe`` each iteration, apply what ``current`` says."""
+
+    def __init__(self, axes: dict[str, tuple[float, ...]], config: SearchConfig,
+                 default: Index | None = None) -> None:
+        config.check()
+        if not axes or any(len(v) == 0 for v in axes.values()):
+            raise UsageError("tune needs at least one knob with settings to try")
+        self.axes = {k: tuple(sorted(v)) for k, v in axes.items()}
+        self.knobs = list(self.axes)
+        self.cfg = config
+        self.default: Index = default or tuple(len(v) - 1 for v in self.axes.values())
+        self.probes: dict[Index, Probe] = {}
+        self.order: list[Index] = []
+        self.models: list[dict[str, Any]] = []
+        self.decisions: list[dict[str, Any]] = []
+        self.iteration = 0
+        self.settled_at: int | None = None
+        self.best: Index = self.default
+        self._knob = 0
+        self._knob_probes = 0
+        self.current: Index = self.default
+        self._start(self.default, "baseline")
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def settled(self) -> bool:
+        return self.settled_at is not None
+
+    def setting(self, index: Index) -> dict[str, float]:
+        return {k: self.axes[k][i] for k, i in zip(self.knobs, index, strict=True)}
+
+    def observe(self, energy_j: float, time_s: float) -> Index | None:
+        """One finished iteration at ``current``; returns the next setting if it changes."""
+        self.iteration += 1
+        if self.settled or not (energy_j > 0 and time_s > 0):
+            return None
+        probe = self.probes[self.current]
+        if probe.skipped < self.cfg.discard:
+            probe.skipped += 1
+            return None
+        probe.energy_j.append(float(energy_j))
+        probe.time_s.append(float(time_s))
+        need = 2 * self.cfg.min_iters if probe.purpose == "baseline" else self.cfg.min_iters
+        if not probe.done(self.cfg, need):
+            return None
+        before = self.current
+        self._next()
+        return self.current if self.current != before else None
+
+    def summary(self) -> dict[str, Any]:
+        """What was decided, for the run file and the report."""
+        base = self.probes[self.default].stats()
+        best = self.probes[self.best].stats()
+        return {"objective": self.cfg.objective, "max_slowdown": self.cfg.max_slowdown,
+                "knobs": self.knobs, "default": self.setting(self.default),
+                "chosen": self.setting(self.best), "settled": self.settled,
+                "settled_at_iteration": self.settled_at, "probes": len(self.order),
+                "energy_saving_measured": 1.0 - best[0] / base[0],
+                "slowdown_measured": best[2] / base[2] - 1.0,
+                "config": asdict(self.cfg)}
+
+    # ------------------------------------------------------------------ internals
+
+    def _start(self, index: Index, purpose: str) -> None:
+        self.current = index
+        if index not in self.probes:
+            self.probes[index] = Probe(index, self.setting(index), purpose)
+            self.order.append(index)
+            self._knob_probes += purpose != "baseline"
+        self.decisions.append({"iteration": self.iteration, "action": purpose,
+                               "setting": self.setting(index)})
+
+    def _feasible_value(self, index: Index) -> float | None:
+        """The objective at a measured setting if it keeps (with its SE) within the bound."""
+        e, _, t, se_t = self.probes[index].stats()
+        _, _, t0, se_t0 = self.probes[self.default].stats()
+        slow = t / t0 - 1.0 + math.hypot(se_t / t0, se_t0 / t0 * t / t0)
+        if index != self.default and slow > self.cfg.max_slowdown:
+            return None
+        return objective_value(self.cfg.objective, e, t)
+
+    def _best_measured(self) -> Index:
+        values = {i: v for i in self.probes if (v := self._feasible_value(i)) is not None}
+        return min(values, key=lambda i: values[i])
+
+    def _line(self) -> list[Index]:
+        """The settings along the current knob, the others at the best so far."""
+        k = self._knob
+        return [self.best[:k] + (j,) + self.best[k + 1:] for j in range(len(self.axes[
+            self.knobs[k]]))]
+
+    def _next(self) -> None:
+        """Pick the next probe along the current knob, move to the next knob, or settle."""
+        while self._knob < len(self.knobs):
+            self.best = self._best_measured()
+            line = self._line()
+            nxt = None
+            if self._knob_probes < self.cfg.max_probes_per_knob:
+                nxt = self._spread(line) or self._modelled(line) or self._local(line)
+            if nxt is not None:
+                self._start(nxt[0], nxt[1])
+                return
+            self._knob += 1
+            self._knob_probes = 0
+        self.best = self._best_measured()
+        self.settled_at = self.iteration
+        self._start(self.best, "settle")
+
+    def _spread(self, line: list[Index]) -> tuple[Index, str] | None:
+        n = len(line)
+        for frac in SPREAD:
+            idx = line[min(n - 1, round(frac * (n - 1)))]
+            if idx not in self.probes:
+                return idx, "spread"
+        return None
+
+    def _local(self, line: list[Index]) -> tuple[Index, str] | None:
+        """An unmeasured neighbour of the best measured setting on the line."""
+        pos = line.index(self.best) if self.best in line else None
+        if pos is None:
+            return None
+        for j in (pos - 1, pos + 1):
+            if 0 <= j < len(line) and line[j] not in self.probes:
+                return line[j], "local"
+        return None
+
+    def _modelled(self, line: list[Index]) -> tuple[Index, str] | None:
+        """The model's best predicted setting on the line, if not measured yet."""
+        measured = [i for i in line if i in self.probes]
+        if len(measured) < 3:
+            return None
+        k = self._knob
+        x = np.array([self.axes[self.knobs[k]][i[k]] for i in measured])
+        stats = [self.probes[i].stats() for i in measured]
+        t = np.array([s[2] for s in stats])
+        e = np.array([s[0] for s in stats])
+        table = SweepTable(self.knobs[k], ["run"] * len(measured), x, t, e)
+        families = tuple(f for f in PER_WORKLOAD if f != "spline" or len(measured) >= 5)
+        scores = score_families(table, loo_predictions(table, families))
+        quantity = "energy" if self.cfg.objective == "energy" else "edp"
+        try:
+            family = choose_family(scores, self.cfg.objective).family
+        except UsageError:
+            return None
+        xs = np.array([self.axes[self.knobs[k]][i[k]] for i in line])
+        fit = CURVE_FITS[family]
+        t_curve, p_curve = fit(x, t), fit(x, e / t)
+        if t_curve is None or p_curve is None:
+            return None
+        t_hat = np.maximum(t_curve(xs), 1e-9)
+        e_hat = t_hat * np.maximum(p_curve(xs), 1e-9)
+        t0 = self.probes[self.default].stats()[2]
+        obj = e_hat if self.cfg.objective == "energy" else e_hat * t_hat
+        ok = t_hat <= t0 * (1 + self.cfg.max_slowdown)
+        pick = line[int(np.flatnonzero(ok)[np.argmin(obj[ok])])] if ok.any() else None
+        self.models.append({"iteration": self.iteration, "knob": self.knobs[k],
+                            "family": family, "points": len(measured),
+                            "loo_mape": {s.family: s.mape_common.get(quantity) for s in scores},
+                            "predicted_best": None if pick is None else self.setting(pick)})
+        if pick is None or pick in self.probes:
+            return None
+        return pick, "model"
