@@ -76,8 +76,10 @@ class Probe:
 
     def stats(self) -> tuple[float, float, float, float]:
         """(mean energy J, its SE, mean time s, its SE)."""
+        if not self.energy_j:
+            return math.nan, math.inf, math.nan, math.inf
         e, t = np.array(self.energy_j), np.array(self.time_s)
-        n = max(len(e), 1)
+        n = len(e)
         se = (lambda a: float(a.std(ddof=1) / math.sqrt(n)) if len(a) > 1 else math.inf)
         return float(e.mean()), se(e), float(t.mean()), se(t)
 
@@ -142,6 +144,18 @@ class Search:
         self._next()
         return self.current if self.current != before else None
 
+    def abandon(self, why: str) -> Index | None:
+        """No iteration could be measured at ``current`` (e.g. its bursts are too faint to
+        detect): count it as not meeting the bound and go on; returns the next setting."""
+        if self.settled or self.current == self.default:
+            return None
+        self.probes[self.current].purpose += " (abandoned)"
+        self.decisions.append({"iteration": self.iteration, "action": "abandon", "why": why,
+                               "setting": self.setting(self.current)})
+        before = self.current
+        self._next()
+        return self.current if self.current != before else None
+
     def summary(self) -> dict[str, Any]:
         """What was decided, for the run file and the report."""
         base = self.probes[self.default].stats()
@@ -150,6 +164,7 @@ class Search:
                 "knobs": self.knobs, "default": self.setting(self.default),
                 "chosen": self.setting(self.best), "settled": self.settled,
                 "settled_at_iteration": self.settled_at, "probes": len(self.order),
+                "baseline": list(base),
                 "energy_saving_measured": 1.0 - best[0] / base[0],
                 "slowdown_measured": best[2] / base[2] - 1.0,
                 "config": asdict(self.cfg)}
@@ -167,6 +182,8 @@ class Search:
 
     def _feasible_value(self, index: Index) -> float | None:
         """The objective at a measured setting if it keeps (with its SE) within the bound."""
+        if len(self.probes[index].energy_j) < 2:
+            return None  # abandoned or not measured
         e, _, t, se_t = self.probes[index].stats()
         _, _, t0, se_t0 = self.probes[self.default].stats()
         slow = t / t0 - 1.0 + math.hypot(se_t / t0, se_t0 / t0 * t / t0)
@@ -221,7 +238,7 @@ class Search:
 
     def _modelled(self, line: list[Index]) -> tuple[Index, str] | None:
         """The model's best predicted setting on the line, if not measured yet."""
-        measured = [i for i in line if i in self.probes]
+        measured = [i for i in line if i in self.probes and len(self.probes[i].energy_j) > 1]
         if len(measured) < 3:
             return None
         k = self._knob
