@@ -85,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
                                   schedule=simulated_training(args.seed) if args.simulate
                                   else None)
     if note:
-        print(f"wattlab: {note}", file=sys.stderr)
-    simulate = args.simulate or bool(note)
+        driver.close()
+        raise UsageError(f"{note.split(':')[0]}: tune changes a real GPU's settings; use "
+                         "--simulate to try it on the simulated GPU")
     try:
         if not plan.dry_run:
             guards, _ = tune_axes(driver, plan)
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                       "(--dry-run)", file=sys.stderr)
                 plan.dry_run = True
         output = args.output or default_output("tune")
-        outcome = run_tune(plan, driver, output, simulate=simulate)
+        outcome = run_tune(plan, driver, output, simulate=args.simulate)
     finally:
         driver.close()
     report(outcome.session)
