@@ -19,8 +19,8 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from common import write_json
 
+from common import write_json
 from wattlab.tuning.search import SearchConfig
 from wattlab.tuning.surface_run import simulate
 from wattlab.tuning.surfaces import public_surfaces

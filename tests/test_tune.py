@@ -13,8 +13,8 @@ from pathlib import Path
 
 import h5py
 import pytest
-from data_files import PUBLIC
 
+from data_files import PUBLIC
 from wattlab.acquisition.sweep import open_driver
 from wattlab.cli import main
 from wattlab.commands.tune import simulated_training

@@ -238,7 +238,7 @@ def write_tuning(path: str, search: Search, controller: Controller,
             g.attrs["knobs"] = json.dumps(knobs)
             p = g.create_group("probes")
             stats = np.array([pr.stats() for pr in probes]).reshape(-1, 4)
-            for j, k in enumerate(knobs):
+            for k in knobs:
                 p[k] = np.array([pr.setting[k] for pr in probes])
             for j, name in enumerate(("energy_j", "energy_se_j", "time_s", "time_se_s")):
                 p[name] = stats[:, j]

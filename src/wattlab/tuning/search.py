@@ -80,7 +80,9 @@ class Probe:
             return math.nan, math.inf, math.nan, math.inf
         e, t = np.array(self.energy_j), np.array(self.time_s)
         n = len(e)
-        se = (lambda a: float(a.std(ddof=1) / math.sqrt(n)) if len(a) > 1 else math.inf)
+        def se(a: np.ndarray) -> float:
+            return float(a.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
+
         return float(e.mean()), se(e), float(t.mean()), se(t)
 
     def done(self, cfg: SearchConfig, min_iters: int) -> bool:
@@ -145,8 +147,11 @@ class Search:
         return self.current if self.current != before else None
 
     def abandon(self, why: str) -> Index | None:
-        """No iteration could be measured at ``current`` (e.g. its bursts are too faint to
-        detect): count it as not meeting the bound and go on; returns the next setting."""
+        """Give up on ``current``: no iteration could be measured there.
+
+        E.g. its bursts are too faint to detect. It counts as not meeting the bound; the
+        next setting is returned.
+        """
         if self.settled or self.current == self.default:
             return None
         self.probes[self.current].purpose += " (abandoned)"
@@ -198,7 +203,7 @@ class Search:
     def _line(self) -> list[Index]:
         """The settings along the current knob, the others at the best so far."""
         k = self._knob
-        return [self.best[:k] + (j,) + self.best[k + 1:] for j in range(len(self.axes[
+        return [(*self.best[:k], j, *self.best[k + 1:]) for j in range(len(self.axes[
             self.knobs[k]]))]
 
     def _next(self) -> None:
