@@ -37,8 +37,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--gpu", type=int, default=0, metavar="I", help="GPU index (default 0)")
     p.add_argument("--min-iters", type=int, default=5, metavar="N",
                    help="iterations measured at least per setting (default 5)")
-    p.add_argument("--max-iters", type=int, default=40, metavar="N",
-                   help="iterations measured at most per setting (default 40)")
+    p.add_argument("--max-iters", type=int, default=500, metavar="N",
+                   help="iterations measured at most per setting (default 500; most "
+                        "settings end far sooner, see docs/tune.md)")
     p.add_argument("--dry-run", action="store_true",
                    help="measure and report what it would set; change nothing")
     p.add_argument("--simulate", action="store_true",

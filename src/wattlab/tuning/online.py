@@ -225,7 +225,10 @@ def run_tune(plan: TunePlan, driver: NvmlDriver, output: str, *, simulate: bool 
 
 def write_tuning(path: str, search: Search, controller: Controller,
                  summary: dict[str, Any]) -> None:
-    """``/analysis/tuning``: probes, iterations, setting changes, models and decisions."""
+    """``/analysis/tuning``: probes, iterations, setting changes, models and decisions.
+
+    Times (ns) are on the run's session timebase, like every stream and marker.
+    """
     knobs = search.knobs
     probes = [search.probes[i] for i in search.order]
     try:
@@ -245,13 +248,15 @@ def write_tuning(path: str, search: Search, controller: Controller,
             p["iterations"] = np.array([len(pr.energy_j) for pr in probes], dtype=np.int64)
             p["purpose"] = np.array([pr.purpose for pr in probes], dtype=h5py.string_dtype())
             its = controller.iterations
+            t0 = int(f.attrs.get("session_start_monotonic_ns", 0))  # times as in the run
             i = g.create_group("iterations")
-            i["start_ns"] = np.array([it.start_ns for it, _, _ in its], dtype=np.int64)
-            i["end_ns"] = np.array([it.end_ns for it, _, _ in its], dtype=np.int64)
+            i["start_ns"] = np.array([it.start_ns - t0 for it, _, _ in its], dtype=np.int64)
+            i["end_ns"] = np.array([it.end_ns - t0 for it, _, _ in its], dtype=np.int64)
             i["energy_j"] = np.array([it.energy_j for it, _, _ in its], dtype=np.float64)
             i["probe"] = np.array([p for _, p, _ in its], dtype=np.int64)
             i["used"] = np.array([u for _, _, u in its], dtype=bool)
-            g.attrs["changes_json"] = json.dumps(controller.changes)
+            g.attrs["changes_json"] = json.dumps([{**c, "t_ns": c["t_ns"] - t0}
+                                                  for c in controller.changes])
     except (OSError, ValueError) as e:
         raise RunFileError(f"{path}: cannot add /analysis/tuning: {e}") from e
 

@@ -16,11 +16,13 @@ the bound: a model only chooses what to measure, never what to keep.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from wattlab.analysis.models import (
     CURVE_FITS,
@@ -45,10 +47,12 @@ class SearchConfig:
     objective: str = "energy"
     max_slowdown: float = 0.05
     min_iters: int = 5
-    max_iters: int = 40
-    rel_se: float = 0.005
+    max_iters: int = 500
+    rel_se: float = 0.002
     discard: int = 1
     max_probes_per_knob: int = 8
+    z_bound: float = 1.0  # a kept setting's slowdown plus this many SEs is within the bound
+    z_verdict: float = 2.0  # a probe ends early once this many SEs say it cannot be kept
 
     def check(self) -> None:
         """Bad values are usage errors that name the option."""
@@ -63,6 +67,12 @@ class SearchConfig:
                              f"{self.min_iters} and {self.max_iters}")
 
 
+@functools.lru_cache(maxsize=1024)
+def _widen(n: int) -> float:
+    """A few iterations underestimate the spread: Student's t (95 %) over the normal's."""
+    return float(student_t.ppf(0.975, n - 1) / 1.96) if n > 1 else math.inf
+
+
 @dataclass
 class Probe:
     """Iterations measured at one setting: mean energy and time with standard errors."""
@@ -74,25 +84,39 @@ class Probe:
     time_s: list[float] = field(default_factory=list)
     skipped: int = 0
 
-    def stats(self) -> tuple[float, float, float, float]:
-        """(mean energy J, its SE, mean time s, its SE)."""
+    def stats(self, floor_rel_sd: tuple[float, float] = (0.0, 0.0)
+              ) -> tuple[float, float, float, float]:
+        """(mean energy J, its SE, mean time s, its SE).
+
+        ``floor_rel_sd``: the least relative spread (energy, time) an iteration may have: a
+        few iterations can look steadier than the job is, so the search floors their spread
+        with the one the long default measurement showed.
+        """
         if not self.energy_j:
             return math.nan, math.inf, math.nan, math.inf
         e, t = np.array(self.energy_j), np.array(self.time_s)
         n = len(e)
-        def se(a: np.ndarray) -> float:
-            return float(a.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
+        widen = _widen(n)
 
-        return float(e.mean()), se(e), float(t.mean()), se(t)
+        def se(a: np.ndarray, floor: float) -> float:
+            if n < 2:
+                return math.inf
+            sd = max(float(a.std(ddof=1)), floor * float(a.mean()))
+            return sd / math.sqrt(n) * widen
 
-    def done(self, cfg: SearchConfig, min_iters: int) -> bool:
-        n = len(self.energy_j)
-        if n >= cfg.max_iters:
-            return True
-        if n < min_iters:
-            return False
-        e, se_e, t, se_t = self.stats()
-        return se_e <= cfg.rel_se * e and se_t <= cfg.rel_se * t
+        return float(e.mean()), se(e, floor_rel_sd[0]), float(t.mean()), se(t, floor_rel_sd[1])
+
+    def rel_sd(self) -> tuple[float, float]:
+        """Relative standard deviation of energy and time per iteration."""
+        if len(self.energy_j) < 2:
+            return 0.0, 0.0
+        e, t = np.array(self.energy_j), np.array(self.time_s)
+        return float(e.std(ddof=1) / e.mean()), float(t.std(ddof=1) / t.mean())
+
+    def precise(self, rel_se: float, floor_rel_sd: tuple[float, float] = (0.0, 0.0)) -> bool:
+        """Mean energy and time both known to ``rel_se`` (relative standard error)."""
+        e, se_e, t, se_t = self.stats(floor_rel_sd)
+        return se_e <= rel_se * e and se_t <= rel_se * t
 
 
 class Search:
@@ -139,8 +163,7 @@ class Search:
             return None
         probe.energy_j.append(float(energy_j))
         probe.time_s.append(float(time_s))
-        need = 2 * self.cfg.min_iters if probe.purpose == "baseline" else self.cfg.min_iters
-        if not probe.done(self.cfg, need):
+        if not self._enough(probe):
             return None
         before = self.current
         self._next()
@@ -185,15 +208,60 @@ class Search:
         self.decisions.append({"iteration": self.iteration, "action": purpose,
                                "setting": self.setting(index)})
 
+    def _enough(self, probe: Probe) -> bool:
+        """Measured well enough: precise, or clearly too slow, or clearly worse than the best.
+
+        Precision is spent only where a decision is close (near the bound, near the best).
+        """
+        cfg, n = self.cfg, len(probe.energy_j)
+        if n >= cfg.max_iters:
+            return True
+        if probe.purpose == "baseline":  # the reference of every comparison
+            return n >= 2 * cfg.min_iters and probe.precise(cfg.rel_se)
+        if n < cfg.min_iters:
+            return False
+        if probe.precise(cfg.rel_se, self._floor()):
+            return True
+        slow, se_slow = self._slowdown(probe.index)
+        if slow - cfg.z_verdict * se_slow > cfg.max_slowdown:
+            return True  # clearly too slow
+        ratio, se_ratio = self._ratio_to_best(probe.index)
+        bound_clear = cfg.max_slowdown - slow > cfg.z_verdict * se_slow
+        best_clear = abs(ratio - 1.0) > cfg.z_verdict * se_ratio
+        return best_clear and (bound_clear or ratio > 1.0)
+
+    def _floor(self) -> tuple[float, float]:
+        """The spread per iteration the default measurement showed (the job's own jitter)."""
+        return self.probes[self.default].rel_sd()
+
+    def _stats(self, index: Index) -> tuple[float, float, float, float]:
+        return self.probes[index].stats(self._floor())
+
+    def _slowdown(self, index: Index) -> tuple[float, float]:
+        """(time / default's time - 1, its standard error)."""
+        _, _, t, se_t = self._stats(index)
+        _, _, t0, se_t0 = self._stats(self.default)
+        return t / t0 - 1.0, t / t0 * math.hypot(se_t / t, se_t0 / t0)
+
+    def _ratio_to_best(self, index: Index) -> tuple[float, float]:
+        """(objective / best measured objective, its standard error)."""
+        e, se_e, t, se_t = self._stats(index)
+        eb, se_eb, tb, se_tb = self._stats(self.best)
+        rel = [se_e / e, se_eb / eb]
+        if self.cfg.objective == "edp":
+            rel += [se_t / t, se_tb / tb]
+        ratio = objective_value(self.cfg.objective, e, t) / objective_value(
+            self.cfg.objective, eb, tb)
+        return ratio, ratio * math.hypot(*rel)
+
     def _feasible_value(self, index: Index) -> float | None:
         """The objective at a measured setting if it keeps (with its SE) within the bound."""
         if len(self.probes[index].energy_j) < 2:
             return None  # abandoned or not measured
-        e, _, t, se_t = self.probes[index].stats()
-        _, _, t0, se_t0 = self.probes[self.default].stats()
-        slow = t / t0 - 1.0 + math.hypot(se_t / t0, se_t0 / t0 * t / t0)
-        if index != self.default and slow > self.cfg.max_slowdown:
+        slow, se_slow = self._slowdown(index)
+        if index != self.default and slow + self.cfg.z_bound * se_slow > self.cfg.max_slowdown:
             return None
+        e, _, t, _ = self.probes[index].stats()
         return objective_value(self.cfg.objective, e, t)
 
     def _best_measured(self) -> Index:
@@ -256,24 +324,31 @@ class Search:
         scores = score_families(table, loo_predictions(table, families))
         quantity = "energy" if self.cfg.objective == "energy" else "edp"
         try:
-            family = choose_family(scores, self.cfg.objective).family
+            chosen = choose_family(scores, self.cfg.objective)
         except UsageError:
             return None
         xs = np.array([self.axes[self.knobs[k]][i[k]] for i in line])
-        fit = CURVE_FITS[family]
+        fit = CURVE_FITS[chosen.family]
         t_curve, p_curve = fit(x, t), fit(x, e / t)
         if t_curve is None or p_curve is None:
             return None
         t_hat = np.maximum(t_curve(xs), 1e-9)
         e_hat = t_hat * np.maximum(p_curve(xs), 1e-9)
-        t0 = self.probes[self.default].stats()[2]
         obj = e_hat if self.cfg.objective == "energy" else e_hat * t_hat
-        ok = t_hat <= t0 * (1 + self.cfg.max_slowdown)
-        pick = line[int(np.flatnonzero(ok)[np.argmin(obj[ok])])] if ok.any() else None
+        # the model's own held-out error says how far to trust it: every setting it cannot
+        # tell from the best (within twice that error) is a candidate worth measuring
+        err_obj = 2e-2 * chosen.mape_common[quantity]
+        err_t = 2e-2 * chosen.mape_common.get("time", 0.0)
+        t0 = self.probes[self.default].stats()[2]
+        ok = t_hat * (1 - err_t) <= t0 * (1 + self.cfg.max_slowdown)
+        best_obj = float(obj[ok].min()) if ok.any() else math.inf
+        near = ok & (obj * (1 - err_obj) <= best_obj * (1 + err_obj))
+        candidates = [line[j] for j in np.argsort(obj) if near[j]]
         self.models.append({"iteration": self.iteration, "knob": self.knobs[k],
-                            "family": family, "points": len(measured),
+                            "family": chosen.family, "points": len(measured),
                             "loo_mape": {s.family: s.mape_common.get(quantity) for s in scores},
-                            "predicted_best": None if pick is None else self.setting(pick)})
-        if pick is None or pick in self.probes:
-            return None
-        return pick, "model"
+                            "candidates": [self.setting(c) for c in candidates]})
+        for pick in candidates:
+            if pick not in self.probes:
+                return pick, "model"
+        return None
