@@ -217,7 +217,7 @@ class Search:
         if n >= cfg.max_iters:
             return True
         if probe.purpose == "baseline":  # the reference of every comparison
-            return n >= 2 * cfg.min_iters and probe.precise(cfg.rel_se)
+            return n >= 2 * cfg.min_iters and probe.precise(cfg.rel_se * 1.5)
         if n < cfg.min_iters:
             return False
         if probe.precise(cfg.rel_se, self._floor()):

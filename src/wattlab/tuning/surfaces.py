@@ -127,8 +127,9 @@ def ulisboa_surfaces(micro_csv: Path) -> list[Surface]:
         fc = np.array(cores)[:, None] / cores[-1]
         fm = np.array(mems)[None, :] / mems[-1]
         time_s = (1.0 - dram) / fc + dram / fm
-        out.append(Surface(f"ulisboa-titanx/bench{k:03d}", {"sm_clock": cores,
-                           "mem_clock": mems}, power * time_s, time_s,
+        # memory clock first: the order the search takes them (docs/tune.md says why)
+        out.append(Surface(f"ulisboa-titanx/bench{k:03d}", {"mem_clock": mems,
+                           "sm_clock": cores}, (power * time_s).T.copy(), time_s.T.copy(),
                            note="time modelled from the DRAM utilisation counter"))
     return out
 
