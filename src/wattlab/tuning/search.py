@@ -49,6 +49,9 @@ class SearchConfig:
     min_iters: int = 5
     max_iters: int = 500
     rel_se: float = 0.002
+    # the default's measurement: every other is compared with it, yet tighter than this
+    # costs more exploration than the closer comparisons gain (bench/tune_sim.py)
+    baseline_rel_se: float = 0.003
     discard: int = 1
     max_probes_per_knob: int = 8
     z_bound: float = 1.0  # a kept setting's slowdown plus this many SEs is within the bound
@@ -217,7 +220,7 @@ class Search:
         if n >= cfg.max_iters:
             return True
         if probe.purpose == "baseline":  # the reference of every comparison
-            return n >= 2 * cfg.min_iters and probe.precise(cfg.rel_se * 1.5)
+            return n >= 2 * cfg.min_iters and probe.precise(cfg.baseline_rel_se)
         if n < cfg.min_iters:
             return False
         if probe.precise(cfg.rel_se, self._floor()):
