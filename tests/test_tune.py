@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 from data_files import PUBLIC
@@ -188,3 +189,36 @@ def test_watchdog_restores_when_the_tuner_is_killed(tmp_path):
         time.sleep(0.1)
     restored = json.loads(log.read_text().splitlines()[-1])["restored"]
     assert restored == {"sm_clocks": "reset"}
+
+
+STEP_WORKLOAD = """
+import time, wattlab
+t = time.monotonic()
+for i in range(60):
+    wattlab.mark("step", "begin", i=i)
+    t += 0.2
+    time.sleep(max(0.0, t - time.monotonic()))
+"""
+
+
+def test_step_markers_are_the_iteration_source_when_named(tmp_path):
+    driver, gpu = _sim()
+    out = tmp_path / "m.h5"
+    outcome = run_tune(TunePlan(["sm_clock"], FAST, command=[sys.executable, "-c",
+                                                             STEP_WORKLOAD],
+                                step_marker="step"), driver, str(out), simulate=True)
+    assert outcome.session.command_exit_code == 0
+    record = read_tuning(str(out))
+    assert record is not None
+    assert record["summary"]["iteration_source"] == "step markers 'step' (energy from " \
+                                                    "gpu0.samples)"
+    with h5py.File(out) as f:
+        it = f["analysis/tuning/iterations"]
+        periods_s = (it["end_ns"][()] - it["start_ns"][()]) / 1e9
+        energy_j = it["energy_j"][()]
+    # 60 steps of 0.2 s; the last few may end after the power's last read
+    assert 45 <= len(periods_s) <= 59
+    assert abs(float(np.median(periods_s)) - 0.2) < 0.01
+    # the simulated GPU draws 70-770 W: 0.2 s of it is 14-154 J
+    assert np.all((energy_j > 10) & (energy_j < 160))
+    assert gpu.locked_clocks_mhz is None

@@ -40,6 +40,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-iters", type=int, default=500, metavar="N",
                    help="iterations measured at most per setting (default 500; most "
                         "settings end far sooner, see docs/tune.md)")
+    p.add_argument("--step-marker", metavar="NAME",
+                   help="take iterations from the workload's markers of this name (begin or "
+                        "point, e.g. from wattlab.mark) instead of the power samples")
+    p.add_argument("--auto-markers", action="store_true",
+                   help="a Python workload gets phase markers from its framework (as in "
+                        "`wattlab record`)")
     p.add_argument("--dry-run", action="store_true",
                    help="measure and report what it would set; change nothing")
     p.add_argument("--simulate", action="store_true",
@@ -68,8 +74,11 @@ def plan_of(args: argparse.Namespace) -> TunePlan:
         raise UsageError("tune needs a command after '--' (or --duration S with --simulate)")
     if args.duration is not None and not args.duration > 0:
         raise UsageError(f"--duration must be > 0 s, got {args.duration}")
+    if args.step_marker is not None and not args.step_marker.strip():
+        raise UsageError("--step-marker needs a marker name")
     return TunePlan(list(dict.fromkeys(knobs)), config, args.gpu, args.dry_run, command,
-                    args.duration)
+                    args.duration, step_marker=args.step_marker,
+                    auto_markers=args.auto_markers)
 
 
 def simulated_training(seed: int) -> Any:

@@ -32,6 +32,7 @@ from wattlab.samples import Marker, SourceDescriptor
 from wattlab.tuning import watchdog
 from wattlab.tuning.guards import KnobGuards
 from wattlab.tuning.search import Search, SearchConfig
+from wattlab.tuning.step_markers import EnergyTrack, StepMarkers
 
 # the tuner reacts to what the recorder gets: drain and emit the samples every 0.5 s
 TUNE_INTERVALS_S = {"drain": 0.5, "emit": 0.5}
@@ -95,6 +96,8 @@ class TunePlan:
     duration_s: float | None = None
     min_period_s: float = 0.01
     max_period_s: float = 10.0
+    step_marker: str | None = None  # iterations from this marker instead of the power
+    auto_markers: bool = False  # framework callbacks in a Python workload (as in record)
 
 
 @dataclass
@@ -113,8 +116,12 @@ class Controller:
     """Called every progress tick: iterations in, settings out."""
 
     def __init__(self, plan: TunePlan, tap: SampleTap, search: Search,
-                 guards: KnobGuards | None) -> None:
+                 guards: KnobGuards | None, output: str) -> None:
         self.plan = plan
+        self.steps = None if plan.step_marker is None else StepMarkers(output, plan.step_marker)
+        self.energy = EnergyTrack()
+        self.source = (ITERATION_SOURCE if self.steps is None else
+                       f"step markers '{plan.step_marker}' (energy from {tap.samples_id})")
         self.tap = tap
         self.search = search
         self.guards = guards
@@ -130,8 +137,15 @@ class Controller:
     def tick(self, _elapsed_s: float) -> None:
         while not self.tap.samples.empty():
             t_ns, power_w = self.tap.samples.get_nowait()
+            if self.steps is not None:
+                self.energy.push(t_ns, power_w)
+                continue
             for it in self.stream.push(t_ns, power_w):
                 self._iteration(it)
+        if self.steps is not None:
+            for it in self.steps.poll(self.energy):
+                if it.period_s <= self.plan.max_period_s:  # a pause or an evaluation
+                    self._iteration(it)
         now = time.monotonic_ns()
         period_s = self.stream.state.median_period_s or 0.0
         quiet_s = (now - max(self.changed_ns, self.seen_ns)) / 1e9
@@ -200,11 +214,12 @@ def run_tune(plan: TunePlan, driver: NvmlDriver, output: str, *, simulate: bool 
     search = Search(axes, plan.config)
     inner = NvmlAcquirer(driver, plan.gpu, intervals_s=TUNE_INTERVALS_S)
     tap = SampleTap(inner, f"gpu{plan.gpu}.samples")
-    controller = Controller(plan, tap, search, None if plan.dry_run else guards)
+    controller = Controller(plan, tap, search, None if plan.dry_run else guards, output)
     guard_proc = None if plan.dry_run else watchdog.start(guards.originals(),
                                                           simulate=simulate, log=watchdog_log)
     session = Session(output, [(f"gpu{plan.gpu}", tap)], command=plan.command,
                       duration_s=plan.duration_s, on_progress=controller.tick,
+                      auto_markers=plan.auto_markers,
                       root_attrs={"tune_json": json.dumps({"knobs": plan.knobs,
                                                            "dry_run": plan.dry_run,
                                                            **asdict(plan.config)})})
@@ -216,7 +231,7 @@ def run_tune(plan: TunePlan, driver: NvmlDriver, output: str, *, simulate: bool 
             restored = guards.restore()
             if guard_proc is not None:
                 watchdog.release(guard_proc)
-    summary = search.summary() | {"iteration_source": ITERATION_SOURCE,
+    summary = search.summary() | {"iteration_source": controller.source,
                                   "dry_run": plan.dry_run, "restored": restored,
                                   "would_apply_next": controller.would_apply}
     write_tuning(output, search, controller, summary)
