@@ -28,13 +28,16 @@ pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
 HERE = Path(__file__).resolve().parent
 
 
-def test_dry_run_measures_a_training_job_and_changes_nothing(tmp_path):
+@pytest.mark.parametrize("source", [[], ["--step-marker", "truth_step"]],
+                         ids=["power", "markers"])
+def test_dry_run_measures_a_training_job_and_changes_nothing(tmp_path, source):
     out = os.environ.get("OUT")
-    path = (Path(out) if out else tmp_path) / "tune_dry_run.h5"
+    path = (Path(out) if out else tmp_path) / f"tune_dry_run_{len(source)}.h5"
     before = subprocess.run(["nvidia-smi", "--query-gpu=power.limit,clocks.sm",
                              "--format=csv,noheader"], capture_output=True, text=True).stdout
     cmd = [sys.executable, "-m", "wattlab.cli", "tune", "--dry-run", "--gpu", "0",
-           "-o", str(path), "--", sys.executable, str(HERE / "training_jobs.py"), "torch-long"]
+           "-o", str(path), *source, "--", sys.executable, str(HERE / "training_jobs.py"),
+           "torch-long", "--steps", "120"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=500, check=False)
     print(result.stdout, result.stderr)
     assert result.returncode == 0, result.stderr
