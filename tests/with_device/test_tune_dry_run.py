@@ -46,6 +46,11 @@ def test_dry_run_measures_a_training_job_and_changes_nothing(tmp_path, source):
     assert record is not None and record["summary"]["dry_run"]
     energy_j = record["summary"]["baseline"][0]
     with h5py.File(path) as f:
+        wall_s = (f.attrs["session_end_monotonic_ns"] - f.attrs["session_start_monotonic_ns"]) / 1e9
+    cpu_pct = 100 * record["summary"]["controller_cpu_s"] / wall_s
+    print(json.dumps({"controller_cpu_pct_of_a_core": cpu_pct}))
+    assert cpu_pct < 1.0  # the controller's own CPU: iteration detection, search
+    with h5py.File(path) as f:
         it = f["analysis/tuning/iterations"]
         counted = it["used"][()] & (it["probe"][()] == 0)
         assert counted.sum() >= 10

@@ -117,11 +117,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"dry run: {outcome.iterations} iterations from {s['iteration_source']}; at "
               f"the current setting {json.dumps(s['default'])}: {e:.3f} J and {t * 1e3:.1f} ms "
               f"per iteration; nothing was changed; the search would next try "
-              f"{json.dumps(s['would_apply_next'])}")
+              f"{json.dumps(s['would_apply_next'])}; controller CPU {s['controller_cpu_s']:.2f} s")
         return exit_status(outcome.session)
     print(f"tune ({s['objective']}, max slowdown {s['max_slowdown']:.1%}): "
           f"{outcome.iterations} iterations from {s['iteration_source']}; "
-          f"{s['probes']} setting(s) measured")
+          f"{s['probes']} setting(s) measured; controller CPU {s['controller_cpu_s']:.2f} s")
     print(f"kept: {json.dumps(s['chosen'])} (default {json.dumps(s['default'])}): "
           f"measured energy {-s['energy_saving_measured']:+.1%}, "
           f"time {s['slowdown_measured']:+.1%} per iteration"

@@ -133,8 +133,17 @@ class Controller:
         self.changed_ns = 0
         self.iterations: list[tuple[DetectedIteration, int, bool]] = []  # (it, probe, used)
         self.changes: list[dict[str, Any]] = []
+        self.cpu_ns = 0  # CPU time spent in ticks
 
     def tick(self, _elapsed_s: float) -> None:
+        """One progress tick; its CPU time is added up (the tuner's own cost, audited)."""
+        begin_ns = time.thread_time_ns()
+        try:
+            self._tick()
+        finally:
+            self.cpu_ns += time.thread_time_ns() - begin_ns
+
+    def _tick(self) -> None:
         while not self.tap.samples.empty():
             t_ns, power_w = self.tap.samples.get_nowait()
             if self.steps is not None:
@@ -233,7 +242,8 @@ def run_tune(plan: TunePlan, driver: NvmlDriver, output: str, *, simulate: bool 
                 watchdog.release(guard_proc)
     summary = search.summary() | {"iteration_source": controller.source,
                                   "dry_run": plan.dry_run, "restored": restored,
-                                  "would_apply_next": controller.would_apply}
+                                  "would_apply_next": controller.would_apply,
+                                  "controller_cpu_s": controller.cpu_ns / 1e9}
     write_tuning(output, search, controller, summary)
     return TuneOutcome(result, summary, restored, plan.dry_run, len(controller.iterations))
 
