@@ -78,11 +78,18 @@ def _sim(settable: bool = True):
     return driver, gpu
 
 
-def test_api_tunes_the_simulated_gpu_and_records_the_search(tmp_path):
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """One tuned run of the simulated GPU (real session, real run file)."""
     driver, gpu = _sim()
-    out = tmp_path / "tune.h5"
+    out = tmp_path_factory.mktemp("tune") / "tune.h5"
     outcome = run_tune(TunePlan(["sm_clock"], FAST, duration_s=14.0), driver, str(out),
                        simulate=True)
+    return out, gpu, outcome
+
+
+def test_api_tunes_the_simulated_gpu_and_records_the_search(tuned):
+    out, gpu, outcome = tuned
     assert gpu.locked_clocks_mhz is None and outcome.restored == {"sm_clocks": "reset"}
     record = read_tuning(str(out))
     assert record is not None and record["summary"]["probes"] >= 3
@@ -93,6 +100,27 @@ def test_api_tunes_the_simulated_gpu_and_records_the_search(tmp_path):
         names = [n.decode() if isinstance(n, bytes) else n for n in f["markers"]["name"][()]]
     assert names.count("tune.setting") == len(json.loads(
         h5py.File(out)["analysis/tuning"].attrs["changes_json"]))
+
+
+def test_report_shows_the_search(tuned, tmp_path):
+    from wattlab.analysis.report import build_report
+
+    out, _, _ = tuned
+    result = build_report(str(out), str(tmp_path / "r.html"))
+    page = Path(result.html_path).read_text()
+    assert "Tuning search" in page and "<th>sm_clock</th>" in page and "baseline" in page
+    assert any(p.endswith("_tuning.png") for p in result.png_paths)
+
+
+def test_cli_tunes_and_restores(tmp_path, capsys):
+    out = tmp_path / "c.h5"
+    code = main(["tune", "--simulate", "--duration", "6", "--knobs", "sm_clock",
+                 "--min-iters", "3", "--max-iters", "5", "--objective", "edp", "-o", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert 'restored: {"sm_clocks": "reset"}' in captured.out and "kept:" in captured.out
+    record = read_tuning(str(out))
+    assert record is not None and record["summary"]["objective"] == "edp"
 
 
 def test_restored_after_an_exception_in_the_controller(tmp_path, monkeypatch):
