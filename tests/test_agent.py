@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ import wattlab
 from wattlab.acquisition.agent import SKEW_ENV, ClockSkew, HostAcquirer, run_agent
 from wattlab.acquisition.source import Chunk
 from wattlab.cli import main
-from wattlab.errors import UsageError
+from wattlab.errors import BusError, UsageError
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
 from wattlab.sync.bus import ControlClient, local_endpoint
 from wattlab.sync.recorder import Recorder, RecorderConfig, hosts_ready
@@ -170,6 +171,71 @@ def test_agent_needs_tcp_and_something_to_send(keys, monkeypatch):
     monkeypatch.setenv(SKEW_ENV, "nonsense")
     with pytest.raises(UsageError, match="OFFSET_NS:DRIFT_PPM"):
         ClockSkew.from_env()
+
+
+@pytest.fixture(scope="module")
+def listening(tmp_path_factory, keys):
+    """A recorder that accepts node1 and node2 on a loopback port; yields that endpoint."""
+    folder = tmp_path_factory.mktemp("listening")
+    endpoint = local_endpoint()
+    recorder = Recorder(RecorderConfig(
+        endpoint=endpoint, output=str(folder / "run.h5"), session_start_ns=time.monotonic_ns(),
+        listen="tcp://127.0.0.1:0", server_key=str(keys / "recorder.key_secret"),
+        allowed_keys=str(keys / "allowed")))
+    thread = threading.Thread(target=recorder.run)
+    thread.start()
+    control = ControlClient(endpoint)
+    try:
+        yield recorder.listen_endpoint
+    finally:
+        control.request("stop", 30)
+        control.close()
+        thread.join(30)
+
+
+def unanswered_agent(endpoint: str, key: Path, server_key: Path) -> tuple[str, list[str], float]:
+    """Run an agent with a 4 s connect timeout: its error, what it said while waiting, and
+    how long it took."""
+    security = ClientSecurity(load_keypair(key), load_public_key(server_key))
+    said: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(BusError) as e:
+        run_agent(endpoint, security.keys.name, [("ramp", Ramp())], security,
+                  connect_timeout_s=4.0, say=said.append)
+    return str(e.value), said, time.monotonic() - started
+
+
+def test_an_agent_whose_key_the_recorder_refuses_says_so_and_gives_up(listening, keys,
+                                                                      tmp_path):
+    assert main(["keys", "stranger", "-d", str(tmp_path)]) == 0
+    error, said, took_s = unanswered_agent(listening, tmp_path / "stranger.key_secret",
+                                           keys / "recorder.key")
+    assert "refused this agent's key" in error and "stranger.key" in error, error
+    assert len(said) == 1 and "refused this agent's key" in said[0], said
+    assert "after 3 s" in said[0] and "up to 4 s (--connect-timeout)" in said[0]
+    assert 4.0 <= took_s < 8.0
+
+
+def test_an_agent_with_the_wrong_server_key_says_so(listening, keys):
+    error, said, _ = unanswered_agent(listening, keys / "node1.key_secret", keys / "node2.key")
+    assert "--server-key is not the public key of the recorder" in error, error
+    assert said and "--server-key" in said[0]
+
+
+def test_an_agent_with_nothing_listening_exits_1_in_bounded_time(keys, capsys):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # free once closed: nothing listens there
+    started = time.monotonic()
+    code = main(["agent", "--connect", f"tcp://127.0.0.1:{port}", "--key",
+                 str(keys / "node1.key_secret"), "--server-key", str(keys / "recorder.key"),
+                 "--simulate", "--connect-timeout", "1"])
+    assert code == 1
+    assert time.monotonic() - started < 5.0
+    err = capsys.readouterr().err
+    assert f"nothing is listening at tcp://127.0.0.1:{port}" in err, err
+    assert main(["agent", "--key", str(keys / "node1.key_secret"), "--server-key",
+                 str(keys / "recorder.key"), "--simulate", "--connect-timeout", "0"]) == 2
 
 
 def test_agent_refuses_bad_nvml_intervals_before_connecting(keys, capsys):

@@ -120,7 +120,10 @@ def test_optimizer_step_hook_with_real_torch() -> None:
     finally:
         marks.remove()
     opt.step()  # after remove(): no marker
-    assert [p["step"] for _, _, p in rec.marks] == [0, 2, 4]
+    assert [p["step"] for n, _, p in rec.marks if n == "optimizer_step"] == [0, 2, 4]
+    # the steps that end at a marked optimizer step, from the one before it
+    assert [(k, p.get("step")) for n, k, p in rec.marks if n == "step"] == [
+        ("begin", 2), ("end", None), ("begin", 4), ("end", None)]
 
 
 # ----------------------------------------------------------------------------- frameworks

@@ -8,9 +8,14 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.analysis.iterations import detect_period, iterations
+from wattlab.analysis.iteration_stream import DetectedIteration
+from wattlab.analysis.iterations import iterations
+from wattlab.analysis.period_autocorr import detect_period
+from wattlab.analysis.power_segments import merge_inside
+from wattlab.analysis.run_file import MarkerRow
+from wattlab.analysis.step_markers import step_marks
 from wattlab.cli import main
-from wattlab.samples import Channel, SourceDescriptor
+from wattlab.samples import Channel, Marker, SourceDescriptor
 from wattlab.sync.run_writer import RunFileWriter
 
 
@@ -56,4 +61,46 @@ def test_iterations_from_a_run_and_the_cli(tmp_path, capsys):
                  "--min-period", "0.05", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["period_s"] == pytest.approx(0.37, rel=0.01)
     assert main(["iterations", str(path), "--source", "meter", "--max-period", "2"]) == 0
-    assert "period 370" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "27 iterations by power-segments, period 370.0" in out
+
+
+def test_bursts_inside_marked_evaluations_join_the_step_before():
+    found = [DetectedIteration(0, 10, 1.0), DetectedIteration(10, 20, 2.0),
+             DetectedIteration(20, 30, 3.0), DetectedIteration(30, 40, 4.0)]
+    merged, joined = merge_inside(found, [(15, 25)])
+    assert joined == 1
+    assert [(i.start_ns, i.end_ns, i.energy_j) for i in merged] == [
+        (0, 10, 1.0), (10, 30, 5.0), (30, 40, 4.0)]
+
+
+def test_thinned_step_markers_count_every_step():
+    rows = [MarkerRow(k * 1_000_000_000, "step", "begin", "m", {"step": 10 * k})
+            for k in range(5)]
+    rows += [MarkerRow(k * 1_000_000_000 + 1, "step", "end", "m", {}) for k in range(5)]
+    marks = step_marks(rows)
+    assert marks is not None and marks.name == "step"
+    assert marks.steps_per_mark == 10 and marks.steps == 50
+    assert step_marks(rows[:2]) is None
+    with pytest.raises(wattlab.errors.UsageError, match="named 'epoch'"):
+        step_marks(rows, "epoch")
+
+
+def test_markers_in_a_run_count_steps_and_cost_them(tmp_path):
+    """A run with ``step`` markers: the markers' count, the samples' energy per step."""
+    rate, period = 50.0, 0.4
+    t = np.arange(0, 30, 1 / rate)
+    p = np.where((t % period) < 0.2, 600.0, 100.0)
+    path = tmp_path / "marked.h5"
+    w = RunFileWriter(str(path), {}, 0)
+    w.add_source(SourceDescriptor("gpu0.samples", "nvml", "sim", (Channel("power_w", "W"),)))
+    t_ns = np.round(t * 1e9).astype(np.int64)
+    w.append("gpu0.samples", t_ns, t_ns, p.reshape(-1, 1), np.zeros(t.size, np.uint8))
+    w.add_markers([Marker(round(k * period * 1e9), "step", "begin", payload={"step": k})
+                   for k in range(1, 70)])
+    w.close()
+    with wattlab.open(str(path)) as run:
+        r = iterations(run, "gpu0.samples")
+    assert (r.method, r.markers, r.count) == ("markers", "step", 69)
+    assert r.period_s == pytest.approx(period)
+    assert r.energy_per_iteration_j == pytest.approx(0.2 * 600 + 0.2 * 100, rel=0.01)

@@ -9,6 +9,7 @@ import threading
 import time
 
 import numpy as np
+import pynvml
 import pytest
 
 import wattlab
@@ -71,6 +72,48 @@ def test_meter_unplugged_mid_run_leaves_a_gap_and_the_rest_records(tmp_path, cap
         assert any(r.startswith("source failed") for r in reasons)
         samples = run.source("gpu0.samples")
         assert np.ptp(samples.time_ns) / 1e9 > 2.0, "NVML kept recording after the meter died"
+
+
+@pytest.fixture
+def no_nvidia_driver(monkeypatch):
+    """A machine without the NVIDIA driver: this one where that is so, else pynvml made to
+    fail as it fails there (the driver cannot be uninstalled for a test)."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        return
+    pynvml.nvmlShutdown()
+
+    def missing() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", missing)
+
+
+@pytest.mark.parametrize("mode", [[], ["--source-processes"]])
+def test_meters_record_without_a_gpu_driver_by_default(tmp_path, capsys, no_nvidia_driver,
+                                                       mode):
+    out = tmp_path / "meters.h5"
+    with PowerSensor3Emulator(lambda t: 120.0) as ps3:
+        code = main(["record", *mode, "--meter", f"ps3:{ps3.path}", "--duration", "1",
+                     "--no-live", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "no GPU found" in line]
+    assert len(said) == 1 and "NVIDIA driver" in said[0], err
+    with wattlab.open(str(out)) as run:
+        assert list(run.sources) == ["ps3"]
+        assert abs(np.mean(run.source("ps3").channel("power_total_w")) - 120.0) < 5.0
+
+
+def test_gpus_named_or_nothing_else_still_need_the_driver(tmp_path, capsys, no_nvidia_driver):
+    with PowerSensor3Emulator(lambda t: 120.0) as ps3:
+        assert main(["record", "--nvml", "0", "--meter", f"ps3:{ps3.path}", "--duration", "1",
+                     "--no-live", "-o", str(tmp_path / "a.h5")]) == 2
+    assert "NVML library not found" in capsys.readouterr().err
+    assert main(["record", "--duration", "1", "--no-live", "-o", str(tmp_path / "b.h5")]) == 2
+    assert "NVML library not found" in capsys.readouterr().err
+    assert not (tmp_path / "a.h5").exists() and not (tmp_path / "b.h5").exists()
 
 
 def test_wrong_port_is_a_clear_error_naming_it(tmp_path, capsys):

@@ -162,3 +162,35 @@ def test_simulated_sweep_with_phases(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "fit_error" in data  # two settings, one run each: too few to cross-validate
     assert main(["fit", out, "--by-phase"]) == 0
     assert "phase compute: best 300 W" in capsys.readouterr().out
+
+
+def test_each_phase_takes_energy_from_a_source_that_resolves_its_instances() -> None:
+    """0.2 s steps: the 1 s average cannot resolve them, the 50 Hz samples can; a 3 s load
+    stays on the average. The average's step energies are smeared flat (a wrong best)."""
+    run, names, count, pt, avg, samples = [], [], [], [], [], []
+    xs = []
+    for r, x in enumerate(LIMITS):
+        xs.append(x)
+        step_true = 5.0 * (80 + 0.5 * x) if x >= 200 else 5.0 * 300 * (200 / x)
+        for name, n, t, e_avg, e_true in (("load", 1, 3.0, 3.0 * (60 + 0.4 * x),
+                                           3.0 * (60 + 0.4 * x)),
+                                          ("step", 25, 5.0, 900.0 - x, step_true)):
+            run.append(r)
+            names.append(name)
+            count.append(n)
+            pt.append(t)
+            avg.append(e_avg)
+            samples.append(e_true)
+    phases = PhaseTable(np.array(run), names, np.array(count), np.array(pt),
+                        {"nvml_average": np.array(avg), "nvml_samples": np.array(samples)})
+    table = SweepTable("power_limit_w", ["w"] * 4, np.array(xs), np.full(4, 8.0),
+                       np.full(4, 2000.0), energy_source="nvml_average",
+                       status=["ok"] * 4, default_x=300.0, phases=phases, origin="synthetic")
+    report = choose_per_phase(table)
+    by = {p.phase: p for p in report.phases}
+    assert by["load"].energy_source == "nvml_average"
+    assert by["step"].energy_source == "nvml_samples" and by["step"].best_x == 200.0
+    assert any("shorter than nvml_average resolves" in n for n in report.notes)
+    assert "[energy from nvml_samples]" in format_phase_report(report, "W")
+    forced = choose_per_phase(table, energy_source="nvml_average")  # asked for: kept
+    assert {p.energy_source for p in forced.phases} == {"nvml_average"}

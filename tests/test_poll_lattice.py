@@ -61,3 +61,15 @@ def test_real_h100_average_updates_every_100_ms_under_90_ms_polls(trace):
     fit = fit_poll_lattice(t, values)
     assert fit is not None
     assert fit.period_s == pytest.approx(0.100, abs=0.001)
+
+
+def test_binomial_tail_matches_scipy():
+    from scipy.stats import binom
+
+    from wattlab.analysis.poll_lattice import binomial_tail
+
+    for k, n, p in [(5, 6, 0.15), (30, 33, 0.1), (3, 40, 0.02), (10, 10, 0.5), (1, 1, 0.3)]:
+        assert binomial_tail(k, n, p) == pytest.approx(binom.sf(k - 1, n, p), rel=1e-9)
+    assert binomial_tail(0, 10, 0.5) == 1.0
+    assert binomial_tail(1, 10, 0.0) == 0.0
+    assert binomial_tail(11, 10, 0.5) == 0.0

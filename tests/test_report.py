@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -179,6 +181,21 @@ def test_report_is_one_self_contained_page(run_path: Path, tmp_path: Path) -> No
         assert text in page, text
     # 6 s of data cannot be calibrated: the page says why instead of an empty panel
     assert any(n.startswith("NVML calibration") and "overlap" in n for n in result.notes)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_report_files_get_the_users_umask(run_path: Path, tmp_path: Path, umask: int) -> None:
+    """A report is made to be shared: not 0600 (tempfile.mkstemp's mode), the umask's."""
+    previous = os.umask(umask)
+    try:
+        result = build_report(str(run_path), str(tmp_path / "shared.html"),
+                              ReportOptions(dpi=30))
+    finally:
+        os.umask(previous)
+    for path in [result.html_path, *result.png_paths]:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~umask, path
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        Path(p).name for p in [result.html_path, *result.png_paths])  # no temp file left
 
 
 def test_energy_per_phase_is_what_wattlab_energy_says(

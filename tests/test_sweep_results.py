@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +43,17 @@ def test_round_trip(tmp_path: Path) -> None:
     write_sweep(path, t.select(np.array([True, False, False])))  # atomic replace
     assert len(read_sweep(path)) == 1
     assert list(tmp_path.iterdir()) == [tmp_path / "s.h5"]  # no temp file left
+
+
+def test_sweep_file_gets_the_users_umask(tmp_path: Path) -> None:
+    t = SweepTable("power_limit_w", ["a"], np.array([100.0]), np.array([2.0]),
+                   np.array([200.0]))
+    previous = os.umask(0o027)
+    try:
+        write_sweep(str(tmp_path / "s.h5"), t)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "s.h5").stat().st_mode) == 0o640
 
 
 def test_missing_column_is_named(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ precisely: file, line and key. tomllib gives no line numbers for keys, so they a
 by scanning the text for the table headers and ``key =`` lines.
 
 Layout: an optional ``[bench]`` table (name, description) and one ``[[device]]`` table per
-device with a ``kind``: nvml, powersensor3, pmd, wt300e, hmc8015.
+device with a ``kind``: nvml, or a meter kind of :mod:`wattlab.acquisition.meter_registry`
+(powersensor3, pmd, wt300e, hmc8015, mcp39f511), whose keys come from its registration.
 """
 
 from __future__ import annotations
@@ -22,97 +23,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from wattlab.acquisition.meter_registry import MeterKind, meter_kinds
 from wattlab.acquisition.nvml_cadence import parse_intervals
 from wattlab.errors import UsageError, WattlabError
-from wattlab.samples import SOURCE_ID_PATTERN
-
-Check = Callable[[Any], str | None]  # returns what is wrong, or None
-
-
-def _string(value: Any) -> str | None:
-    return None if isinstance(value, str) and value.strip() else "must be a non-empty string"
-
-
-def _bool(value: Any) -> str | None:
-    return None if isinstance(value, bool) else "must be true or false"
-
-
-def _positive_number(value: Any) -> str | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-    return None if ok else "must be a number > 0"
-
-
-def _non_negative_int(value: Any) -> str | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return None if ok else "must be a whole number >= 0"
-
-
-def _positive_int(value: Any) -> str | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    return None if ok else "must be a whole number >= 1"
-
-
-def _string_list(value: Any) -> str | None:
-    ok = isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)
-    return None if ok else "must be a non-empty list of strings"
-
-
-_RAIL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-RAIL_NAME_RULE = "1-32 lower-case letters, digits and '_', starting with a letter"
-
-
-def _rail_name(value: Any) -> str | None:
-    if not isinstance(value, str) or not _RAIL_NAME.match(value):
-        return f"must be a rail name: {RAIL_NAME_RULE} (it starts the channel names)"
-    if value == "board":
-        return "must not be 'board' (board_power_w is the sum of the rails)"
-    return None
-
-
-def _rail_table(inputs: list[str], what: str) -> Check:
-    """A check for ``{ input = "rail_name" }`` where input is one of the device's inputs."""
-
-    def check(value: Any) -> str | None:
-        example = f'{{ {inputs[0]} = "slot_12v" }}'
-        if not isinstance(value, dict) or not value:
-            return f"must be a table of {what} = rail name, e.g. {example}"
-        for key, name in value.items():
-            if key not in inputs:
-                return f"names {what} {key!r}, which does not exist ({what}s: " \
-                       f"{', '.join(inputs)})"
-            problem = _rail_name(name)
-            if problem:
-                return f"{key} = {name!r}: {problem}"
-        names = list(value.values())
-        twice = sorted({n for n in names if names.count(n) > 1})
-        return f"uses the rail name(s) {twice} twice" if twice else None
-
-    return check
-
-
-def _ps3_rails(value: Any) -> str | None:
-    from wattlab.drivers.powersensor3 import N_PAIRS
-
-    return _rail_table([str(p) for p in range(N_PAIRS)], "pair")(value)
-
-
-def _pmd_rails(value: Any) -> str | None:
-    from wattlab.drivers.pmd import RAILS
-
-    return _rail_table(list(RAILS), "input")(value)
-
-
-_WT_ELEMENTS = ["1", "2", "3", "SIGMA"]
-
-
-def _elements(value: Any) -> str | None:
-    if isinstance(value, dict):
-        return _rail_table(_WT_ELEMENTS, "element")(value)
-    ok = isinstance(value, list) and value and all(
-        (isinstance(v, int) and not isinstance(v, bool) and v >= 1) or v == "SIGMA"
-        for v in value)
-    return None if ok else ("must be a list of element numbers like [1, 2] (or \"SIGMA\"), "
-                            "or a table naming what each measures: { 1 = \"wall\" }")
+from wattlab.option_checks import Check
+from wattlab.option_checks import bool_check as _bool
+from wattlab.option_checks import non_negative_int as _non_negative_int
+from wattlab.option_checks import positive_int as _positive_int
+from wattlab.option_checks import source_id as _source_id
+from wattlab.option_checks import string as _string
 
 
 def _gpus(value: Any) -> str | None:
@@ -149,12 +68,6 @@ def _nvml_intervals(value: Any) -> str | None:
     return None
 
 
-def _source_id(value: Any) -> str | None:
-    if isinstance(value, str) and SOURCE_ID_PATTERN.match(value):
-        return None
-    return "must be 1-64 letters, digits, '_', '.', '-' (it names the stream in the run file)"
-
-
 @dataclass(frozen=True)
 class KindSchema:
     """Keys of one device kind: required ones, optional ones with defaults, checks."""
@@ -174,25 +87,17 @@ KINDS: dict[str, KindSchema] = {
                             "streams": (_nvml_streams, "all"),
                             "intervals": (_nvml_intervals, "")},
                        "gpu", "GPUs read through NVML (source ids gpu<N>.*)"),
-    "powersensor3": KindSchema({"port": _string}, {"id": (_source_id, "ps3"),
-                                                   "rails": (_ps3_rails, None)}, "ps3",
-                               "PowerSensor3 on a USB serial port"),
-    "pmd": KindSchema({"port": _string}, {"id": (_source_id, "pmd"),
-                                          "baud": (_positive_int, None),
-                                          "rails": (_pmd_rails, None)}, "pmd",
-                      "ElmorLabs PMD-USB on a USB serial port"),
-    "wt300e": KindSchema({"resource": _string},
-                         {"id": (_source_id, "wall"), "elements": (_elements, [1]),
-                          "items": (_string_list, ["U", "I", "P"]),
-                          "rate_s": (_positive_number, 0.1), "model": (_string, None)},
-                         "wall", "Yokogawa WT300E series over VISA"),
-    "hmc8015": KindSchema({"resource": _string},
-                          {"id": (_source_id, "hmc"),
-                           "functions": (_string_list, ["URMS", "IRMS", "P"]),
-                           "rate_s": (_positive_number, 0.1), "auto_range": (_bool, True),
-                           "rail": (_rail_name, None)},
-                          "hmc", "Rohde & Schwarz HMC8015 over VISA"),
 }
+
+
+def _registered_schema(kind: MeterKind) -> KindSchema:
+    """A registered meter's keys: its address, id, and the options it declares."""
+    optional: dict[str, tuple[Check, Any]] = {"id": (_source_id, kind.default_id),
+                                              **kind.options}
+    return KindSchema({kind.address_key: _string}, optional, kind.default_id, kind.help)
+
+
+KINDS.update({k.kind: _registered_schema(k) for k in meter_kinds().values()})
 BENCH_KEYS: dict[str, Check] = {"name": _string, "description": _string}
 
 
@@ -416,20 +321,8 @@ def _device(table: dict[str, Any], index: int, lines: _Lines,
 
 def _board_problem(kind: str, options: dict[str, Any]) -> str | None:
     """Board power is the sum of named rails that measure power: say what is missing."""
-    if kind == "hmc8015":
-        if "rail" not in options:
-            return 'needs rail = "..." naming what the HMC8015 measures'
-        has_p = any(f.strip().upper() == "P" for f in options["functions"])
-        return None if has_p else 'needs "P" (active power) in functions'
-    if kind == "wt300e":
-        if not isinstance(options["elements"], dict):
-            return 'needs elements = { 1 = "..." } naming what each element measures'
-        has_p = any(i.strip().upper() == "P" for i in options["items"])
-        return None if has_p else 'needs "P" (active power) in items'
-    if "rails" not in options:
-        first = "0" if kind == "powersensor3" else "pcie1"
-        return f'needs rails = {{ {first} = "slot_12v", ... }} naming what feeds the GPU'
-    return None
+    problem = meter_kinds()[kind].board_problem
+    return None if problem is None else problem(options)
 
 
 def load_bench(path: str) -> BenchConfig:
@@ -607,8 +500,7 @@ TEMPLATE = """\
 # wattlab bench file: the GPUs and meters of one bench.
 # Check it with `wattlab bench check bench.toml` (opens every device and shows a first
 # reading); record with `wattlab record --bench bench.toml -- python train.py`.
-# One [[device]] table per device; `kind` is one of:
-#   nvml, powersensor3, pmd, wt300e, hmc8015.
+# One [[device]] table per device; `kind` is nvml or one of the meters below.
 # `id` names the device's stream in the run file (letters, digits, '_', '.', '-').
 #
 # Rails: a meter may name what each of its inputs measures, and `gpu = N` says that
@@ -631,42 +523,7 @@ gpus = "all"            # "all", "0,1" or [0, 1]
 # seed = 0
 # streams = ["samples", "energy"]  # fewer streams, less CPU (default "all")
 # intervals = { drain = 1.8, emit = 12, energy = 60 }  # rarer reads, less CPU again
-
-# PowerSensor3 riser on GPU 0's PCIe power (USB serial). rails: pair number (0-3) = rail.
-# [[device]]
-# kind = "powersensor3"
-# id = "ps3"
-# port = "/dev/ttyACM0"
-# rails = { 0 = "slot_12v", 1 = "slot_3v3", 2 = "cable_12vhpwr" }
-# gpu = 0
-
-# ElmorLabs PMD-USB (USB serial). rails: input (pcie1, pcie2, eps1, eps2) = rail.
-# [[device]]
-# kind = "pmd"
-# id = "pmd"
-# port = "/dev/ttyUSB0"
-# rails = { pcie1 = "cable_8pin_1", pcie2 = "cable_8pin_2" }
-# gpu = 1
-
-# Yokogawa WT310E / WT332E / WT333E (VISA resource). elements: a list [1, 2], or a
-# table naming what each element measures: { 1 = "wall" } gives wall_power_w, ...
-# [[device]]
-# kind = "wt300e"
-# id = "wall"
-# resource = "TCPIP::192.168.1.50::10001::SOCKET"
-# elements = { 1 = "wall" }
-# items = ["U", "I", "P"]
-# rate_s = 0.1          # update interval: 0.1, 0.25, 0.5, 1, 2, 5 s
-
-# Rohde & Schwarz HMC8015 (VISA resource). rail: what its one input measures.
-# [[device]]
-# kind = "hmc8015"
-# id = "hmc"
-# resource = "TCPIP::192.168.1.51::5025::SOCKET"
-# functions = ["URMS", "IRMS", "P"]
-# rate_s = 0.1
-# rail = "psu_ac"
-"""
+""" + "".join(k.template for k in meter_kinds().values())
 
 
 def write_template(path: str) -> None:

@@ -42,3 +42,7 @@ class MeterProtocolError(MeterError):
 
 class NvmlError(MeterError):
     """The NVML library is missing or a call into it failed."""
+
+
+class NvmlMissingError(NvmlError):
+    """No NVML library or no NVIDIA driver: this machine has no GPU wattlab can read."""

@@ -196,6 +196,9 @@ class Marker:
     kind: str = "point"
     source: str = "workload"
     payload: dict[str, Any] = field(default_factory=dict)
+    # when the GPU reached this point of its work, on the host clock (None: host time only)
+    t_gpu_ns: int | None = None
+    gpu_uncertainty_ns: int | None = None  # half-width of the host-GPU clock pairing used
 
     def __post_init__(self) -> None:
         if self.kind not in MARKER_KINDS:

@@ -10,21 +10,26 @@ stops when the recorder says the session is over, when told to, or when its sour
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from wattlab.acquisition.source import Acquirer, Chunk, Flushable, Reading, SourceRunner
-from wattlab.errors import UsageError, WattlabError
+from wattlab.errors import BusError, UsageError, WattlabError
 from wattlab.samples import Gap, Marker, SourceDescriptor
 from wattlab.sync.bus import set_endpoint_security
 from wattlab.sync.clock_service import ClockResponder
+from wattlab.sync.link_monitor import explain
 from wattlab.sync.security import ClientSecurity
 
 SKEW_ENV = "WATTLAB_TEST_CLOCK_SKEW"  # "OFFSET_NS:DRIFT_PPM": simulate another host's clock
+DEFAULT_CONNECT_TIMEOUT_S = 60.0  # as long as `record --agent` waits for its agents
+WARN_AFTER_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,10 @@ class HostAcquirer:
         self.inner.close()
 
 
+def _to_stderr(line: str) -> None:
+    print(f"wattlab agent: {line}", file=sys.stderr, flush=True)
+
+
 @dataclass
 class AgentResult:
     """What an agent did: its streams, why it stopped, which sources failed."""
@@ -120,6 +129,32 @@ class AgentResult:
     source_errors: dict[str, str] = field(default_factory=dict)
 
 
+def await_recorder(responder: ClockResponder, name: str, timeout_s: float,
+                   stop: threading.Event, say: Callable[[str], None]) -> bool:
+    """Wait for the recorder's handshake (its first probe); False if stopped first.
+
+    Why bounded and outspoken: ZeroMQ retries a refused or unanswered connection forever
+    in silence, so after ``WARN_AFTER_S`` the agent says what the socket has seen (key
+    refused, wrong server key, nothing listening), again when that changes, and gives up
+    with a ``BusError`` after ``timeout_s``.
+    """
+    started = time.monotonic()
+    said = ""
+    while not responder.contacted.wait(0.05):
+        if stop.is_set():
+            return False
+        waited_s = time.monotonic() - started
+        why = explain(responder.link_state, responder.endpoint, name, responder.auth_status)
+        if waited_s >= timeout_s:
+            raise BusError(f"agent {name}: no handshake from a recorder in {timeout_s:g} s: "
+                           f"{why}")
+        if waited_s >= WARN_AFTER_S and why != said:
+            say(f"no handshake from the recorder after {waited_s:.0f} s: {why}; waiting up "
+                f"to {timeout_s:g} s (--connect-timeout)")
+            said = why
+    return True
+
+
 def run_agent(
     endpoint: str,
     name: str,
@@ -128,12 +163,20 @@ def run_agent(
     *,
     stop: threading.Event | None = None,
     skew: ClockSkew | None = None,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    say: Callable[[str], None] | None = None,
 ) -> AgentResult:
-    """Publish ``acquirers`` to the recorder at ``endpoint`` until the session ends."""
+    """Publish ``acquirers`` to the recorder at ``endpoint`` until the session ends.
+
+    The sources open once the recorder has answered (:func:`await_recorder`); ``say``
+    gets the lines that tell why it has not yet (default: standard error).
+    """
     if not endpoint.startswith("tcp://"):
         raise UsageError(f"agent endpoint {endpoint!r} must be tcp://HOST:PORT")
     if not acquirers:
         raise UsageError(f"agent {name}: nothing to publish (no GPU and no meter)")
+    if not connect_timeout_s > 0:
+        raise UsageError(f"--connect-timeout must be > 0 s, got {connect_timeout_s:g}")
     stop = stop or threading.Event()
     clock = skew.now_ns if skew is not None else time.monotonic_ns
     set_endpoint_security(endpoint, security)
@@ -144,12 +187,13 @@ def run_agent(
     started: list[SourceRunner] = []
     try:
         responder.start()
-        for runner in runners:
-            started.append(runner)
-            sources += [d.source_id for d in runner.start()]
-        responder.announce_sources(sources)
+        if await_recorder(responder, name, connect_timeout_s, stop, say or _to_stderr):
+            for runner in runners:
+                started.append(runner)
+                sources += [d.source_id for d in runner.start()]
+            responder.announce_sources(sources)
         while not stop.is_set() and not responder.finish_requested.is_set():
-            if not any(r.alive for r in runners):
+            if not any(r.alive for r in started):
                 break
             stop.wait(0.05)
     finally:

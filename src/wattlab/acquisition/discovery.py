@@ -1,9 +1,9 @@
-"""What is plugged in: serial ports (recognising PowerSensor3 and PMD), VISA resources, GPUs.
+"""What is plugged in: serial ports (recognising known meters), VISA resources, GPUs.
 
 Recognition is in two steps, as a careful person would do it: the USB vendor/product id
 says what a port *might* be, then a harmless identify query (PowerSensor3 ``V``, PMD
-``00``) says what it is. Ports are only queried when their id matches a known meter, or
-when the user names them with ``--probe``.
+``00``, a registered meter's own ``identify``) says what it is. Ports are only queried
+when their id matches a known meter, or when the user names them with ``--probe``.
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ import importlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from wattlab.acquisition.meter_registry import meter_kinds
 from wattlab.drivers.transport import SerialTransport
 from wattlab.errors import WattlabError
 
-# USB ids seen on these meters: STM32 CDC (PowerSensor3, also PMD2) and CH340 (PMD-USB).
-USB_CANDIDATES: dict[tuple[int, int], tuple[str, ...]] = {
-    (0x0483, 0x5740): ("powersensor3", "pmd"),
-    (0x1A86, 0x7523): ("pmd",),
-}
+# USB (vendor, product) id -> the meter kinds seen with it, as the meters registered them
+USB_CANDIDATES: dict[tuple[int, int], tuple[str, ...]] = {}
+for _kind in meter_kinds().values():
+    for _usb_id in _kind.usb_ids:
+        USB_CANDIDATES[_usb_id] = (*USB_CANDIDATES.get(_usb_id, ()), _kind.kind)
+PROBE_KINDS = tuple(k.kind for k in meter_kinds().values() if k.identify is not None)
 IDENTIFY_TIMEOUT_S = 0.5
 
 
@@ -38,12 +40,8 @@ class FoundDevice:
         return asdict(self)
 
 
-def identify_serial(
-    port: str, candidates: tuple[str, ...] = ("powersensor3", "pmd")
-) -> FoundDevice:
+def identify_serial(port: str, candidates: tuple[str, ...] = PROBE_KINDS) -> FoundDevice:
     """Ask the port, politely, what it is; unknown devices are reported as such."""
-    from wattlab.drivers.powersensor3 import PowerSensor3
-
     notes: list[str] = []
     for kind in candidates:
         try:
@@ -51,23 +49,16 @@ def identify_serial(
         except WattlabError as e:
             return FoundDevice("serial", port, notes=[str(e)])
         try:
-            if kind == "powersensor3":
-                version = PowerSensor3(transport, name=port).read_version()
-                return FoundDevice("powersensor3", port, identity=version,
-                                   meter_spec=f"powersensor3:{port}")
-            identity = _identify_pmd(transport)
-            return FoundDevice("pmd", port, identity=identity, meter_spec=f"pmd:{port}")
+            identify = meter_kinds()[kind].identify
+            if identify is None:
+                raise WattlabError("it has no identify query")
+            identity = identify(transport)
+            return FoundDevice(kind, port, identity=identity, meter_spec=f"{kind}:{port}")
         except WattlabError as e:
             notes.append(f"not a {kind}: {e}")
         finally:
             transport.close()
     return FoundDevice("serial", port, notes=notes)
-
-
-def _identify_pmd(transport: SerialTransport) -> str:
-    from wattlab.drivers.pmd import PmdUsb
-
-    return str(PmdUsb(transport).identify())
 
 
 def serial_ports() -> list[FoundDevice]:

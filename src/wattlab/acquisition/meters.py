@@ -1,7 +1,9 @@
 """External meters, named on the command line (``--meter``) or in a bench file, and GPUs.
 
-``--meter [ID=]KIND:ADDRESS``: KIND is ``powersensor3`` (alias ``ps3``), ``pmd``,
-``wt300e`` (aliases ``wt310e``, ``wt332e``, ``wt333e``) or ``hmc8015``; ADDRESS is a
+``--meter [ID=]KIND:ADDRESS``: KIND is a registered meter kind (see
+:mod:`wattlab.acquisition.meter_registry`): ``powersensor3`` (alias ``ps3``), ``pmd``,
+``wt300e`` (aliases ``wt310e``, ``wt332e``, ``wt333e``), ``hmc8015``, ``mcp39f511``
+(aliases ``mcp39f511n``, ``mcp``); ADDRESS is a
 serial port or a VISA resource string (which contains colons itself, so only the first
 colon splits). ID names the stream in the run file (default: the kind's usual name).
 
@@ -22,71 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from wattlab.acquisition.meter_registry import Rail, meter_kinds
 from wattlab.acquisition.source import Acquirer, Chunk, Reading
 from wattlab.bench_config import NvmlChoice
-from wattlab.errors import NvmlError, UsageError, WattlabError
+from wattlab.errors import NvmlError, NvmlMissingError, UsageError, WattlabError
 from wattlab.samples import Channel, SourceDescriptor, check_source_id
 
 BOARD_POWER_CHANNEL = "board_power_w"
-RAIL_SUFFIXES = ("voltage_v", "current_a", "power_w")  # the PMD's channels per rail
-
-
-@dataclass(frozen=True)
-class Rail:
-    """One named input of a meter: which device channels become ``<name>_...``."""
-
-    name: str
-    input: str  # what the device calls it: "pair 0", "pcie1", "element 1", "input"
-    renames: tuple[tuple[str, str], ...]  # (device channel, channel in the run file)
-    power_channel: str | None  # the device channel holding this rail's power, if measured
-
-
-def _rails_of(kind: str, options: Mapping[str, Any]) -> list[Rail]:
-    """The rails a bench entry names, with the device channels each one renames."""
-    named: dict[str, str] = dict(options.get("rails") or {})
-    if kind == "powersensor3":
-        return [Rail(name, f"pair {p}", ((f"current{p}_a", f"{name}_current_a"),
-                                         (f"voltage{p}_v", f"{name}_voltage_v"),
-                                         (f"power{p}_w", f"{name}_power_w")), f"power{p}_w")
-                for p, name in named.items()]
-    if kind == "pmd":
-        return [Rail(name, key, tuple((f"{key}_{s}", f"{name}_{s}") for s in RAIL_SUFFIXES),
-                     f"{key}_power_w") for key, name in named.items()]
-    if kind == "wt300e":
-        from wattlab.drivers.yokogawa_wt300e import FUNCTIONS, item_channels, normalise_function
-
-        labels = options.get("elements")
-        if not isinstance(labels, Mapping):
-            return []
-        elements = [element_key(e) for e in labels]
-        codes = [normalise_function(f) for f in options.get("items", ("U", "I", "P"))]
-        items = [(code, el) for el in elements for code in codes]
-        device = [c.name for c in item_channels(items)]
-        rails = []
-        for key, name in labels.items():
-            el = element_key(key)
-            picked = [(device[k], f"{name}_{FUNCTIONS[code].channel}")
-                      for k, (code, e) in enumerate(items) if e == el]
-            power = [device[k] for k, (code, e) in enumerate(items) if e == el and code == "P"]
-            rails.append(Rail(str(name), f"element {el}", tuple(picked),
-                              power[0] if power else None))
-        return rails
-    if kind == "hmc8015" and options.get("rail"):
-        from wattlab.drivers.hmc8015 import FUNCTIONS as HMC
-        from wattlab.drivers.hmc8015 import function_code
-
-        name = str(options["rail"])
-        codes = [function_code(f) for f in options.get("functions", ("URMS", "IRMS", "P"))]
-        return [Rail(name, "input", tuple((HMC[c].channel, f"{name}_{HMC[c].channel}")
-                                          for c in codes),
-                     HMC["P"].channel if "P" in codes else None)]
-    return []
-
-
-def element_key(key: Any) -> int | str:
-    """A WT300E element as the driver takes it: 1, 2, 3 or "SIGMA" (TOML keys are text)."""
-    text = str(key).strip()
-    return int(text) if text.isascii() and text.isdigit() else text.upper()
 
 
 class RailAcquirer:
@@ -194,37 +138,16 @@ def build_meter(kind: str, address: str, source_id: str,
                 options: Mapping[str, Any] | None = None) -> Acquirer:
     """One meter's acquirer: the shared path of ``--meter`` and bench files.
 
-    ``options`` are a bench entry's validated keys; ``rails``/``elements`` labels and
-    ``gpu`` wrap the meter in a :class:`RailAcquirer`, ``where`` names the entry in errors.
+    ``options`` are a bench entry's validated keys (the kind's defaults fill the rest);
+    rails it names and ``gpu`` wrap the meter in a :class:`RailAcquirer`, ``where`` names
+    the entry in errors.
     """
-    opts = dict(options or {})
-    inner: Acquirer
-    if kind == "powersensor3":
-        from wattlab.acquisition.powersensor3_source import PowerSensor3Acquirer
-
-        inner = PowerSensor3Acquirer(address, source_id)
-    elif kind == "pmd":
-        from wattlab.acquisition.pmd_source import PmdAcquirer
-
-        baud = opts.get("baud")
-        inner = PmdAcquirer(address, source_id, baud=None if baud is None else int(baud))
-    elif kind == "wt300e":
-        from wattlab.acquisition.scpi_sources import Wt300eAcquirer
-
-        elements = [element_key(e) for e in opts.get("elements", [1])]
-        inner = Wt300eAcquirer(address, source_id, elements=elements,
-                               items=opts.get("items", ("U", "I", "P")),
-                               rate_s=float(opts.get("rate_s", 0.1)), model=opts.get("model"))
-    elif kind == "hmc8015":
-        from wattlab.acquisition.scpi_sources import Hmc8015Acquirer
-
-        inner = Hmc8015Acquirer(address, source_id,
-                                functions=opts.get("functions", ("URMS", "IRMS", "P")),
-                                rate_s=float(opts.get("rate_s", 0.1)),
-                                auto_range=bool(opts.get("auto_range", True)))
-    else:
+    registered = meter_kinds().get(kind)
+    if registered is None:
         raise UsageError(f"unknown meter kind {kind!r}; known: {', '.join(METER_KINDS)}")
-    rails = _rails_of(kind, opts)
+    opts = {**registered.defaults(), **(options or {})}
+    inner: Acquirer = registered.build(address, source_id, opts)
+    rails = registered.rails_of(opts)
     gpu = opts.get("gpu")
     if not rails and gpu is None and "where" not in opts:
         return inner
@@ -232,10 +155,8 @@ def build_meter(kind: str, address: str, source_id: str,
                         str(opts.get("where", f"meter {source_id}")))
 
 
-METER_KINDS: dict[str, str] = {  # kind -> default stream id
-    "powersensor3": "ps3", "pmd": "pmd", "wt300e": "wall", "hmc8015": "hmc",
-}
-ALIASES = {"ps3": "powersensor3", "wt310e": "wt300e", "wt332e": "wt300e", "wt333e": "wt300e"}
+METER_KINDS: dict[str, str] = {k.kind: k.default_id for k in meter_kinds().values()}
+ALIASES = {a: k.kind for k in meter_kinds().values() for a in k.aliases}
 
 
 @dataclass(frozen=True)
@@ -284,8 +205,14 @@ def meter_acquirers(specs: list[str]) -> list[tuple[str, Acquirer]]:
 
 
 @contextmanager
-def nvml_acquirers(choice: NvmlChoice) -> Iterator[list[tuple[str, Acquirer]]]:
-    """NVML (or simulated) acquirers for the chosen GPUs; the library stays open."""
+def nvml_acquirers(choice: NvmlChoice, *, other_sources: bool = False
+                   ) -> Iterator[list[tuple[str, Acquirer]]]:
+    """NVML (or simulated) acquirers for the chosen GPUs; the library stays open.
+
+    ``other_sources``: meters (or agents) are recorded as well, so with ``all`` GPUs (the
+    default) a machine without the NVIDIA driver has none, said in one line, instead of an
+    error; GPUs named by number, or nothing else to record, still need the driver.
+    """
     if choice.gpus == "none":
         yield []
         return
@@ -306,6 +233,13 @@ def nvml_acquirers(choice: NvmlChoice) -> Iterator[list[tuple[str, Acquirer]]]:
     driver = NvmlDriver(lib)
     try:
         driver.open()
+    except NvmlMissingError as e:
+        if not (other_sources and choice.gpus == "all"):
+            raise UsageError(str(e)) from e
+        print(f"wattlab: no GPU found (no NVIDIA driver: {e.__cause__ or e}); recording "
+              "without GPUs", file=sys.stderr)
+        yield []
+        return
     except NvmlError as e:
         raise UsageError(str(e)) from e
     try:

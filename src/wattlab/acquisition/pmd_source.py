@@ -7,16 +7,19 @@ spacing instead of the host's read jitter.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from wattlab.acquisition.powersensor3_source import open_serial
+from wattlab.acquisition.meter_registry import MeterKind, input_rails, needs_rails, register
 from wattlab.acquisition.source import Chunk, Reading
-from wattlab.drivers.pmd import BAUD_SETTLE_S, PmdUsb, StreamBlock, stream_channels
-from wattlab.drivers.transport import ByteTransport
+from wattlab.drivers.pmd import BAUD_SETTLE_S, RAILS, PmdUsb, StreamBlock, stream_channels
+from wattlab.drivers.transport import ByteTransport, open_serial
 from wattlab.errors import MeterError
+from wattlab.option_checks import positive_int, rail_table
 from wattlab.samples import Gap, SourceDescriptor
 
 POLL_COLLECT_S = 0.05
+RAIL_SUFFIXES = ("voltage_v", "current_a", "power_w")  # the PMD's channels per rail
 
 
 class PmdAcquirer:
@@ -108,3 +111,39 @@ class PmdAcquirer:
                 self._transport.close()
                 self._transport = None
             self.driver = None
+
+
+def _build(address: str, source_id: str, options: Mapping[str, Any]) -> PmdAcquirer:
+    baud = options.get("baud")
+    return PmdAcquirer(address, source_id, baud=None if baud is None else int(baud))
+
+
+def _identify(transport: ByteTransport) -> str:
+    return str(PmdUsb(transport).identify())
+
+
+def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
+    from wattlab.hardware import pmd_emulator
+
+    return pmd_emulator.run_emulator_cli(power_w)
+
+
+KIND = register(MeterKind(
+    kind="pmd", default_id="pmd", help="ElmorLabs PMD-USB on a USB serial port", build=_build,
+    options={"baud": (positive_int, None), "rails": (rail_table(list(RAILS), "input"), None)},
+    rails_of=input_rails(lambda key: key,
+                         lambda key: tuple((f"{key}_{s}", s) for s in RAIL_SUFFIXES),
+                         lambda key: f"{key}_power_w"),
+    board_problem=needs_rails("pcie1"),
+    usb_ids=((0x0483, 0x5740), (0x1A86, 0x7523)),  # STM32 CDC (PMD2), CH340 (PMD-USB)
+    identify=_identify, emulate=_emulate, emulate_as=("pmd",),
+    template="""
+# ElmorLabs PMD-USB (USB serial). rails: input (pcie1, pcie2, eps1, eps2) = rail.
+# [[device]]
+# kind = "pmd"
+# id = "pmd"
+# port = "/dev/ttyUSB0"
+# rails = { pcie1 = "cable_8pin_1", pcie2 = "cable_8pin_2" }
+# gpu = 1
+""",
+))

@@ -7,25 +7,23 @@ device's 50 µs spacing instead of the host's read jitter.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
+from wattlab.acquisition.meter_registry import MeterKind, input_rails, needs_rails, register
 from wattlab.acquisition.source import Chunk, Reading
-from wattlab.drivers.powersensor3 import PowerSensor3, StreamBlock
-from wattlab.drivers.transport import ByteTransport, SerialTransport
+from wattlab.drivers.powersensor3 import N_PAIRS, PowerSensor3, StreamBlock
+from wattlab.drivers.transport import ByteTransport, open_serial
 from wattlab.errors import MeterError
+from wattlab.option_checks import rail_table
 from wattlab.samples import Gap, Marker, SourceDescriptor
 
 POLL_COLLECT_S = 0.05
 CLOSE_DRAIN_S = 0.5
 NOMINAL_RATE_HZ = 20000
 FRAME_PERIOD_US = 1_000_000 // NOMINAL_RATE_HZ
-
-
-def open_serial(port: str) -> ByteTransport:
-    """Raw 8N1, exclusive, with a short timeout so ``poll`` returns promptly."""
-    return SerialTransport(port, timeout_s=0.1)
 
 
 class PowerSensor3Acquirer:
@@ -143,3 +141,40 @@ class PowerSensor3Acquirer:
                 self._transport = None
             self.driver = None
 
+
+
+def _build(address: str, source_id: str, options: Mapping[str, Any]) -> PowerSensor3Acquirer:
+    return PowerSensor3Acquirer(address, source_id)
+
+
+def _identify(transport: ByteTransport) -> str:
+    return PowerSensor3(transport).read_version()
+
+
+def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
+    from wattlab.hardware.powersensor3_emulator import run_emulator_cli
+
+    return run_emulator_cli(power_w, seed=seed)
+
+
+KIND = register(MeterKind(
+    kind="powersensor3", default_id="ps3", aliases=("ps3",),
+    help="PowerSensor3 on a USB serial port", build=_build,
+    options={"rails": (rail_table([str(p) for p in range(N_PAIRS)], "pair"), None)},
+    rails_of=input_rails(lambda p: f"pair {p}",
+                         lambda p: ((f"current{p}_a", "current_a"),
+                                    (f"voltage{p}_v", "voltage_v"), (f"power{p}_w", "power_w")),
+                         lambda p: f"power{p}_w"),
+    board_problem=needs_rails("0"),
+    usb_ids=((0x0483, 0x5740),),  # STM32 USB CDC (also the PMD2's)
+    identify=_identify, emulate=_emulate, emulate_as=("powersensor3",),
+    template="""
+# PowerSensor3 riser on GPU 0's PCIe power (USB serial). rails: pair number (0-3) = rail.
+# [[device]]
+# kind = "powersensor3"
+# id = "ps3"
+# port = "/dev/ttyACM0"
+# rails = { 0 = "slot_12v", 1 = "slot_3v3", 2 = "cable_12vhpwr" }
+# gpu = 0
+""",
+))

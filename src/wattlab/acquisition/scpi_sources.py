@@ -13,16 +13,25 @@ flagged REPEAT.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from wattlab.acquisition.meter_registry import MeterKind, Rail, register
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.hmc8015 import Hmc8015
 from wattlab.drivers.scpi import ScpiTransport, TextTransport
 from wattlab.drivers.yokogawa_wt300e import Wt300e
 from wattlab.errors import UsageError
+from wattlab.option_checks import (
+    bool_check,
+    positive_number,
+    rail_name,
+    rail_table,
+    string,
+    string_list,
+)
 from wattlab.samples import Channel, Gap, SampleFlag, SourceDescriptor, check_source_id
 
 POLL_STEP_S = 0.1
@@ -249,3 +258,135 @@ class Hmc8015Acquirer:
         if self._driver is not None:
             self._driver.close()
             self._driver = None
+
+
+# ----------------------------------------------------------------------------- registration
+
+WT_ELEMENTS = ["1", "2", "3", "SIGMA"]
+
+
+def element_key(key: Any) -> int | str:
+    """A WT300E element as the driver takes it: 1, 2, 3 or "SIGMA" (TOML keys are text)."""
+    text = str(key).strip()
+    return int(text) if text.isascii() and text.isdigit() else text.upper()
+
+
+def _elements(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return rail_table(WT_ELEMENTS, "element")(value)
+    ok = isinstance(value, list) and value and all(
+        (isinstance(v, int) and not isinstance(v, bool) and v >= 1) or v == "SIGMA"
+        for v in value)
+    return None if ok else ("must be a list of element numbers like [1, 2] (or \"SIGMA\"), "
+                            "or a table naming what each measures: { 1 = \"wall\" }")
+
+
+def _wt300e_rails(options: Mapping[str, Any]) -> list[Rail]:
+    """A table of elements names them: each element's items become ``<name>_<quantity>``."""
+    from wattlab.drivers.yokogawa_wt300e import FUNCTIONS, item_channels, normalise_function
+
+    labels = options.get("elements")
+    if not isinstance(labels, Mapping):
+        return []
+    elements = [element_key(e) for e in labels]
+    codes = [normalise_function(f) for f in options.get("items", ("U", "I", "P"))]
+    items = [(code, el) for el in elements for code in codes]
+    device = [c.name for c in item_channels(items)]
+    rails = []
+    for key, name in labels.items():
+        el = element_key(key)
+        picked = [(device[k], f"{name}_{FUNCTIONS[code].channel}")
+                  for k, (code, e) in enumerate(items) if e == el]
+        power = [device[k] for k, (code, e) in enumerate(items) if e == el and code == "P"]
+        rails.append(Rail(str(name), f"element {el}", tuple(picked),
+                          power[0] if power else None))
+    return rails
+
+
+def _wt300e_board(options: Mapping[str, Any]) -> str | None:
+    if not isinstance(options["elements"], dict):
+        return 'needs elements = { 1 = "..." } naming what each element measures'
+    has_p = any(i.strip().upper() == "P" for i in options["items"])
+    return None if has_p else 'needs "P" (active power) in items'
+
+
+def _hmc8015_rails(options: Mapping[str, Any]) -> list[Rail]:
+    """``rail = "name"`` names the one input: its functions become ``<name>_<quantity>``."""
+    from wattlab.drivers.hmc8015 import FUNCTIONS as HMC
+    from wattlab.drivers.hmc8015 import function_code
+
+    if not options.get("rail"):
+        return []
+    name = str(options["rail"])
+    codes = [function_code(f) for f in options.get("functions", ("URMS", "IRMS", "P"))]
+    return [Rail(name, "input", tuple((HMC[c].channel, f"{name}_{HMC[c].channel}")
+                                      for c in codes),
+                 HMC["P"].channel if "P" in codes else None)]
+
+
+def _hmc8015_board(options: Mapping[str, Any]) -> str | None:
+    if "rail" not in options:
+        return 'needs rail = "..." naming what the HMC8015 measures'
+    has_p = any(f.strip().upper() == "P" for f in options["functions"])
+    return None if has_p else 'needs "P" (active power) in functions'
+
+
+def _build_wt300e(address: str, source_id: str, options: Mapping[str, Any]) -> Wt300eAcquirer:
+    return Wt300eAcquirer(address, source_id,
+                          elements=[element_key(e) for e in options.get("elements", [1])],
+                          items=options.get("items", ("U", "I", "P")),
+                          rate_s=float(options.get("rate_s", 0.1)), model=options.get("model"))
+
+
+def _build_hmc8015(address: str, source_id: str, options: Mapping[str, Any]
+                   ) -> Hmc8015Acquirer:
+    return Hmc8015Acquirer(address, source_id,
+                           functions=options.get("functions", ("URMS", "IRMS", "P")),
+                           rate_s=float(options.get("rate_s", 0.1)),
+                           auto_range=bool(options.get("auto_range", True)))
+
+
+def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
+    from wattlab.hardware.scpi_server import run_emulator_cli
+
+    return run_emulator_cli(name, power_w)
+
+
+WT300E = register(MeterKind(
+    kind="wt300e", default_id="wall", aliases=("wt310e", "wt332e", "wt333e"),
+    help="Yokogawa WT300E series over VISA", build=_build_wt300e, address_key="resource",
+    options={"elements": (_elements, [1]), "items": (string_list, ["U", "I", "P"]),
+             "rate_s": (positive_number, 0.1), "model": (string, None)},
+    rails_of=_wt300e_rails, board_problem=_wt300e_board,
+    emulate=_emulate, emulate_as=("wt310e", "wt332e", "wt333e"),
+    template="""
+# Yokogawa WT310E / WT332E / WT333E (VISA resource). elements: a list [1, 2], or a
+# table naming what each element measures: { 1 = "wall" } gives wall_power_w, ...
+# [[device]]
+# kind = "wt300e"
+# id = "wall"
+# resource = "TCPIP::192.168.1.50::10001::SOCKET"
+# elements = { 1 = "wall" }
+# items = ["U", "I", "P"]
+# rate_s = 0.1          # update interval: 0.1, 0.25, 0.5, 1, 2, 5 s
+""",
+))
+HMC8015 = register(MeterKind(
+    kind="hmc8015", default_id="hmc", help="Rohde & Schwarz HMC8015 over VISA",
+    build=_build_hmc8015, address_key="resource",
+    options={"functions": (string_list, ["URMS", "IRMS", "P"]),
+             "rate_s": (positive_number, 0.1), "auto_range": (bool_check, True),
+             "rail": (rail_name, None)},
+    rails_of=_hmc8015_rails, board_problem=_hmc8015_board,
+    emulate=_emulate, emulate_as=("hmc8015",),
+    template="""
+# Rohde & Schwarz HMC8015 (VISA resource). rail: what its one input measures.
+# [[device]]
+# kind = "hmc8015"
+# id = "hmc"
+# resource = "TCPIP::192.168.1.51::5025::SOCKET"
+# functions = ["URMS", "IRMS", "P"]
+# rate_s = 0.1
+# rail = "psu_ac"
+""",
+))

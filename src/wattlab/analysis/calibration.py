@@ -116,6 +116,7 @@ class _Ref:
         self.step_s = float(self.edges[-1] - self.edges[0]) / (self.edges.size - 1)
         self.has_holes = bool(self.cum_hole_s[-1] > 0)
         self._filled: FloatArray | None = None
+        self._cum_filled: FloatArray | None = None
         # (value, step to the next edge) side by side: one memory access per lookup; the
         # last edge's row (step 0) serves a time exactly at the end of the grid
         self._cum_pairs = np.zeros((self.cum_j.size, 2))
@@ -200,8 +201,10 @@ class _Ref:
         """Running integral with gaps bridged (for energies of windows with small gaps)."""
         if not self.has_holes:
             return self.cum_j
-        dt = np.diff(self.edges)
-        return np.concatenate(([0.0], np.cumsum(self.filled_means() * dt)))
+        if self._cum_filled is None:  # once: every phase and sliding window asks for it
+            dt = np.diff(self.edges)
+            self._cum_filled = np.concatenate(([0.0], np.cumsum(self.filled_means() * dt)))
+        return self._cum_filled
 
     def filled_means(self) -> FloatArray:
         """Bin means with gaps filled by interpolation (only for kernels that need a series)."""
@@ -819,7 +822,12 @@ def store_in_run(path: str, record: dict[str, Any]) -> str:
 
     Needs the recorder to have closed the file; a record of the same stream is replaced.
     """
+    from wattlab.sync.run_repair import writer_status
+
     where = record_path(record)
+    status = writer_status(path)
+    if status.flags:
+        raise RunFileError(f"cannot add {where}: {status.describe(path)} (or use --no-store)")
     try:
         with h5py.File(path, "r+", locking=False) as f:
             if where in f:

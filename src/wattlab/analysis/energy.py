@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from wattlab.analysis import resolution
 from wattlab.analysis.alignment import (
     chunks_s,
     integrate_view,
@@ -46,6 +47,11 @@ class Phase:
     t0_s: float
     t1_s: float
     source: str
+    clock: str = "host"  # "gpu": both edges are the GPU's execution times (CUDA events)
+
+    @property
+    def duration_s(self) -> float:
+        return self.t1_s - self.t0_s
 
     @property
     def label(self) -> str:
@@ -56,23 +62,26 @@ def phases_from_markers(markers: Sequence[MarkerRow]) -> list[Phase]:
     """Begin/end marker pairs (matched per source and name, nesting allowed) as phases.
 
     Repeated phases of one name are numbered in time order (``index``); a begin without an
-    end is left out.
+    end is left out. Edges are the GPU's execution times where the markers carry them (a
+    framework marker's host time is when the step was queued, not run).
     """
     open_: dict[tuple[str, str], list[MarkerRow]] = {}
     pairs: list[tuple[MarkerRow, MarkerRow]] = []
-    for m in sorted(markers, key=lambda m: m.time_ns):
+    for m in sorted(markers, key=lambda m: m.effective_ns):
         key = (m.source, m.name)
         if m.kind == "begin":
             open_.setdefault(key, []).append(m)
         elif m.kind == "end" and open_.get(key):
             pairs.append((open_[key].pop(), m))
-    pairs.sort(key=lambda p: p[0].time_ns)
+    pairs.sort(key=lambda p: p[0].effective_ns)
     counts: dict[str, int] = {}
     out = []
     for begin, end in pairs:
         idx = counts.get(begin.name, 0)
         counts[begin.name] = idx + 1
-        out.append(Phase(begin.name, idx, begin.time_ns / 1e9, end.time_ns / 1e9, begin.source))
+        gpu = begin.gpu_time_ns is not None and end.gpu_time_ns is not None
+        out.append(Phase(begin.name, idx, begin.effective_ns / 1e9, end.effective_ns / 1e9,
+                         begin.source, "gpu" if gpu else "host"))
     return out
 
 
@@ -106,6 +115,8 @@ class EnergyRow:
     corrected_j: float | None = None
     corrected_se_j: float | None = None
     corrected_error_pct: float | None = None
+    edge_s: float | None = None  # how far in time an edge may be misplaced (``resolution``)
+    resolves: bool | None = None  # whether the phase lasts long enough for this stream
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -272,8 +283,7 @@ def stream_identity(view: SourceView, channel: str) -> dict[str, str]:
     """Calibration key of a stream: GPU model, board, driver version and NVML field."""
     d = view.descriptor
     config = d.get("config", {})
-    meaning = next((c.get("meaning", "") for c in d.get("channels", [])
-                    if c.get("name") == channel), "")
+    meaning = channel_meaning(view, channel)
     return {
         "gpu_model": view.model,
         "board": str(config.get("board_part_number", "")),
@@ -403,9 +413,16 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
             row.notes += warn
         rows += got
         notes += [f"{view.source_id}:{channel}: {w}" for w in warn]
+    power_edges = {(v.source_id, ch): resolution.power_edge_s(
+        median_spacing_s(v), resolution.channel_lag_s(channel_meaning(v, ch), ch))
+        for v, ch, m in streams if m == "power"}
+    resolution.annotate(rows, phases, power_edges)
+    group_phases, group_rows, group_notes = resolution.group_rows(
+        rows, [p for p in phases if p.name != "window"])
+    notes += group_notes
     if ref_key is not None:
-        ref_rows = {r.phase: r for r in rows if (r.source, r.channel) == ref_key}
-        for r in rows:
+        ref_rows = {r.phase: r for r in rows + group_rows if (r.source, r.channel) == ref_key}
+        for r in rows + group_rows:
             ref = ref_rows.get(r.phase)
             # the reference meter's own other channels (its rails) are parts, not rivals
             if ref is None or r.source == ref.source or not ref.energy_j:
@@ -420,36 +437,58 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
         "calibration": None if calibration is None else calibration.get("key"),
         "phases": [asdict(p) | {"label": p.label} for p in phases],
         "rows": [r.to_json() for r in rows],
+        "groups": [asdict(p) | {"label": p.label} for p in group_phases],
+        "group_rows": [r.to_json() for r in group_rows],
+        "chosen": [asdict(c) for c in resolution.choose(
+            rows + group_rows, phases + group_phases,
+            None if ref_key is None else f"{ref_key[0]}:{ref_key[1]}")],
         "notes": notes,
     })
 
 
+def channel_meaning(view: SourceView, channel: str) -> str:
+    """What a channel is, as its source described it ("" where it did not say)."""
+    return next((str(c.get("meaning", "")) for c in view.descriptor.get("channels", [])
+                 if c.get("name") == channel), "")
+
+
 def format_report(report: dict[str, Any]) -> str:
-    """A fixed-width table: one block per phase, one line per stream."""
+    """A fixed-width table: one block per phase (then per group), one line per stream.
+
+    A ``~`` after the energy: the phase is shorter than that stream resolves.
+    """
     corrected = any(r["corrected_j"] is not None for r in report["rows"])
-    head = (f"{'stream':<40} {'energy J':>11} {'± J':>8} {'mean W':>9} {'uncov s':>8} "
+    head = (f"{'stream':<40} {'energy J':>12} {'± J':>8} {'mean W':>9} {'uncov s':>8} "
             f"{'err %':>7}" + (f" {'corr J':>11} {'corr err %':>10}" if corrected else ""))
     lines = [f"reference: {report['reference'] or '- (no external meter in this run)'}"]
     by_phase: dict[str, list[dict[str, Any]]] = {}
-    for r in report["rows"]:
+    for r in report["rows"] + report.get("group_rows", []):
         by_phase.setdefault(r["phase"], []).append(r)
+    clock = {p["label"]: p.get("clock", "host") for p in report["phases"]
+             + report.get("groups", [])}
 
     def num(x: Any, fmt: str, width: int) -> str:
         return f"{x:{width}{fmt}}" if x is not None else f"{'-':>{width}}"
 
     for phase, rows in by_phase.items():
         r0 = rows[0]
+        on = ", GPU time" if clock.get(phase) == "gpu" else ""
         lines += ["", f"{phase}  ({r0['t0_s']:.3f} .. {r0['t1_s']:.3f} s, "
-                  f"{r0['t1_s'] - r0['t0_s']:.3f} s)", head, "-" * len(head)]
+                  f"{r0['t1_s'] - r0['t0_s']:.3f} s{on})", head, "-" * len(head)]
         for r in rows:
             name = f"{r['source']}:{r['channel']}" + (" (counter)" if r["method"] == "counter"
                                                        else "")
-            line = (f"{name:<40} {num(r['energy_j'], '.2f', 11)} "
+            flag = "~" if r.get("resolves") is False else " "
+            line = (f"{name:<40} {num(r['energy_j'], '.2f', 11)}{flag} "
                     f"{num(r['uncertainty_j'], '.2f', 8)} {num(r['mean_power_w'], '.2f', 9)} "
                     f"{r['uncovered_s']:8.3f} {num(r['error_pct'], '.2f', 7)}")
             if corrected:
                 line += (f" {num(r['corrected_j'], '.2f', 11)} "
                          f"{num(r['corrected_error_pct'], '.2f', 10)}")
             lines.append(line)
+    unresolved = [c for c in report.get("chosen", []) if c["stream"] is None]
+    if unresolved:
+        lines += ["", f"~ {len(unresolved)} phase(s) no stream resolves, e.g. "
+                  f"{unresolved[0]['phase']}: {unresolved[0]['reason']}"]
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)

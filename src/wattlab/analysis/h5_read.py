@@ -6,13 +6,58 @@ because HDF5 refuses a second handle on a file whose locking flag differs from t
 ("file locking flag values don't match") — which is why the writers (sync/run_writer.py,
 calibration records, sweep files) open without a lock too. A second writer is kept out by
 O_EXCL creation instead: only the session's own supervisor ever reopens a run to write.
+
+A file whose writer was killed is read without asking and without being changed: in SWMR
+mode where its superblock allows it, else through :class:`ClosedView`, which shows HDF5 the
+superblock as ``wattlab repair`` would leave it (``sync/hdf5_repair.py`` says why).
 """
 
 from __future__ import annotations
 
+import io
+from typing import Any
+
 import h5py
 
 from wattlab.errors import RunFileError
+from wattlab.sync.hdf5_repair import cleared_superblock
+
+
+class ClosedView(io.RawIOBase):
+    """A read-only file object: the file's bytes, with ``superblock`` over its start.
+
+    Why a file object and not a copy: h5py reads through it (its "fileobj" driver) only
+    the parts it needs, so a crash-left recording of any size opens at once, untouched.
+    """
+
+    def __init__(self, path: str, superblock: bytes) -> None:
+        super().__init__()
+        self._file = open(path, "rb")  # noqa: SIM115 - lives as long as the view
+        self._head = superblock
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        start = self._file.tell()
+        n = self._file.readinto(buffer)
+        if start < len(self._head) and n:
+            end = min(n, len(self._head) - start)
+            memoryview(buffer).cast("B")[:end] = self._head[start:start + end]
+        return n
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 def open_read_only(path: str, *, swmr: bool = True) -> h5py.File:
@@ -25,4 +70,14 @@ def open_read_only(path: str, *, swmr: bool = True) -> h5py.File:
     try:
         return h5py.File(path, "r", locking=False)
     except OSError as e:
-        raise RunFileError(f"{path}: not a readable HDF5 file ({e})") from e
+        error = e
+    try:
+        superblock = cleared_superblock(path)
+    except RunFileError:
+        superblock = None
+    if superblock is not None:  # left open for writing without SWMR: read as if closed
+        try:
+            return h5py.File(ClosedView(path, superblock), "r", locking=False)
+        except OSError as e:
+            error = e
+    raise RunFileError(f"{path}: not a readable HDF5 file ({error})") from error

@@ -29,8 +29,8 @@ from wattlab.analysis.minimise import golden_section
 FloatArray = npt.NDArray[np.float64]
 CHI2_95 = 3.841
 """−2 log-likelihood rise that bounds a 95 % interval for one parameter."""
-PROFILE_POINTS = 25
-NEAR_BEST = np.array([0.8, 0.9, 0.95, 0.98, 0.99, 1.01, 1.02, 1.05, 1.1, 1.25])
+PROFILE_POINTS = 15
+NEAR_BEST = np.array([0.8, 0.9, 0.97, 1.03, 1.1, 1.25])
 """Extra profile points around the best, as multiples of it (delays: ±0.5·(k − 1) s)."""
 MAX_RELATIVE_WIDTH = 0.25
 """A kernel width whose 95 % interval is wider than this fraction of itself is not pinned."""
@@ -148,10 +148,10 @@ def delay_profile(cost: Cost, fit: KernelFit, *, bounds: tuple[float, float], be
         def at(log_w: float) -> float:
             w = math.exp(log_w)
             return cost(e - fit.centroid * w, w)
-        scan = np.linspace(lo, hi, 13)
+        scan = np.linspace(lo, hi, 9)
         k = int(np.argmin([at(v) for v in scan]))
         a, b = scan[max(k - 1, 0)], scan[min(k + 1, scan.size - 1)]
-        return at(golden_section(at, a, b, xatol=1e-3))
+        return at(golden_section(at, a, b, xatol=3e-3))
 
     mse = np.array([best_width(e) for e in grid])
     return _interval("effective_delay_s", grid, mse, (fit.effective_delay_s, best_mse), n_eff)
@@ -159,11 +159,11 @@ def delay_profile(cost: Cost, fit: KernelFit, *, bounds: tuple[float, float], be
 
 def _best_over_tau(cost: Cost, width: float, tau0: float) -> float:
     """Least misfit over τ near tau0 (a scan over ±1 s, then golden section)."""
-    scan = tau0 + np.linspace(-1.0, 1.0, 21)
+    scan = tau0 + np.linspace(-1.0, 1.0, 11)
     values = [cost(t, width) for t in scan]
     k = int(np.argmin(values))
     a, b = scan[max(k - 1, 0)], scan[min(k + 1, scan.size - 1)]
-    t = golden_section(lambda v: cost(v, width), a, b, xatol=1e-4)
+    t = golden_section(lambda v: cost(v, width), a, b, xatol=1e-3)
     return min(cost(t, width), float(values[k]))
 
 

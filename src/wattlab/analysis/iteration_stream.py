@@ -27,13 +27,16 @@ class DetectedIteration:
     """One iteration: rising edge to the next rising edge, and the energy in between.
 
     ``separation``: how far apart the busy and idle power levels were when it was seen, in
-    noise standard deviations (larger is clearer; under 5 nothing is detected).
+    noise standard deviations (larger is clearer; under 4 nothing is detected).
+    ``idle_samples``: samples seen idle before the next step began (1: a barely-seen dip,
+    where a neighbouring step's dip may have been missed).
     """
 
     start_ns: int
     end_ns: int
     energy_j: float
     separation: float = float("nan")
+    idle_samples: int = -1
 
     @property
     def period_s(self) -> float:
@@ -70,9 +73,11 @@ class IterationStream:
     """Push power samples as they arrive; get the iterations completed since the last push.
 
     Memory is bounded by ``memory_s`` of samples (for the busy/idle levels) and the last
-    ``PERIODS_KEPT`` periods (for ``state``). Rising edges closer than ``min_period_s`` are
-    one step (a dip inside a step); an iteration longer than ``max_period_s`` (a pause, an
-    evaluation) is not reported, and the next one starts at the following edge.
+    ``PERIODS_KEPT`` periods (for ``state``). An iteration is reported ~2 s after it ends
+    (``burst_edges.LOOKAHEAD_S``); ``finish`` reports the rest when the stream ends. Rising
+    edges closer than ``min_period_s`` are one step (a dip inside a step); an iteration
+    longer than ``max_period_s`` (a pause, an evaluation) is not reported, and the next one
+    starts at the following edge.
     """
 
     def __init__(self, *, min_period_s: float = 0.01, max_period_s: float = 10.0,
@@ -88,28 +93,45 @@ class IterationStream:
         self._count = 0
         self._periods_s: deque[float] = deque(maxlen=PERIODS_KEPT)
         self._energies_j: deque[float] = deque(maxlen=PERIODS_KEPT)
-        self.edges_seen = 0
+        self._closed = 0
         self.skipped = 0
 
     def push(self, t_ns: npt.NDArray[np.int64], power_w: npt.NDArray[np.float64]
              ) -> list[DetectedIteration]:
         """Take samples (time-ordered); return iterations completed since the last push."""
+        return self._iterations(self._edges.push(t_ns, power_w))
+
+    def finish(self) -> list[DetectedIteration]:
+        """At the end of a stream: the iterations the lookahead was still holding back."""
+        return self._iterations(self._edges.finish())
+
+    def _iterations(self, edges: list[Edge]) -> list[DetectedIteration]:
         out = []
-        for edge in self._edges.push(t_ns, power_w):
-            self.edges_seen += 1
+        for edge in edges:
             prev, self._previous = self._previous, edge
-            if prev is None:
-                continue
+            if prev is None or edge.peak_before_w < edge.busy_w:
+                continue  # the first edge, or the previous one began no real burst
+            self._closed += 1
             if edge.after_gap or edge.t_ns - prev.t_ns > self.max_period_ns:
                 self.skipped += 1
                 continue
             it = DetectedIteration(prev.t_ns, edge.t_ns, edge.energy_j - prev.energy_j,
-                                   min(prev.separation, edge.separation))
+                                   min(prev.separation, edge.separation), edge.idle_samples)
             self._count += 1
             self._periods_s.append(it.period_s)
             self._energies_j.append(it.energy_j)
             out.append(it)
         return out
+
+    @property
+    def steps_seen(self) -> int:
+        """Bursts seen: iterations completed, skipped, and the one still open."""
+        return self._closed + (self._previous is not None)
+
+    @property
+    def held_samples(self) -> int:
+        """Samples held now (for the levels and the lookahead): bounded by ``memory_s``."""
+        return self._edges.held_samples
 
     @property
     def spacing_s(self) -> float | None:

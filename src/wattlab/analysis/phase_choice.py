@@ -10,6 +10,10 @@ slowdown bound of the default setting's, and compares "each phase at its own bes
 
 The choice is made on measured means, not a model: a phase is seen at few settings and
 its error bar (standard error over repeats, where there are repeats) is shown with it.
+
+Each phase's energy comes from a source that resolves its instances (``resolution``): a
+0.2 s step from the 50 Hz samples, not from the 1 s average, whose lag spreads a step's
+energy over its neighbours. Where none does, the default source is used and a note says so.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from wattlab.analysis import resolution
+from wattlab.analysis.counter_ticks import COUNTER_UPDATE_S
 from wattlab.analysis.sweep_results import SweepTable
 from wattlab.errors import UsageError
 
@@ -51,6 +57,7 @@ class PhaseResult:
     saving: float
     saving_se: float | None
     settings: list[PhaseSetting]
+    energy_source: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return _finite(asdict(self))
@@ -114,6 +121,37 @@ def _pick(settings: list[PhaseSetting], default: float,
     return min(ok or [ref], key=lambda s: s.objective), ref
 
 
+# how far in time each sweep energy source may misplace an edge (``resolution``): sample
+# spacing / 2 plus the lag behind a load step (PROTOCOLS.md §7); the counter's update period
+SOURCE_EDGE_S = {
+    "nvml_samples": resolution.power_edge_s(0.02, resolution.LAG_S["samples_power_w"]),
+    "nvml_instant": resolution.power_edge_s(0.09, resolution.LAG_S["instant_power_w"]),
+    "nvml_average": resolution.power_edge_s(0.09, resolution.LAG_S["average_power_w"]),
+    "nvml_energy": COUNTER_UPDATE_S,
+}
+
+
+def phase_source(instance_s: float, default: str, available: list[str]
+                 ) -> tuple[str, str | None]:
+    """(source, note): the source for a phase whose instances last ``instance_s``.
+
+    The default if it resolves them, else the one with the shortest edge that does; the
+    default, with a note, where none does.
+    """
+
+    def resolves(src: str) -> bool:
+        return instance_s >= resolution.RESOLVE_EDGES * SOURCE_EDGE_S.get(src, 0.0)
+
+    if resolves(default):
+        return default, None
+    good = sorted((s for s in available if resolves(s)), key=lambda s: SOURCE_EDGE_S.get(s, 0))
+    if good:
+        return good[0], (f"instances of {instance_s:.3f} s are shorter than {default} "
+                         f"resolves: energy from {good[0]}")
+    return default, (f"instances of {instance_s:.3f} s are shorter than any energy source "
+                     f"resolves: {default} used, its phase energies are rough")
+
+
 def choose_per_phase(table: SweepTable, objective: str = "energy",
                      max_slowdown: float | None = None,
                      energy_source: str | None = None) -> PhaseReport:
@@ -131,17 +169,23 @@ def choose_per_phase(table: SweepTable, objective: str = "energy",
     if source not in ph.energies_j:
         raise UsageError(f"{table.origin}: phases have no energy source {source!r} "
                          f"(has {', '.join(ph.energies_j) or 'none'})")
-    energy = ph.energies_j[source]
     ok_run = np.array([s == "ok" for s in table.status], dtype=bool)
     x_of = table.x[ph.run]
-    good = ok_run[ph.run] & np.isfinite(energy) & np.isfinite(ph.time_s) & (ph.time_s > 0)
-    good &= np.isfinite(x_of)
+    usable = ok_run[ph.run] & np.isfinite(ph.time_s) & (ph.time_s > 0) & np.isfinite(x_of)
     names = np.array(ph.phase, dtype=object)
     results: list[PhaseResult] = []
     notes: list[str] = []
     means: dict[str, dict[float, PhaseSetting]] = {}
     for name in ph.names():
-        rows = np.flatnonzero(good & (names == name))
+        mine = usable & (names == name)
+        instance_s = float(np.median(ph.time_s[mine] / np.maximum(ph.count[mine], 1))
+                           ) if mine.any() else 0.0
+        src, why = ((source, None) if energy_source is not None
+                    else phase_source(instance_s, source, list(ph.energies_j)))
+        if why:
+            notes.append(f"phase {name!r}: {why}")
+        energy = ph.energies_j[src]
+        rows = np.flatnonzero(mine & np.isfinite(energy))
         if rows.size == 0:
             notes.append(f"phase {name!r}: no finished run measured it")
             continue
@@ -164,7 +208,7 @@ def choose_per_phase(table: SweepTable, objective: str = "energy",
             saving_se = math.hypot(best.energy_se_j / ref.energy_j,
                                    best.energy_j * ref.energy_se_j / ref.energy_j ** 2)
         results.append(PhaseResult(name, default, best.x, best.time_s / ref.time_s - 1.0,
-                                   saving, saving_se, settings))
+                                   saving, saving_se, settings, src))
     common = sorted(set.intersection(*(set(m) for m in means.values()))) if means else []
     single_x = single_obj = per_phase_obj = default_obj = None
     if common and results:
@@ -192,8 +236,10 @@ def format_phase_report(report: PhaseReport, unit: str) -> str:
              f"{report.energy_source}):"]
     for p in report.phases:
         se = "" if p.saving_se is None else f" ± {100 * p.saving_se:.1f}"
+        src = "" if p.energy_source in ("", report.energy_source) else \
+            f" [energy from {p.energy_source}]"
         lines.append(f"  phase {p.phase}: best {p.best_x:g} {unit} (default {p.default_x:g}) "
-                     f"saves {100 * p.saving:.1f}{se} % for {100 * p.slowdown:+.1f} % time")
+                     f"saves {100 * p.saving:.1f}{se} % for {100 * p.slowdown:+.1f} % time{src}")
         for s in p.settings:
             e_se = "" if s.energy_se_j is None else f" ± {s.energy_se_j:.2f}"
             mark = "  <- best" if s.x == p.best_x else ""

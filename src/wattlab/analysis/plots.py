@@ -160,22 +160,35 @@ def zoom_figure(windows: Sequence[ZoomWindow], phases: Sequence[Span],
 
 
 def energy_bars_figure(phase_names: Sequence[str], sources: Sequence[str],
-                       energy_j: FloatArray, uncertainty_j: FloatArray | None = None) -> Figure:
-    """Grouped bars: energy of each phase name (summed over its instances) per source."""
+                       energy_j: FloatArray, spread_j: FloatArray | None = None,
+                       count: npt.NDArray[np.int64] | None = None) -> Figure:
+    """Grouped bars: energy of one instance of each phase name per source (NaN: no bar).
+
+    Phases differ by orders of magnitude (a whole run, a 0.2 s step), so the axis is
+    logarithmic when they do; ``count`` labels each bar with its number of instances.
+    """
     n_phase, n_src = len(phase_names), max(1, len(sources))
     fig, ax = plt.subplots(figsize=(13, 3.6 + 0.1 * n_phase), layout="constrained")
     width = 0.8 / n_src
     x = np.arange(n_phase)
     cycle = plt.get_cmap("Dark2")
     for j, source in enumerate(sources):
-        err = None if uncertainty_j is None else uncertainty_j[:, j]
-        ax.bar(x + (j - (n_src - 1) / 2) * width, energy_j[:, j], width, label=source,
-               color=cycle(j % 8), yerr=err, capsize=2, error_kw={"lw": 0.8})
+        err = None if spread_j is None else spread_j[:, j]
+        at = x + (j - (n_src - 1) / 2) * width
+        ax.bar(at, energy_j[:, j], width, label=source, color=cycle(j % 8), yerr=err,
+               capsize=2, error_kw={"lw": 0.8})
+        for xi, e, n in zip(at, energy_j[:, j], count[:, j] if count is not None else [],
+                            strict=False):
+            if np.isfinite(e) and n > 1:
+                ax.text(xi, e, f"n={n}", ha="center", va="bottom", fontsize=6, color="0.3")
+    finite = energy_j[np.isfinite(energy_j) & (energy_j > 0)]
+    if finite.size and finite.max() > 50 * finite.min():
+        ax.set_yscale("log")
     tilt = n_phase > 6
     ax.set_xticks(x, list(phase_names), rotation=30 if tilt else 0,
                   ha="right" if tilt else "center", fontsize=8)
-    ax.set_ylabel("energy (J)")
-    ax.set_xlabel("phase (all instances of a name summed)")
+    ax.set_ylabel("energy per instance (J)")
+    ax.set_xlabel("phase (mean over its instances; error bar: spread over instances)")
     ax.grid(True, axis="y", alpha=0.3)
     if sources:
         ax.legend(fontsize=8, ncols=min(3, n_src))

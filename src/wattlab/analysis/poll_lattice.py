@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import binom
 
 FloatArray = npt.NDArray[np.float64]
 MIN_BEATS = 8
@@ -48,6 +47,21 @@ class PollLattice:
     beat_polls: float  # polls per repeat
     update_t_s: FloatArray  # each new reading's update instant
     hit_fraction: float  # lattice points that held a repeat
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X ≥ k) for X ~ Binomial(n, p), summed in logs (no scipy: it costs ~0.9 s to import)."""
+    if k <= 0:
+        return 1.0
+    if k > n or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+             + i * log_p + (n - i) * log_q for i in range(k, n + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 
 def _lattice_scores(j: FloatArray, n_polls: int, beat: float,
@@ -101,7 +115,7 @@ def fit_poll_lattice(poll_t_s: FloatArray, values: FloatArray) -> PollLattice | 
     _, phase, hit_fraction = _lattice_scores(repeats, s.size, beat)
     points = int((s.size - 1 - phase) // beat + 1)
     # repeats that fall on a lattice by chance (random repeated values) must not make one
-    chance = float(binom.sf(round(hit_fraction * points) - 1, points, repeats.size / s.size))
+    chance = binomial_tail(round(hit_fraction * points), points, repeats.size / s.size)
     if hit_fraction < MIN_HIT_FRACTION or points < MIN_BEATS or chance > MAX_CHANCE:
         return None
     period = poll * beat / (beat - 1.0)

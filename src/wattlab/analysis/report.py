@@ -20,7 +20,6 @@ import html
 import json
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,6 +65,7 @@ from wattlab.analysis.summary import summarise
 from wattlab.analysis.sweep_results import SWEEP_FORMAT, SweepTable, load_table
 from wattlab.analysis.tuning_report import tuning_panel
 from wattlab.errors import RunFileError, UsageError, WattlabError
+from wattlab.output_files import create_temp
 
 FloatArray = npt.NDArray[np.float64]
 DISPLAY_BINS = 2000
@@ -231,6 +231,10 @@ class PhaseEnergy:
 
     Arrays are phases x streams, NaN where a stream has no estimate for a phase;
     ``uncertainty_j`` is the sum of the instances' half-widths (edges may be correlated).
+
+    ``per_instance`` is what the figure draws: per name (and per group of a name no stream
+    resolves one by one, e.g. "step per epoch"), the mean energy of one instance and the
+    spread (standard deviation) over instances, from the streams that resolve it only.
     """
 
     report: dict[str, Any]
@@ -243,6 +247,7 @@ class PhaseEnergy:
     measured_j: FloatArray
     covered_s: FloatArray
     uncovered_s: FloatArray
+    per_instance: InstanceEnergy | None = None
 
     @property
     def reference(self) -> str | None:
@@ -261,6 +266,51 @@ class PhaseEnergy:
             with np.errstate(invalid="ignore", divide="ignore"):
                 out = 100 * (self.energy_j - ref) / ref
         return out
+
+
+@dataclass
+class InstanceEnergy:
+    """Energy of one instance of each phase name per stream: mean, spread, how many.
+
+    NaN where the stream does not resolve the name's instances (they are shorter than its
+    sample spacing, lag or counter edges allow), so no bar claims what it cannot know.
+    """
+
+    names: list[str]
+    streams: list[str]
+    mean_j: FloatArray
+    spread_j: FloatArray
+    count: npt.NDArray[np.int64]
+    unresolved: list[str]  # "name: stream" pairs left out
+
+
+def instance_energy(rows: Sequence[dict[str, Any]], phases: Sequence[dict[str, Any]],
+                    streams: list[str]) -> InstanceEnergy:
+    """``InstanceEnergy`` from energy-report rows (phases and groups together)."""
+    name_of = {p["label"]: p["name"] for p in phases}
+    names = list(dict.fromkeys(name_of.values()))
+    values: dict[tuple[int, int], list[float]] = {}
+    unresolved: dict[tuple[int, int], bool] = {}
+    for r in rows:
+        key = (names.index(name_of[r["phase"]]), streams.index(f"{r['source']}:{r['channel']}"))
+        if r["energy_j"] is None:
+            continue
+        if r.get("resolves") is False:
+            unresolved[key] = True
+            continue
+        values.setdefault(key, []).append(float(r["energy_j"]))
+    shape = (len(names), len(streams))
+    mean, spread = np.full(shape, np.nan), np.full(shape, np.nan)
+    count = np.zeros(shape, dtype=np.int64)
+    for (i, j), v in values.items():
+        if unresolved.get((i, j)):
+            continue  # some instances unresolved: a mean of the rest would be biased
+        mean[i, j], count[i, j] = float(np.mean(v)), len(v)
+        spread[i, j] = float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
+    left_out = [f"{names[i]}: {streams[j]}" for (i, j) in sorted(unresolved)]
+    keep = [i for i in range(len(names)) if np.isfinite(mean[i]).any()]
+    return InstanceEnergy([names[i] for i in keep], streams, mean[keep], spread[keep],
+                          count[keep], left_out)
 
 
 def phase_energy(run: Run) -> PhaseEnergy:
@@ -285,7 +335,12 @@ def phase_energy(run: Run) -> PhaseEnergy:
     instances = [sum(1 for p in report["phases"] if p["name"] == n) for n in names]
     durations = [sum(p["t1_s"] - p["t0_s"] for p in report["phases"] if p["name"] == n)
                  for n in names]
-    return PhaseEnergy(report, names, streams, instances, durations, **sums)
+    report["group_rows"] = [r for r in report["group_rows"]
+                            if f"{r['source']}:{r['channel']}" in shown]
+    per_instance = instance_energy(report["rows"] + report["group_rows"],
+                                   report["phases"] + report["groups"], streams)
+    return PhaseEnergy(report, names, streams, instances, durations, **sums,
+                       per_instance=per_instance)
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -672,8 +727,7 @@ def _write_all(files: Sequence[tuple[str, bytes]]) -> None:
     done: list[str] = []
     try:
         for path, data in files:
-            fd, tmp = tempfile.mkstemp(prefix=".report-", dir=os.path.dirname(
-                os.path.abspath(path)))
+            fd, tmp = create_temp(os.path.dirname(os.path.abspath(path)), ".report-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
@@ -733,7 +787,7 @@ def _run_page(run_path: str, options: ReportOptions) -> Page:
         if found:
             traces = [display_trace(v, c, t0_ns, t1_ns, gaps_s=_gaps_of(gaps, v.source_id))
                       for v, c in found]
-            points = [(m.time_ns / 1e9, m.name) for m in marks.points]
+            points = [(m.effective_ns / 1e9, m.name) for m in marks.points]
             panels.append(Panel("timeline", "Power over time", plots.timeline_figure(
                 traces, marks.spans, gap_spans(gaps), points),
                 "Every power stream on the session timebase. Coloured bands and the lanes "
@@ -752,12 +806,18 @@ def _run_page(run_path: str, options: ReportOptions) -> Page:
             energy = phase_energy(run)
         except UsageError as e:
             notes.append(f"energy per phase: none ({e})")
-        if energy is not None:
-            panels.append(Panel("energy", "Energy per phase", plots.energy_bars_figure(
-                energy.phases, energy.streams, np.nan_to_num(energy.energy_j),
-                np.nan_to_num(energy.uncertainty_j)),
-                "Energy of each phase name (all its instances summed) per stream, with its "
-                "interval; 'run' is the span every stream covers."))
+        if energy is not None and energy.per_instance is not None:
+            inst = energy.per_instance
+            left = (f" Left out, as the stream cannot resolve phases that short: "
+                    f"{'; '.join(inst.unresolved[:6])}"
+                    f"{' …' if len(inst.unresolved) > 6 else ''}." if inst.unresolved else "")
+            panels.append(Panel("energy", "Energy per phase instance", plots.energy_bars_figure(
+                inst.names, inst.streams, inst.mean_j, inst.spread_j, inst.count),
+                "Energy of one instance of each phase name per stream: the mean over its "
+                "instances, the error bar their spread (standard deviation), n the number "
+                "of instances; a name no stream resolves one by one appears summed per "
+                "enclosing phase ('step per epoch'). Phase edges are the GPU's times where "
+                "the markers carry them; 'run' is the span every stream covers." + left))
             sections.append(("energy", _energy_table(energy)))
             notes += energy.report["notes"]
         cal_views: list[CalibrationView] = []

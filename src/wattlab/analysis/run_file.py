@@ -31,13 +31,25 @@ def _text(value: Any) -> str:
 
 @dataclass(frozen=True)
 class MarkerRow:
-    """One marker: time in ns since session start, kind point/begin/end, JSON payload."""
+    """One marker: time in ns since session start, kind point/begin/end, JSON payload.
+
+    ``time_ns`` is when the host reached the marker; ``gpu_time_ns`` (None in files
+    before GPU markers, or for host-only markers) when the GPU executed that point of
+    its queued work, which is what energy windows use where present.
+    """
 
     time_ns: int
     name: str
     kind: str
     source: str
     payload: dict[str, Any]
+    gpu_time_ns: int | None = None
+    gpu_uncertainty_ns: int | None = None
+
+    @property
+    def effective_ns(self) -> int:
+        """The GPU's time where there is one, else the host's."""
+        return self.time_ns if self.gpu_time_ns is None else self.gpu_time_ns
 
 
 @dataclass(frozen=True)
@@ -245,9 +257,16 @@ class Run:
     @property
     def markers(self) -> list[MarkerRow]:
         rows = self._file["markers"][:]
+        gpu = "time_gpu" in (rows.dtype.names or ())  # older files have host time only
+
+        def gpu_of(r: Any) -> tuple[int | None, int | None]:
+            if not gpu or int(r["time_gpu"]) == UNKNOWN_TIME_NS:
+                return None, None
+            return int(r["time_gpu"]), int(r["time_gpu_uncertainty"])
+
         return [
             MarkerRow(int(r["time"]), _text(r["name"]), _text(r["kind"]), _text(r["source"]),
-                      json.loads(_text(r["payload"]) or "{}"))
+                      json.loads(_text(r["payload"]) or "{}"), *gpu_of(r))
             for r in rows
         ]
 

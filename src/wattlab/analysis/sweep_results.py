@@ -23,7 +23,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from wattlab.analysis.counter_ticks import at_updates
 from wattlab.analysis.h5_read import open_read_only
 from wattlab.analysis.run_file import Run, SourceView
 from wattlab.errors import RunFileError, UsageError
+from wattlab.output_files import create_temp
 
 FloatArray = npt.NDArray[np.float64]
 SWEEP_FORMAT = "wattlab-sweep"
@@ -199,7 +199,7 @@ def _codes(values: list[str]) -> tuple[FloatArray, list[str]]:
 def write_sweep(path: str, table: SweepTable, attrs: dict[str, Any] | None = None) -> None:
     """Write (or atomically replace) a sweep file, so partial results survive a crash."""
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(suffix=".h5.tmp", dir=folder)
+    fd, tmp = create_temp(folder, ".sweep-", ".h5.tmp")
     os.close(fd)
     try:
         with h5py.File(tmp, "w", locking=False) as f:

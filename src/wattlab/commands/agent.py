@@ -8,7 +8,12 @@ import sys
 import threading
 from typing import Any
 
-from wattlab.acquisition.agent import ClockSkew, run_agent
+from wattlab.acquisition.agent import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    WARN_AFTER_S,
+    ClockSkew,
+    run_agent,
+)
 from wattlab.acquisition.meters import meter_acquirers
 from wattlab.bench_config import NvmlChoice
 from wattlab.commands.record import NVML_INTERVALS_HELP, NVML_STREAMS_HELP, nvml_acquirers
@@ -32,8 +37,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "the agent's name")
     p.add_argument("--server-key", required=True, metavar="RECORDER.key",
                    help="the recorder's public key file")
+    p.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
+                   metavar="S",
+                   help="give up (exit 1) if no recorder has answered after S seconds; after "
+                        f"{WARN_AFTER_S:g} s the agent says why it has not: key refused, wrong "
+                        f"server key, or nothing listening (default {DEFAULT_CONNECT_TIMEOUT_S:g})")
     p.add_argument("--nvml", default="all",
-                   help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all)")
+                   help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all; "
+                        "with --meter, 'all' on a machine without the NVIDIA driver sends no "
+                        "GPU and says so)")
     p.add_argument("--nvml-streams", default="all", metavar="LIST", help=NVML_STREAMS_HELP)
     p.add_argument("--nvml-intervals", default="", metavar="KEY=S,...",
                    help=NVML_INTERVALS_HELP)
@@ -60,15 +72,18 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(s, lambda signum, frame: stop.set())
     try:
         with nvml_acquirers(NvmlChoice(args.nvml, args.simulate, args.simulated_gpus,
-                                       args.seed, args.nvml_streams,
-                                       args.nvml_intervals)) as gpus:
+                                       args.seed, args.nvml_streams, args.nvml_intervals),
+                            other_sources=bool(meters)) as gpus:
             acquirers = gpus + meters
             if not acquirers:
                 raise UsageError("nothing to publish: no GPU selected (--nvml none) and no meter")
             print(f"wattlab agent {keys.name}: publishing "
-                  f"{', '.join(n for n, _ in acquirers)} to {args.connect}", flush=True)
+                  f"{', '.join(n for n, _ in acquirers)} to {args.connect} once its recorder "
+                  "answers", flush=True)
             result = run_agent(args.connect, keys.name, acquirers, security, stop=stop,
-                               skew=skew)
+                               skew=skew, connect_timeout_s=args.connect_timeout,
+                               say=lambda line: print(f"wattlab agent {keys.name}: {line}",
+                                                      file=sys.stderr, flush=True))
     finally:
         for s, h in (previous or {}).items():
             signal.signal(s, h)

@@ -11,7 +11,7 @@ from wattlab.acquisition.discovery import discover
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
-        "devices", help="list serial ports (recognising PowerSensor3 / PMD), VISA resources, GPUs")
+        "devices", help="list serial ports (recognising known meters), VISA resources, GPUs")
     p.add_argument("--probe", action="append", default=[], metavar="PORT",
                    help="also identify this serial port (e.g. an emulator's /dev/pts/N)")
     p.add_argument("--network", action="store_true",

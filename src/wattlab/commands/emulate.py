@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from wattlab.acquisition.meter_registry import MeterKind, meter_kinds
 from wattlab.errors import UsageError
 
-SERIAL_KINDS = ("powersensor3", "pmd")
-VISA_KINDS = ("wt310e", "wt332e", "wt333e", "hmc8015")
+
+def emulated_kinds() -> dict[str, MeterKind]:
+    """Every name ``emulate`` accepts, with the meter kind whose emulator runs it."""
+    return {name: k for k in meter_kinds().values() if k.emulate is not None
+            for name in k.emulate_as}
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -17,7 +21,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="Serial meters print the pseudo-terminal to open; SCPI analysers print the "
                     "VISA resource string. Readings follow a simulated GPU's true power under a "
                     "repeating demo workload. Stop with Ctrl-C.")
-    p.add_argument("kind", help=f"one of {', '.join(SERIAL_KINDS + VISA_KINDS)}")
+    p.add_argument("kind", help=f"one of {', '.join(emulated_kinds())}")
     p.add_argument("--seed", type=int, default=11, help="seed of the simulated workload")
     return p
 
@@ -25,19 +29,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from wattlab.hardware.virtual_bench import looping_gpu
 
-    kind = args.kind.lower()
-    power_w = looping_gpu(args.seed).true_power_w
-    if kind == "powersensor3":
-        from wattlab.hardware.powersensor3_emulator import run_emulator_cli
-
-        return run_emulator_cli(power_w, seed=args.seed)
-    if kind == "pmd":
-        from wattlab.hardware import pmd_emulator
-
-        return pmd_emulator.run_emulator_cli(power_w)
-    if kind in VISA_KINDS:
-        from wattlab.hardware.scpi_server import run_emulator_cli as run_scpi
-
-        return run_scpi(kind, power_w)
-    raise UsageError(f"unknown instrument {args.kind!r}; choose one of "
-                     f"{', '.join(SERIAL_KINDS + VISA_KINDS)}")
+    name = args.kind.lower()
+    kind = emulated_kinds().get(name)
+    if kind is None or kind.emulate is None:
+        raise UsageError(f"unknown instrument {args.kind!r}; choose one of "
+                         f"{', '.join(emulated_kinds())}")
+    return kind.emulate(looping_gpu(args.seed).true_power_w, args.seed, name)

@@ -6,15 +6,20 @@ import argparse
 import json
 from typing import Any
 
-from wattlab.analysis.run_file import Run
+from wattlab.analysis.run_file import MarkerRow, Run
 from wattlab.analysis.summary import format_table, summarise
+from wattlab.sync.run_repair import REPAIR_ATTR, writer_status
 
 
 def describe(run: Run) -> dict[str, Any]:
     """The JSON shape of `wattlab info --json`."""
     attrs = {k: (v.item() if hasattr(v, "item") else v) for k, v in run.attrs.items()}
+    status = writer_status(run.path)
     return {
         "path": run.path,
+        "open_for_writing": status.flags != 0,
+        "writer_alive": status.alive,
+        "needs_repair": status.needs_repair,
         "attrs": attrs,
         "sources": {
             sid: {
@@ -31,6 +36,7 @@ def describe(run: Run) -> dict[str, Any]:
         },
         "summary": [s.to_json() for s in summarise(run)],
         "markers": len(run.markers),
+        "markers_with_gpu_time": sum(m.gpu_time_ns is not None for m in run.markers),
         "gaps": [g.__dict__ for g in run.gaps],
     }
 
@@ -51,13 +57,31 @@ def run(args: argparse.Namespace) -> int:
         print(f"{run_file.path}: wattlab run format {attrs.get('format_version')}, "
               f"created {attrs.get('created', '?')} on {attrs.get('host', '?')}")
         print(f"command: {' '.join(json.loads(attrs.get('command', '[]'))) or '-'}")
+        status = writer_status(run_file.path)
+        if status.flags:
+            print(("needs repair: " if status.needs_repair else "") + status.describe(
+                run_file.path))
+        if REPAIR_ATTR in attrs:
+            record = json.loads(attrs[REPAIR_ATTR])
+            print(f"repaired {record['repaired_at']} after a crash: "
+                  f"{sum(s['rows_trimmed'] for s in record['sources'].values())} torn row(s) "
+                  "trimmed, every whole row kept")
         for sid, view in run_file.sources.items():
             channels = ", ".join(f"{n} [{u}]" for n, u in zip(view.channel_names, view.units,
                                                                strict=True))
             print(f"  {sid}: {view.kind} {view.model} - {channels}")
         print(format_table(summarise(run_file)))
         markers = run_file.markers
-        print(f"markers: {len(markers)}; gaps: {len(run_file.gaps)}")
+        print(f"markers: {len(markers)}{_gpu_note(markers)}; gaps: {len(run_file.gaps)}")
         for gap in run_file.gaps:
             print(f"  gap {gap.source}: seq {gap.seq_first}..{gap.seq_last} {gap.reason}")
     return 0
+
+
+def _gpu_note(markers: list[MarkerRow]) -> str:
+    """How many markers carry the GPU's time, and how well their clock pairing knew it."""
+    unc = sorted(m.gpu_uncertainty_ns for m in markers if m.gpu_uncertainty_ns is not None)
+    if not unc:
+        return ""
+    return (f" ({len(unc)} on the GPU's time, pairing ± {unc[len(unc) // 2] / 1e3:.0f} µs "
+            "median)")

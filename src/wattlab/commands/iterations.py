@@ -1,4 +1,4 @@
-"""`wattlab iterations RUN --source SRC[:CHANNEL]`: period of repeating work from power."""
+"""`wattlab iterations RUN --source SRC[:CHANNEL]`: training iterations, from markers or power."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from wattlab.analysis.iteration_result import IterationResult
 from wattlab.analysis.iterations import iterations
 from wattlab.analysis.run_file import Run
 
@@ -15,11 +16,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "iterations", help="find the iteration period and energy per iteration")
     p.add_argument("run", help="run file")
     p.add_argument("--source", required=True, metavar="SRC[:CHANNEL]", help="power stream")
-    p.add_argument("--min-period", type=float, default=0.01, metavar="S")
+    p.add_argument("--markers", default="auto", metavar="NAME",
+                   help="step markers to count iterations by: a marker name, auto (step, "
+                        "then optimizer_step, if present) or none (power only)")
+    p.add_argument("--min-period", type=float, default=0.01, metavar="S",
+                   help="bursts closer than this are one step (default 0.01)")
     p.add_argument("--max-period", type=float, default=None, metavar="S",
-                   help="longest period to consider (default: a quarter of the stream)")
+                   help="longest iteration; longer stretches are pauses (default: no limit; "
+                        "autocorrelation: a quarter of the stream)")
     p.add_argument("--rate", type=float, default=None, metavar="HZ",
-                   help="analysis grid (default: from the stream's rate, at most 1 kHz)")
+                   help="autocorrelation grid (default: from the stream's rate, at most 1 kHz)")
     p.add_argument("--from", dest="t0", type=float, default=None, metavar="S",
                    help="start (session seconds)")
     p.add_argument("--to", dest="t1", type=float, default=None, metavar="S",
@@ -30,21 +36,35 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     with Run(args.run) as run_file:
-        result = iterations(run_file, args.source, rate_hz=args.rate,
+        result = iterations(run_file, args.source, markers=args.markers, rate_hz=args.rate,
                             min_period_s=args.min_period, max_period_s=args.max_period,
                             t0_s=args.t0, t1_s=args.t1)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return 0
-    if result.period_s is None:
-        print(f"{args.source}: no repeating pattern found (confidence 0)")
-        return 0
-    se_ms = (result.period_se_s or 0.0) * 1e3
-    print(f"{args.source}: period {result.period_s * 1e3:.2f} ± {se_ms:.2f} ms, "
-          f"confidence {result.confidence:.2f}, {result.iterations} iterations")
-    e, es = result.energy_per_iteration_j or 0.0, result.energy_per_iteration_se_j or 0.0
-    print(f"  mean power {result.mean_power_w:.2f} W, energy per iteration {e:.3f} ± "
-          f"{es:.3f} J")
-    if result.confidence < 0.3:
-        print("  low confidence: the power may not repeat (or the period is out of range)")
+    print(describe(args.source, result))
     return 0
+
+
+def describe(source: str, r: IterationResult) -> str:
+    """Text lines: method, count, period, energy per iteration, warnings."""
+    by = f"{r.method} ({r.markers})" if r.markers else r.method
+    if r.period_s is None:
+        lines = [f"{source}: no iterations found by {by} (confidence 0)"]
+    else:
+        iqr = f", IQR {r.period_iqr_s * 1e3:.2f} ms" if r.period_iqr_s is not None else ""
+        se_ms = (r.period_se_s or 0.0) * 1e3
+        lines = [f"{source}: {r.count} iterations by {by}, period {r.period_s * 1e3:.2f} ± "
+                 f"{se_ms:.2f} ms{iqr}, confidence {r.confidence:.2f}"]
+        if r.energy_per_iteration_j is not None:
+            es = r.energy_per_iteration_se_j
+            pm = f" ± {es:.3f}" if es is not None else ""
+            lines.append(f"  mean power {r.mean_power_w:.2f} W, energy per iteration "
+                         f"{r.energy_per_iteration_j:.3f}{pm} J")
+    if not r.resolvable:
+        lines.append("  single steps are not resolvable in this stream")
+    if r.method != "markers" and r.confidence < 0.3:
+        lines.append("  low confidence: the power may not repeat (or the period is out of "
+                     "range)")
+    lines += [f"  warning: {w}" for w in r.warnings]
+    return "\n".join(lines)

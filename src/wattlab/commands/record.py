@@ -59,9 +59,9 @@ def command_of(args: argparse.Namespace) -> list[str]:
     return command[1:] if command[:1] == ["--"] else command
 
 
-def nvml_specs(choice: NvmlChoice) -> list[SourceSpec]:
+def nvml_specs(choice: NvmlChoice, other_sources: bool = False) -> list[SourceSpec]:
     """Source-process specs for the chosen GPUs (resolved here, read in the children)."""
-    with nvml_acquirers(choice) as gpus:
+    with nvml_acquirers(choice, other_sources=other_sources) as gpus:
         indices = [int(name.removeprefix("gpu")) for name, _ in gpus]
     return [SourceSpec(f"gpu{i}", "nvml", gpu_index=i, simulate=choice.simulate,
                        simulated_gpus=choice.simulated_gpus, seed=choice.seed,
@@ -163,7 +163,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="a bench file listing the GPUs and meters to record (`wattlab bench "
                         "init` writes a template); --meter adds meters to it")
     p.add_argument("--nvml",
-                   help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all)")
+                   help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all; "
+                        "with --meter or --agent, 'all' on a machine without the NVIDIA "
+                        "driver records no GPU and says so)")
     p.add_argument("--nvml-streams", metavar="LIST", help=NVML_STREAMS_HELP)
     p.add_argument("--nvml-intervals", metavar="KEY=S,...", help=NVML_INTERVALS_HELP)
     p.add_argument("--simulate", action="store_true",
@@ -260,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
                               "bench_config": None if bench is None else bench.to_json(),
                               "auto_markers": args.auto_markers, **faults}
     if args.source_processes or args.restart_sources:
-        gpu_specs = nvml_specs(nvml)
+        gpu_specs = nvml_specs(nvml, other_sources=bool(args.meter or args.agent))
         if bench is not None:
             check_gpus_exist(bench, [(s.name, s) for s in gpu_specs])
         specs = gpu_specs + meter_specs(args.meter, bench)
@@ -271,7 +273,8 @@ def run(args: argparse.Namespace) -> int:
             result = Session(output, [], source_specs=specs, **common).run()
         report(result)
         return exit_status(result)
-    with (nvml_acquirers(nvml) if bench is None else bench_acquirers(bench)) as sources:
+    with (nvml_acquirers(nvml, other_sources=bool(args.meter or args.agent)) if bench is None
+          else bench_acquirers(bench)) as sources:
         acquirers = sources + meter_acquirers(args.meter)
         if not acquirers and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "

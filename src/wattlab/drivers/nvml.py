@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pynvml  # the pure-Python binding; the C library is only loaded by nvmlInit
 
 from wattlab.drivers.nvml_samples import VALUE_MEMBERS, SampleDrain, UnknownValueType
-from wattlab.errors import NvmlError, UsageError
+from wattlab.errors import NvmlError, NvmlMissingError, UsageError
 
 NO_LIBRARY_MESSAGE = (
     "NVML library not found: is the NVIDIA driver installed? use --simulate to run without a GPU"
@@ -122,7 +122,7 @@ class NvmlDriver:
                     self.lib.nvmlInit()
                 except pynvml.NVMLError as e:
                     if getattr(e, "value", None) in _NO_LIBRARY_CODES:
-                        raise NvmlError(f"{NO_LIBRARY_MESSAGE} ({e})") from e
+                        raise NvmlMissingError(f"{NO_LIBRARY_MESSAGE} ({e})") from e
                     raise NvmlError(f"NVML failed to initialise: {e}") from e
             self._opened += 1
 

@@ -108,3 +108,8 @@ class SerialTransport:
 
     def close(self) -> None:
         self._port.close()
+
+
+def open_serial(port: str, timeout_s: float = 0.1) -> SerialTransport:
+    """Every serial source's port: 115 200 8N1, exclusive, timeout short for prompt polls."""
+    return SerialTransport(port, timeout_s=timeout_s)

@@ -6,6 +6,10 @@ keeps begin/end pairs balanced (a crash inside an epoch still closes it) and can
 step markers for very fast loops (``every_n_steps``; env ``WATTLAB_MARK_EVERY``).
 
 Outside a wattlab session (no ``WATTLAB_BUS``) every marker is a silent no-op.
+
+In a process that runs CUDA through PyTorch every marker also carries the GPU's execution
+time of that boundary (a CUDA event, resolved off the training path: ``gpu_marks``): a
+callback fires when the host has queued a step, long before the GPU has run it.
 """
 
 from __future__ import annotations
@@ -40,17 +44,24 @@ def _default_mark(name: str, kind: str = "point", **payload: Any) -> None:
     mark(name, kind, **payload)
 
 
+def _default_stamp() -> Any:
+    from wattlab.acquisition.markers import take_stamp
+
+    return take_stamp()
+
+
 class PhaseEmitter:
     """Begin/end markers with bookkeeping; ``mark`` is injectable for tests."""
 
     def __init__(self, every_n_steps: int | None = None, mark: MarkFn | None = None,
-                 framework: str = "") -> None:
+                 framework: str = "", stamp: Callable[[], Any] | None = None) -> None:
         every = every_from_env() if every_n_steps is None else every_n_steps
         if every < 0:
             raise UsageError(f"every_n_steps must be >= 0, got {every}")
         self.every_n_steps = every
         self.framework = framework
         self._mark = mark or _default_mark
+        self.stamp = stamp or _default_stamp
         self._open: list[str] = []
 
     def begin(self, name: str, **payload: Any) -> None:
@@ -69,8 +80,21 @@ class PhaseEmitter:
             if inner == name:
                 return
 
-    def point(self, name: str, **payload: Any) -> None:
+    def point(self, name: str, *, at: Any = None, **payload: Any) -> None:
+        if at is not None:
+            payload["at"] = at
         self._mark(name, "point", **payload)
+
+    def span(self, name: str, start: Any, end: Any, **payload: Any) -> None:
+        """A whole phase between two boundaries taken earlier with ``stamp()``.
+
+        Why: some boundaries are known only afterwards (plain PyTorch: a step ends at one
+        optimizer step and began at the previous one).
+        """
+        if self.framework:
+            payload.setdefault("framework", self.framework)
+        self._mark(name, "begin", at=start, **payload)
+        self._mark(name, "end", at=end)
 
     def wants_step(self, step: int) -> bool:
         return self.every_n_steps > 0 and step % self.every_n_steps == 0

@@ -62,7 +62,15 @@ def validation(name: str = "validation", *, emitter: PhaseEmitter | None = None,
 
 
 class OptimizerStepMarks:
-    """A point marker after every n-th ``optimizer.step()`` of any optimizer (global hook)."""
+    """Markers at every n-th ``optimizer.step()`` of any optimizer (a global hook).
+
+    A point marker, and a ``step`` phase from the previous optimizer step to this one.
+
+    Why the phase: an unmodified loop shows its steps only through the optimizer, so one
+    step of training lies between two optimizer steps; in a CUDA program both ends are the
+    GPU's times, so the phase holds the step's energy. The work before the first optimizer
+    step (warm-up) is in no step.
+    """
 
     def __init__(self, every_n_steps: int | None = None, name: str = "optimizer_step",
                  emitter: PhaseEmitter | None = None) -> None:
@@ -72,12 +80,23 @@ class OptimizerStepMarks:
         self.emitter = emitter or PhaseEmitter(every_n_steps, framework="torch")
         self.count = 0
         self.enabled = True
+        self._previous: Any = None  # the boundary the next step phase begins at
         self._handle = register_optimizer_step_post_hook(self._after_step)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.enabled and self.emitter.wants_step(self.count):
-            self.emitter.point(self.name, step=self.count)
-        self.count += 1
+        step, self.count = self.count, self.count + 1
+        if not self.enabled:
+            self._previous = None
+            return
+        wanted, follows = self.emitter.wants_step(step), self.emitter.wants_step(step + 1)
+        if not (wanted or follows or self._previous is not None):
+            return
+        now = self.emitter.stamp()
+        if self._previous is not None:
+            self.emitter.span("step", self._previous, now, step=step)
+        self._previous = now if follows else None
+        if wanted:
+            self.emitter.point(self.name, at=now, step=step)
 
     def remove(self) -> None:
         self._handle.remove()

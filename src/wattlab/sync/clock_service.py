@@ -27,6 +27,7 @@ import zmq
 
 from wattlab.errors import BusError, MalformedMessageError
 from wattlab.sync import message
+from wattlab.sync.link_monitor import CONNECTING, LinkMonitor
 
 SYNC_DTYPE = np.dtype(
     [
@@ -302,7 +303,9 @@ class ClockResponder:
     """Agent side: a thread with its own socket that answers probes at once.
 
     A dedicated thread keeps the turnaround short and independent of the sources' polling.
-    The recorder's ``finish`` is exposed as ``finish_requested``.
+    The recorder's ``finish`` is exposed as ``finish_requested``; its first message (the
+    handshake: it knows us) as ``contacted``; until then ``link_state`` says, from the
+    socket's monitor, why it has not come (``sync/link_monitor.py``).
     """
 
     def __init__(self, endpoint: str, host: str, clock_ns: Callable[[], int] = time.monotonic_ns,
@@ -312,6 +315,9 @@ class ClockResponder:
         self.host = host
         self.clock_ns = clock_ns
         self.finish_requested = threading.Event()
+        self.contacted = threading.Event()
+        self.link_state = CONNECTING
+        self.auth_status = 0
         self.answered = 0
         self._configure = configure
         self._hello_interval_s = hello_interval_s
@@ -341,16 +347,29 @@ class ClockResponder:
         with contextlib.suppress(zmq.Again):  # never block: a refused hello is just not sent
             sock.send_multipart(frames, zmq.NOBLOCK)  # type: ignore[arg-type]
 
+    def _watch(self, link: LinkMonitor | None) -> LinkMonitor | None:
+        """Follow the link until the recorder has spoken; then stop watching."""
+        if link is None:
+            return None
+        if self.contacted.is_set():
+            link.close()
+            return None
+        self.link_state = link.poll()
+        self.auth_status = link.auth_status
+        return link
+
     def _run(self) -> None:
         context: zmq.Context[Any] = zmq.Context.instance()
         sock: zmq.Socket[Any] = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        link: LinkMonitor | None = LinkMonitor(sock)
         try:
             if self._configure is not None:
                 self._configure(sock)
             sock.connect(self.endpoint)
             next_hello = 0.0
             while not self._stop.is_set():
+                link = self._watch(link)
                 if time.monotonic() >= next_hello:
                     self._hello(sock)
                     next_hello = time.monotonic() + self._hello_interval_s
@@ -364,6 +383,7 @@ class ClockResponder:
                     continue
                 if head.get("type") != "clock":
                     continue
+                self.contacted.set()
                 if head.get("finish") is True:
                     self.finish_requested.set()
                 elif isinstance(head.get("probe"), int):
@@ -375,4 +395,6 @@ class ClockResponder:
                         continue
                     self.answered += 1
         finally:
+            if link is not None:
+                link.close()
             sock.close(0)

@@ -1,16 +1,22 @@
-"""Make a run file whose writer was killed writable again (what ``h5clear -s -i`` does).
+"""Clear the superblock's file consistency flags a killed writer left (``h5clear -s``).
 
-Why this exists: a process that dies while it has an HDF5 file open for (SWMR) writing
-leaves the superblock's *file consistency flags* set. Readers in SWMR mode still open the
-file (``wattlab.open`` does), but HDF5 refuses to open it for writing again until the
-flags are cleared, and the HDF5 command-line tools that clear them are often not
-installed. SWMR writing keeps the on-disk metadata consistent at every moment, so after
-clearing the flags the file can be appended to. The end-of-allocation address is raised
-to the physical file size so that new space never lands on blocks the dead writer had
-already used after its last flush.
+Why this exists: a process that dies while it has an HDF5 file open for writing leaves the
+superblock's *file consistency flags* set (bit 0: open for write, bit 2: open for SWMR
+write). HDF5 then refuses every plain open ("file is already open for write ... h5clear"),
+so h5py, pandas, HDFView and h5dump cannot read the run; readers in SWMR mode still can,
+but only while bit 2 is set. SWMR writing keeps the on-disk metadata consistent at every
+moment, so after clearing the flags the file can be read and appended to.
 
-Only superblock versions 2 and 3 (what ``libver="latest"`` writes) are handled; their
-layout and the Jenkins lookup3 checksum are in the HDF5 file format specification.
+Why rewrite the bytes ourselves: HDF5 clears the flags only through a private file-access
+property that its ``h5clear`` tool sets; neither HDF5's public API nor h5py (high- or
+low-level ``h5f``/``h5p``) exposes it, opening the file for writing is exactly what the
+flags forbid, and ``h5clear`` is often not installed. The version 2/3 superblock
+(``libver`` ≥ v1.10, what run files use) has a fixed layout: the flags are byte 11 and the
+block ends in a Jenkins lookup3 checksum of everything before it (HDF5 file format
+specification, "Superblock Version 2/3"), so rewriting that one byte and the checksum is
+exact: the flags come out byte for byte as ``h5clear -s`` clears them. The end-of-allocation
+address is also raised to the physical file size, so that HDF5 neither reads nor allocates
+short of blocks the dead writer had already used after its last superblock write.
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ def _read_superblock(path: str) -> bytearray:
             version, offsets = head[8], head[9]
             if version not in (2, 3):
                 raise RunFileError(f"{path}: superblock version {version} at byte 8; only "
-                                   "versions 2 and 3 (libver='latest') can be repaired")
+                                   "versions 2 and 3 (libver >= v1.10) can be repaired")
             if offsets not in (4, 8):
                 raise RunFileError(f"{path}: size of offsets {offsets} at byte 9 is not 4 or 8")
             rest = f.read(4 * offsets + 4)
@@ -96,21 +102,35 @@ def _read_superblock(path: str) -> bytearray:
     return block
 
 
+def _cleared(block: bytearray, size: int) -> bytearray:
+    """The superblock with no flags, the EOA at least ``size``, and its checksum redone."""
+    offsets = block[9]
+    eoa_at = 12 + 2 * offsets
+    eoa = int.from_bytes(block[eoa_at:eoa_at + offsets], "little")
+    out = bytearray(block)
+    out[11] = 0
+    out[eoa_at:eoa_at + offsets] = max(eoa, size).to_bytes(offsets, "little")
+    out[-4:] = lookup3(bytes(out[:-4])).to_bytes(4, "little")
+    return out
+
+
+def cleared_superblock(path: str) -> bytes | None:
+    """What the superblock would be after :func:`clear_crash_flags` (None: flags are clear).
+
+    Readers use it to see a crash-left file as a closed one without changing the file.
+    """
+    block = _read_superblock(path)
+    return None if block[11] == 0 else bytes(_cleared(block, os.path.getsize(path)))
+
+
 def clear_crash_flags(path: str) -> bool:
     """Clear the flags a dead writer left and raise the EOA to the file size.
 
     Returns False (and changes nothing) when the file was closed cleanly.
     """
-    block = _read_superblock(path)
-    if block[11] == 0:
+    block = cleared_superblock(path)
+    if block is None:
         return False
-    offsets = block[9]
-    eoa_at = 12 + 2 * offsets
-    size = os.path.getsize(path)
-    eoa = int.from_bytes(block[eoa_at:eoa_at + offsets], "little")
-    block[11] = 0
-    block[eoa_at:eoa_at + offsets] = max(eoa, size).to_bytes(offsets, "little")
-    block[-4:] = lookup3(bytes(block[:-4])).to_bytes(4, "little")
     try:
         with open(path, "r+b") as f:
             f.write(block)

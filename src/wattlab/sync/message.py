@@ -63,6 +63,9 @@ def encode_marker(marker: Marker) -> list[BufferLike]:
         "kind": marker.kind,
         "payload": marker.payload,
     }
+    if marker.t_gpu_ns is not None:
+        body["t_gpu_ns"] = marker.t_gpu_ns
+        body["gpu_uncertainty_ns"] = marker.gpu_uncertainty_ns
     return [b"marker", _header("marker", marker.source, body=body)]
 
 
@@ -235,9 +238,16 @@ def decode_marker(head: dict[str, Any]) -> Marker:
             kind=str(body.get("kind", "point")),
             source=head["source"],
             payload=dict(body.get("payload") or {}),
+            t_gpu_ns=_optional_int64(body, "t_gpu_ns"),
+            gpu_uncertainty_ns=_optional_int64(body, "gpu_uncertainty_ns"),
         )
     except Exception as e:
         raise MalformedMessageError(f"bad marker: {e}") from e
+
+
+def _optional_int64(body: dict[str, Any], key: str) -> int | None:
+    """A field newer senders add and older ones leave out."""
+    return None if body.get(key) is None else _int64(body[key], key)
 
 
 def decode_gap(head: dict[str, Any]) -> Gap:

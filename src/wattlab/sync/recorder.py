@@ -349,8 +349,10 @@ class Recorder:
         return int(self._pinger.trackers[host].to_local_ns(np.array([t_ns]))[0])
 
     def _marker_to_local(self, host: str, marker: Marker) -> Marker:
+        gpu = None if marker.t_gpu_ns is None else self._to_local(host, marker.t_gpu_ns)
         return Marker(self._to_local(host, marker.t_host_ns), marker.name, marker.kind,
-                      marker.source, {**marker.payload, "t_sender_ns": marker.t_host_ns})
+                      marker.source, {**marker.payload, "t_sender_ns": marker.t_host_ns},
+                      gpu, marker.gpu_uncertainty_ns)
 
     def _gap_to_local(self, host: str, gap: Gap) -> Gap:
         return Gap(gap.source, gap.reason, gap.seq_first, gap.seq_last,

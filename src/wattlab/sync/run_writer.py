@@ -1,4 +1,4 @@
-"""Writes the HDF5 run file layout (see README "Run file layout").
+"""Writes the HDF5 run file layout (see docs/run-file.md; how, in docs/design.md).
 
 SWMR rules shape this file: once SWMR writing starts no object may be created and
 variable-length data is unsafe, so markers and gaps use fixed-size string fields and a
@@ -27,11 +27,16 @@ from wattlab.samples import (
     flag_names,
 )
 from wattlab.sync.clock_fit import NOMINAL_NS_PER_UNIT, EnvelopeAccumulator
+from wattlab.sync.writer_identity import WRITER_ATTR, writer_identity
 
 FORMAT_VERSION = "1"
 UNKNOWN_TIME_NS = np.iinfo(np.int64).min
 CHUNK_BYTES = 512 * 1024
 CLOSE_PASS_ROWS = 1 << 20  # rows per read when re-timing or fitting at close
+# Oldest format that SWMR allows (superblock v3), newest objects where HDF5 needs them: a
+# low bound of "latest" would write HDF5-2.0 compound types that HDF5 1.10/1.12 tools
+# (h5dump, HDFView, MATLAB) cannot read.
+LIBVER = ("v110", "latest")
 
 MARKER_DTYPE = np.dtype(
     [
@@ -41,6 +46,9 @@ MARKER_DTYPE = np.dtype(
         ("source", "S64"),
         ("name", f"S{MARKER_NAME_MAX}"),
         ("payload", f"S{MARKER_PAYLOAD_MAX}"),
+        # when the GPU reached the marker (ns since session start; UNKNOWN_TIME_NS: none)
+        ("time_gpu", "<i8"),
+        ("time_gpu_uncertainty", "<i8"),  # ns, half-width; -1 where there is no GPU time
     ]
 )
 GAP_DTYPE = np.dtype(
@@ -63,6 +71,8 @@ PROGRESS_DTYPE = np.dtype(
         ("ended", "u1"),
     ]
 )
+SOURCE_COLUMNS = ("time", "time_raw", "values", "flags", "time_host_raw")
+"""A source's datasets (``time_host_raw`` only for a remote host's), row for row."""
 TABLES = {"markers": MARKER_DTYPE, "gaps": GAP_DTYPE, "progress": PROGRESS_DTYPE}
 """The run-wide tables at the file's root, appended to at every flush that has news."""
 
@@ -74,7 +84,8 @@ class ResumePoint:
     seq_next: int
     rows: int
     ended: bool
-    rows_dropped: int  # rows written after the last complete flush, cut off on reopen
+    rows_dropped: int  # rows cut off on reopen (torn, or after the last complete flush)
+    rows_unconfirmed: int = 0  # rows kept beyond the last /progress record (repair only)
 
 
 class _ChunkColumn:
@@ -212,18 +223,22 @@ class RunFileWriter:
         self.path = path
         self.session_start_ns = session_start_ns
         try:
-            self._file = h5py.File(path, "x", libver="latest", locking=False)
+            self._file = h5py.File(path, "x", libver=LIBVER, locking=False)
         except (OSError, ValueError) as e:
             raise UsageError(f"{path}: cannot create run file: {e}") from e
         for key, value in root_attrs.items():
             self._file.attrs[key] = value
         self._file.attrs["format_version"] = FORMAT_VERSION
         self._file.attrs["session_start_monotonic_ns"] = session_start_ns
+        self._file.attrs[WRITER_ATTR] = json.dumps(writer_identity())
         self._file.create_group("sources")
         for name, dtype in TABLES.items():
             _growable(self._file, name, dtype, chunk_rows=64, compression="gzip",
                       compression_opts=1)
         self._file["markers"].attrs["time_unit"] = "ns since session start"
+        self._file["markers"].attrs["time_gpu"] = (
+            "when the GPU executed the marker's point of its work (a CUDA event), on the "
+            "session timebase; time is when the host reached it")
         self._file["gaps"].attrs["unknown_time"] = UNKNOWN_TIME_NS
         self._file["progress"].attrs["meaning"] = (
             "per flush: the next sequence number and row count of each source on disk; "
@@ -231,16 +246,18 @@ class RunFileWriter:
         self._tables = self._open_tables()
         self._sources: dict[str, _SourceDatasets] = {}
         self._descriptors: dict[str, SourceDescriptor] = {}
+        self.tables_dropped: dict[str, int] = {}  # blank rows cut from /markers... on resume
 
     @classmethod
     def resume(
-        cls, path: str, session_start_ns: int
+        cls, path: str, session_start_ns: int, *, keep_unconfirmed: bool = False
     ) -> tuple[RunFileWriter, dict[str, ResumePoint]]:
         """Reopen a run file whose recorder died, cut back to its last complete flush.
 
         Why cut: rows written after the last flush may be partly on disk (one dataset longer
         than another); the ``progress`` table says where each source was whole, and the
-        sources resend from there.
+        sources resend from there. ``keep_unconfirmed`` (``wattlab repair``, where nothing
+        will be resent) keeps the rows after it that every dataset holds whole.
         """
         from wattlab.sync.hdf5_repair import clear_crash_flags
 
@@ -251,7 +268,7 @@ class RunFileWriter:
         self.path = path
         self.session_start_ns = session_start_ns
         try:
-            self._file = h5py.File(path, "r+", libver="latest", locking=False)
+            self._file = h5py.File(path, "r+", libver=LIBVER, locking=False)
         except OSError as e:
             raise RunFileError(f"{path}: cannot reopen for writing: {e}") from e
         try:
@@ -259,8 +276,10 @@ class RunFileWriter:
                 raise RunFileError(f"{path}: not a resumable run file (no /progress)")
             self._sources = {}
             self._descriptors = {}
-            points = self._cut_to_progress()
+            self.tables_dropped = self._drop_blank_table_rows()
+            points = self._cut_to_progress(keep_unconfirmed)
             self._tables = self._open_tables()
+            self._file.attrs[WRITER_ATTR] = json.dumps(writer_identity())
         except (RunFileError, KeyError, ValueError) as e:
             self._file.close()
             if isinstance(e, RunFileError):
@@ -275,26 +294,28 @@ class RunFileWriter:
         """
         return {name: self._file[name] for name in TABLES}
 
-    def _cut_to_progress(self) -> dict[str, ResumePoint]:
-        for name, dtype in TABLES.items():
-            _drop_blank_tail(self._file[name], dtype)
+    def _drop_blank_table_rows(self) -> dict[str, int]:
+        """Rows of the run-wide tables a dead writer had sized but not filled, dropped."""
+        return {name: _drop_blank_tail(self._file[name]) for name in TABLES}
+
+    def _cut_to_progress(self, keep_unconfirmed: bool) -> dict[str, ResumePoint]:
         table = self._file["progress"][:]
         points: dict[str, ResumePoint] = {}
         for source_id, group in self._file["sources"].items():
             desc = SourceDescriptor.from_json(json.loads(group.attrs["descriptor_json"]))
             self._descriptors[source_id] = desc
-            parts = [group[name] for name in ("time", "time_raw", "values", "flags",
-                                              "time_host_raw") if name in group]
+            parts = [group[name] for name in SOURCE_COLUMNS if name in group]
             whole = min(int(p.shape[0]) for p in parts)
             mine = table[table["source"] == source_id.encode()]
             mine = mine[mine["rows"] <= whole]
             seq_next, rows, ended = (0, 0, False) if len(mine) == 0 else (
                 int(mine["seq_next"][-1]), int(mine["rows"][-1]), bool(mine["ended"][-1]))
             longest = max(int(p.shape[0]) for p in parts)
+            kept = _whole_rows(group, rows, whole) if keep_unconfirmed else rows
             for p in parts:
-                p.resize(rows, axis=0)
+                p.resize(kept, axis=0)
             self._bind(source_id)  # after the cut: staging starts from the kept rows
-            points[source_id] = ResumePoint(seq_next, rows, ended, longest - rows)
+            points[source_id] = ResumePoint(seq_next, rows, ended, longest - kept, kept - rows)
         return points
 
     @property
@@ -356,7 +377,7 @@ class RunFileWriter:
     def _bind(self, source_id: str) -> None:
         group = self._file["sources"][source_id]
         columns = [_ChunkColumn(_uncached(group, name)) if name in group else None
-                   for name in ("time", "time_raw", "values", "flags", "time_host_raw")]
+                   for name in SOURCE_COLUMNS]
         time_ds, raw, values, flags, sender = columns
         if time_ds is None or raw is None or values is None or flags is None:
             raise RunFileError(f"{self.path}: source {source_id!r} lacks a dataset")
@@ -366,7 +387,7 @@ class RunFileWriter:
         self.flush()
         self._file.close()
         try:
-            self._file = h5py.File(self.path, "r+", libver="latest", locking=False)
+            self._file = h5py.File(self.path, "r+", libver=LIBVER, locking=False)
         except OSError as e:
             raise RunFileError(f"{self.path}: could not reopen to add a source: {e}") from e
         for source_id in self._descriptors:
@@ -399,17 +420,22 @@ class RunFileWriter:
             ds.time_host_raw.append(t_sender_ns)
 
     def add_markers(self, markers: list[Marker]) -> None:
-        rows = np.zeros(len(markers), dtype=MARKER_DTYPE)
+        table = self._tables["markers"]
+        rows = np.zeros(len(markers), dtype=table.dtype)  # a resumed older file: its columns
+        gpu_columns = "time_gpu" in rows.dtype.names
         for i, m in enumerate(markers):
-            rows[i] = (
-                m.t_host_ns - self.session_start_ns,
-                m.t_host_ns,
-                m.kind.encode(),
-                m.source.encode()[:64],
-                m.name.encode(),
-                m.payload_json().encode(),
-            )
-        _append(self._tables["markers"], rows)
+            rows[i]["time"] = m.t_host_ns - self.session_start_ns
+            rows[i]["time_raw"] = m.t_host_ns
+            rows[i]["kind"] = m.kind.encode()
+            rows[i]["source"] = m.source.encode()[:64]
+            rows[i]["name"] = m.name.encode()
+            rows[i]["payload"] = m.payload_json().encode()
+            if gpu_columns:
+                gpu = m.t_gpu_ns is not None
+                rows[i]["time_gpu"] = (m.t_gpu_ns - self.session_start_ns  # type: ignore[operator]
+                                       if gpu else UNKNOWN_TIME_NS)
+                rows[i]["time_gpu_uncertainty"] = (m.gpu_uncertainty_ns or 0) if gpu else -1
+        _append(table, rows)
 
     def add_gaps(self, gaps: list[Gap]) -> None:
         rows = np.zeros(len(gaps), dtype=GAP_DTYPE)
@@ -431,6 +457,14 @@ class RunFileWriter:
         for i, (source_id, seq_next, count, ended) in enumerate(rows):
             table[i] = (source_id.encode()[:64], seq_next, count, ended)
         _append(self._tables["progress"], table)
+
+    def last_time_ns(self) -> dict[str, int | None]:
+        """Each source's last session time on disk (None: no rows yet)."""
+        out: dict[str, int | None] = {}
+        for source_id, ds in self._sources.items():
+            rows = ds.time.rows
+            out[source_id] = int(ds.time.ds[rows - 1]) if rows else None
+        return out
 
     def _session_time(self, t_host_ns: int) -> int:
         return int(UNKNOWN_TIME_NS) if t_host_ns < 0 else t_host_ns - self.session_start_ns
@@ -465,7 +499,7 @@ class RunFileWriter:
         self._file.close()
         if not (final_attrs or sync or remaps or fit_device_clocks):
             return
-        with h5py.File(self.path, "r+", libver="latest", locking=False) as f:
+        with h5py.File(self.path, "r+", libver=LIBVER, locking=False) as f:
             for key, value in (final_attrs or {}).items():
                 f.attrs[key] = value
             for host, (rows, attrs) in (sync or {}).items():
@@ -490,15 +524,41 @@ def _layout(desc: SourceDescriptor) -> dict[str, Any]:
     return {k: v for k, v in desc.to_json().items() if k != "config"}
 
 
-def _drop_blank_tail(ds: h5py.Dataset, dtype: np.dtype[Any]) -> None:
-    """Rows a dead writer had sized but not filled read as all zero: drop them."""
+def _drop_blank_tail(ds: h5py.Dataset) -> int:
+    """Rows a dead writer had sized but not filled read as all zero: drop them (how many).
+
+    The file's own row type, not today's: a file from before a column was added resumes too.
+    """
     n = int(ds.shape[0])
     keep = n
-    blank = np.zeros((), dtype=dtype).tobytes()
+    blank = np.zeros((), dtype=ds.dtype).tobytes()
     while keep > 0 and ds[keep - 1].tobytes() == blank:
         keep -= 1
     if keep < n:
         ds.resize(keep, axis=0)
+    return n - keep
+
+
+def _whole_rows(group: h5py.Group, confirmed: int, held: int) -> int:
+    """Rows that are whole: the confirmed ones, then those every dataset holds on disk.
+
+    Beyond ``confirmed`` (the last /progress record) a row counts up to ``held`` (the
+    shortest dataset's length) if its chunk is on disk in every dataset and it has a
+    session time. Why these tests: a dead writer's last flush may have put a dataset's new
+    length on disk but not the chunk behind it (HDF5 then reads the fill value, 0, and says
+    the chunk is not allocated), or sized a partial chunk and died before writing into it
+    (zeros again); values and flags may legitimately be 0, but a row's session time never is.
+    """
+    parts = [group[name] for name in SOURCE_COLUMNS if name in group]
+    rows = held
+    for ds in parts:
+        chunk = int(ds.chunks[0])
+        for start in range(confirmed - confirmed % chunk, rows, chunk):
+            if ds.id.get_chunk_info_by_coord((start,) + (0,) * (ds.ndim - 1)).byte_offset is None:
+                rows = max(confirmed, start)
+                break
+    zero = np.flatnonzero(group["time"][confirmed:rows] == 0)
+    return confirmed + int(zero[0]) if zero.size else rows
 
 
 def _remap(

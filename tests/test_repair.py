@@ -1,0 +1,203 @@
+"""`wattlab repair`: run files a killed writer left, made readable by any HDF5 tool."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import wattlab
+from wattlab.cli import main
+from wattlab.errors import UsageError
+from wattlab.sync.hdf5_repair import clear_crash_flags, crash_flags
+from wattlab.sync.run_repair import CUT_OFF_REASON, REPAIR_ATTR, repair_run, writer_status
+from wattlab.sync.run_writer import RunFileWriter
+from wattlab.sync.writer_identity import WRITER_ATTR
+
+REPO = Path(__file__).resolve().parents[1]
+CHUNK_ROWS = 32768  # rows of a 512 KiB chunk of 16-byte rows (the test source's values)
+
+CHILD_HEAD = """
+import os, sys
+import numpy as np
+from wattlab.samples import Channel, SourceDescriptor
+from wattlab.sync.run_writer import RunFileWriter
+
+path = sys.argv[1]
+desc = SourceDescriptor("meter", "test", "Crash 1", (Channel("power_w", "W"),
+                        Channel("index", "1")), value_dtype="<f8")
+w = RunFileWriter(path, {}, 0)
+w.add_source(desc)
+
+def rows(first, n):
+    index = np.arange(first, first + n, dtype=np.float64)
+    t = 1_000_000 + np.arange(first, first + n, dtype=np.int64) * 1000
+    return t, t, np.column_stack([index * 0.5, index]), np.zeros(n, dtype=np.uint8)
+"""
+
+
+def crash_writer(path: Path, body: str) -> None:
+    """Run ``body`` after CHILD_HEAD in a process that then dies without closing (``_exit``)."""
+    code = CHILD_HEAD + textwrap.dedent(body) + "\nos._exit(0)\n"
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, cwd=REPO)
+    assert crash_flags(str(path)) != 0
+
+
+def dataset_lengths(path: Path) -> dict[str, int]:
+    with h5py.File(path, "r") as f:  # plain h5py, as any user tool opens it
+        group = f["sources/meter"]
+        return {name: int(group[name].shape[0]) for name in ("time", "time_raw", "values",
+                                                             "flags")}
+
+
+def test_torn_tails_are_trimmed_and_every_whole_row_kept(tmp_path):
+    """Rows after the last /progress record that every dataset holds are kept; rows in a
+    chunk never written, rows sized but blank, and one dataset's overhang are trimmed."""
+    path = tmp_path / "torn.h5"
+    crash_writer(path, f"""
+        w.append("meter", *rows(0, 100))
+        w.add_progress([("meter", 1, 100, False)])
+        w.flush()
+        w.start_swmr()
+        w.append("meter", *rows(100, 900))          # whole, but never confirmed
+        w.flush()
+        group = w._file["sources/meter"]
+        n = {CHUNK_ROWS} + 50                        # crosses into the values' next chunk
+        t, raw, values, flags = rows(1000, n - 1000)
+        for name, data in (("time", t), ("time_raw", raw), ("flags", flags)):
+            group[name].resize(n, axis=0)
+            group[name][1000:n] = data
+        group["values"].resize(n, axis=0)
+        group["values"][1000:{CHUNK_ROWS}] = values[:{CHUNK_ROWS} - 1000]  # next chunk: none
+        w._file.flush()
+    """)
+    with pytest.raises(OSError, match="already open for write"):
+        h5py.File(path, "r")
+    report = repair_run(str(path))
+    assert report.repaired and report.crash_flags != 0
+    record = report.sources["meter"]
+    assert record == {"rows_kept": CHUNK_ROWS, "rows_confirmed": 100,
+                      "rows_unconfirmed_kept": CHUNK_ROWS - 100, "rows_trimmed": 50}
+    assert dataset_lengths(path) == dict.fromkeys(("time", "time_raw", "values", "flags"),
+                                                  CHUNK_ROWS)
+    with h5py.File(path, "r") as f:
+        index = f["sources/meter/values"][:, 1]
+        stored = json.loads(f.attrs[REPAIR_ATTR])
+        end_ns = int(f.attrs["session_end_monotonic_ns"])
+    np.testing.assert_array_equal(index, np.arange(CHUNK_ROWS))  # whole, in order
+    assert stored["sources"]["meter"] == record and stored["writer"]["pid"] > 0
+    assert end_ns == 1_000_000 + (CHUNK_ROWS - 1) * 1000  # the last row kept
+    with wattlab.open(str(path)) as run:
+        [gap] = run.gaps
+    assert (gap.source, gap.reason) == ("meter", CUT_OFF_REASON)
+
+
+def test_sized_but_unwritten_rows_are_trimmed(tmp_path):
+    path = tmp_path / "blank.h5"
+    crash_writer(path, """
+        w.append("meter", *rows(0, 10))
+        w.add_progress([("meter", 1, 10, False)])
+        w.flush()
+        w.append("meter", *rows(10, 5))
+        w.flush()
+        for name in ("time", "time_raw", "values", "flags"):   # sized, then the crash
+            w._file["sources/meter"][name].resize(40, axis=0)
+        w._file["progress"].resize(3, axis=0)
+        w._file.flush()
+    """)
+    report = repair_run(str(path))
+    assert report.sources["meter"]["rows_kept"] == 15
+    assert report.sources["meter"]["rows_trimmed"] == 25
+    assert report.tables_trimmed == {"markers": 0, "gaps": 0, "progress": 2}
+    assert dataset_lengths(path)["time"] == 15
+
+
+@pytest.mark.parametrize("swmr", [False, True])
+def test_readers_open_a_crash_left_file_without_changing_it(tmp_path, capsys, swmr):
+    """Killed before SWMR started (flags 0x1: not even SWMR readers open it) or after:
+    wattlab reads it as is, `report` too (it opens plainly first); info says repair."""
+    path = tmp_path / "early.h5"
+    crash_writer(path, f"""
+        w.append("meter", *rows(0, 10))
+        w.add_progress([("meter", 1, 10, False)])
+        w.flush()
+        if {swmr}:
+            w.start_swmr()
+    """)
+    assert crash_flags(str(path)) == (0x5 if swmr else 0x1)
+    before = path.read_bytes()
+    with wattlab.open(str(path)) as run:
+        assert len(run.source("meter")) == 10
+    assert main(["report", str(path), "-o", str(tmp_path / "early.html"), "--dpi", "30"]) == 0
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "needs repair" in out and "left open by a recorder that is gone" in out
+    assert main(["info", "--json", str(path)]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["needs_repair"] is True and described["writer_alive"] is False
+    assert path.read_bytes() == before  # reading changed nothing
+    assert main(["repair", str(path)]) == 0
+    assert "repaired" in capsys.readouterr().out
+    assert main(["info", "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["needs_repair"] is False
+
+
+def test_a_file_being_recorded_is_never_repaired(tmp_path):
+    path = str(tmp_path / "live.h5")
+    writer = RunFileWriter(path, {}, 0)  # this very process is its writer: alive
+    try:
+        writer.flush()
+        assert writer_status(path).alive is True
+        assert not writer_status(path).needs_repair
+        with pytest.raises(UsageError, match="being recorded now"):
+            repair_run(path, force=True)
+    finally:
+        writer.close(fit_device_clocks=False)
+
+
+def test_a_writer_that_cannot_be_checked_needs_force(tmp_path, capsys):
+    path = tmp_path / "elsewhere.h5"
+    crash_writer(path, """
+        w._file.attrs["writer_json"] = '{"host": "another-host", "pid": 1}'
+        w.flush()
+    """)
+    assert main(["repair", str(path)]) == 2
+    assert "another-host" in capsys.readouterr().err
+    assert main(["repair", "--force", str(path)]) == 0
+    with h5py.File(path, "r") as f:
+        assert json.loads(f.attrs[REPAIR_ATTR])["writer"]["host"] == "another-host"
+
+
+def test_a_clean_file_is_left_as_it_is(tmp_path, capsys):
+    path = tmp_path / "clean.h5"
+    RunFileWriter(str(path), {}, 0).close(fit_device_clocks=False)
+    before = path.read_bytes()
+    assert main(["repair", str(path)]) == 0
+    assert "closed cleanly; nothing to repair" in capsys.readouterr().out
+    assert path.read_bytes() == before
+    with h5py.File(path, "r") as f:
+        assert json.loads(f.attrs[WRITER_ATTR])["pid"] > 0
+    assert main(["repair", str(tmp_path / "missing.h5")]) == 2
+
+
+@pytest.mark.skipif(shutil.which("h5clear") is None,
+                    reason="h5clear (Debian package hdf5-tools) is not installed")
+def test_flags_are_cleared_exactly_as_h5clear_clears_them(tmp_path):
+    path = tmp_path / "ours.h5"
+    crash_writer(path, """
+        w.append("meter", *rows(0, 10))
+        w.flush()
+        w.start_swmr()
+    """)
+    theirs = tmp_path / "theirs.h5"
+    shutil.copy(path, theirs)
+    assert clear_crash_flags(str(path)) is True
+    subprocess.run(["h5clear", "-s", str(theirs)], check=True, capture_output=True)
+    assert path.read_bytes() == theirs.read_bytes()
