@@ -137,6 +137,8 @@ def test_restored_after_an_exception_in_the_controller(tmp_path, monkeypatch):
         run_tune(TunePlan(["sm_clock"], FAST, duration_s=20.0), driver,
                  str(tmp_path / "x.h5"), simulate=True)
     assert gpu.locked_clocks_mhz is None
+    record = read_tuning(str(tmp_path / "x.h5"))  # the audit trail survives the error
+    assert record is not None and record["summary"]["restored"] == {"sm_clocks": "reset"}
 
 
 def test_dry_run_changes_nothing(tmp_path):

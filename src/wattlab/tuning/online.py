@@ -14,6 +14,7 @@ watchdog process.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import time
 from dataclasses import asdict, dataclass, field
@@ -233,6 +234,7 @@ def run_tune(plan: TunePlan, driver: NvmlDriver, output: str, *, simulate: bool 
                                                            "dry_run": plan.dry_run,
                                                            **asdict(plan.config)})})
     restored: dict[str, Any] = {}
+    summary: dict[str, Any] = {}
     try:
         result = session.run()
     finally:
@@ -240,11 +242,13 @@ def run_tune(plan: TunePlan, driver: NvmlDriver, output: str, *, simulate: bool 
             restored = guards.restore()
             if guard_proc is not None:
                 watchdog.release(guard_proc)
-    summary = search.summary() | {"iteration_source": controller.source,
-                                  "dry_run": plan.dry_run, "restored": restored,
-                                  "would_apply_next": controller.would_apply,
-                                  "controller_cpu_s": controller.cpu_ns / 1e9}
-    write_tuning(output, search, controller, summary)
+        # the record is written whatever ended the run: after an error it is the audit trail
+        summary = search.summary() | {"iteration_source": controller.source,
+                                      "dry_run": plan.dry_run, "restored": restored,
+                                      "would_apply_next": controller.would_apply,
+                                      "controller_cpu_s": controller.cpu_ns / 1e9}
+        if os.path.exists(output):
+            write_tuning(output, search, controller, summary)
     return TuneOutcome(result, summary, restored, plan.dry_run, len(controller.iterations))
 
 
