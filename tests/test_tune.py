@@ -20,7 +20,8 @@ from wattlab.acquisition.sweep import open_driver
 from wattlab.cli import main
 from wattlab.commands.tune import simulated_training
 from wattlab.tuning import online
-from wattlab.tuning.online import TunePlan, read_tuning, run_tune
+from wattlab.tuning.online import TunePlan, run_tune
+from wattlab.tuning.run_record import read_tuning
 from wattlab.tuning.search import Search, SearchConfig
 from wattlab.tuning.surface_run import simulate
 from wattlab.tuning.surfaces import public_surfaces

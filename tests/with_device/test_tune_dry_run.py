@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from wattlab.analysis.run_file import Run
-from wattlab.tuning.online import read_tuning
+from wattlab.tuning.run_record import read_tuning
 
 pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
                                 reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1")

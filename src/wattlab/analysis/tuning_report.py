@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 from wattlab.analysis import plots
-from wattlab.tuning.online import read_tuning
+from wattlab.tuning.run_record import read_tuning
 
 
 def tuning_panel(path: str) -> tuple[object, str, str] | None:
