@@ -287,11 +287,12 @@ def _stop_on_signals(stop: threading.Event,
             signal.signal(s, h)
 
 
-def open_driver(simulate: bool, gpu: int, seed: int = 0,
-                sim_utilisation: float = 1.0) -> tuple[NvmlDriver, Any, str]:
+def open_driver(simulate: bool, gpu: int, seed: int = 0, sim_utilisation: float = 1.0,
+                schedule: Any = None) -> tuple[NvmlDriver, Any, str]:
     """(open driver, simulated GPU or None, note): NVML, or the simulated GPU.
 
-    The simulated GPU is used when asked, or when this machine has no NVIDIA driver.
+    The simulated GPU is used when asked, or when this machine has no NVIDIA driver; it
+    runs ``schedule`` (a WorkloadSchedule) if given, else a steady ``sim_utilisation``.
     """
     note = ""
     if not simulate:
@@ -308,7 +309,8 @@ def open_driver(simulate: bool, gpu: int, seed: int = 0,
 
     if not 0.0 < sim_utilisation <= 1.0:
         raise UsageError(f"simulated utilisation must be within (0, 1], got {sim_utilisation}")
-    schedule = WorkloadSchedule([Segment(3600.0, sim_utilisation, "sweep")], repeat=True)
+    if schedule is None:
+        schedule = WorkloadSchedule([Segment(3600.0, sim_utilisation, "sweep")], repeat=True)
     gpus = [SimulatedGpu(index=i, seed=seed + i, schedule=schedule) for i in range(gpu + 1)]
     driver = NvmlDriver(FakeNvml(gpus))
     driver.open()

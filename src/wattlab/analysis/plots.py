@@ -300,3 +300,26 @@ def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
     fig.savefig(buffer, format="png", dpi=dpi)
     plt.close(fig)
     return buffer.getvalue()
+
+
+def tuning_figure(t_s: FloatArray, energy_j: FloatArray, probe: npt.NDArray[np.int64],
+                  used: npt.NDArray[np.bool_], labels: Sequence[str]) -> Figure:
+    """Energy of every detected iteration over time, coloured by the setting in force.
+
+    Hollow points: iterations not counted (they began before a change, or were the first
+    after it). The search's story reads left to right: default, probes, the kept setting.
+    """
+    fig, ax = plt.subplots(figsize=(13, 4.0), layout="constrained")
+    cycle = plt.get_cmap("tab10")
+    for k, label in enumerate(labels):
+        at = probe == k
+        color = cycle(k % 10)
+        ax.scatter(t_s[at & used], energy_j[at & used], s=10, color=color, label=label)
+        ax.scatter(t_s[at & ~used], energy_j[at & ~used], s=10, facecolors="none",
+                   edgecolors=color)
+    ax.set_xlabel("time since session start (s)")
+    ax.set_ylabel("energy per iteration (J)")
+    ax.grid(True, alpha=0.3)
+    if labels:
+        ax.legend(fontsize=7, ncols=min(4, len(labels)), loc="upper right")
+    return fig

@@ -63,6 +63,7 @@ from wattlab.analysis.models import (
 from wattlab.analysis.run_file import GapRow, MarkerRow, Run, SourceView
 from wattlab.analysis.summary import summarise
 from wattlab.analysis.sweep_results import SWEEP_FORMAT, SweepTable, load_table
+from wattlab.analysis.tuning_report import tuning_panel
 from wattlab.errors import RunFileError, UsageError, WattlabError
 from wattlab.output_files import create_temp
 
@@ -839,6 +840,10 @@ def _run_page(run_path: str, options: ReportOptions) -> Page:
                   "the fitted kernel and lag, with the fit line. Right: the residuals over "
                   "time."))
             sections.append((key, _calibration_table(view)))
+        tuning = tuning_panel(run_path)
+        if tuning is not None:
+            panels.append(Panel("tuning", "Tuning search", tuning[0], tuning[1]))
+            sections.append(("tuning", tuning[2]))
         if gaps:
             sections.append(("end", _gaps_table(gaps)))
         attrs = run.attrs

@@ -1,0 +1,1 @@
+"""Online tuning of GPU settings during a training run (``wattlab tune``)."""

@@ -1,0 +1,255 @@
+"""`wattlab tune`: the search on published surfaces, the online controller on the simulated
+GPU (real session, real run file), restores on every exit path, dry run, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from data_files import PUBLIC
+from wattlab.acquisition.sweep import open_driver
+from wattlab.cli import main
+from wattlab.commands.tune import simulated_training
+from wattlab.tuning import online
+from wattlab.tuning.online import TunePlan, run_tune
+from wattlab.tuning.run_record import read_tuning
+from wattlab.tuning.search import Search, SearchConfig
+from wattlab.tuning.surface_run import simulate
+from wattlab.tuning.surfaces import public_surfaces
+
+HERE = Path(__file__).resolve().parent
+ENV = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
+FAST = SearchConfig(min_iters=3, max_iters=5)
+
+
+@pytest.fixture(scope="module")
+def surfaces():
+    return public_surfaces(PUBLIC)
+
+
+def test_every_published_table_gives_surfaces(surfaces):
+    counts = {k: len(v) for k, v in surfaces.items()}
+    assert counts["zeus-a40"] > 40 and counts["zeus-v100"] > 40
+    assert counts["kt-rtx4000ada"] > 400 and counts["kt-a100"] == 1
+    assert counts["ulisboa-titanx"] > 90
+    titan = surfaces["ulisboa-titanx"][0]
+    assert list(titan.axes) == ["mem_clock", "sm_clock"] and titan.energy_j.shape == (4, 16)
+
+
+def test_search_settles_near_the_oracle_within_the_bound(surfaces):
+    """A100 tutorial kernel: its EDP optimum is published (1140 MHz); energy's is 1005."""
+    a100 = surfaces["kt-a100"][0]
+    for objective, bound in (("energy", 1.0), ("edp", 1.0)):
+        out = simulate(a100, SearchConfig(objective=objective, max_slowdown=bound), 10000,
+                       0.02, seed=1)
+        assert out.steps_from_oracle <= 1, out
+        assert out.energy_gap_pct < 2.0, out
+        assert out.explore_energy_frac < 0.05, out
+
+
+def test_search_respects_the_slowdown_bound(surfaces):
+    for s in surfaces["zeus-a40"][:10]:
+        out = simulate(s, SearchConfig(max_slowdown=0.05),
+                       10000, 0.02, seed=3)
+        assert out.settled_slowdown <= 0.05, out
+
+
+def test_search_abandons_a_setting_it_cannot_measure():
+    search = Search({"sm_clock": (500.0, 1000.0, 1500.0, 2000.0)}, FAST)
+    for _ in range(10):
+        search.observe(100.0, 0.2)
+    probe = search.current
+    assert probe != search.default
+    nxt = search.abandon("no iterations")
+    assert "abandoned" in search.probes[probe].purpose and nxt != probe
+
+
+def _sim(settable: bool = True):
+    driver, gpu, _ = open_driver(True, 0, schedule=simulated_training(0))
+    gpu.settable = settable
+    return driver, gpu
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """One tuned run of the simulated GPU (real session, real run file)."""
+    driver, gpu = _sim()
+    out = tmp_path_factory.mktemp("tune") / "tune.h5"
+    outcome = run_tune(TunePlan(["sm_clock"], FAST, duration_s=14.0), driver, str(out),
+                       simulate=True)
+    return out, gpu, outcome
+
+
+def test_api_tunes_the_simulated_gpu_and_records_the_search(tuned):
+    out, gpu, outcome = tuned
+    assert gpu.locked_clocks_mhz is None and outcome.restored == {"sm_clocks": "reset"}
+    record = read_tuning(str(out))
+    assert record is not None and record["summary"]["probes"] >= 3
+    assert record["probes"]["purpose"][0] == "baseline"
+    # the simulated GPU's busy power falls with the clock and its steps do not slow down
+    assert record["summary"]["energy_saving_measured"] > 0.1
+    with h5py.File(out) as f:
+        names = [n.decode() if isinstance(n, bytes) else n for n in f["markers"]["name"][()]]
+    assert names.count("tune.setting") == len(json.loads(
+        h5py.File(out)["analysis/tuning"].attrs["changes_json"]))
+
+
+def test_report_shows_the_search(tuned, tmp_path):
+    from wattlab.analysis.report import build_report
+
+    out, _, _ = tuned
+    result = build_report(str(out), str(tmp_path / "r.html"))
+    page = Path(result.html_path).read_text()
+    assert "Tuning search" in page and "<th>sm_clock</th>" in page and "baseline" in page
+    assert any(p.endswith("_tuning.png") for p in result.png_paths)
+
+
+def test_cli_tunes_and_restores(tmp_path, capsys):
+    out = tmp_path / "c.h5"
+    code = main(["tune", "--simulate", "--duration", "6", "--knobs", "sm_clock",
+                 "--min-iters", "3", "--max-iters", "5", "--objective", "edp", "-o", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert 'restored: {"sm_clocks": "reset"}' in captured.out and "kept:" in captured.out
+    record = read_tuning(str(out))
+    assert record is not None and record["summary"]["objective"] == "edp"
+
+
+def test_restored_after_an_exception_in_the_controller(tmp_path, monkeypatch):
+    driver, gpu = _sim()
+    original = online.Controller._iteration
+
+    def failing(self, it):
+        if gpu.locked_clocks_mhz is not None:
+            raise RuntimeError("controller bug")
+        original(self, it)
+
+    monkeypatch.setattr(online.Controller, "_iteration", failing)
+    with pytest.raises(RuntimeError, match="controller bug"):
+        run_tune(TunePlan(["sm_clock"], FAST, duration_s=20.0), driver,
+                 str(tmp_path / "x.h5"), simulate=True)
+    assert gpu.locked_clocks_mhz is None
+    record = read_tuning(str(tmp_path / "x.h5"))  # the audit trail survives the error
+    assert record is not None and record["summary"]["restored"] == {"sm_clocks": "reset"}
+
+
+def test_dry_run_changes_nothing(tmp_path):
+    driver, gpu = _sim(settable=False)
+    calls = []
+    for name in ("set_power_limit_w", "lock_sm_clocks", "reset_clocks"):
+        monkey = getattr(driver, name)
+        setattr(driver, name, lambda *a, _n=name, _m=monkey: (calls.append(_n), _m(*a)))
+    outcome = run_tune(TunePlan(["sm_clock", "power_limit"], FAST, dry_run=True,
+                                duration_s=5.0), driver, str(tmp_path / "d.h5"),
+                       simulate=True)
+    assert calls == [] and gpu.locked_clocks_mhz is None and gpu.power_limit_w == 700.0
+    s = outcome.summary
+    assert s["dry_run"] and s["would_apply_next"] is not None and s["baseline"][0] > 0
+
+
+def test_cli_falls_back_to_dry_run_without_permission(tmp_path, capsys, monkeypatch):
+    from wattlab.commands import tune as tune_cmd
+
+    def no_root(simulate, gpu, seed=0, schedule=None):
+        driver, sim = _sim(settable=False)
+        return driver, sim, ""
+
+    monkeypatch.setattr(tune_cmd, "open_driver", no_root)
+    code = main(["tune", "--simulate", "--duration", "4", "-o", str(tmp_path / "n.h5")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "cannot be changed here" in captured.err and "dry run:" in captured.out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--objective", "speed"], "--objective must be one of energy, edp"),
+    (["--max-slowdown", "1.5"], "--max-slowdown is a fraction in [0, 1]"),
+    (["--max-slowdown", "-0.1"], "--max-slowdown is a fraction in [0, 1]"),
+    (["--knobs", "fan"], "unknown knob(s) fan"),
+    (["--min-iters", "0"], "--min-iters must be >= 1"),
+    (["--no-simulate"], "no NVIDIA driver found"),
+    ([], "tune needs a command"),
+])
+def test_bad_input_exits_2(tmp_path, capsys, argv, message):
+    extra = [] if argv == [] else ["--duration", "1"]
+    sim = [] if argv == ["--no-simulate"] else ["--simulate"]
+    argv = [a for a in argv if a != "--no-simulate"]
+    code = main(["tune", *sim, "-o", str(tmp_path / "b.h5"), *extra, *argv])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "b.h5").exists()
+
+
+def _tuner(tmp_path, duration_s: float) -> tuple[subprocess.Popen[str], Path]:
+    log = tmp_path / "watchdog.log"
+    proc = subprocess.Popen([sys.executable, str(HERE / "tune_job.py"), str(tmp_path / "s.h5"),
+                             str(duration_s), str(log)], stdout=subprocess.PIPE, text=True,
+                            env=ENV)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "changed"
+    return proc, log
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_restored_on_signal(tmp_path, sig):
+    proc, log = _tuner(tmp_path, 60.0)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)  # also closes its stdout
+    assert json.loads(out.strip().splitlines()[-1])["locked_clocks_mhz"] is None
+    assert not log.exists()  # the tuner restored itself and released the watchdog
+    assert read_tuning(str(tmp_path / "s.h5")) is not None
+
+
+def test_watchdog_restores_when_the_tuner_is_killed(tmp_path):
+    proc, log = _tuner(tmp_path, 60.0)
+    proc.kill()
+    proc.wait(10)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    deadline = time.monotonic() + 30
+    while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    restored = json.loads(log.read_text().splitlines()[-1])["restored"]
+    assert restored == {"sm_clocks": "reset"}
+
+
+STEP_WORKLOAD = """
+import time, wattlab
+t = time.monotonic()
+for i in range(60):
+    wattlab.mark("step", "begin", i=i)
+    t += 0.2
+    time.sleep(max(0.0, t - time.monotonic()))
+"""
+
+
+def test_step_markers_are_the_iteration_source_when_named(tmp_path):
+    driver, gpu = _sim()
+    out = tmp_path / "m.h5"
+    outcome = run_tune(TunePlan(["sm_clock"], FAST, command=[sys.executable, "-c",
+                                                             STEP_WORKLOAD],
+                                step_marker="step"), driver, str(out), simulate=True)
+    assert outcome.session.command_exit_code == 0
+    record = read_tuning(str(out))
+    assert record is not None
+    assert record["summary"]["iteration_source"] == "step markers 'step' (energy from " \
+                                                    "gpu0.samples)"
+    with h5py.File(out) as f:
+        it = f["analysis/tuning/iterations"]
+        periods_s = (it["end_ns"][()] - it["start_ns"][()]) / 1e9
+        energy_j = it["energy_j"][()]
+    # 60 steps of 0.2 s; the last few may end after the power's last read
+    assert 45 <= len(periods_s) <= 59
+    assert abs(float(np.median(periods_s)) - 0.2) < 0.01
+    # the simulated GPU draws 70-770 W: 0.2 s of it is 14-154 J
+    assert np.all((energy_j > 10) & (energy_j < 160))
+    assert gpu.locked_clocks_mhz is None
