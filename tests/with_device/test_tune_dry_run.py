@@ -60,11 +60,11 @@ def test_dry_run_measures_a_training_job_and_changes_nothing(tmp_path, source):
         steps = [m for m in run.markers if m.name == "truth_step"]
         energy = run.source("gpu0.samples")
         begins = [m.time_ns for m in steps if m.kind == "begin"]
+        t = energy.time_ns
+        p = energy.channel("power_w").astype(np.float64)
     assert len(begins) > 10
     # markers: energy from one step's start to the next, from the same samples, over the
     # steps the tuner measured (it drops the first iteration at a setting)
-    t = energy.time_ns()
-    p = energy.channel("power_w")
     cum = np.concatenate([[0.0], np.cumsum(np.diff(t) / 1e9 * p[:-1])])
     inside = [b for b in begins if span_ns[0] - 50_000_000 <= b <= span_ns[1] + 50_000_000]
     per_step = np.diff(np.interp(inside, t, cum))

@@ -135,6 +135,7 @@ class Controller:
         self.iterations: list[tuple[DetectedIteration, int, bool]] = []  # (it, probe, used)
         self.changes: list[dict[str, Any]] = []
         self.cpu_ns = 0  # CPU time spent in ticks
+        self.period_s = 0.0  # the detector's median period, as of the last iteration
 
     def tick(self, _elapsed_s: float) -> None:
         """One progress tick; its CPU time is added up (the tuner's own cost, audited)."""
@@ -156,13 +157,14 @@ class Controller:
             for it in self.steps.poll(self.energy):
                 if it.period_s <= self.plan.max_period_s:  # a pause or an evaluation
                     self._iteration(it)
-        now = time.monotonic_ns()
-        period_s = self.stream.state.median_period_s or 0.0
-        quiet_s = (now - max(self.changed_ns, self.seen_ns)) / 1e9
-        if self.changed_ns and quiet_s > ABANDON_S + 5 * period_s:
+        quiet_s = (time.monotonic_ns() - max(self.changed_ns, self.seen_ns)) / 1e9
+        if self.changed_ns and quiet_s > ABANDON_S + 5 * self.period_s:
             self._apply(self.search.abandon(f"no iteration detected for {quiet_s:.1f} s"))
 
     def _iteration(self, it: DetectedIteration) -> None:
+        # the detector's median period changes only here: computing it at every 50 ms tick
+        # cost ~0.7 % of a core on an H100 dry run (quartiles over every period kept)
+        self.period_s = self.stream.state.median_period_s or 0.0
         probe = self.search.order.index(self.search.current)
         used = it.start_ns >= self.changed_ns
         self.iterations.append((it, probe, used))
