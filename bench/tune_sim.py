@@ -16,16 +16,15 @@ workloads: context, not a like-for-like comparison).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 
-from common import write_json
+from common import DATA, write_json
 from wattlab.tuning.search import SearchConfig
 from wattlab.tuning.surface_run import simulate
 from wattlab.tuning.surfaces import public_surfaces
 
-PUBLIC = Path(__file__).resolve().parents[1] / "tests/data/public"
+PUBLIC = DATA / "public"
 GPOEO = {"energy_saving": 0.162, "slowdown": 0.051, "gpu": "RTX 3080 Ti", "workloads": 71}
 
 

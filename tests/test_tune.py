@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from data_files import PUBLIC
+from tests.data_files import PUBLIC
 from wattlab.acquisition.sweep import open_driver
 from wattlab.cli import main
 from wattlab.commands.tune import simulated_training
