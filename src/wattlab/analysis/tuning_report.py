@@ -9,10 +9,10 @@ from __future__ import annotations
 import html
 import json
 
-import h5py
 import numpy as np
 
 from wattlab.analysis import plots
+from wattlab.analysis.h5_read import open_read_only
 from wattlab.tuning.run_record import read_tuning
 
 
@@ -21,7 +21,7 @@ def tuning_panel(path: str) -> tuple[object, str, str] | None:
     record = read_tuning(path)
     if record is None:
         return None
-    with h5py.File(path, "r", locking=False) as f:
+    with open_read_only(path) as f:  # a crash-left or live file too
         it = f["analysis/tuning/iterations"]
         start_ns = np.asarray(it["start_ns"][()], dtype=np.int64)
         energy_j = np.asarray(it["energy_j"][()], dtype=np.float64)

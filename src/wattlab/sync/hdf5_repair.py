@@ -73,9 +73,26 @@ def lookup3(data: bytes, initval: int = 0) -> int:
 
 
 def crash_flags(path: str) -> int:
-    """The superblock's consistency flags (0: closed cleanly; bit 0 write, bit 2 SWMR)."""
+    """The superblock's consistency flags (0: closed cleanly; bit 0 write, bit 2 SWMR).
+
+    A version 0 or 1 superblock (h5py's default format, not a run file's) holds no such
+    marks: HDF5 refuses no reader over them, so there is nothing to clear.
+    """
+    if _superblock_version(path) < 2:
+        return 0
     block = _read_superblock(path)
     return block[11]
+
+
+def _superblock_version(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError as e:
+        raise RunFileError(f"{path}: cannot read: {e}") from e
+    if len(head) < 9 or head[:8] != SIGNATURE:
+        raise RunFileError(f"{path}: not an HDF5 file (no signature at byte 0)")
+    return head[8]
 
 
 def _read_superblock(path: str) -> bytearray:
@@ -119,8 +136,10 @@ def cleared_superblock(path: str) -> bytes | None:
 
     Readers use it to see a crash-left file as a closed one without changing the file.
     """
+    if crash_flags(path) == 0:
+        return None
     block = _read_superblock(path)
-    return None if block[11] == 0 else bytes(_cleared(block, os.path.getsize(path)))
+    return bytes(_cleared(block, os.path.getsize(path)))
 
 
 def clear_crash_flags(path: str) -> bool:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import numpy as np
 
+from wattlab.analysis.h5_read import open_read_only
 from wattlab.errors import RunFileError
 from wattlab.tuning.search import Search
 
@@ -60,7 +61,7 @@ def write_tuning(path: str, search: Search, controller: Controller,
 
 def read_tuning(path: str) -> dict[str, Any] | None:
     """The tuning record of a run file (None if it has none), for the report."""
-    with h5py.File(path, "r", locking=False) as f:
+    with open_read_only(path) as f:  # a crash-left or live file too
         g = f.get("analysis/tuning")
         if g is None:
             return None
