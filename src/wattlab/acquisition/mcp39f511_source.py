@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.meter_registry import MeterKind, input_rails, needs_rails, register
-from wattlab.acquisition.source import Chunk, Reading
+from wattlab.acquisition.source import Chunk, Reading, sleep_until_due
 from wattlab.drivers.mcp39f511 import (
     DEFAULT_ENERGY_UNIT_J,
     ENERGY_ENABLE,
@@ -161,11 +161,8 @@ class Mcp39f511Acquirer:
         """Read the outputs when an update is due; keep each update once."""
         if self.driver is None:
             raise MeterError(f"{self.port}: poll before open")
-        wait_s = (self._due_ns - time.monotonic_ns()) / 1e9
-        if wait_s > 0:
-            time.sleep(min(wait_s, POLL_STEP_S))
-            if wait_s > POLL_STEP_S:
-                return []
+        if not sleep_until_due(self._due_ns, POLL_STEP_S):
+            return []
         t0 = time.monotonic_ns()
         interval_ns = int(self.interval_s * 1e9)
         try:

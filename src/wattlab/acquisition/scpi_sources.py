@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.meter_registry import MeterKind, Rail, register
-from wattlab.acquisition.source import Chunk, Reading
+from wattlab.acquisition.source import Chunk, Reading, sleep_until_due
 from wattlab.drivers.hmc8015 import Hmc8015
 from wattlab.drivers.scpi import ScpiTransport, TextTransport
 from wattlab.drivers.yokogawa_wt300e import Wt300e
@@ -227,11 +227,8 @@ class Hmc8015Acquirer:
         """Read once when due; otherwise sleep at most ~0.1 s."""
         if self._driver is None:
             raise UsageError(f"{self.resource}: open() before poll()")
-        wait_s = (self._due_ns - time.monotonic_ns()) / 1e9
-        if wait_s > 0:
-            time.sleep(min(wait_s, POLL_STEP_S))
-            if wait_s > POLL_STEP_S:
-                return []
+        if not sleep_until_due(self._due_ns, POLL_STEP_S):
+            return []
         t0 = time.monotonic_ns()
         values, value_flags = self._driver.read_values()
         t1 = time.monotonic_ns()

@@ -191,3 +191,16 @@ class SourceRunner:
                 self._opened.set()
                 if self.on_end is not None:
                     self.on_end()
+
+
+def sleep_until_due(due_ns: int, step_s: float) -> bool:
+    """Sleep toward ``due_ns`` (monotonic) by at most ``step_s``; True once a read is due.
+
+    Why capped: a poll must come back often enough for its runner to see a stop request.
+    """
+    wait_s = (due_ns - time.monotonic_ns()) / 1e9
+    if wait_s > 0:
+        time.sleep(min(wait_s, step_s))
+        if wait_s > step_s:
+            return False
+    return True
