@@ -97,8 +97,7 @@ def test_calibrate_says_so_in_text_and_marks_the_stored_record(tmp_path):
 
 
 def profile(low: float, high: float, connected: bool = True) -> Profile:
-    grid = np.linspace(0.1, 3.0, 5)
-    return Profile("width_s", grid, np.ones(5), low, high, connected)
+    return Profile(low, high, connected)
 
 
 def test_judge_names_each_reason():

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -63,11 +62,8 @@ class KernelFit:
 
 @dataclass
 class Profile:
-    """A profile likelihood over one parameter: its grid, best misfits and 95 % interval."""
+    """A profile likelihood's 95 % interval over one parameter."""
 
-    name: str
-    grid: FloatArray
-    mse: FloatArray
     low: float  # NaN where the interval runs off the grid
     high: float
     connected: bool  # one basin: every grid point inside the interval's span is inside
@@ -75,11 +71,6 @@ class Profile:
     @property
     def half_width(self) -> float:
         return 0.5 * (self.high - self.low)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "low": self.low, "high": self.high,
-                "connected": self.connected, "grid": self.grid.tolist(),
-                "mse": self.mse.tolist()}
 
 
 @dataclass
@@ -104,11 +95,10 @@ def effective_points(residuals: FloatArray) -> float:
     return float(np.clip(r.size * (1 - rho) / (1 + rho), 2.0, r.size))
 
 
-def _interval(name: str, grid: FloatArray, mse: FloatArray, best: tuple[float, float],
+def _interval(grid: FloatArray, mse: FloatArray, best: tuple[float, float],
               n_eff: float) -> Profile:
     """The 95 % interval of a profile (edges interpolated between grid points)."""
-    order = np.argsort(grid)
-    grid, mse = np.append(grid[order], best[0]), np.append(mse[order], best[1])
+    grid, mse = np.append(grid, best[0]), np.append(mse, best[1])
     order = np.argsort(grid, kind="stable")
     grid, mse = grid[order], mse[order]
     rise = n_eff * np.log(np.maximum(mse, 1e-300) / best[1])
@@ -122,7 +112,7 @@ def _interval(name: str, grid: FloatArray, mse: FloatArray, best: tuple[float, f
         f = (CHI2_95 - rise[i]) / (rise[j] - rise[i]) if rise[j] != rise[i] else 0.0
         return float(grid[i] + f * (grid[j] - grid[i]))
 
-    return Profile(name, grid, mse, edge(int(idx[0]), int(idx[0]) - 1),
+    return Profile(edge(int(idx[0]), int(idx[0]) - 1),
                    edge(int(idx[-1]), int(idx[-1]) + 1), connected)
 
 
@@ -134,7 +124,7 @@ def width_profile(cost: Cost, fit: KernelFit, *, bounds: tuple[float, float], be
     grid = grid[(grid >= bounds[0]) & (grid <= bounds[1])]
     eff = fit.effective_delay_s
     mse = np.array([_best_over_tau(cost, w, eff - fit.centroid * w) for w in grid])
-    return _interval("width_s", grid, mse, (fit.width_s, best_mse), n_eff)
+    return _interval(grid, mse, (fit.width_s, best_mse), n_eff)
 
 
 def delay_profile(cost: Cost, fit: KernelFit, *, bounds: tuple[float, float], best_mse: float,
@@ -154,7 +144,7 @@ def delay_profile(cost: Cost, fit: KernelFit, *, bounds: tuple[float, float], be
         return at(golden_section(at, a, b, xatol=3e-3))
 
     mse = np.array([best_width(e) for e in grid])
-    return _interval("effective_delay_s", grid, mse, (fit.effective_delay_s, best_mse), n_eff)
+    return _interval(grid, mse, (fit.effective_delay_s, best_mse), n_eff)
 
 
 def _best_over_tau(cost: Cost, width: float, tau0: float) -> float:

@@ -44,7 +44,6 @@ class PollLattice:
 
     period_s: float
     period_se_s: float
-    beat_polls: float  # polls per repeat
     update_t_s: FloatArray  # each new reading's update instant
     hit_fraction: float  # lattice points that held a repeat
 
@@ -134,4 +133,4 @@ def fit_poll_lattice(poll_t_s: FloatArray, values: FloatArray) -> PollLattice | 
     # the interval's middle (the only one within it, polls being shorter than the period)
     first_seen = s[new]
     update_t = origin + np.round((first_seen - 0.5 * poll - origin) / period) * period
-    return PollLattice(period, period_se, beat, update_t, hit_fraction)
+    return PollLattice(period, period_se, update_t, hit_fraction)
