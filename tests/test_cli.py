@@ -238,3 +238,18 @@ def _has_rows(path: os.PathLike[str], source: str) -> bool:
             return source in run.sources and len(run.source(source)) > 0
     except wattlab.errors.WattlabError:
         return False
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(tmp_path):
+    """`wattlab info RUN | head -1`: the output stops quietly, as cat's does."""
+    out = tmp_path / "run.h5"
+    assert run_cli("record", "--simulate", "--duration", "1", "-o", str(out)).returncode == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the first line: every write fails
+    try:
+        done = subprocess.run([*WATTLAB, "info", str(out)], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=90, check=False)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141
+    assert "Traceback" not in done.stderr, done.stderr

@@ -1,7 +1,8 @@
 """The ``wattlab`` command: parse arguments, dispatch, and turn errors into exit statuses.
 
 Exit statuses: 0 success; 2 usage errors (bad argument, existing output, unknown GPU);
-1 a measurement that failed at run time; ``wattlab record -- CMD`` returns CMD's status.
+1 a measurement that failed at run time; 141 when the reader of stdout went away;
+``wattlab record -- CMD`` returns CMD's status.
 """
 
 from __future__ import annotations
@@ -65,6 +66,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("wattlab: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """``wattlab info RUN | head``: the reader closed the pipe; stop quietly, as cat does.
+
+    Python flushes stdout again at exit and would print a second traceback: point stdout at
+    /dev/null first. 141 is what a shell reports for a process killed by SIGPIPE.
+    """
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ call, and records which NVML call each value comes from (``NVML_CALLS``) so a ru
 exactly what was measured. Fields a GPU does not support are reported as missing, never as 0.
 
 Safety: the setters change a real GPU's power limit or clocks (root only). wattlab calls them
-only from explicit commands (``sweep``, ``set-limit``) that restore the previous setting.
+only from explicit commands (``sweep``, ``tune``) that restore the previous setting.
 """
 
 from __future__ import annotations
