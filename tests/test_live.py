@@ -120,3 +120,26 @@ def test_live_panel_draws_in_a_thread_and_stops(tmp_path: Path) -> None:
     assert not any(t.name == "wattlab-live" for t in threading.enumerate())
     with live_panel(str(path), console=Console(file=io.StringIO())) as errors:
         assert not any(t.name == "wattlab-live" for t in threading.enumerate())
+
+
+def test_live_on_a_file_whose_recorder_is_gone_says_so_instead_of_waiting(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A recorder that died without closing its file: no more rows will come."""
+    path = tmp_path / "left.h5"
+    child = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent.parent)!r}); "
+             f"from tests.test_live import write_run; from pathlib import Path; "
+             f"write_run(Path({str(path)!r}), finished=False)")
+    subprocess.run([sys.executable, "-c", child], check=True, timeout=60)
+    started = time.monotonic()
+    assert main(["live", "--interval", "0.1", str(path)]) == 2
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert "recorder is gone" in err and f"wattlab repair {path}" in err
+    # while its writer still runs (this process), the same kind of file is followed
+    alive = tmp_path / "alive.h5"
+    write_run(alive, finished=False)
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    statuses = follow(str(alive), console=Console(file=io.StringIO()), interval_s=0.1,
+                      stop=stop)
+    assert {s.source_id for s in statuses} >= {"meter"}

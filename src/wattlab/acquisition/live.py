@@ -25,6 +25,7 @@ from wattlab.analysis.run_file import Run, SourceView
 from wattlab.analysis.summary import GAP_FACTOR, energy_channel, power_channel
 from wattlab.errors import RunFileError
 from wattlab.sync.disk_full import room_bytes
+from wattlab.sync.writer_identity import recorded_writer, writer_alive
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 24
@@ -172,6 +173,7 @@ class RunFollower:
         self._trackers: dict[str, _Tracker] = {}
         self.finished = False
         self.started = False
+        self.abandoned = False  # its recorder is gone and never closed it (a crash-left file)
 
     def close(self) -> None:
         if self._run is not None:
@@ -197,6 +199,9 @@ class RunFollower:
         self._opened_at = time.monotonic()
         self.started = True
         self.finished = END_ATTR in self._run.attrs
+        if not self.finished:
+            writer = recorded_writer(self._run.attrs)
+            self.abandoned = bool(writer) and writer_alive(writer) is False
         return self._run
 
     def _tracker(self, view: SourceView) -> _Tracker:
@@ -289,7 +294,8 @@ def follow(path: str, *, console: Any = None, interval_s: float = 0.5,
     """Show the panel until the recorder closes the file, ``stop`` is set, or Ctrl-C.
 
     Draws only when the console is a terminal; otherwise it follows quietly. Returns the
-    last status. Raises RunFileError if the file does not appear within ``wait_s``.
+    last status. Raises RunFileError if the file does not appear within ``wait_s``, or if
+    its recorder (on this host) is gone without closing it.
     """
     from rich.console import Console
     from rich.live import Live
@@ -309,6 +315,10 @@ def follow(path: str, *, console: Any = None, interval_s: float = 0.5,
                 live.update(render(statuses, path, elapsed, follower.finished, space.poll()))
             if follower.finished or stop.is_set():
                 break
+            if follower.abandoned:
+                raise RunFileError(f"{path}: its recorder is gone and never closed the file "
+                                   f"(killed or crashed); nothing more will come: run "
+                                   f"`wattlab repair {path}`, then `wattlab info` or `report`")
             if not follower.started and elapsed > wait_s:
                 raise RunFileError(f"{path}: no run file appeared within {wait_s:g} s")
             stop.wait(interval_s)
