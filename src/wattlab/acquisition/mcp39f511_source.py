@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.meter_registry import MeterKind, input_rails, needs_rails, register
+from wattlab.acquisition.serial_acquirer import SerialAcquirer
 from wattlab.acquisition.source import Chunk, Reading, sleep_until_due
 from wattlab.drivers.mcp39f511 import (
     DEFAULT_ENERGY_UNIT_J,
@@ -78,7 +79,7 @@ def stream_channels() -> list[Channel]:
     return out
 
 
-class Mcp39f511Acquirer:
+class Mcp39f511Acquirer(SerialAcquirer[Mcp39f511]):
     """Acquirer protocol over one MCP39F511N demo board (115 200 8N1)."""
 
     def __init__(self, port: str, source_id: str = "mcp", *,
@@ -89,13 +90,9 @@ class Mcp39f511Acquirer:
             raise UsageError(f"{port}: accumulation_n {accumulation_n} outside 0..{MAX_N}")
         if not energy_unit_j > 0:
             raise UsageError(f"{port}: energy_unit_j must be > 0, got {energy_unit_j}")
-        self.port = port
-        self.source_id = source_id
+        super().__init__(port, source_id, transport_factory)
         self.accumulation_n = accumulation_n
         self.energy_unit_j = energy_unit_j
-        self.transport_factory = transport_factory
-        self.driver: Mcp39f511 | None = None
-        self._transport: ByteTransport | None = None
         self._restore: tuple[int, int] | None = None  # (N, system configuration) found
         self.interval_s = 0.0
         self.retries = 0
@@ -122,8 +119,7 @@ class Mcp39f511Acquirer:
 
     def open(self) -> list[SourceDescriptor]:
         """Set N and switch accumulation on (both restored at close), then describe."""
-        self._transport = self.transport_factory(self.port)
-        self.driver = d = Mcp39f511(self._transport, name=self.port)
+        self.driver = d = Mcp39f511(self._open_port(), name=self.port)
         version = self._try(d.system_version)
         found_n, config = self._try(d.accumulation_n), self._try(d.system_config)
         self._restore = (found_n, config)
@@ -228,22 +224,14 @@ class Mcp39f511Acquirer:
             print(f"wattlab: {warning}", file=sys.stderr)
         return []
 
-    def close(self) -> None:
-        """Put N and the accumulation setting back as found, release the port."""
-        try:
-            if self.driver is not None and self._restore is not None:
-                n, config = self._restore
-                if n != self.accumulation_n:
-                    self.driver.set_accumulation_n(n)
-                if config & ENERGY_ENABLE != ENERGY_ENABLE:
-                    self.driver.set_system_config(config)
-        except MeterError:
-            pass
-        finally:
-            if self._transport is not None:
-                self._transport.close()
-                self._transport = None
-            self.driver = None
+    def _farewell(self) -> None:
+        """Put N and the accumulation setting back as found."""
+        if self.driver is not None and self._restore is not None:
+            n, config = self._restore
+            if n != self.accumulation_n:
+                self.driver.set_accumulation_n(n)
+            if config & ENERGY_ENABLE != ENERGY_ENABLE:
+                self.driver.set_system_config(config)
 
 
 def _build(address: str, source_id: str, options: Mapping[str, Any]) -> Mcp39f511Acquirer:

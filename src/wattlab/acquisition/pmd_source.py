@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from wattlab.acquisition.meter_registry import MeterKind, input_rails, needs_rails, register
+from wattlab.acquisition.serial_acquirer import SerialAcquirer
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.pmd import BAUD_SETTLE_S, RAILS, PmdUsb, StreamBlock, stream_channels
 from wattlab.drivers.transport import ByteTransport, open_serial
@@ -22,7 +23,7 @@ POLL_COLLECT_S = 0.05
 RAIL_SUFFIXES = ("voltage_v", "current_a", "power_w")  # the PMD's channels per rail
 
 
-class PmdAcquirer:
+class PmdAcquirer(SerialAcquirer[PmdUsb]):
     """Acquirer protocol over one PMD-USB in continuous mode.
 
     The default port is 115 200 8N1 with a 0.1 s timeout; pyserial asserts RTS and DTR
@@ -33,22 +34,17 @@ class PmdAcquirer:
                  mask: int = 0xFF, ts_bytes: int = 4,
                  transport_factory: Callable[[str], ByteTransport] = open_serial,
                  baud_settle_s: float = BAUD_SETTLE_S) -> None:
-        self.port = port
-        self.source_id = source_id
+        super().__init__(port, source_id, transport_factory)
         self.baud = baud
         self.mask = mask
         self.ts_bytes = ts_bytes
-        self.transport_factory = transport_factory
         self.baud_settle_s = baud_settle_s
-        self.driver: PmdUsb | None = None
-        self._transport: ByteTransport | None = None
         self.bytes_skipped = 0
 
     def open(self) -> list[SourceDescriptor]:
         """Identify, read firmware and config (CRC checked), set baud, start streaming."""
         channels = tuple(stream_channels(self.mask))  # bad masks fail before the port opens
-        self._transport = self.transport_factory(self.port)
-        self.driver = PmdUsb(self._transport, name=self.port)
+        self.driver = PmdUsb(self._open_port(), name=self.port)
         info = self.driver.connect()
         if self.baud is not None and self.baud != self.driver.baud:
             self.driver.set_baudrate(self.baud, settle_s=self.baud_settle_s)
@@ -99,18 +95,10 @@ class PmdAcquirer:
             return []
         return self._readings(self.driver.flush_stream())
 
-    def close(self) -> None:
-        """Stop continuous mode (``07 00 …``) and release the port, even if the device died."""
-        try:
-            if self.driver is not None and self.driver.streaming:
-                self.driver.stop_continuous()
-        except MeterError:
-            pass
-        finally:
-            if self._transport is not None:
-                self._transport.close()
-                self._transport = None
-            self.driver = None
+    def _farewell(self) -> None:
+        """Stop continuous mode (``07 00 …``)."""
+        if self.driver is not None and self.driver.streaming:
+            self.driver.stop_continuous()
 
 
 def _build(address: str, source_id: str, options: Mapping[str, Any]) -> PmdAcquirer:

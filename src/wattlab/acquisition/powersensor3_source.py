@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.meter_registry import MeterKind, input_rails, needs_rails, register
+from wattlab.acquisition.serial_acquirer import SerialAcquirer
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.powersensor3 import N_PAIRS, PowerSensor3, StreamBlock
 from wattlab.drivers.transport import ByteTransport, open_serial
@@ -26,16 +27,12 @@ NOMINAL_RATE_HZ = 20000
 FRAME_PERIOD_US = 1_000_000 // NOMINAL_RATE_HZ
 
 
-class PowerSensor3Acquirer:
+class PowerSensor3Acquirer(SerialAcquirer[PowerSensor3]):
     """Acquirer protocol over one PowerSensor3."""
 
     def __init__(self, port: str, source_id: str = "ps3",
                  transport_factory: Callable[[str], ByteTransport] = open_serial) -> None:
-        self.port = port
-        self.source_id = source_id
-        self.transport_factory = transport_factory
-        self.driver: PowerSensor3 | None = None
-        self._transport: ByteTransport | None = None
+        super().__init__(port, source_id, transport_factory)
         self.bytes_skipped = 0
         self.frames_lost = 0
         self._stopped = False
@@ -43,8 +40,7 @@ class PowerSensor3Acquirer:
 
     def open(self) -> list[SourceDescriptor]:
         """Connect, read version and configuration, describe channels, start streaming."""
-        self._transport = self.transport_factory(self.port)
-        self.driver = PowerSensor3(self._transport, name=self.port)
+        self.driver = PowerSensor3(self._open_port(), name=self.port)
         info = self.driver.connect()
         if self.driver.scaling is None:
             raise MeterError(f"{self.port}: configuration was not read")
@@ -128,18 +124,10 @@ class PowerSensor3Acquirer:
         self._stopped = True
         return self._readings(self.driver.stop_and_flush(timeout_s=CLOSE_DRAIN_S))
 
-    def close(self) -> None:
-        """Stop (if ``flush`` did not), release the port."""
-        try:
-            if self.driver is not None and not self._stopped:
-                self.driver.stop_and_flush(timeout_s=CLOSE_DRAIN_S)
-        except MeterError:  # a dead or unplugged device: the port must still be released
-            pass
-        finally:
-            if self._transport is not None:
-                self._transport.close()
-                self._transport = None
-            self.driver = None
+    def _farewell(self) -> None:
+        """Stop streaming, if ``flush`` did not."""
+        if self.driver is not None and not self._stopped:
+            self.driver.stop_and_flush(timeout_s=CLOSE_DRAIN_S)
 
 
 
