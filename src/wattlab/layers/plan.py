@@ -68,6 +68,9 @@ class Plan:
                 "switches": self.switches, "gap_j": self.gap_j,
                 "energy_saving": 1 - self.energy_j / base.energy_j,
                 "slowdown": self.time_s / base.time_s - 1,
+                # what the same choice would save if clock changes cost nothing
+                "saving_free_switches": 1 - (self.energy_j - self.switches * surface.switch_j)
+                / base.energy_j,
                 "sm_mhz": [int(surface.sm_mhz[c]) for c in self.choice],
                 "mem_mhz": [int(surface.mem_mhz[c]) for c in self.choice]}
 
