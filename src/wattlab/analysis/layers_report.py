@@ -40,8 +40,9 @@ def layers_panel(path: str) -> tuple[object, str, str] | None:
 
     intensity = np.array([r["intensity"] or np.nan for r in rows], dtype=float)
     fig = plots.layers_figure(labels, got("time_s"), got("energy_j"), got("energy_se_j"),
-                              intensity, record["roofline"]["ridge_flop_per_byte"],
-                              _plan_sm(record, keys))
+                              intensity=intensity,
+                              ridge=record["roofline"]["ridge_flop_per_byte"],
+                              sm_mhz=_plan_sm(record, keys))
     lines = [f"{html.escape(str(record.get('model')))}: {record['total_macs'] / 1e9:.4g} GMACs, "
              f"{len(rows)} layer rows on {html.escape(str(record.get('device')))}"]
     for scope, c in record.get("checks", {}).items():

@@ -326,7 +326,7 @@ def tuning_figure(t_s: FloatArray, energy_j: FloatArray, probe: npt.NDArray[np.i
 
 
 def layers_figure(labels: Sequence[str], time_s: FloatArray, energy_j: FloatArray,
-                  energy_se_j: FloatArray, intensity: FloatArray, ridge: float,
+                  energy_se_j: FloatArray, *, intensity: FloatArray, ridge: float,
                   sm_mhz: FloatArray | None = None) -> Figure:
     """Per layer, in execution order: time, energy (± se), arithmetic intensity, SM clock.
 

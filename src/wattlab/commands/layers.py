@@ -151,13 +151,14 @@ def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
         if simulated:
             backend: Any = SimBackend(SimulatedLayerGpu(physics, args.seed))
             record["checks"] = study.measure_record(
-                record, count, backend, study.sim_jobs, study.joined,
-                study.joined(study.sim_jobs(count.rows)), args.groups, args.window)
+                record, count, backend, jobs_of=study.sim_jobs, combine=study.joined,
+                whole_job=study.joined(study.sim_jobs(count.rows)), n_groups=args.groups,
+                window_s=args.window)
         else:
             from wattlab.layers.real_study import measure_real
 
-            record["checks"] = measure_real(record, model, count, args.gpu, args.groups,
-                                            args.window)
+            record["checks"] = measure_real(record, model, count, gpu=args.gpu,
+                                            n_groups=args.groups, window_s=args.window)
     if args.plan:
         if not simulated:
             # the model of the simulated GPU with this GPU's roofline: a prediction only
@@ -171,8 +172,8 @@ def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
             chosen = {"default": block["default"], **{
                 f"exhaustive {e['max_slowdown']:.0%}": e["exhaustive"] for e in block["plans"]}}
             block["executed"] = {
-                name: study.execute_plan(model, count, physics, plan, block["keys"],
-                                         args.seed, args.window).to_json()
+                name: study.execute_plan(model, count, physics, plan, keys=block["keys"],
+                                         seed=args.seed, min_window_s=args.window).to_json()
                 for name, plan in chosen.items()}
         else:
             record["plans"]["note"] = ("predicted from the simulated GPU's model with this "

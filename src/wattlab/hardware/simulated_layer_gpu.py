@@ -139,4 +139,5 @@ class SimulatedLayerGpu:
         """(tick times s, counter J) of every counter update within [t0, t1], whole mJ."""
         p = self.counter_period_s
         ticks = np.arange(math.ceil(t0_s / p), math.floor(t1_s / p) + 1) * p
-        return ticks, np.floor(np.interp(ticks, self._t, self._e) * 1e3) / 1e3
+        counter = np.floor(np.interp(ticks, self._t, self._e) * 1e3) / 1e3
+        return ticks.astype(np.float64), np.asarray(counter, dtype=np.float64)

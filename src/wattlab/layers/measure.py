@@ -48,6 +48,8 @@ class Window:
 
 
 class Backend(Protocol):
+    """A GPU (real or simulated) that runs jobs and watches its energy counter."""
+
     def time_s(self, job: Any, repeats: int) -> float:
         """GPU time of ``repeats`` back-to-back runs (no energy)."""
 
@@ -97,10 +99,20 @@ def power_from_ticks(w: Window) -> tuple[float, float]:
     return power, math.hypot(spread, power * rel)
 
 
-def measure(backend: Backend, job: Any, min_s: float = 1.0) -> Measured:
-    """Time and energy of one run of ``job``, from a window of at least ``min_s``."""
+def measure(backend: Backend, job: Any, min_s: float = 1.0, tries: int = 3) -> Measured:
+    """Time and energy of one run of ``job``, from a window of at least ``min_s``.
+
+    A counter that ticks too rarely for the window gets a window twice as long (``tries``).
+    """
     repeats = repeats_for(backend, job, min_s)
     w = backend.window(job, repeats, CHUNKS)
+    for _ in range(tries - 1):
+        try:
+            power_from_ticks(w)
+            break
+        except MeasurementError:
+            repeats *= 2
+            w = backend.window(job, repeats, CHUNKS)
     per_run = w.chunk_s / (repeats / CHUNKS)
     time_s = float(np.sum(w.chunk_s) / repeats)
     time_se = float(np.std(per_run, ddof=1) / math.sqrt(CHUNKS))

@@ -20,7 +20,7 @@ from wattlab.layers.torch_backend import (
 )
 
 
-def measure_real(record: dict[str, Any], model: Any, count: LayerCount, gpu: int,
+def measure_real(record: dict[str, Any], model: Any, count: LayerCount, *, gpu: int,
                  n_groups: int, window_s: float,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure every row of ``count`` and the whole pass on CUDA device ``gpu``.
@@ -45,8 +45,8 @@ def measure_real(record: dict[str, Any], model: Any, count: LayerCount, gpu: int
         def jobs_of(rows: Sequence[LayerRow]) -> list[Any]:
             return [layer_job(model, r, inputs) for r in rows]
 
-        return study.measure_record(record, count, backend, jobs_of, group_job,
-                                    step_job(model, x, count.train), n_groups, window_s,
-                                    progress)
+        return study.measure_record(record, count, backend, jobs_of=jobs_of,
+                                    combine=group_job, whole_job=step_job(model, x, count.train),
+                                    n_groups=n_groups, window_s=window_s, progress=progress)
     finally:
         driver.close()

@@ -46,7 +46,7 @@ def time_groups(times_s: Sequence[float], n_groups: int) -> list[list[int]]:
 
 
 def measure_rows(backend: Backend, jobs: Sequence[Any], combine: Callable[[list[Any]], Any],
-                 n_groups: int, min_window_s: float,
+                 *, n_groups: int, min_window_s: float,
                  progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Time and energy per row (one pass), measured in groups of consecutive rows.
 
@@ -83,7 +83,7 @@ def sum_check(rows: Sequence[dict[str, Any]], whole: Measured) -> dict[str, Any]
             "energy_error": e / whole.energy_j - 1}
 
 
-def measure_record(record: dict[str, Any], count: LayerCount, backend: Backend,
+def measure_record(record: dict[str, Any], count: LayerCount, backend: Backend, *,
                    jobs_of: Callable[[Sequence[LayerRow]], list[Any]],
                    combine: Callable[[list[Any]], Any], whole_job: Any, n_groups: int,
                    window_s: float, progress: Callable[[str], None] | None = None
@@ -95,7 +95,8 @@ def measure_record(record: dict[str, Any], count: LayerCount, backend: Backend,
         rows = count.of_pass(pass_name)
         if progress:
             progress(f"{pass_name}: {len(rows)} layers")
-        results = measure_rows(backend, jobs_of(rows), combine, n_groups, window_s, progress)
+        results = measure_rows(backend, jobs_of(rows), combine, n_groups=n_groups,
+                               min_window_s=window_s, progress=progress)
         for row, res in zip(rows, results, strict=True):
             by_key[row.key]["measured"] = res
         measured += results
@@ -149,7 +150,7 @@ def plan_record(physics: LayerPhysics, count: LayerCount,
 
 
 def execute_plan(model: Any, count: LayerCount, physics: LayerPhysics, plan: dict[str, Any],
-                 keys: Sequence[str], seed: int = 0, min_window_s: float = 1.0) -> Measured:
+                 *, keys: Sequence[str], seed: int = 0, min_window_s: float = 1.0) -> Measured:
     """Run one pass with the plan's clocks on the simulated GPU (hooks) and measure it."""
     pairs = {k: (sm, mem) for k, sm, mem in zip(keys, plan["sm_mhz"], plan["mem_mhz"],
                                                 strict=True)}

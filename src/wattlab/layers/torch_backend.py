@@ -15,6 +15,7 @@ while the GPU is busy; only reads happen: no setting of the GPU is changed.
 from __future__ import annotations
 
 import copy
+import itertools
 import statistics
 import threading
 import time
@@ -82,8 +83,7 @@ class TorchBackend:
         end_s = time.monotonic()
         stop.set()
         watcher.join()
-        chunk_s = np.array([a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:],
-                                                                    strict=False)])
+        chunk_s = np.array([a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(events)])
         gaps = np.diff(polls) if len(polls) > 1 else np.array([0.003])
         jitter = float(statistics.median(gaps.tolist())) / 12**0.5
         t = np.array([x for x, _ in ticks[1:]])
