@@ -323,3 +323,32 @@ def tuning_figure(t_s: FloatArray, energy_j: FloatArray, probe: npt.NDArray[np.i
     if labels:
         ax.legend(fontsize=7, ncols=min(4, len(labels)), loc="upper right")
     return fig
+
+
+def layers_figure(labels: Sequence[str], time_s: FloatArray, energy_j: FloatArray,
+                  energy_se_j: FloatArray, *, intensity: FloatArray, ridge: float,
+                  sm_mhz: FloatArray | None = None) -> Figure:
+    """Per layer, in execution order: time, energy (± se), arithmetic intensity, SM clock.
+
+    NaN time or energy: that layer was not measured (counts only).
+    """
+    panels = 4 if sm_mhz is not None else 3
+    fig, axes = plt.subplots(panels, 1, figsize=(13, 1.9 * panels + 1.0), sharex=True,
+                             layout="constrained")
+    x = np.arange(len(labels))
+    axes[0].bar(x, time_s * 1e3, color="#4c72b0")
+    axes[0].set_ylabel("time (ms)")
+    axes[1].bar(x, energy_j * 1e3, yerr=energy_se_j * 1e3, color="#dd8452", ecolor="k")
+    axes[1].set_ylabel("energy (mJ)")
+    axes[2].bar(x, intensity, color=np.where(intensity >= ridge, "#c44e52", "#55a868"))
+    axes[2].axhline(ridge, color="k", lw=0.8, ls="--", label=f"ridge {ridge:.3g} FLOP/B")
+    axes[2].set_yscale("log")
+    axes[2].set_ylabel("FLOP/byte")
+    axes[2].legend(fontsize=7, loc="upper right")
+    if sm_mhz is not None:
+        axes[3].step(x, sm_mhz, where="mid", color="#8172b2")
+        axes[3].set_ylabel("planned SM MHz")
+    axes[-1].set_xticks(x, labels, rotation=90, fontsize=5 if len(labels) > 60 else 7)
+    for ax in axes:
+        ax.grid(True, axis="y", alpha=0.3)
+    return fig

@@ -52,6 +52,7 @@ from wattlab.analysis.energy import (
 )
 from wattlab.analysis.first_order_filter import first_order_filter
 from wattlab.analysis.h5_read import open_read_only
+from wattlab.analysis.layers_report import layers_panel
 from wattlab.analysis.models import (
     BOOST_MIN_WORKLOADS,
     CURVE_FITS,
@@ -844,6 +845,10 @@ def _run_page(run_path: str, options: ReportOptions) -> Page:
         if tuning is not None:
             panels.append(Panel("tuning", "Tuning search", tuning[0], tuning[1]))
             sections.append(("tuning", tuning[2]))
+        layers = layers_panel(run_path)
+        if layers is not None:
+            panels.append(Panel("layers", "Layers", layers[0], layers[1]))
+            sections.append(("layers", layers[2]))
         if gaps:
             sections.append(("end", _gaps_table(gaps)))
         attrs = run.attrs

@@ -1,0 +1,182 @@
+"""`wattlab layers MODEL`: per-layer FLOPs, bytes, roofline class, energy and clock plans."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from wattlab.errors import UsageError
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "layers", help="per-layer work, energy and clock plans of a PyTorch model",
+        description="Count FLOPs, MACs and bytes of every leaf module (forward and, with "
+                    "--train, backward), classify each against the GPU's roofline, measure "
+                    "each layer's time and energy alone (--measure) and search a clock pair "
+                    "per layer (--plan). See docs/layers.md.")
+    p.add_argument("model", help="a torchvision model name (resnet50) or module:callable")
+    p.add_argument("--input", default="1x3x224x224", metavar="SHAPE",
+                   help="input shape, sizes joined by x (default 1x3x224x224)")
+    p.add_argument("--batch", type=int, metavar="N", help="batch size (replaces the first size)")
+    p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
+    p.add_argument("--train", action="store_true", help="a training step: backward rows too")
+    p.add_argument("--simulate", action="store_true",
+                   help="the simulated H100 (default where no CUDA GPU is present)")
+    p.add_argument("--gpu", type=int, default=0, metavar="I", help="GPU index (default 0)")
+    p.add_argument("--measure", action="store_true",
+                   help="measure every layer's time and energy (in groups) and the whole pass")
+    p.add_argument("--groups", type=int, default=24, metavar="N",
+                   help="measure energy in at most N groups of consecutive layers per pass "
+                        "(default 24)")
+    p.add_argument("--window", type=float, default=1.0, metavar="S",
+                   help="seconds each group runs for its energy (default 1.0)")
+    p.add_argument("--plan", action="store_true",
+                   help="search a clock pair per layer (exhaustive and heuristic); on the "
+                        "simulated GPU also run the plans and measure them")
+    p.add_argument("--max-slowdown", type=float, action="append", metavar="F",
+                   help="slowdown bound(s) for --plan (repeatable; default 0, .02, .05, .1, .2)")
+    p.add_argument("--switch-ms", type=float, default=0.5, metavar="MS",
+                   help="time one clock change stalls the GPU (default 0.5 ms)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPU")
+    p.add_argument("--json", action="store_true", help="print the record as JSON")
+    p.add_argument("-o", "--output", help="write the record (JSON) here")
+    p.add_argument("--store", metavar="RUN", help="add the record to a run file (/analysis/layers)")
+    return p
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.groups < 1:
+        raise UsageError(f"--groups must be >= 1, got {args.groups}")
+    if not args.window > 0:
+        raise UsageError(f"--window must be > 0 s, got {args.window}")
+    if args.switch_ms < 0:
+        raise UsageError(f"--switch-ms must be >= 0, got {args.switch_ms}")
+    if args.output and os.path.exists(args.output):
+        raise UsageError(f"{args.output}: already exists; choose another -o")
+    if args.store and not os.path.isfile(args.store):
+        raise UsageError(f"--store {args.store}: no such run file")
+    for s in args.max_slowdown or ():
+        if not 0 <= s < 10:
+            raise UsageError(f"--max-slowdown must be within 0..10, got {s}")
+
+
+def _print_table(record: dict[str, Any]) -> None:
+    r = record
+    print(f"{r['model']}: input {'x'.join(map(str, r['input']))} {r['dtype']}, "
+          f"{r['total_macs'] / 1e9:.4g} GMACs, {r['total_flops'] / 1e9:.4g} GFLOPs; roofline "
+          f"{r['roofline']['peak_flops'] / 1e12:.4g} TFLOP/s, "
+          f"{r['roofline']['bandwidth_bps'] / 1e12:.4g} TB/s ({r['roofline']['source']})")
+    print(f"{'layer':34} {'kind':16} {'pass':8} {'MFLOPs':>10} {'MB':>9} {'FLOP/B':>8} "
+          f"{'bound':7} {'time ms':>9} {'energy mJ':>14}")
+    for row in r["rows"]:
+        m = row.get("measured")
+        te = (f"{m['time_s'] * 1e3:9.4f} {m['energy_j'] * 1e3:8.3f}±{m['energy_se_j'] * 1e3:<5.2g}"
+              if m else "")
+        ai = "-" if row["intensity"] is None else f"{row['intensity']:.3g}"
+        print(f"{(row['name'] or '(model)')[:34]:34} {row['kind'][:16]:16} {row['pass_name']:8} "
+              f"{row['flops'] / 1e6:10.2f} {row['bytes_total'] / 1e6:9.3f} {ai:>8} "
+              f"{row['bound']:7} {te}")
+    for scope, check in r.get("checks", {}).items():
+        w = check["whole"]
+        print(f"{scope}: layers sum {check['layers_time_s'] * 1e3:.3f} ms, "
+              f"{check['layers_energy_j']:.4g} ± {check['layers_energy_se_j']:.2g} J; whole "
+              f"{w['time_s'] * 1e3:.3f} ms, {w['energy_j']:.4g} ± {w['energy_se_j']:.2g} J "
+              f"(time {check['time_error']:+.1%}, energy {check['energy_error']:+.1%})")
+    for scope, block in r.get("plans", {}).get("scopes", {}).items():
+        print(f"plans, {scope} (switch {r['plans']['switch_s'] * 1e3:g} ms, "
+              f"{r['plans']['pairs']} clock pairs):")
+        for e in block["plans"]:
+            ex, he = e["exhaustive"], e["heuristic"]
+            print(f"  max slowdown {e['max_slowdown']:5.0%}: exhaustive saves "
+                  f"{ex['energy_saving']:6.1%} at {ex['slowdown']:+.1%} time "
+                  f"({ex['switches']} switches, gap {ex['gap_j']:.2g} J); heuristic "
+                  f"{he['energy_saving']:6.1%} at {he['slowdown']:+.1%}")
+        for name, m in block.get("executed", {}).items():
+            print(f"  executed on the simulated GPU: {name}: {m['energy_j']:.4g} ± "
+                  f"{m['energy_se_j']:.2g} J, {m['time_s'] * 1e3:.3f} ms per pass")
+
+
+def run(args: argparse.Namespace) -> int:
+    from wattlab.layers.counting import count_layers
+    from wattlab.layers.model_spec import load_model, parse_shape, torch_dtype, with_batch
+
+    _check(args)
+    shape = with_batch(parse_shape(args.input), args.batch)
+    torch_dtype(args.dtype)
+    model = load_model(args.model)
+    count = count_layers(model, shape, args.dtype, args.train)
+    record = _study(args, model, count)
+    record["model"] = args.model
+    if args.output:
+        with open(args.output, "x", encoding="utf-8") as f:
+            json.dump(record, f, indent=2)
+    if args.store:
+        from wattlab.layers.run_record import write_layers
+
+        write_layers(args.store, record)
+    if args.json:
+        print(json.dumps(record, indent=2))
+    else:
+        _print_table(record)
+    return 0
+
+
+def _simulated(args: argparse.Namespace) -> bool:
+    if args.simulate:
+        return True
+    import torch
+
+    if not torch.cuda.is_available():
+        print("wattlab layers: no CUDA GPU: the simulated H100", file=sys.stderr)
+        return True
+    return False
+
+
+def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
+    from wattlab.hardware.simulated_layer_gpu import LayerPhysics, SimulatedLayerGpu
+    from wattlab.layers import study
+    from wattlab.layers.roofline import measure_roofline
+    from wattlab.layers.sim_backend import SimBackend
+
+    simulated = _simulated(args)
+    physics = LayerPhysics.simulated_h100(args.dtype, args.switch_ms / 1e3)
+    roofline = physics.roofline if simulated else measure_roofline(args.dtype)
+    record = study.count_record(count, roofline)
+    record["device"] = "simulated H100" if simulated else f"GPU {args.gpu}"
+    if args.measure:
+        if simulated:
+            backend: Any = SimBackend(SimulatedLayerGpu(physics, args.seed))
+            record["checks"] = study.measure_record(
+                record, count, backend, jobs_of=study.sim_jobs, combine=study.joined,
+                whole_job=study.joined(study.sim_jobs(count.rows)), n_groups=args.groups,
+                window_s=args.window)
+        else:
+            from wattlab.layers.real_study import measure_real
+
+            record["checks"] = measure_real(record, model, count, gpu=args.gpu,
+                                            n_groups=args.groups, window_s=args.window)
+    if args.plan:
+        if not simulated:
+            # the model of the simulated GPU with this GPU's roofline: a prediction only
+            physics = LayerPhysics(roofline, physics.sm_clocks_mhz, physics.mem_clocks_mhz,
+                                   switch_s=physics.switch_s)
+        record["plans"] = study.plan_record(physics, count,
+                                            args.max_slowdown or study.SLOWDOWNS)
+        scope = "training step" if count.train else "forward"
+        block = record["plans"]["scopes"][scope]
+        if simulated:
+            chosen = {"default": block["default"], **{
+                f"exhaustive {e['max_slowdown']:.0%}": e["exhaustive"] for e in block["plans"]}}
+            block["executed"] = {
+                name: study.execute_plan(model, count, physics, plan, keys=block["keys"],
+                                         seed=args.seed, min_window_s=args.window).to_json()
+                for name, plan in chosen.items()}
+        else:
+            record["plans"]["note"] = ("predicted from the simulated GPU's model with this "
+                                       "GPU's measured roofline; nothing was changed")
+    return record
+

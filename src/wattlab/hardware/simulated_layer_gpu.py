@@ -1,0 +1,143 @@
+"""The simulated GPU running one layer at a time: time and power from FLOPs and bytes.
+
+Why: per-layer energy and clock plans need a GPU whose clocks can be set and whose true
+per-layer cost is known exactly, so the measurement and the plan search can be checked.
+A layer takes max(compute, memory) time plus a little of the other (imperfect overlap) and
+a launch cost; compute time scales with the SM clock, memory time with the memory clock.
+Power is idle plus the SMs' dynamic power (∝ f^k, partly burnt while stalled on memory)
+plus memory power (∝ memory clock and its utilisation); the parameters resemble an H100
+SXM (the `GpuModel` of simulated_gpu.py). Changing clocks stalls the GPU for ``switch_s``.
+
+`SimulatedLayerGpu` keeps a virtual clock and an energy counter that ticks every 100 ms in
+whole mJ, as NVML's does, so the same measurement code runs on it and on a real GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from wattlab.errors import UsageError
+from wattlab.hardware.simulated_gpu import GpuModel
+from wattlab.layers.roofline import Roofline, simulated_roofline
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class LayerPhysics:
+    """Time and power of a layer at a clock pair; top clocks are the defaults."""
+
+    roofline: Roofline  # at the top clocks
+    sm_clocks_mhz: tuple[int, ...]
+    mem_clocks_mhz: tuple[int, ...]
+    idle_w: float = 70.0
+    sm_dynamic_w: float = 520.0  # SMs fully busy at the top clock
+    sm_stall_frac: float = 0.3  # share of it burnt while the SMs wait on memory
+    clock_exponent: float = 2.7  # P ∝ f·V², V rising with f
+    mem_idle_w: float = 15.0  # memory power at the top memory clock, idle
+    mem_dynamic_w: float = 120.0  # memory fully busy at the top memory clock
+    overlap_frac: float = 0.15  # share of the shorter of compute and memory not hidden
+    launch_s: float = 4e-6
+    switch_s: float = 5e-4  # a clock change stalls the GPU this long (at idle power)
+
+    @classmethod
+    def simulated_h100(cls, dtype: str = "float32", switch_s: float = 5e-4) -> LayerPhysics:
+        m = GpuModel()
+        return cls(simulated_roofline(dtype), m.sm_clocks_mhz, m.mem_clocks_mhz,
+                   idle_w=m.idle_w, clock_exponent=m.clock_exponent, mem_idle_w=m.mem_idle_w,
+                   mem_dynamic_w=m.mem_dynamic_w, switch_s=switch_s)
+
+    @property
+    def default_pair(self) -> tuple[int, int]:
+        return max(self.sm_clocks_mhz), max(self.mem_clocks_mhz)
+
+    def pairs(self) -> tuple[FloatArray, FloatArray]:
+        """Every (SM, memory) clock pair, as two arrays."""
+        sm, mem = np.meshgrid(np.array(self.sm_clocks_mhz, float),
+                              np.array(self.mem_clocks_mhz, float), indexing="ij")
+        return sm.ravel(), mem.ravel()
+
+    def cost(self, work_flops: npt.ArrayLike, bytes_moved: npt.ArrayLike, sm_mhz: npt.ArrayLike,
+             mem_mhz: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
+        """(time s, power W), broadcast over layers and clock pairs."""
+        s = np.asarray(sm_mhz, float) / max(self.sm_clocks_mhz)
+        r = np.asarray(mem_mhz, float) / max(self.mem_clocks_mhz)
+        t_c = np.asarray(work_flops, float) / (self.roofline.peak_flops * s)
+        t_m = np.asarray(bytes_moved, float) / (self.roofline.bandwidth_bps * r)
+        t = np.maximum(t_c, t_m) + self.overlap_frac * np.minimum(t_c, t_m) + self.launch_s
+        u_c, u_m = t_c / t, t_m / t
+        sm_w = self.sm_dynamic_w * s**self.clock_exponent * (
+            self.sm_stall_frac + (1 - self.sm_stall_frac) * u_c)
+        power = self.idle_w + self.mem_idle_w * r + sm_w + self.mem_dynamic_w * r * u_m
+        return t, power
+
+    def switch_cost(self) -> tuple[float, float]:
+        """(time s, energy J) of one clock change."""
+        return self.switch_s, self.switch_s * (self.idle_w + self.mem_idle_w)
+
+
+class SimulatedLayerGpu:
+    """A virtual-time GPU: runs layer costs, changes clocks, keeps an NVML-like counter."""
+
+    def __init__(self, physics: LayerPhysics, seed: int = 0, *, settable: bool = True,
+                 noise_frac: float = 0.01, counter_period_s: float = 0.1) -> None:
+        self.physics = physics
+        self.settable = settable
+        self.noise_frac = noise_frac
+        self.counter_period_s = counter_period_s
+        self.rng = np.random.default_rng([seed, 0x1A7E])
+        self.sm_mhz, self.mem_mhz = physics.default_pair
+        self.now_s = 0.0
+        self.switches = 0
+        self._t = [0.0]  # segment ends (s) and the cumulative energy there (J)
+        self._e = [0.0]
+
+    def add_segment(self, duration_s: float, power_w: float) -> None:
+        """Advance the clock by ``duration_s`` at ``power_w`` (e.g. a run repeated)."""
+        self.now_s += duration_s
+        self._t.append(self.now_s)
+        self._e.append(self._e[-1] + duration_s * power_w)
+
+    def set_clocks(self, sm_mhz: int, mem_mhz: int) -> None:
+        """Lock both clocks (a stall of ``switch_s`` when either changes)."""
+        if (sm_mhz, mem_mhz) == (self.sm_mhz, self.mem_mhz):
+            return
+        if not self.settable:
+            raise UsageError("this GPU's clocks may not be changed here")
+        if sm_mhz not in self.physics.sm_clocks_mhz or mem_mhz not in self.physics.mem_clocks_mhz:
+            raise UsageError(f"clock pair {sm_mhz}/{mem_mhz} MHz is not supported")
+        t_s, e_j = self.physics.switch_cost()
+        self.add_segment(t_s, e_j / t_s)
+        self.sm_mhz, self.mem_mhz = sm_mhz, mem_mhz
+        self.switches += 1
+
+    def run(self, work_flops: float, bytes_moved: float, repeats: int = 1) -> float:
+        """Run one layer ``repeats`` times back to back; its time per run (s)."""
+        t, p = self.physics.cost(work_flops, bytes_moved, self.sm_mhz, self.mem_mhz)
+        t_s = float(t) * (1 + self.noise_frac * 0.5 * float(self.rng.standard_normal()))
+        p_w = float(p) * (1 + self.noise_frac * float(self.rng.standard_normal()))
+        self.add_segment(t_s * repeats, p_w)
+        return t_s
+
+    def idle(self, duration_s: float) -> None:
+        self.add_segment(duration_s, self.physics.idle_w + self.physics.mem_idle_w)
+
+    @property
+    def energy_j(self) -> float:
+        """True energy since the start (J)."""
+        return self._e[-1]
+
+    def true_energy_j(self, t0_s: float, t1_s: float) -> float:
+        e = np.interp([t0_s, t1_s], self._t, self._e)
+        return float(e[1] - e[0])
+
+    def counter_ticks(self, t0_s: float, t1_s: float) -> tuple[FloatArray, FloatArray]:
+        """(tick times s, counter J) of every counter update within [t0, t1], whole mJ."""
+        p = self.counter_period_s
+        ticks = np.arange(math.ceil(t0_s / p), math.floor(t1_s / p) + 1) * p
+        counter = np.floor(np.interp(ticks, self._t, self._e) * 1e3) / 1e3
+        return ticks.astype(np.float64), np.asarray(counter, dtype=np.float64)

@@ -1,0 +1,164 @@
+"""Which SM and memory clock each layer runs at: exhaustive search and the thesis heuristic.
+
+Why dynamic programming: with a cost for every clock change, the best clock pair of a layer
+depends on its neighbours'. The search minimises E + λ·T over every plan exactly (the
+state is the pair in force; a layer either keeps it or pays one switch, so each layer
+costs O(pairs)), and a bisection on λ finds the least energy within a time bound. Every λ
+also gives a lower bound on the constrained optimum (E*(λ) − λ·T_max, Lagrangian duality),
+so each plan carries ``gap_j``: how far above the true optimum it can at most be.
+
+The heuristic (arithmetic intensity, as in the Chalmers thesis): a memory-bound layer keeps
+the top memory clock and takes the lowest SM clock whose compute time stays hidden under
+its memory time; a compute-bound layer keeps the top SM clock and the lowest memory clock
+whose memory time stays under its compute time (each within the slowdown allowed). It
+predicts from the roofline alone; its plan is then costed on the same surface, switches
+included.
+
+A plan starts and ends at the default clocks (a step repeats: each begins where the default
+left it), so switching into the first layer's pair and back is counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from wattlab.errors import UsageError
+from wattlab.layers.roofline import Roofline
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass
+class Surface:
+    """Time and energy of every layer (rows) at every clock pair (columns)."""
+
+    time_s: FloatArray  # layers x pairs
+    energy_j: FloatArray
+    sm_mhz: FloatArray  # per pair
+    mem_mhz: FloatArray
+    default: int  # index of the default pair
+    switch_s: float
+    switch_j: float
+
+    def __post_init__(self) -> None:
+        if self.time_s.shape != self.energy_j.shape or self.time_s.shape[1] != len(self.sm_mhz):
+            raise UsageError("a surface needs time and energy for every layer and clock pair")
+
+
+@dataclass
+class Plan:
+    """A clock pair per layer, with its cost on the surface."""
+
+    name: str
+    choice: IntArray  # pair index per layer
+    time_s: float
+    energy_j: float
+    switches: int
+    gap_j: float | None = None  # at most this far above the optimum within the time bound
+
+    def to_json(self, surface: Surface, base: Plan) -> dict[str, Any]:
+        return {"name": self.name, "time_s": self.time_s, "energy_j": self.energy_j,
+                "switches": self.switches, "gap_j": self.gap_j,
+                "energy_saving": 1 - self.energy_j / base.energy_j,
+                "slowdown": self.time_s / base.time_s - 1,
+                # what the same choice would save if clock changes cost nothing
+                "saving_free_switches": 1 - (self.energy_j - self.switches * surface.switch_j)
+                / base.energy_j,
+                "sm_mhz": [int(surface.sm_mhz[c]) for c in self.choice],
+                "mem_mhz": [int(surface.mem_mhz[c]) for c in self.choice]}
+
+
+def evaluate(surface: Surface, choice: Sequence[int] | IntArray, name: str = "") -> Plan:
+    """Cost of a plan: its layers plus a switch wherever the pair changes (from and to default)."""
+    c = np.asarray(choice, dtype=np.int64)
+    path = np.concatenate([[surface.default], c, [surface.default]])
+    switches = int(np.count_nonzero(np.diff(path)))
+    rows = np.arange(c.shape[0])
+    return Plan(name, c, float(surface.time_s[rows, c].sum() + switches * surface.switch_s),
+                float(surface.energy_j[rows, c].sum() + switches * surface.switch_j), switches)
+
+
+def min_weighted(surface: Surface, lam: float) -> tuple[IntArray, float]:
+    """The plan minimising E + λ·T exactly, and that minimum."""
+    cost = surface.energy_j + lam * surface.time_s
+    sw = surface.switch_j + lam * surface.switch_s
+    n_layers, n_pairs = cost.shape
+    value = np.full(n_pairs, sw)
+    value[surface.default] = 0.0
+    stay = np.zeros((n_layers, n_pairs), dtype=bool)
+    came = np.zeros(n_layers, dtype=np.int64)  # best pair before layer l (for a switch)
+    for layer in range(n_layers):
+        if layer == 0:
+            came[0] = surface.default
+            stay[0] = np.arange(n_pairs) == surface.default
+        else:
+            came[layer] = int(np.argmin(value))
+            switch_in = value[came[layer]] + sw
+            stay[layer] = value <= switch_in
+            value = np.minimum(value, switch_in)
+        value = value + cost[layer]
+    end = value + np.where(np.arange(n_pairs) == surface.default, 0.0, sw)
+    p = int(np.argmin(end))
+    choice = np.zeros(n_layers, dtype=np.int64)
+    for layer in range(n_layers - 1, -1, -1):
+        choice[layer] = p
+        if not stay[layer, p]:
+            p = int(came[layer])
+    return choice, float(end.min())
+
+
+def best_within(surface: Surface, max_slowdown: float, name: str = "exhaustive",
+                iterations: int = 60) -> Plan:
+    """Least-energy plan whose time is within (1 + max_slowdown) × the default plan's."""
+    if max_slowdown < 0:
+        raise UsageError(f"--max-slowdown must be >= 0, got {max_slowdown}")
+    base = evaluate(surface, np.full(surface.time_s.shape[0], surface.default))
+    bound_s = base.time_s * (1 + max_slowdown)
+    best, lower = base, -math.inf
+
+    def trial(lam: float) -> bool:
+        nonlocal best, lower
+        choice, value = min_weighted(surface, lam)
+        plan = evaluate(surface, choice)
+        lower = max(lower, value - lam * bound_s)
+        if plan.time_s <= bound_s * (1 + 1e-12) and plan.energy_j < best.energy_j:
+            best = plan
+        return plan.time_s <= bound_s * (1 + 1e-12)
+
+    lo, hi = 0.0, base.energy_j / base.time_s
+    if not trial(lo):
+        while not trial(hi):
+            lo, hi = hi, hi * 4
+        for _ in range(iterations):
+            mid = 0.5 * (lo + hi)
+            if trial(mid):
+                hi = mid
+            else:
+                lo = mid
+    best.name = name
+    best.gap_j = max(0.0, best.energy_j - lower)
+    return best
+
+
+def heuristic(surface: Surface, work_flops: FloatArray, bytes_moved: FloatArray,
+              roofline: Roofline, max_slowdown: float = 0.0) -> Plan:
+    """The arithmetic-intensity rule (module doc), costed on the surface."""
+    sm_top, mem_top = surface.sm_mhz.max(), surface.mem_mhz.max()
+    t_c = work_flops[:, None] / roofline.peak_flops * (sm_top / surface.sm_mhz[None, :])
+    t_m = bytes_moved[:, None] / roofline.bandwidth_bps * (mem_top / surface.mem_mhz[None, :])
+    allowed = np.maximum(work_flops / roofline.peak_flops,
+                         bytes_moved / roofline.bandwidth_bps)[:, None] * (1 + max_slowdown)
+    memory_bound = (work_flops / bytes_moved < roofline.ridge)[:, None]
+    # memory-bound: top memory clock, SM as low as keeps compute hidden; compute-bound: mirror
+    ok = np.where(memory_bound, (surface.mem_mhz == mem_top)[None, :] & (t_c <= allowed),
+                  (surface.sm_mhz == sm_top)[None, :] & (t_m <= allowed))
+    clock = np.where(memory_bound, surface.sm_mhz[None, :], surface.mem_mhz[None, :])
+    choice = np.argmin(np.where(ok, clock, np.inf), axis=1)
+    return evaluate(surface, choice, "heuristic")

@@ -1,0 +1,52 @@
+"""`wattlab layers --measure` on a real GPU: its layers' energy, reading the GPU only.
+
+Why apart from study.py: it needs CUDA, PyTorch on the GPU and NVML, none of which the
+simulated path touches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from wattlab.layers import study
+from wattlab.layers.counting import LayerCount, LayerRow
+from wattlab.layers.torch_backend import (
+    TorchBackend,
+    capture_inputs,
+    group_job,
+    layer_job,
+    step_job,
+)
+
+
+def measure_real(record: dict[str, Any], model: Any, count: LayerCount, *, gpu: int,
+                 n_groups: int, window_s: float,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure every row of ``count`` and the whole pass on CUDA device ``gpu``.
+
+    NVML's GPU ``gpu`` must be CUDA's device ``gpu`` (true unless CUDA_VISIBLE_DEVICES
+    reorders them).
+    """
+    import torch
+
+    from wattlab.drivers.nvml import NvmlDriver
+
+    torch.cuda.set_device(gpu)
+    dtype = getattr(torch, count.dtype)
+    model = model.to("cuda", dtype).train(count.train)
+    x = torch.randn(count.input_shape, device="cuda", dtype=dtype)
+    inputs = capture_inputs(model, x)
+    driver = NvmlDriver()
+    driver.open()
+    try:
+        backend = TorchBackend(lambda: driver.read_energy_j(gpu))
+
+        def jobs_of(rows: Sequence[LayerRow]) -> list[Any]:
+            return [layer_job(model, r, inputs) for r in rows]
+
+        return study.measure_record(record, count, backend, jobs_of=jobs_of,
+                                    combine=group_job, whole_job=step_job(model, x, count.train),
+                                    n_groups=n_groups, window_s=window_s, progress=progress)
+    finally:
+        driver.close()
