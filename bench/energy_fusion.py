@@ -9,7 +9,7 @@ phase of 2 s or more is compared with the buffer's: "before" is `wattlab energy
 --calibration` (shift by the delay, rescale), "after" is `--deconvolve` (energy_fusion),
 with the average alone and with the instant reading's record too. Phases: marked ones of
 2 s or more, consecutive marked steps joined into spans of 2 s or more (edges where the
-load changes), and 2 s windows slid over the run (edges anywhere). Prints a table and
+load changes), and windows of 2-3.5 s slid over the run (edges anywhere). Prints a table and
 writes results/energy_fusion.json.
 """
 
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import DATA, machine, write_json
 
 import wattlab
+from common import DATA, machine, write_json
 from wattlab.analysis.calibration import calibrate
 from wattlab.analysis.energy import Phase, energy_report, phases_from_markers
 from wattlab.analysis.energy_fusion import fuse_records
@@ -61,9 +61,12 @@ def errors(path: str, reference: str, records: list[dict[str, Any]], force: bool
         phases = phases_from_markers(run.markers)
         marked = {p.label for p in phases if p.duration_s >= LONG_S}
         spans = joined(phases)
-        ref_view = run.source(reference.split(":")[0])
+        ref_view = run.source(reference.split(":", maxsplit=1)[0])
         t0, t1 = float(ref_view.time_ns[0]) / 1e9, float(ref_view.time_ns[-1]) / 1e9
-        slides = [(a, a + LONG_S) for a in np.arange(t0 + 1.5, t1 - LONG_S - 0.5, SLIDE_STEP_S)]
+        # 2-3.5 s long: a whole number of windows would be a telescoping sum, exact by itself
+        starts = np.arange(t0 + 1.5, t1 - 2 * LONG_S, SLIDE_STEP_S)
+        lengths = np.random.default_rng(0).uniform(LONG_S, 1.75 * LONG_S, starts.size)
+        slides = [(float(a), float(a + n)) for a, n in zip(starts, lengths, strict=True)]
         windows = spans + slides
         kinds = {f"window#{i}" if i else "window": ("joined" if i < len(spans) else "sliding")
                  for i in range(len(windows))}

@@ -356,7 +356,7 @@ def default_reference(run: Run) -> str | None:
     return None
 
 
-def energy_report(run: Run, by_marker: bool = True, reference: str | None = None,
+def energy_report(run: Run, by_marker: bool = True, reference: str | None = None, *,
                   calibration: dict[str, Any] | None = None,
                   windows: Sequence[tuple[float, float]] = (),
                   fusion: Fusion | None = None) -> dict[str, Any]:

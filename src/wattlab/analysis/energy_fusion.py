@@ -142,7 +142,7 @@ def _rows(win: Windows, edges_s: FloatArray) -> tuple[npt.NDArray[np.int64], Flo
     step = float(edges_s[1] - edges_s[0])
     start = win.end_s - win.width_s
     first = np.floor((start - edges_s[0]) / step).astype(np.int64)
-    span = int(math.ceil(win.width_s / step)) + 1
+    span = math.ceil(win.width_s / step) + 1
     cols = first[:, None] + np.arange(span)[None, :]
     lo = np.maximum(edges_s[0] + cols * step, start[:, None])
     hi = np.minimum(edges_s[0] + (cols + 1) * step, win.end_s[:, None])
@@ -180,8 +180,8 @@ def fuse(views: list[Windows], *, period_s: float, bins_per_update: int = BINS_P
     # covered, by the prior alone, and its variance says so
     t0 = min(float((v.end_s - v.width_s).min()) for v in views) - period_s
     t1 = max(float(v.end_s.max()) for v in views) + period_s
-    n = int(math.ceil((t1 - t0) / step))
-    edges = t0 + step * np.arange(n + 1)
+    n = math.ceil((t1 - t0) / step)
+    edges = np.asarray(t0 + step * np.arange(n + 1), dtype=np.float64)
     rows = [_rows(v, edges) for v in views]
     band = max(w.shape[1] for _, w in rows)
     sigma = {v.name: (1.0 if i == 0 else 20.0) for i, v in enumerate(views)}
