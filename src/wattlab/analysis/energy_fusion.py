@@ -25,6 +25,7 @@ import numpy.typing as npt
 from scipy.linalg import cho_solve_banded, cholesky_banded
 
 from wattlab.analysis.calibration import target_updates, update_instants
+from wattlab.analysis.energy import correction_terms
 from wattlab.analysis.run_file import Run
 from wattlab.errors import UsageError
 
@@ -83,11 +84,7 @@ def windows_from_record(run: Run, record: dict[str, Any], *, force: bool = False
                          "interval (record with the default polls, faster than the updates; "
                          "--force-calibration: deconvolve anyway)")
     p = record["params"]
-
-    def pair(obj: dict[str, Any]) -> tuple[float, float]:
-        return float(obj["value"]), float(obj.get("se") or 0.0)
-
-    gain, offset = pair(p["gain"]), pair(p["offset_w"])
+    gain, offset, _ = correction_terms(record)
     eff_se = record.get("effective_delay_s", {}).get("se")
     return Windows(where, times_s - float(p["tau_s"]["value"]), float(p["w_s"]["value"]),
                    (values - offset[0]) / gain[0], gain, offset,
