@@ -490,6 +490,19 @@ def _held_lattice(view: SourceView, channel: str, first_seen_s: FloatArray, poll
     return polled.update_t_s, polled.period_s, polled.period_se_s, delay
 
 
+def update_instants(view: SourceView, channel: str) -> tuple[FloatArray, FloatArray, float] | None:
+    """(update instants s, readings, period s) of a held stream, or None off a lattice.
+
+    Why: a reading is an exact window integral only at the instant the driver computed it;
+    first-seen times add up to a poll of jitter, which a deconvolution cannot tell from power.
+    """
+    first_seen, values, held, poll_s = target_updates(view, channel)
+    lattice = _held_lattice(view, channel, first_seen, poll_s) if held else None
+    if lattice is None:
+        return None
+    return lattice[0], values, lattice[1]
+
+
 def _ref_grid(run: Run, view: SourceView, channel: str, span: tuple[float, float],
               rate_hz: float) -> tuple[_Ref, Cumulative]:
     """The reference on the fine grid, and its running integral there (one pass)."""

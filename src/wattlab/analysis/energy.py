@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,9 @@ from wattlab.analysis.counter_shape import ShapeSource, shape_source, shaped_edg
 from wattlab.analysis.counter_ticks import COUNTER_UPDATE_S, at_updates
 from wattlab.analysis.run_file import MarkerRow, Run, SourceView
 from wattlab.errors import UsageError
+
+if TYPE_CHECKING:  # energy_fusion imports calibration, which imports this module
+    from wattlab.analysis.energy_fusion import Fusion
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -353,10 +356,14 @@ def default_reference(run: Run) -> str | None:
     return None
 
 
-def energy_report(run: Run, by_marker: bool = True, reference: str | None = None,
+def energy_report(run: Run, by_marker: bool = True, reference: str | None = None, *,
                   calibration: dict[str, Any] | None = None,
-                  windows: Sequence[tuple[float, float]] = ()) -> dict[str, Any]:
+                  windows: Sequence[tuple[float, float]] = (),
+                  fusion: Fusion | None = None) -> dict[str, Any]:
     """Energy per stream and phase; errors vs the reference; optional NVML correction.
+
+    ``fusion`` (``energy_fusion.fuse_records``): its stream's corrected energy is the sum
+    of the deconvolved power over each phase, where the phase lies inside what it recovered.
 
     ``windows`` adds phases by time, (start, end) in session seconds, for spans no marker
     names (a load logged by another process, a stretch seen in a plot).
@@ -413,6 +420,17 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
             row.notes += warn
         rows += got
         notes += [f"{view.source_id}:{channel}: {w}" for w in warn]
+    if fusion is not None:
+        notes.append(fusion.describe())
+        for row in rows:
+            if f"{row.source}:{row.channel}" != fusion.main.name or row.energy_j is None:
+                continue
+            e, se = fusion.energy_j(row.t0_s, row.t1_s)
+            if math.isfinite(e):
+                row.corrected_j, row.corrected_se_j = e, se
+                row.notes.append("corrected: deconvolved")
+            else:
+                row.notes.append("outside the deconvolved span: not deconvolved")
     power_edges = {(v.source_id, ch): resolution.power_edge_s(
         median_spacing_s(v), resolution.channel_lag_s(channel_meaning(v, ch), ch))
         for v, ch, m in streams if m == "power"}
@@ -459,7 +477,8 @@ def format_report(report: dict[str, Any]) -> str:
     """
     corrected = any(r["corrected_j"] is not None for r in report["rows"])
     head = (f"{'stream':<40} {'energy J':>12} {'± J':>8} {'mean W':>9} {'uncov s':>8} "
-            f"{'err %':>7}" + (f" {'corr J':>11} {'corr err %':>10}" if corrected else ""))
+            f"{'err %':>7}" + (f" {'corr J':>11} {'± J':>8} {'corr err %':>10}" if corrected
+                               else ""))
     lines = [f"reference: {report['reference'] or '- (no external meter in this run)'}"]
     by_phase: dict[str, list[dict[str, Any]]] = {}
     for r in report["rows"] + report.get("group_rows", []):
@@ -484,6 +503,7 @@ def format_report(report: dict[str, Any]) -> str:
                     f"{r['uncovered_s']:8.3f} {num(r['error_pct'], '.2f', 7)}")
             if corrected:
                 line += (f" {num(r['corrected_j'], '.2f', 11)} "
+                         f"{num(r['corrected_se_j'], '.2f', 8)} "
                          f"{num(r['corrected_error_pct'], '.2f', 10)}")
             lines.append(line)
     unresolved = [c for c in report.get("chosen", []) if c["stream"] is None]

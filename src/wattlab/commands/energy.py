@@ -1,6 +1,7 @@
 """`wattlab energy RUN [--by-marker] [--window T0:T1] [--json]`: joules per phase.
 
-``--calibration cal.json`` corrects NVML energy with a record from `wattlab calibrate`.
+``--calibration cal.json`` corrects NVML energy with a record from `wattlab calibrate`;
+``--deconvolve`` does it by deconvolving the record's windows (``energy_fusion``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import argparse
 import json
 import math
 from typing import Any
+
+from wattlab.errors import UsageError
 
 
 def window_s(text: str) -> tuple[float, float]:
@@ -34,8 +37,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "(repeatable)")
     p.add_argument("--reference", metavar="SRC[:CHANNEL]",
                    help="stream the errors are relative to (default: the first non-NVML meter)")
-    p.add_argument("--calibration", metavar="CAL.json",
-                   help="correct NVML energy with a record from `wattlab calibrate -o`")
+    p.add_argument("--calibration", metavar="CAL.json", action="append", default=[],
+                   help="correct NVML energy with a record from `wattlab calibrate -o` "
+                        "(with --deconvolve, again for the instant reading's record)")
+    p.add_argument("--deconvolve", action="store_true",
+                   help="correct by deconvolving the 1 s average's overlapping windows on "
+                        "its update lattice (the first --calibration; docs/energy_fusion.md)")
     p.add_argument("--force-calibration", action="store_true",
                    help="apply a calibration record even if its data could not pin the kernel")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -48,14 +55,22 @@ def run(args: argparse.Namespace) -> int:
     from wattlab.analysis.energy import energy_report, format_report
     from wattlab.analysis.run_file import Run
 
-    record = None
-    if args.calibration:
-        from wattlab.analysis.calibration import load_record
+    if args.deconvolve and not args.calibration:
+        raise UsageError("--deconvolve needs --calibration: the record of the 1 s average")
+    if len(args.calibration) > 1 and not args.deconvolve:
+        raise UsageError("a second --calibration is only for --deconvolve (the instant's)")
+    from wattlab.analysis.calibration import load_record
 
-        record = load_record(args.calibration, force=args.force_calibration)
+    records = [load_record(path, force=args.force_calibration) for path in args.calibration]
     with Run(args.run) as run_file:
+        fusion = None
+        if args.deconvolve:
+            from wattlab.analysis.energy_fusion import fuse_records
+
+            fusion = fuse_records(run_file, records, force=args.force_calibration)
         report = energy_report(run_file, by_marker=args.by_marker, reference=args.reference,
-                               calibration=record, windows=args.window)
+                               calibration=records[0] if records else None,
+                               windows=args.window, fusion=fusion)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
