@@ -204,6 +204,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
                    help="an external meter, e.g. powersensor3:/dev/ttyACM0 or "
                         "wall=wt300e:USB0::0x0B21::0x0025::...::INSTR (repeatable)")
+    p.add_argument("--rapl", nargs="?", const="/sys/class/powercap", metavar="PATH",
+                   help="also record CPU package and DRAM energy from Linux powercap (RAPL) "
+                        "at PATH (default /sys/class/powercap; an emulated tree for tests); "
+                        "the same as --meter rapl:PATH")
     faults = p.add_argument_group("fault tolerance (see docs/reliability.md)")
     faults.add_argument("--source-processes", action="store_true",
                         help="run each GPU reader and meter in its own process")
@@ -289,6 +293,8 @@ def fault_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rapl:
+        args.meter = [*args.meter, f"rapl:{args.rapl}"]
     command = command_of(args)
     if not command and args.duration is None:
         raise UsageError("record needs a command after '--' or --duration S")
