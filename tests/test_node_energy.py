@@ -1,4 +1,4 @@
-"""What each GPU stream measures, honest fallbacks, and the node report that adds each joule once."""
+"""What each GPU stream measures, honest fallbacks, and a node report adding each joule once."""
 
 from __future__ import annotations
 

@@ -47,6 +47,8 @@ class Part:
 
 @dataclass
 class NodeTotals:
+    """A node's parts; its measured total adds only the parts marked ``added``."""
+
     node: str
     parts: list[Part] = field(default_factory=list)
 
@@ -172,7 +174,7 @@ def node_report(run: Run, wall: str | None = None) -> dict[str, Any]:
         walls = [p for p in node.parts if p.part == "wall" and p.energy_j is not None]
         unmeasured = None
         if walls:
-            unmeasured = {"energy_j": walls[0].energy_j - measured_j,
+            unmeasured = {"energy_j": (walls[0].energy_j or 0.0) - measured_j,
                           "uncertainty_j": math.hypot(walls[0].uncertainty_j or 0.0,
                                                       measured_unc_j),
                           "how": "wall minus the measured parts: power-supply loss, fans, "
