@@ -25,8 +25,8 @@ from common import write_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import wattlab  # noqa: E402
-from wattlab.hardware.powercap_emulator import PowercapEmulator, Zone  # noqa: E402
+import wattlab
+from wattlab.hardware.powercap_emulator import PowercapEmulator, Zone
 
 
 def tree() -> list[Zone]:

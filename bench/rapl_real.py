@@ -26,10 +26,10 @@ from common import write_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import wattlab  # noqa: E402
-from wattlab.acquisition.rapl_source import powercap_readable  # noqa: E402
-from wattlab.drivers.powercap import discover, read_uj  # noqa: E402
-from wattlab.errors import MeterError  # noqa: E402
+import wattlab
+from wattlab.acquisition.rapl_source import powercap_readable
+from wattlab.drivers.powercap import discover, read_uj
+from wattlab.errors import MeterError
 
 OWN_PERIOD_S = 0.02
 
@@ -116,7 +116,8 @@ def main() -> int:
               f"{r['recorded_j']:12.3f} {r['own_counter_j']:12.3f} {diff}")
     worst = max((abs(r["diff_pct"]) for r in results if r["diff_pct"] is not None), default=0.0)
     print(f"worst |difference|: {worst:.4f} % (goal < 0.1 %)")
-    print(f"json: {write_json('rapl_real', {'readable': True, 'zones': results, 'worst_pct': worst})}")
+    result = {"readable": True, "seconds": args.seconds, "zones": results, "worst_pct": worst}
+    print(f"json: {write_json('rapl_real', result)}")
     return 0 if worst < 0.1 else 1
 
 
