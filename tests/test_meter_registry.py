@@ -12,7 +12,8 @@ from wattlab.commands.emulate import emulated_kinds
 
 
 def test_every_meter_module_registered_its_kinds_in_order() -> None:
-    assert list(meter_kinds()) == ["powersensor3", "pmd", "wt300e", "hmc8015", "mcp39f511"]
+    assert list(meter_kinds()) == ["powersensor3", "pmd", "wt300e", "hmc8015", "mcp39f511",
+                                  "rapl"]
     assert list(KINDS) == ["nvml", *meter_kinds()]
 
 

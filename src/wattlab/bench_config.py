@@ -113,8 +113,9 @@ class DeviceConfig:
 
     @property
     def address(self) -> str:
-        """The serial port or VISA resource of a meter."""
-        return str(self.options.get("port") or self.options.get("resource") or "")
+        """The serial port, VISA resource or folder (powercap) of a meter."""
+        return str(self.options.get("port") or self.options.get("resource")
+                   or self.options.get("path") or "")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ METER_MODULES = (  # in the order meters are listed (bench template, error messa
     "wattlab.acquisition.pmd_source",
     "wattlab.acquisition.scpi_sources",
     "wattlab.acquisition.mcp39f511_source",
+    "wattlab.acquisition.rapl_source",
 )
 
 

@@ -65,6 +65,24 @@ STATE_UNITS = {
 }
 
 
+def energy_source(missing: Mapping[str, str], streams: Collection[str],
+                  ids: Mapping[str, str]) -> str:
+    """Where this GPU's energy comes from: its counter, or which stream is integrated and why.
+
+    Pre-Volta GPUs (and some vGPU guests) answer NOT_SUPPORTED for the energy counter; the
+    energy is then the integral of the best power stream recorded, never 0 J.
+    """
+    if "energy_j" not in missing and "energy" in streams:
+        return f"counter: {ids['energy']}:energy_j ({NVML_CALLS['energy_j']})"
+    why = (f"{NVML_CALLS['energy_j']} is not supported ({missing['energy_j']})"
+           if "energy_j" in missing else "the energy stream was not recorded")
+    for key, channel, call in (("samples", "power_w", "samples_power_w"),
+                               ("power", "average_power_w", "average_power_w")):
+        if call not in missing and key in streams:
+            return f"integrated: {ids[key]}:{channel}, because {why}"
+    return f"none: {why}, and no power stream was recorded"
+
+
 def parse_streams(text: str | Collection[str]) -> tuple[str, ...]:
     """``"all"``, ``"samples,energy"`` or a list of names: the NVML streams to record, in order."""
     names = text.split(",") if isinstance(text, str) else list(text)
@@ -171,6 +189,7 @@ class NvmlAcquirer:
         try:
             info = self.driver.device_info(self.gpu)
             self.missing = {**info.missing, **self.driver.probe(self.gpu)}
+            scope = self.driver.scope(self.gpu, info.name)
         except Exception:
             self.close()
             raise
@@ -194,6 +213,8 @@ class NvmlAcquirer:
             "intervals_s": dict(self.intervals_s),
             "streams": list(self.streams),
             "unix_minus_monotonic_ns": self.unix_minus_monotonic_ns,
+            "scope": scope.to_json(),
+            "energy_source": energy_source(self.missing, self.streams, self.ids),
         }
 
         def describe(key: str, channels: list[tuple[str, str, str]], **extra: Any) -> None:

@@ -84,6 +84,11 @@ class SourceView:
     def __len__(self) -> int:
         return int(self._group["time"].shape[0])
 
+    @property
+    def remote_host(self) -> str:
+        """The agent that sent this stream ("" for the recorder's own host)."""
+        return str(self.descriptor.get("remote_host") or self._group.attrs.get("remote_host", ""))
+
     def __repr__(self) -> str:
         return f"<SourceView {self.source_id} {self.kind} {len(self)} rows {self.channel_names}>"
 

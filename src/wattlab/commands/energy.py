@@ -45,6 +45,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "its update lattice (the first --calibration; docs/energy_fusion.md)")
     p.add_argument("--force-calibration", action="store_true",
                    help="apply a calibration record even if its data could not pin the kernel")
+    p.add_argument("--node", action="store_true",
+                   help="split the run into each node's GPU, CPU, DRAM and wall energy, each "
+                        "joule once, with what is unmeasured and the job total "
+                        "(docs/node-energy.md)")
+    p.add_argument("--wall", metavar="SRC[:CHANNEL]",
+                   help="with --node: the stream that measures the node's AC power (default: "
+                        "a stream named wall)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
@@ -55,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from wattlab.analysis.energy import energy_report, format_report
     from wattlab.analysis.run_file import Run
 
+    if args.node or args.wall:
+        return node_run(args)
     if args.deconvolve and not args.calibration:
         raise UsageError("--deconvolve needs --calibration: the record of the 1 s average")
     if len(args.calibration) > 1 and not args.deconvolve:
@@ -75,4 +84,20 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(format_report(report))
+    return 0
+
+
+def node_run(args: argparse.Namespace) -> int:
+    """``--node``: the node split instead of the per-stream table."""
+    from wattlab.analysis.node_energy import format_node_report, node_report
+    from wattlab.analysis.run_file import Run
+
+    if not args.node:
+        raise UsageError("--wall needs --node")
+    if args.by_marker or args.window or args.calibration or args.reference or args.deconvolve:
+        raise UsageError("--node covers the whole run: drop --by-marker, --window, "
+                         "--reference, --calibration and --deconvolve")
+    with Run(args.run) as run_file:
+        report = node_report(run_file, wall=args.wall)
+    print(json.dumps(report, indent=2) if args.json else format_node_report(report))
     return 0

@@ -204,6 +204,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
                    help="an external meter, e.g. powersensor3:/dev/ttyACM0 or "
                         "wall=wt300e:USB0::0x0B21::0x0025::...::INSTR (repeatable)")
+    p.add_argument("--rapl", nargs="?", const="/sys/class/powercap", metavar="PATH",
+                   help="also record CPU package and DRAM energy from Linux powercap (RAPL) "
+                        "at PATH (default /sys/class/powercap; an emulated tree for tests); "
+                        "the same as --meter rapl:PATH")
+    p.add_argument("--per-node", action="store_true",
+                   help="under torchrun, torch.distributed or MPI: only one process per node "
+                        "(local rank 0, holding a node-local lock) records; the other ranks "
+                        "run the command unrecorded. '{node}' in -o becomes the node rank "
+                        "(docs/node-energy.md)")
     faults = p.add_argument_group("fault tolerance (see docs/reliability.md)")
     faults.add_argument("--source-processes", action="store_true",
                         help="run each GPU reader and meter in its own process")
@@ -288,7 +297,29 @@ def fault_options(args: argparse.Namespace) -> dict[str, Any]:
             "backlog_bytes": int(args.backlog_mb * 2**20)}
 
 
+def run_per_node(args: argparse.Namespace) -> int:
+    """``--per-node``: record if this process is the node's recorder, else just run the command."""
+    import os
+
+    from wattlab.integrations.ranks import node_rank, node_recorder
+
+    command = command_of(args)
+    if not command:
+        raise UsageError("--per-node needs the command after '--' (the rank's workload)")
+    with node_recorder() as election:
+        print(f"wattlab: {election.why}", file=sys.stderr, flush=True)
+        if election.records:
+            args.per_node = False
+            args.output = (args.output or default_output("run")).replace("{node}", node_rank())
+            return run(args)
+    os.execvp(command[0], command)  # this rank's workload, unrecorded; never returns
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.per_node:
+        return run_per_node(args)
+    if args.rapl:
+        args.meter = [*args.meter, f"rapl:{args.rapl}"]
     command = command_of(args)
     if not command and args.duration is None:
         raise UsageError("record needs a command after '--' or --duration S")

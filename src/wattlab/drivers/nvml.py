@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pynvml  # the pure-Python binding; the C library is only loaded by nvmlInit
 
+from wattlab.drivers.gpu_scope import VIRTUALIZATION, GpuScope
 from wattlab.drivers.nvml_samples import VALUE_MEMBERS, SampleDrain, UnknownValueType
 from wattlab.errors import NvmlError, NvmlMissingError, UsageError
 
@@ -273,6 +274,34 @@ class NvmlDriver:
         if status is not None:
             missing["instant_power_w"] = status
         return missing
+
+    def scope(self, gpu: int, name: str) -> GpuScope:
+        """MIG mode, virtualisation mode and module power of a GPU: what its readings cover.
+
+        A module is a GPU that answers the module power scope and is named a Grace module
+        (GH200, GB200): there NVML's power and energy cover CPU, GPU and memory together.
+        Calls a GPU does not support leave the plain case (no MIG, bare metal, board power).
+        """
+        lib, h = self.lib, self.handle(gpu)
+
+        def ask(fn: Callable[[], Any]) -> Any:
+            try:
+                return fn()
+            except pynvml.NVMLError as e:
+                if _is_not_supported(e) or getattr(e, "value", None) in (
+                        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_NOT_FOUND):
+                    return None
+                raise NvmlError(f"GPU {gpu}: reading what its power covers failed: {e}") from e
+
+        mig = ask(lambda: lib.nvmlDeviceGetMigMode(h))
+        mode = ask(lambda: lib.nvmlDeviceGetVirtualizationMode(h))
+        field = ask(lambda: lib.nvmlDeviceGetFieldValues(
+            h, [(pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_POWER_SCOPE_MODULE)]))
+        module_scope = field is not None and field[0].nvmlReturn == pynvml.NVML_SUCCESS
+        grace = any(tag in name.upper() for tag in ("GH200", "GB200", "GRACE"))
+        return GpuScope(mig=bool(mig) and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE,
+                        virtualization=VIRTUALIZATION.get(int(mode or 0), str(mode)),
+                        module=module_scope and grace)
 
     # ------------------------------------------------------------------ readings
 

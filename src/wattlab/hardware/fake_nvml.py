@@ -133,6 +133,16 @@ class FakeNvml:
         """Board part number."""
         return self._gpu(handle, "nvmlDeviceGetBoardPartNumber").board_part_number
 
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        """[current, pending] MIG mode (``NVML_DEVICE_MIG_ENABLE`` / ``_DISABLE``)."""
+        gpu = self._gpu(handle, "nvmlDeviceGetMigMode")
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetVirtualizationMode(self, handle: Any) -> int:
+        """``NVML_GPU_VIRTUALIZATION_MODE_*``: none, passthrough, a vGPU guest, a vGPU host."""
+        return self._gpu(handle, "nvmlDeviceGetVirtualizationMode").virtualization_mode
+
     # ------------------------------------------------------------------ power
 
     def _samples_newer(self, handle: Any, sampling_type: int, since_us: int) -> tuple[Any, Any]:
@@ -201,7 +211,9 @@ class FakeNvml:
             values[i].fieldId = field_id
             values[i].scopeId = scope_id
             reader = readers.get(field_id)
-            if reader is None or not gpu.supports(reader[0]):
+            module_scope = scope_id == pynvml.NVML_POWER_SCOPE_MODULE
+            if reader is None or not gpu.supports(reader[0]) or (
+                    module_scope and not gpu.module_power):
                 values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                 continue
             values[i].nvmlReturn = pynvml.NVML_SUCCESS

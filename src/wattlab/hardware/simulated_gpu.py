@@ -222,7 +222,10 @@ class SimulatedGpu:
 
     ``unsupported`` names NVML calls/fields this GPU lacks (e.g. ``"NVML_FI_DEV_POWER_INSTANT"``,
     ``"nvmlDeviceGetSerial"``); the fake NVML answers NOT_SUPPORTED for them. ``settable=False``
-    makes the setters answer NO_PERMISSION, as on a machine without root.
+    makes the setters answer NO_PERMISSION, as on a machine without root. ``mig``,
+    ``virtualization_mode`` (an ``NVML_GPU_VIRTUALIZATION_MODE_*``) and ``module_power`` (a
+    GH200-style module whose readings cover CPU, GPU and memory) shape what capability
+    detection finds.
     """
 
     def __init__(
@@ -238,8 +241,14 @@ class SimulatedGpu:
         unsupported: Collection[str] = (),
         settable: bool = True,
         history_s: float = HISTORY_S,
+        mig: bool = False,
+        virtualization_mode: int = 0,
+        module_power: bool = False,
     ) -> None:
         self.index = index
+        self.mig = mig
+        self.virtualization_mode = virtualization_mode
+        self.module_power = module_power
         self.seed = seed
         self.model = model or GpuModel()
         self.schedule = schedule or WorkloadSchedule.demo(seed)

@@ -1,0 +1,122 @@
+"""What each GPU stream measures, honest fallbacks, and a node report adding each joule once."""
+
+from __future__ import annotations
+
+import pynvml
+import pytest
+
+import wattlab
+from wattlab.acquisition.nvml_source import NvmlAcquirer
+from wattlab.acquisition.rapl_source import RaplAcquirer
+from wattlab.acquisition.session import Session
+from wattlab.analysis.node_energy import format_node_report, node_report
+from wattlab.cli import main
+from wattlab.drivers.nvml import NvmlDriver
+from wattlab.hardware.fake_nvml import FakeNvml
+from wattlab.hardware.powercap_emulator import PowercapEmulator, Zone, intel_server
+from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu, WorkloadSchedule
+
+PRE_VOLTA = ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetMigMode",
+             "NVML_FI_DEV_POWER_INSTANT")
+CASES = {  # name: SimulatedGpu keywords
+    "plain": {},
+    "pre_volta": {"unsupported": PRE_VOLTA},
+    "mig": {"mig": True},
+    "vgpu": {"virtualization_mode": pynvml.NVML_GPU_VIRTUALIZATION_MODE_VGPU},
+    "gh200": {"module_power": True, "model": GpuModel(name="NVIDIA GH200 480GB")},
+}
+
+
+def gpu(case: str, index: int = 0, seed: int = 3) -> SimulatedGpu:
+    return SimulatedGpu(index=index, seed=seed + index,
+                        schedule=WorkloadSchedule.constant(0.6, 3600.0), **CASES[case])
+
+
+def descriptors_of(case: str) -> dict[str, dict]:
+    acquirer = NvmlAcquirer(NvmlDriver(FakeNvml([gpu(case)])), 0)
+    try:
+        return {d.source_id: d.config for d in acquirer.open()}
+    finally:
+        acquirer.close()
+
+
+@pytest.mark.parametrize(("case", "covers", "says", "energy"), [
+    ("plain", ["gpu"], "the whole GPU board", "counter: gpu0.energy:energy_j"),
+    ("pre_volta", ["gpu"], "the whole GPU board",
+     "integrated: gpu0.samples:power_w, because nvmlDeviceGetTotalEnergyConsumption is not "
+     "supported"),
+    ("mig", ["gpu"], "never one instance", "counter"),
+    ("vgpu", ["gpu"], "shared with other virtual machines", "counter"),
+    ("gh200", ["cpu", "gpu", "memory"], "Grace CPU, GPU and memory", "counter"),
+])
+def test_each_case_is_detected_and_described(case, covers, says, energy):
+    configs = descriptors_of(case)
+    config = configs["gpu0.samples"]
+    assert config["scope"]["covers"] == covers
+    assert says in config["scope"]["measures"]
+    assert config["energy_source"].startswith(energy)
+    assert ("gpu0.energy" in configs) == (case != "pre_volta")  # never a 0 J stream
+    assert config["scope"]["mig"] == (case == "mig")
+
+
+def record(tmp_path, gpus, *, rapl: list[Zone] | None = None, seconds: float = 2.0):
+    driver = NvmlDriver(FakeNvml(gpus))
+    acquirers = [(f"gpu{g.index}", NvmlAcquirer(driver, g.index)) for g in gpus]
+    emulator = None
+    if rapl is not None:
+        emulator = PowercapEmulator(tmp_path / "powercap", rapl).start()
+        acquirers.append(("rapl", RaplAcquirer(str(tmp_path / "powercap"))))
+    out = str(tmp_path / "run.h5")
+    try:
+        Session(out, acquirers, duration_s=seconds).run()
+    finally:
+        if emulator is not None:
+            emulator.stop()
+    return out
+
+
+def test_node_report_adds_gpus_cpu_and_dram_once_and_falls_back_with_a_reason(tmp_path):
+    out = record(tmp_path, [gpu("plain", 0), gpu("pre_volta", 1)],
+                 rapl=[Zone("intel-rapl:0", "package-0", [(1.0, 100.0)],
+                            children=[Zone("intel-rapl:0:0", "core", [(1.0, 60.0)]),
+                                      Zone("intel-rapl:0:1", "dram", [(1.0, 15.0)])])])
+    with wattlab.open(out) as run:
+        report = node_report(run)
+        text = format_node_report(report)
+    (node,) = report["nodes"]
+    parts = {p["part"]: p for p in node["parts"]}
+    assert set(parts) == {"gpu0", "gpu1", "cpu", "dram"}  # core is part of the package
+    assert parts["gpu0"]["streams"] == ["gpu0.energy:energy_j"]
+    assert parts["gpu1"]["streams"] == ["gpu1.samples:power_w"]
+    assert "not supported" in parts["gpu1"]["how"] and parts["gpu1"]["energy_j"] > 100
+    seconds = report["span_s"][1] - report["span_s"][0]
+    assert parts["cpu"]["energy_j"] / seconds == pytest.approx(100.0, rel=0.02)
+    assert parts["dram"]["energy_j"] / seconds == pytest.approx(15.0, rel=0.02)
+    total = sum(parts[k]["energy_j"] for k in ("gpu0", "gpu1", "cpu", "dram"))
+    assert node["measured_j"] == pytest.approx(total)
+    assert node["unmeasured"] is None and "no wall meter" in node["missing"][0]
+    assert "core" not in text and "no wall meter" in text
+
+
+def test_a_module_counter_is_not_added_to_the_cpu_again(tmp_path):
+    out = record(tmp_path, [gpu("gh200", 0)], rapl=intel_server(packages=1))
+    with wattlab.open(out) as run:
+        (node,) = node_report(run)["nodes"]
+    parts = {p["part"]: p for p in node["parts"]}
+    assert parts["module0"]["added"] and not parts["cpu"]["added"]
+    assert "already cover the CPU" in parts["cpu"]["how"]
+    assert node["measured_j"] == pytest.approx(parts["module0"]["energy_j"] + 0.0)
+
+
+def test_wall_and_unmeasured_through_the_cli(tmp_path, capsys):
+    out = tmp_path / "demo.h5"
+    assert main(["demo", "-o", str(out), "--duration", "3"]) == 0
+    capsys.readouterr()
+    assert main(["energy", str(out), "--node", "--json"]) == 0
+    import json
+
+    (node,) = json.loads(capsys.readouterr().out)["nodes"]
+    wall = next(p for p in node["parts"] if p["part"] == "wall")
+    assert node["unmeasured"]["energy_j"] == pytest.approx(wall["energy_j"] - node["measured_j"])
+    assert 0 < node["unmeasured"]["energy_j"] < wall["energy_j"]
+    assert main(["energy", str(out), "--wall", "wall"]) == 2  # --wall needs --node
