@@ -1,6 +1,7 @@
 """Phase energy of the calibrated 1 s average: shifted and scaled vs deconvolved.
 
     python bench/energy_fusion.py [--sim-runs 2 --sim-duration 60]
+    python bench/energy_fusion.py --sim-runs 0 --real-excite 3   # on an NVIDIA GPU, read-only
 
 For the simulated bench (`wattlab excite --simulate`, recorded in real time) and the real
 H100 recordings (tests/data/traces, and the 121 s capture tests/data/h100_nvml_seed11.npz),
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -114,16 +116,23 @@ def calibrated(path: str, prefix: str, channels: tuple[str, str]) -> list[dict[s
         return [calibrate(run, f"{prefix}.samples", ch) for ch in channels]
 
 
-def simulated(folder: Path, runs: int, duration_s: float) -> list[tuple[str, str]]:
-    """`wattlab excite --simulate` runs (in parallel: each is recorded in real time)."""
+def excite_runs(folder: Path, runs: int, duration_s: float, gpu: int | None
+                ) -> list[tuple[str, str]]:
+    """`wattlab excite` runs: simulated ones in parallel (each is recorded in real time);
+    on a real GPU (``gpu``) one after the other, since they would share the card."""
+    where = ["--simulate"] if gpu is None else ["--gpu", str(gpu)]
+    label = "simulated excite" if gpu is None else f"H100 excite (GPU {gpu})"
+    done = []
     jobs = []
     for seed in range(1, runs + 1):
-        out = folder / f"sim-{seed}.h5"
-        jobs.append((f"simulated excite seed {seed}", str(out), subprocess.Popen(
-            [sys.executable, "-m", "wattlab.cli", "excite", "--simulate", "--duration",
+        out = folder / f"{'sim' if gpu is None else 'gpu'}-{seed}.h5"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "wattlab.cli", "excite", *where, "--duration",
              str(duration_s), "--seed", str(seed), "-o", str(out)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
-    done = []
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        jobs.append((f"{label} seed {seed}", str(out), proc))
+        if gpu is not None:
+            proc.wait()
     for name, out, proc in jobs:
         _, err = proc.communicate()
         if proc.returncode != 0:
@@ -136,10 +145,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sim-runs", type=int, default=2)
     parser.add_argument("--sim-duration", type=float, default=60.0)
+    parser.add_argument("--real-excite", type=int, default=0, metavar="K",
+                        help="also record K `wattlab excite` runs on GPU 0 (read-only) and "
+                             "keep them in $OUT when set")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="wattlab-fusion-"))
     cases: list[tuple[str, str, str, list[dict[str, Any]], bool]] = []
-    for name, path in simulated(folder, args.sim_runs, args.sim_duration):
+    runs = excite_runs(folder, args.sim_runs, args.sim_duration, None)
+    if args.real_excite:
+        real = excite_runs(folder, args.real_excite, args.sim_duration, 0)
+        runs += real
+        if os.environ.get("OUT"):  # compacted, to fit what comes back from the GPU machine
+            from compact_run import compact
+
+            for _, path in real:
+                compact(path, str(Path(os.environ["OUT"], f"h100_excite-{Path(path).stem}.h5")))
+    for name, path in runs:
         cases.append((name, path, "gpu0.samples:power_w",
                       calibrated(path, "gpu0", ("gpu0.power:average_power_w",
                                                 "gpu0.power:instant_power_w")), False))
