@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from functools import partial
 from typing import Any
+
+from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
 
 
 def window_s(text: str) -> tuple[float, float]:
@@ -26,7 +29,7 @@ def window_s(text: str) -> tuple[float, float]:
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "energy", help="energy and mean power per source and phase, with intervals")
-    p.add_argument("run", help="run file")
+    add_runs_arguments(p)
     p.add_argument("--by-marker", action="store_true",
                    help="also one row per phase (begin/end markers)")
     p.add_argument("--window", action="append", default=[], type=window_s, metavar="T0:T1",
@@ -42,22 +45,39 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
+def report_of(path: str, options: dict[str, Any]) -> dict[str, Any]:
+    """One file's energy report (a worker's job when there are several files)."""
     # imported here: every verb's module is imported to build the parser, and its
     # dependencies (scipy) would otherwise cost every `wattlab` command their start-up time
-    from wattlab.analysis.energy import energy_report, format_report
+    from wattlab.analysis.energy import energy_report
     from wattlab.analysis.run_file import Run
+
+    with Run(path) as run_file:
+        return energy_report(run_file, **options)
+
+
+def run(args: argparse.Namespace) -> int:
+    from wattlab.analysis.energy import format_report
 
     record = None
     if args.calibration:
         from wattlab.analysis.calibration import load_record
 
         record = load_record(args.calibration, force=args.force_calibration)
-    with Run(args.run) as run_file:
-        report = energy_report(run_file, by_marker=args.by_marker, reference=args.reference,
-                               calibration=record, windows=args.window)
+    options = {"by_marker": args.by_marker, "reference": args.reference,
+               "calibration": record, "windows": args.window}
+    paths = expand_runs(args.runs)
+    if len(paths) == 1:
+        report = report_of(paths[0], options)
+        print(json.dumps(report, indent=2) if args.json else format_report(report))
+        return 0
+    outcomes = []
+    for outcome in map_runs(partial(report_of, options=options), paths, args.jobs):
+        outcomes.append(outcome)
+        if outcome.error or args.json:
+            continue
+        print(f"== {outcome.path}")
+        print(format_report(outcome.result))
     if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(format_report(report))
-    return 0
+        print(json.dumps([o.result for o in outcomes if not o.error], indent=2))
+    return report_errors(outcomes)
