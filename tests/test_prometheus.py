@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,7 +12,6 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,10 +55,8 @@ def scrape_while(proc: subprocess.Popen[Any], url: str, every_s: float = 0.3) ->
     """Scrape until the process ends (connection refused before it listens, and after)."""
     got: list[Samples] = []
     while proc.poll() is None:
-        try:
+        with contextlib.suppress(OSError):
             got.append(scrape(url))
-        except OSError:
-            pass
         time.sleep(every_s)
     return got
 
@@ -160,10 +158,8 @@ def test_agent_and_recorder_expose_streams_and_the_clock_offset(tmp_path, keys):
     scrapes: dict[int, list[Samples]] = {agent_port: [], rec_port: []}
     while record.poll() is None:
         for port, got in scrapes.items():
-            try:
+            with contextlib.suppress(OSError):
                 got.append(scrape(f"http://127.0.0.1:{port}/metrics"))
-            except OSError:
-                pass
         time.sleep(0.3)
     _, record_err = record.communicate(timeout=60)
     assert record.returncode == 0, record_err
