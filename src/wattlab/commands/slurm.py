@@ -9,7 +9,6 @@ from typing import Any
 
 from wattlab.acquisition.agent import HostAcquirer, run_agent
 from wattlab.acquisition.meters import meter_acquirers
-from wattlab.acquisition.source import Acquirer
 from wattlab.acquisition.session import Session
 from wattlab.acquisition.slurm_job import (
     SlurmTask,
@@ -20,6 +19,7 @@ from wattlab.acquisition.slurm_job import (
     publish,
     rendezvous_dir,
 )
+from wattlab.acquisition.source import Acquirer
 from wattlab.bench_config import NvmlChoice
 from wattlab.commands.record import (
     NVML_STREAMS_HELP,
