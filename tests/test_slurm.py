@@ -168,6 +168,12 @@ def test_a_real_slurm_job_records_both_tasks_and_sets_the_comment(tmp_path, slur
     summary = tmp_path / f"slurm-{job}.wattlab.json"
     assert _wait(summary.exists, 90), (tmp_path / f"slurm-{job}.out").read_text()
     data = json.loads(summary.read_text())
+
+    def finished() -> bool:
+        return not subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True,
+                                  text=True, check=False).stdout.strip()
+
+    assert _wait(finished, 60)  # the job's processes end before the daemons do
     assert set(data["nodes"]) == {"task0", "task1"}  # one node, two tasks
     shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
                            text=True, timeout=30, check=True).stdout
