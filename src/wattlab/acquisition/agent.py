@@ -26,6 +26,7 @@ from wattlab.sync.bus import set_endpoint_security
 from wattlab.sync.clock_service import ClockResponder
 from wattlab.sync.link_monitor import explain
 from wattlab.sync.security import ClientSecurity
+from wattlab.sync.stream_metrics import StreamMetrics
 
 SKEW_ENV = "WATTLAB_TEST_CLOCK_SKEW"  # "OFFSET_NS:DRIFT_PPM": simulate another host's clock
 DEFAULT_CONNECT_TIMEOUT_S = 60.0  # as long as `record --agent` waits for its agents
@@ -68,10 +69,12 @@ class ClockSkew:
 class HostAcquirer:
     """Wraps an acquirer: stream ids get the host prefix, times the host's (skewed) clock."""
 
-    def __init__(self, inner: Acquirer, host: str, skew: ClockSkew | None = None) -> None:
+    def __init__(self, inner: Acquirer, host: str, skew: ClockSkew | None = None,
+                 metrics: StreamMetrics | None = None) -> None:
         self.inner = inner
         self.host = host
         self.skew = skew
+        self.metrics = metrics  # --prometheus: this node's figures, fed as they are read
 
     def _id(self, source_id: str) -> str:
         return f"{self.host}.{source_id}"
@@ -82,11 +85,15 @@ class HostAcquirer:
     def open(self) -> list[SourceDescriptor]:
         descs = self.inner.open()
         try:
-            return [replace(d, source_id=self._id(d.source_id),
-                            config={**d.config, "agent": self.host}) for d in descs]
+            out = [replace(d, source_id=self._id(d.source_id),
+                           config={**d.config, "agent": self.host}) for d in descs]
         except WattlabError:
             self.inner.close()
             raise
+        if self.metrics is not None:
+            for desc in out:
+                self.metrics.describe(desc)
+        return out
 
     def _map(self, readings: list[Reading]) -> list[Reading]:
         out: list[Reading] = []
@@ -95,6 +102,8 @@ class HostAcquirer:
                 t = item.t_host_ns if self.skew is None else self.skew.array(item.t_host_ns)
                 out.append(Chunk(self._id(item.source_id), t, item.values, item.t_raw,
                                  item.flags))
+                if self.metrics is not None:
+                    self.metrics.add_rows(self._id(item.source_id), t, item.values)
             elif isinstance(item, Marker):
                 out.append(Marker(self._t(item.t_host_ns), item.name, item.kind,
                                   self._id(item.source), item.payload))
@@ -102,6 +111,8 @@ class HostAcquirer:
                 out.append(Gap(self._id(item.source), item.reason, item.seq_first,
                                item.seq_last, self._t(item.t_first_ns),
                                self._t(item.t_last_ns), item.samples_lost))
+                if self.metrics is not None:
+                    self.metrics.add_gap(self._id(item.source))
         return out
 
     def poll(self) -> list[Reading]:
@@ -165,6 +176,7 @@ def run_agent(
     skew: ClockSkew | None = None,
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     say: Callable[[str], None] | None = None,
+    metrics: StreamMetrics | None = None,
 ) -> AgentResult:
     """Publish ``acquirers`` to the recorder at ``endpoint`` until the session ends.
 
@@ -181,7 +193,7 @@ def run_agent(
     clock = skew.now_ns if skew is not None else time.monotonic_ns
     set_endpoint_security(endpoint, security)
     responder = ClockResponder(endpoint, name, clock_ns=clock, configure=security.apply)
-    runners = [SourceRunner(f"{name}.{n}", HostAcquirer(a, name, skew), endpoint)
+    runners = [SourceRunner(f"{name}.{n}", HostAcquirer(a, name, skew, metrics), endpoint)
                for n, a in acquirers]
     sources: list[str] = []
     started: list[SourceRunner] = []

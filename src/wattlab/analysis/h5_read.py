@@ -62,14 +62,16 @@ class ClosedView(io.RawIOBase):
 
 def open_read_only(path: str, *, swmr: bool = True) -> h5py.File:
     """SWMR read where the file allows it (a live run), else a plain read; no lock."""
+    # HDF5 raises RuntimeError, not OSError, for a superblock it cannot decode
     if swmr:
         try:
             return h5py.File(path, "r", libver="latest", swmr=True, locking=False)
-        except OSError:
+        except (OSError, RuntimeError):
             pass
+    error: Exception
     try:
         return h5py.File(path, "r", locking=False)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
         error = e
     try:
         superblock = cleared_superblock(path)
@@ -78,6 +80,6 @@ def open_read_only(path: str, *, swmr: bool = True) -> h5py.File:
     if superblock is not None:  # left open for writing without SWMR: read as if closed
         try:
             return h5py.File(ClosedView(path, superblock), "r", locking=False)
-        except OSError as e:
+        except (OSError, RuntimeError) as e:
             error = e
     raise RunFileError(f"{path}: not a readable HDF5 file ({error})") from error

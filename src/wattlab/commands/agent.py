@@ -6,7 +6,8 @@ import argparse
 import signal
 import sys
 import threading
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from wattlab.acquisition.agent import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -16,9 +17,18 @@ from wattlab.acquisition.agent import (
 )
 from wattlab.acquisition.meters import meter_acquirers
 from wattlab.bench_config import NvmlChoice
-from wattlab.commands.record import NVML_INTERVALS_HELP, NVML_STREAMS_HELP, nvml_acquirers
+from wattlab.commands.record import (
+    NVML_INTERVALS_HELP,
+    NVML_STREAMS_HELP,
+    add_prometheus_option,
+    nvml_acquirers,
+)
 from wattlab.errors import UsageError
 from wattlab.sync.security import ClientSecurity, load_keypair, load_public_key
+from wattlab.sync.stream_metrics import StreamMetrics
+
+if TYPE_CHECKING:
+    from wattlab.sync.prometheus import Exporter
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5560"
 
@@ -56,7 +66,22 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPU's workload")
     p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
                    help="an external meter on this node, as for `wattlab record` (repeatable)")
+    add_prometheus_option(p)
     return p
+
+
+def start_exporter(address: str | None, skew: ClockSkew | None
+                   ) -> tuple[StreamMetrics | None, Exporter | None]:
+    """The node's streams for Prometheus (``--prometheus``), times on its own clock."""
+    if not address:
+        return None, None
+    from wattlab.sync.prometheus import Exporter
+
+    clock_ns = time.monotonic_ns() if skew is None else skew.now_ns()
+    metrics = StreamMetrics(time.time_ns() - clock_ns)
+    exporter = Exporter(address, metrics)
+    print(f"wattlab agent: Prometheus metrics at {exporter.url}", flush=True)
+    return metrics, exporter
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     skew = ClockSkew.from_env()
     stop = threading.Event()
     meters = meter_acquirers(args.meter)
+    metrics, exporter = start_exporter(args.prometheus, skew)
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -82,11 +108,14 @@ def run(args: argparse.Namespace) -> int:
                   "answers", flush=True)
             result = run_agent(args.connect, keys.name, acquirers, security, stop=stop,
                                skew=skew, connect_timeout_s=args.connect_timeout,
+                               metrics=metrics,
                                say=lambda line: print(f"wattlab agent {keys.name}: {line}",
                                                       file=sys.stderr, flush=True))
     finally:
         for s, h in (previous or {}).items():
             signal.signal(s, h)
+        if exporter is not None:
+            exporter.close()
     why = "the recording ended" if result.finished_by_recorder else "stopped"
     print(f"wattlab agent {keys.name}: {why}; streams {', '.join(result.sources)}; "
           f"{result.probes_answered} clock probes answered")

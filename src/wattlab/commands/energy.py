@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from functools import partial
 from typing import Any
 
+from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
 from wattlab.errors import UsageError
 
 
@@ -29,7 +31,7 @@ def window_s(text: str) -> tuple[float, float]:
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "energy", help="energy and mean power per source and phase, with intervals")
-    p.add_argument("run", help="run file")
+    add_runs_arguments(p)
     p.add_argument("--by-marker", action="store_true",
                    help="also one row per phase (begin/end markers)")
     p.add_argument("--window", action="append", default=[], type=window_s, metavar="T0:T1",
@@ -56,11 +58,26 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
+def report_of(path: str, options: dict[str, Any], records: list[dict[str, Any]],
+              deconvolve: bool = False, force: bool = False) -> dict[str, Any]:
+    """One file's energy report (a worker's job when there are several files)."""
     # imported here: every verb's module is imported to build the parser, and its
     # dependencies (scipy) would otherwise cost every `wattlab` command their start-up time
-    from wattlab.analysis.energy import energy_report, format_report
+    from wattlab.analysis.energy import energy_report
     from wattlab.analysis.run_file import Run
+
+    with Run(path) as run_file:
+        fusion = None
+        if deconvolve:
+            from wattlab.analysis.energy_fusion import fuse_records
+
+            fusion = fuse_records(run_file, records, force=force)
+        return energy_report(run_file, calibration=records[0] if records else None,
+                             fusion=fusion, **options)
+
+
+def run(args: argparse.Namespace) -> int:
+    from wattlab.analysis.energy import format_report
 
     if args.node or args.wall:
         return node_run(args)
@@ -71,20 +88,24 @@ def run(args: argparse.Namespace) -> int:
     from wattlab.analysis.calibration import load_record
 
     records = [load_record(path, force=args.force_calibration) for path in args.calibration]
-    with Run(args.run) as run_file:
-        fusion = None
-        if args.deconvolve:
-            from wattlab.analysis.energy_fusion import fuse_records
-
-            fusion = fuse_records(run_file, records, force=args.force_calibration)
-        report = energy_report(run_file, by_marker=args.by_marker, reference=args.reference,
-                               calibration=records[0] if records else None,
-                               windows=args.window, fusion=fusion)
+    options = {"by_marker": args.by_marker, "reference": args.reference, "windows": args.window}
+    one = partial(report_of, options=options, records=records, deconvolve=args.deconvolve,
+                  force=args.force_calibration)
+    paths = expand_runs(args.runs)
+    if len(paths) == 1:
+        report = one(paths[0])
+        print(json.dumps(report, indent=2) if args.json else format_report(report))
+        return 0
+    outcomes = []
+    for outcome in map_runs(one, paths, args.jobs):
+        outcomes.append(outcome)
+        if outcome.error or args.json:
+            continue
+        print(f"== {outcome.path}")
+        print(format_report(outcome.result))
     if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(format_report(report))
-    return 0
+        print(json.dumps([o.result for o in outcomes if not o.error], indent=2))
+    return report_errors(outcomes)
 
 
 def node_run(args: argparse.Namespace) -> int:
@@ -94,10 +115,14 @@ def node_run(args: argparse.Namespace) -> int:
 
     if not args.node:
         raise UsageError("--wall needs --node")
+    paths = expand_runs(args.runs)
+    if len(paths) != 1:
+        raise UsageError(f"--node reads one run file (it covers every node in it), got "
+                         f"{len(paths)}")
     if args.by_marker or args.window or args.calibration or args.reference or args.deconvolve:
         raise UsageError("--node covers the whole run: drop --by-marker, --window, "
                          "--reference, --calibration and --deconvolve")
-    with Run(args.run) as run_file:
+    with Run(paths[0]) as run_file:
         report = node_report(run_file, wall=args.wall)
     print(json.dumps(report, indent=2) if args.json else format_node_report(report))
     return 0

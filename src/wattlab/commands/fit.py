@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from wattlab.analysis.many_runs import map_runs
 from wattlab.analysis.models import (
     FAMILIES,
     MAX_BOOST_HOLDOUT,
@@ -17,8 +18,8 @@ from wattlab.analysis.models import (
 from wattlab.analysis.phase_choice import choose_per_phase, format_phase_report
 from wattlab.analysis.sparse import CHOICES, evaluate_sparse, recommend_sparse
 from wattlab.analysis.sparse_report import format_evaluation, format_recommendation
-from wattlab.analysis.sweep_results import X_NAMES, SweepTable, load_table
-from wattlab.errors import UsageError
+from wattlab.analysis.sweep_results import X_NAMES, SweepTable, concat, load_table
+from wattlab.errors import UsageError, WattlabError
 
 UNITS = {"power_limit_w": "W", "sm_clock_mhz": "MHz", "mem_clock_mhz": "MHz"}
 
@@ -28,7 +29,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "fit", help="fit time/power/energy/EDP against a setting and recommend one",
         description="SWEEP is a wattlab sweep file, a Zeus summary_power_*.csv or profile "
                     "CSV (or a folder of them), or a Kernel Tuner cache JSON.")
-    p.add_argument("sweep", help="sweep results file or published table")
+    p.add_argument("sweep", nargs="+",
+                   help="sweep results file or published table; several are read in "
+                        "parallel (--jobs) and fitted as one table")
+    p.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help="worker processes reading several tables (default: one per CPU)")
     p.add_argument("--x", choices=tuple(X_NAMES), help="setting to fit against "
                    "(default: the one the sweep varied)")
     p.add_argument("--objective", choices=OBJECTIVES, default="energy")
@@ -113,14 +118,26 @@ def format_report(report: FitReport, top: int) -> str:
     return "\n".join(lines)
 
 
+def load_tables(paths: list[str], jobs: int | None) -> SweepTable:
+    """One table, or several read in worker processes and joined (same setting axis)."""
+    if len(paths) == 1:
+        return load_table(paths[0])
+    outcomes = list(map_runs(load_table, paths, jobs))
+    failed = [o for o in outcomes if o.error]
+    if failed:
+        error = UsageError if all(o.usage for o in failed) else WattlabError
+        raise error("; ".join(o.error for o in failed))
+    return concat([o.result for o in outcomes], origin=", ".join(paths))
+
+
 def run(args: argparse.Namespace) -> int:
-    table = load_table(args.sweep)
+    table = load_tables(args.sweep, args.jobs)
     if args.x is not None:
         table = table.with_x(X_NAMES[args.x])
     if args.workload:
         keep = [args.workload in w for w in table.workload]
         if not any(keep):
-            raise UsageError(f"{args.sweep}: no workload name contains {args.workload!r}")
+            raise UsageError(f"{table.origin}: no workload name contains {args.workload!r}")
         import numpy as np
 
         table = table.select(np.array(keep))

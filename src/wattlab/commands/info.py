@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
+from contextlib import redirect_stdout
 from typing import Any
 
+from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
 from wattlab.analysis.run_file import MarkerRow, Run
 from wattlab.analysis.summary import format_table, summarise
 from wattlab.sync.run_repair import REPAIR_ATTR, writer_status
@@ -43,14 +46,40 @@ def describe(run: Run) -> dict[str, Any]:
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser("info", help="describe a run file")
-    p.add_argument("run", help="run file")
+    add_runs_arguments(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    with Run(args.run) as run_file:
-        if args.json:
+    paths = expand_runs(args.runs)
+    if len(paths) == 1:
+        return show(paths[0], args.json)
+    outcomes = list(map_runs(described if args.json else shown, paths, args.jobs))
+    if args.json:
+        print(json.dumps([o.result for o in outcomes if not o.error], indent=2, default=str))
+    else:
+        print("\n".join(o.result for o in outcomes if not o.error))
+    return report_errors(outcomes)
+
+
+def described(path: str) -> dict[str, Any]:
+    """``info --json`` of one file (a worker's job)."""
+    with Run(path) as run_file:
+        return describe(run_file)
+
+
+def shown(path: str) -> str:
+    """``info``'s text for one file (a worker's job)."""
+    with redirect_stdout(io.StringIO()) as text:
+        show(path, False)
+    return text.getvalue().rstrip("\n")
+
+
+def show(path: str, as_json: bool) -> int:
+    """Print what one run file holds."""
+    with Run(path) as run_file:
+        if as_json:
             print(json.dumps(describe(run_file), indent=2, default=str))
             return 0
         attrs = run_file.attrs

@@ -243,6 +243,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="a Python workload gets phase markers from Keras, Lightning, the "
                         "Hugging Face Trainer or torch without a code change")
     add_min_free_option(p)
+    add_prometheus_option(p)
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
                    help="draw the live panel (default: only when stdout is a terminal)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
@@ -254,6 +255,24 @@ def add_min_free_option(p: argparse.ArgumentParser) -> None:
                    help="warn when the output's disk has less free space than this "
                         "(default: the --duration's data, or five minutes of it); under a "
                         "minute of data the run is refused")
+
+
+def add_prometheus_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prometheus", metavar="[HOST:]PORT",
+                   help="serve every stream's power, energy, sample and gap counts in "
+                        "Prometheus's text format at http://HOST:PORT/metrics (loopback "
+                        "unless a HOST is given; needs the prometheus extra; see docs/fleet.md)")
+
+
+def prometheus_options(args: argparse.Namespace) -> dict[str, Any]:
+    """RecorderConfig's ``prometheus`` field, checked (the package, a free port) up front."""
+    if not args.prometheus:
+        return {}
+    from wattlab.sync.prometheus import check_free, require_client
+
+    require_client()
+    check_free(args.prometheus)
+    return {"prometheus": args.prometheus}
 
 
 def planned_streams(gpus: int, nvml: NvmlChoice, meters: list[str],
@@ -327,7 +346,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--duration must be > 0 s, got {args.duration}")
     bench = load_bench_for(args)
     output = args.output or default_output("run")
-    options = remote_options(args)
+    options = remote_options(args) | prometheus_options(args)
     faults = fault_options(args)
     nvml = nvml_choice(args, bench)
     common: dict[str, Any] = {"command": command or None, "duration_s": args.duration,

@@ -43,8 +43,10 @@ from wattlab.sync.disk_full import (
     stop_recording,
 )
 from wattlab.sync.run_writer import ResumePoint, RunFileWriter
+from wattlab.sync.stream_metrics import StreamMetrics
 
 if TYPE_CHECKING:
+    from wattlab.sync.prometheus import Exporter
     from wattlab.sync.security import CurveServer
 
 COALESCE_ROWS = 65536
@@ -86,6 +88,7 @@ class RecorderConfig:
     resume: bool = False  # reopen ``output`` after a crashed recorder (see docs/reliability.md)
     test_write_delay_s: float = 0.0  # fault injection: a disk this much slower per write
     parent_pid: int = 0  # the session: when it is gone, drain and close the file (0: never)
+    prometheus: str = ""  # HOST:PORT: serve the streams' figures to Prometheus ("" = no)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -128,10 +131,12 @@ class Recorder:
         self._remote: zmq.Socket[Any] | None = None
         self._remote_context: zmq.Context[Any] | None = None
         self._curve: CurveServer | None = None
+        self._exporter: Exporter | None = None
         try:
             self._socket.bind(config.endpoint)
             if config.listen:
                 self._bind_remote(config)
+            self._metrics, self._exporter = self._start_exporter(config.prometheus)
             points: dict[str, ResumePoint] = {}
             if config.resume:
                 self.writer, points = RunFileWriter.resume(config.output,
@@ -177,6 +182,19 @@ class Recorder:
             raise UsageError(f"{self.config.output}: no room for the "
                              f"{os.path.basename(self.config.output)} reserve: {e}") from e
 
+    @staticmethod
+    def _start_exporter(address: str) -> tuple[StreamMetrics | None, Exporter | None]:
+        """The Prometheus endpoint: a thread fed with the rows as they are written."""
+        if not address:
+            return None, None
+        from wattlab.sync.prometheus import Exporter
+
+        metrics = StreamMetrics()
+        exporter = Exporter(address, metrics)
+        print(f"wattlab recorder: Prometheus metrics at {exporter.url}", file=sys.stderr,
+              flush=True)
+        return metrics, exporter
+
     def stop_for_full_disk(self, error: str) -> None:
         """Stop at the first full-disk error: answer a pending stop, then finish the file.
 
@@ -196,6 +214,8 @@ class Recorder:
         """Carry on a crashed recorder's file: every stream waits for its publisher's resend."""
         for source_id, point in points.items():
             desc = self.writer.descriptor(source_id)
+            if self._metrics is not None:
+                self._metrics.describe(desc)
             host = self.writer.remote_host(source_id) or None
             self._sources[source_id] = _SourceState(
                 desc, next_seq=point.seq_next, rows=point.rows, ended=point.ended, host=host,
@@ -237,6 +257,8 @@ class Recorder:
         return endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
 
     def _close_sockets(self) -> None:
+        if self._exporter is not None:
+            self._exporter.close()
         self._socket.close(0)
         if self._remote is not None:
             self._remote.close(0)
@@ -406,6 +428,8 @@ class Recorder:
                 raise  # not the message's fault: the recording stops
             raise MalformedMessageError(str(e)) from e
         self._new_objects = True
+        if self._metrics is not None:
+            self._metrics.describe(desc)
         state = self._sources.get(desc.source_id)
         if state is None:
             state = self._sources[desc.source_id] = _SourceState(desc, host=host)
@@ -645,12 +669,21 @@ class Recorder:
 
         sender = cat(4) if state.host is not None else None
         values = cat(2)
+        if self._metrics is not None:
+            self._feed_metrics(state, cat(0), values, sender)
         if self.config.test_write_delay_s > 0:
             time.sleep(self.config.test_write_delay_s)
         self.writer.append(state.desc.source_id, cat(0), cat(1), values, cat(3),
                            t_sender_ns=sender)
         self._bytes_since_flush += values.nbytes
         state.progress_dirty = True
+
+    def _feed_metrics(self, state: _SourceState, t_ns: npt.NDArray[np.int64],
+                      values: npt.NDArray[Any], sender: npt.NDArray[np.int64] | None) -> None:
+        assert self._metrics is not None
+        self._metrics.add_rows(state.desc.source_id, t_ns, values)
+        if sender is not None and state.host is not None and len(t_ns):
+            self._metrics.set_clock_offset(state.host, float(sender[-1] - t_ns[-1]))
 
     def flush(self) -> None:
         """Write everything pending, say in /progress how far each source is, confirm it."""
@@ -666,6 +699,9 @@ class Recorder:
             self.writer.add_gaps(self._gaps)
             self._gaps = []
         dirty = [s for s in self._sources.values() if s.progress_dirty]
+        if self._metrics is not None:
+            for state in self._sources.values():
+                self._metrics.set_gaps(state.desc.source_id, state.gaps)
         if dirty:
             self.writer.add_progress([(s.desc.source_id, s.next_seq, s.rows, s.ended)
                                       for s in dirty])
@@ -872,6 +908,8 @@ class Recorder:
             "recorder_status_json": json.dumps(final, sort_keys=True),
         }, sync=sync, remaps=remaps)
         free_reserve(self.config.output)
+        if self._exporter is not None:
+            self._exporter.close()
         if self._stop_requested is not None and self._stop_requested[0]:
             identity, rid = self._stop_requested
             self._peer_socket = self._socket

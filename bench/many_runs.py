@@ -1,0 +1,126 @@
+"""Many run files: `wattlab energy FOLDER --jobs 2` against reading them with h5py.
+
+    python bench/many_runs.py                 # 100 files of `wattlab demo` size
+    python bench/many_runs.py --files 10      # quicker
+    python bench/many_runs.py --keep /tmp/demo.h5   # make the demo file once, reuse it
+
+One `wattlab demo` file (20 s: a 20 kHz PowerSensor3 stream, NVML, a wall meter; 40 MB) is
+linked ``--files`` times into a folder (hard links: the same bytes, so both contenders read
+from the page cache alike). The floor is two worker processes that read every dataset of
+every file once with h5py; the contender is `wattlab energy FOLDER --jobs 2` (the full
+analysis). Wall time and the peak resident memory of each process tree (the largest
+process and the sum over the parent and its workers) are reported; median of ``--repeat``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import median, write_json
+
+FLOOR = """
+import sys
+from concurrent.futures import ProcessPoolExecutor
+import h5py
+
+def read(path):
+    n = 0
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            nonlocal n
+            if isinstance(obj, h5py.Dataset):
+                n += obj[()].nbytes
+        f.visititems(visit)
+    return n
+
+with ProcessPoolExecutor(2) as pool:
+    print(sum(pool.map(read, sys.argv[1:])))
+"""
+
+
+def timed(argv: list[str]) -> float:
+    """Wall seconds of a command."""
+    t0 = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", help="demo file to make once and reuse")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        demo = Path(args.keep or Path(tmp) / "demo.h5")
+        if not demo.exists():
+            subprocess.run([sys.executable, "-m", "wattlab.cli", "demo", "-o", str(demo)],
+                           check=True, stdout=subprocess.DEVNULL)
+        folder = Path(tmp) / "runs"
+        folder.mkdir()
+        for i in range(args.files):
+            os.link(demo, folder / f"run{i:03d}.h5")
+        files = sorted(str(p) for p in folder.iterdir())
+        floor_cmd = [sys.executable, "-c", FLOOR, *files]
+        ours_cmd = [sys.executable, "-m", "wattlab.cli", "energy", str(folder), "--jobs", "2",
+                    "--json"]
+        runs: dict[str, list[float]] = {"h5py": [], "energy": []}
+        for _ in range(args.repeat):
+            runs["h5py"].append(timed(floor_cmd))
+            runs["energy"].append(timed(ours_cmd))
+        peak = peak_tree_mb(ours_cmd)
+    floor_s, ours_s = median(runs["h5py"]), median(runs["energy"])
+    print(f"{args.files} demo files ({demo.stat().st_size / 1e6:.0f} MB each), 2 processes, "
+          f"median of {args.repeat}")
+    print(f"{'reader':<36} {'wall s':>8} {'ratio':>7}")
+    print(f"{'h5py, every dataset once':<36} {floor_s:8.2f} {1:7.2f}")
+    print(f"{'wattlab energy FOLDER --jobs 2':<36} {ours_s:8.2f} {ours_s / floor_s:7.2f}")
+    print(f"peak memory of wattlab energy: {peak['largest_mb']:.0f} MB largest process, "
+          f"{peak['tree_mb']:.0f} MB parent + workers at once (goal: 1.2x, 1 GB)")
+    write_json("many_runs", {"files": args.files, "file_mb": demo.stat().st_size / 1e6
+                             if demo.exists() else None,
+                             "h5py_s": runs["h5py"], "energy_s": runs["energy"],
+                             "ratio": ours_s / floor_s, **peak})
+
+
+def peak_tree_mb(argv: list[str]) -> dict[str, float]:
+    """Sample the RSS of the process and its children every 50 ms: the largest and the sum."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    largest = tree = 0.0
+    while proc.poll() is None:
+        pids = [proc.pid, *children(proc.pid)]
+        sizes = [rss_mb(p) for p in pids]
+        largest, tree = max(largest, *sizes), max(tree, sum(sizes))
+        time.sleep(0.05)
+    return {"largest_mb": largest, "tree_mb": tree}
+
+
+def children(pid: int) -> list[int]:
+    from common import child_pids
+
+    out, todo = [], [pid]
+    while todo:
+        kids = child_pids(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+if __name__ == "__main__":
+    main()

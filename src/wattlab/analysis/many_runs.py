@@ -1,0 +1,111 @@
+"""Many run files at once: folders expanded, each file analysed in a worker process.
+
+Why processes: the analysis of one file is NumPy and h5py work that holds the GIL for
+long stretches, and HDF5 serialises its calls within a process; separate processes use
+every core. Memory stays bounded because a worker holds one file's analysis at a time
+(the readers stream a file in slices) and sends back only its small result; at most
+``jobs`` results wait in the parent (results come back in input order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from wattlab.errors import UsageError, WattlabError
+
+RUN_SUFFIXES = (".h5", ".hdf5")
+T = TypeVar("T")
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def add_runs_arguments(p: argparse.ArgumentParser, what: str = "run file") -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help=f"{what}(s), or folders of them (*.h5 at any depth)")
+    p.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help="worker processes for several files (default: one per CPU)")
+
+
+def expand_runs(paths: list[str]) -> list[str]:
+    """Files as given, folders as every run file under them (sorted); no duplicates."""
+    out: list[str] = []
+    for text in paths:
+        path = Path(text)
+        if path.is_dir():
+            found = sorted(str(p) for p in path.rglob("*") if p.suffix in RUN_SUFFIXES
+                           and p.is_file())
+            if not found:
+                raise UsageError(f"{text}: folder holds no run file ({', '.join(RUN_SUFFIXES)})")
+            out += found
+        elif path.exists():
+            out.append(text)
+        else:
+            raise UsageError(f"{text}: no such file or folder")
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class Outcome:
+    """One file's result, or the error that stopped it (``usage``: a bad input file)."""
+
+    path: str
+    result: Any = None
+    error: str = ""
+    usage: bool = False
+
+
+def _guarded(work: Callable[[str], Any], path: str) -> Outcome:
+    try:
+        return Outcome(path, work(path))
+    except WattlabError as e:
+        text = str(e) if path in str(e) else f"{path}: {e}"
+        return Outcome(path, error=text, usage=isinstance(e, UsageError))
+
+
+def map_runs(work: Callable[[str], T], paths: list[str], jobs: int | None = None
+             ) -> Iterator[Outcome]:
+    """``work(path)`` for each file, in worker processes, yielded in input order.
+
+    ``work`` must be a module-level function (it is sent to the workers by name). One file,
+    or ``jobs=1``, runs here without a pool.
+    """
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {jobs}")
+    if jobs == 1 or len(paths) == 1:
+        for path in paths:
+            yield _guarded(work, path)
+        return
+    with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
+        pending: list[Future[Outcome]] = []
+        todo = iter(paths)
+        for path in todo:  # a bounded window: at most 2 × jobs files in flight
+            pending.append(pool.submit(_guarded, work, path))
+            if len(pending) >= 2 * jobs:
+                break
+        while pending:
+            done = pending.pop(0).result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(pool.submit(_guarded, work, nxt))
+            yield done
+
+
+def report_errors(outcomes: list[Outcome]) -> int:
+    """Say which files failed and why (standard error); the exit status they make."""
+    status = 0
+    for o in outcomes:
+        if o.error:
+            print(f"wattlab: error: {o.error}", file=sys.stderr)
+            status = max(status, 2 if o.usage else 1)
+    return status

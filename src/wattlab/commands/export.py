@@ -1,0 +1,47 @@
+"""`wattlab export RUN… -o TABLE.parquet|.csv`: one tidy table of many runs' energies."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
+from wattlab.errors import UsageError
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "export", help="a tidy table (CSV or Parquet) of many runs' energy per stream and phase",
+        description="One row per run, stream channel and phase (the whole run, then each "
+                    "marked phase), with the figures of `wattlab energy --by-marker`. "
+                    "pandas, polars and DuckDB read the file directly.")
+    add_runs_arguments(p)
+    p.add_argument("-o", "--output", required=True, metavar="TABLE",
+                   help="the table to write (.csv or .parquet); never overwritten")
+    p.add_argument("--format", choices=("csv", "parquet"),
+                   help="default: from the output's suffix; parquet needs pyarrow")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from wattlab.analysis.export_table import TableWriter, format_of, tidy_rows
+
+    fmt = format_of(args.output, args.format)
+    if os.path.exists(args.output):
+        raise UsageError(f"{args.output}: already exists; export never overwrites")
+    paths = expand_runs(args.runs)
+    writer = TableWriter(args.output, fmt)
+    outcomes = []
+    try:
+        for outcome in map_runs(tidy_rows, paths, args.jobs):
+            outcomes.append(outcome)
+            if not outcome.error:
+                writer.write(outcome.result)
+                outcome.result = None  # written: keep only whether it failed
+    finally:
+        writer.close()
+    failed = sum(bool(o.error) for o in outcomes)
+    print(f"{args.output}: {writer.rows} rows from {len(paths) - failed} run file(s)"
+          + (f"; {failed} failed" if failed else ""))
+    return report_errors(outcomes)
