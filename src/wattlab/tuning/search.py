@@ -59,7 +59,7 @@ class SearchConfig:
     z_verdict: float = 2.0  # a probe ends early once this many SEs say it cannot be kept
     # exploring (every iteration not at the kept setting) may cost at most this share of
     # the run's energy; of the whole run when its length is given, else of the run so far
-    explore_share: float = 0.045
+    explore_share: float = 0.048
     expected_iterations: int | None = None
     # after settling, revisit a setting whose expected gain over the kept one is at least
     # this share of the kept setting's saving (or refine_min_gain of the objective)
@@ -379,6 +379,24 @@ class Search:
                     out.append((*index[:k], j, *index[k + 1:]))
         return out
 
+    def _unmeasured(self, kept: Index, kept_j: float) -> tuple[Index, str, None] | None:
+        """A short probe of an unmeasured setting on a knob's line through the kept one.
+
+        Nearest first, while the budget lasts: the search's models can miss the best
+        setting of a jagged surface (published power-limit tables are), and a setting
+        clearly worse ends after ``min_iters`` iterations.
+        """
+        lines = []
+        for k in range(len(self.knobs)):
+            lines += [(abs(j - kept[k]), (*kept[:k], j, *kept[k + 1:]))
+                      for j in range(len(self.axes[self.knobs[k]]))]
+        for _, idx in sorted(lines):
+            if idx not in self.probes:
+                if self.budget.allows(self._probe_cost(idx), kept_j):
+                    return idx, "sweep", None
+                return None
+        return None
+
     def _revisit(self) -> tuple[Index, str, int | None] | None:
         """What is worth measuring now that a setting is kept (None: nothing, or no budget).
 
@@ -404,6 +422,7 @@ class Search:
         threshold = max(cfg.refine_gain * saving, cfg.refine_min_gain)
         n = {i: len(p.energy_j) for i, p in self.probes.items()}
         best: tuple[float, Index] | None = None
+        waiting = False
         if kept != self.default:  # the kept setting near the bound: refine the reference
             p_kept = p_within(*self._slowdown(kept), cfg.max_slowdown)
             if p_kept < 0.95 and n[self.default] < n[kept]:
@@ -420,11 +439,12 @@ class Search:
             measure = (self.default if idx != self.default and 0.02 < p_ok < 0.98
                        and n[self.default] <= n[idx] else idx)
             if measure == idx and n[kept] < 2 * n[idx]:
-                continue  # wait: the kept setting's precision comes free
+                waiting = True  # the kept setting's precision comes free: wait for it
+                continue
             if best is None or gain > best[0]:
                 best = (gain, measure)
         if best is None:
-            return None
+            return None if waiting else self._unmeasured(kept, kept_j)
         measure = best[1]
         target = n[measure] + max(4 * cfg.min_iters, n[measure] // 2)
         if not self.budget.allows(self._probe_cost(measure, target - n[measure]), kept_j):
