@@ -267,6 +267,8 @@ class Search:
                                          and self._clearly_out(probe.index))
         if n >= cfg.max_iters:
             return True
+        if n >= cfg.min_iters and not self.budget.search_allows(0.0, self._kept_j()):
+            return True  # the exploration share of a run of known length is spent
         if probe.purpose == "baseline":  # the reference of every comparison
             return n >= 2 * cfg.min_iters and probe.precise(cfg.baseline_rel_se)
         if n < cfg.min_iters:
