@@ -36,7 +36,8 @@ def main() -> None:
     ap.add_argument("--max-slowdown", type=float, default=0.05)
     ap.add_argument("--objective", default="energy")
     args = ap.parse_args()
-    cfg = SearchConfig(objective=args.objective, max_slowdown=args.max_slowdown)
+    cfg = SearchConfig(objective=args.objective, max_slowdown=args.max_slowdown,
+                       expected_iterations=args.iterations)
     rows = []
     print(f"{'table':16s} {'n':>4s} {'goal':>5s} {'bound':>5s} {'<=5%':>5s} {'save':>6s} "
           f"{'oracle':>6s} {'steps':>5s} {'gap%':>5s} {'expl it':>7s} {'expl E%':>7s} "

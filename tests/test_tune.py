@@ -63,6 +63,36 @@ def test_search_respects_the_slowdown_bound(surfaces):
         assert out.settled_slowdown <= 0.05, out
 
 
+def test_exploring_keeps_to_its_share_of_a_run_of_known_length(surfaces):
+    """A short run: told its length, the search stops exploring at 4.8 % of its energy."""
+    picked = surfaces["kt-rtx4000ada"][::60]
+    capped = [simulate(s, SearchConfig(expected_iterations=2000), 2000, 0.02, seed=i)
+              for i, s in enumerate(picked)]
+    free = [simulate(s, SearchConfig(), 2000, 0.02, seed=i) for i, s in enumerate(picked)]
+    assert max(o.explore_energy_frac for o in capped) <= 0.05
+    assert max(o.explore_energy_frac for o in free) > 0.05
+
+
+def test_the_kept_setting_is_rechecked_and_left_once_too_slow():
+    """The job slows down at the kept setting after settling: the search steps back."""
+    time_s = {(0,): 0.30, (1,): 0.24, (2,): 0.205, (3,): 0.20}
+    energy_j = {(0,): 60.0, (1,): 70.0, (2,): 76.0, (3,): 100.0}
+    search = Search({"sm_clock": (900.0, 1200.0, 1500.0, 1800.0)},
+                    SearchConfig(expected_iterations=20000))
+    rng = np.random.default_rng(0)
+    kept, n_settled = None, 0
+    for _ in range(20000):
+        idx = search.current
+        if search.settled and kept is None:
+            kept, n_settled = search.best, len(search.probes[search.best].energy_j)
+            time_s[kept] *= 1.2  # e.g. a longer sequence length from here on
+        search.observe(energy_j[idx] * rng.lognormal(0, 0.02),
+                       time_s[idx] * rng.lognormal(0, 0.02))
+    assert kept == (2,)
+    assert search.best != kept and time_s[search.best] <= 0.2 * 1.05
+    assert len(search.probes[kept].energy_j) > n_settled  # measured after settling
+
+
 def test_search_abandons_a_setting_it_cannot_measure():
     search = Search({"sm_clock": (500.0, 1000.0, 1500.0, 2000.0)}, FAST)
     for _ in range(10):
@@ -176,6 +206,7 @@ def test_cli_falls_back_to_dry_run_without_permission(tmp_path, capsys, monkeypa
     (["--max-slowdown", "-0.1"], "--max-slowdown is a fraction in [0, 1]"),
     (["--knobs", "fan"], "unknown knob(s) fan"),
     (["--min-iters", "0"], "--min-iters must be >= 1"),
+    (["--expected-iterations", "0"], "--expected-iterations must be >= 1"),
     (["--no-simulate"], "no NVIDIA driver found"),
     ([], "tune needs a command"),
 ])

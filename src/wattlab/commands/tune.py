@@ -40,6 +40,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-iters", type=int, default=500, metavar="N",
                    help="iterations measured at most per setting (default 500; most "
                         "settings end far sooner, see docs/tune.md)")
+    p.add_argument("--expected-iterations", type=int, metavar="N",
+                   help="the run's length in iterations, if known: exploring is capped at "
+                        "4.8 %% of the whole run's energy (without it, of the energy so far)")
     p.add_argument("--step-marker", metavar="NAME",
                    help="take iterations from the workload's markers of this name (begin or "
                         "point, e.g. from wattlab.mark) instead of the power samples")
@@ -67,7 +70,8 @@ def plan_of(args: argparse.Namespace) -> TunePlan:
     if args.gpu < 0:
         raise UsageError(f"--gpu must be >= 0, got {args.gpu}")
     config = SearchConfig(objective=args.objective, max_slowdown=args.max_slowdown,
-                          min_iters=args.min_iters, max_iters=args.max_iters)
+                          min_iters=args.min_iters, max_iters=args.max_iters,
+                          expected_iterations=args.expected_iterations)
     config.check()
     command = command_of(args) or None
     if command is None and args.duration is None:

@@ -182,7 +182,7 @@ class Controller:
             self.tap.markers.put(Marker(time.monotonic_ns(), "tune.would_apply", "point",
                                         "tune", dict(setting)))
             return
-        purpose = self.search.probes[nxt].purpose if not self.search.settled else "settle"
+        purpose = self.search.reason
         if self.guards is not None:
             self.guards.apply(setting)
         self.changed_ns = time.monotonic_ns()

@@ -10,8 +10,11 @@ unmeasured setting predicted to respect the bound, and a local search measures t
 neighbours of the best measured one. A probe lasts until its mean energy and time per
 iteration are known to ``rel_se`` (standard error), within ``min_iters``..``max_iters``,
 after dropping the first iteration at a new setting (it straddles the change). The settled
-setting is the best *measured* one whose slowdown, less its own uncertainty, keeps within
-the bound: a model only chooses what to measure, never what to keep.
+setting is the best *measured* one whose slowdown, plus its own uncertainty, keeps within
+the bound: a model only chooses what to measure, never what to keep. Once settled, the kept
+setting goes on being measured and the decision is retaken every few dozen iterations;
+close calls are revisited by their expected gain, within a share of the run's energy
+(refine.py).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from wattlab.analysis.models import (
 )
 from wattlab.analysis.sweep_results import SweepTable
 from wattlab.errors import UsageError
+from wattlab.tuning.refine import ExploreBudget, expected_gain, p_within
 from wattlab.tuning.surfaces import objective_value
 
 Index = tuple[int, ...]
@@ -48,7 +52,9 @@ class SearchConfig:
     max_slowdown: float = 0.05
     min_iters: int = 5
     max_iters: int = 500
-    rel_se: float = 0.002
+    # close calls are measured only to 0.4 % while searching: the kept setting goes on
+    # being measured and what is still close is revisited by its expected gain (refine.py)
+    rel_se: float = 0.004
     # the default's measurement: every other is compared with it, yet tighter than this
     # costs more exploration than the closer comparisons gain (bench/tune_sim.py)
     baseline_rel_se: float = 0.003
@@ -56,6 +62,15 @@ class SearchConfig:
     max_probes_per_knob: int = 8
     z_bound: float = 1.0  # a kept setting's slowdown plus this many SEs is within the bound
     z_verdict: float = 2.0  # a probe ends early once this many SEs say it cannot be kept
+    # exploring (every iteration not at the kept setting) may cost at most this share of
+    # the run's energy; of the whole run when its length is given, else of the run so far
+    explore_share: float = 0.048
+    expected_iterations: int | None = None
+    # after settling, revisit a setting whose expected gain over the kept one is at least
+    # this share of the kept setting's saving (or refine_min_gain of the objective)
+    refine_gain: float = 0.01
+    refine_min_gain: float = 2e-4
+    monitor_every: int = 25  # iterations at the kept setting between two re-decisions
 
     def check(self) -> None:
         """Bad values are usage errors that name the option."""
@@ -68,6 +83,12 @@ class SearchConfig:
         if not 1 <= self.min_iters <= self.max_iters:
             raise UsageError(f"--min-iters must be >= 1 and <= --max-iters, got "
                              f"{self.min_iters} and {self.max_iters}")
+        if self.expected_iterations is not None and self.expected_iterations < 1:
+            raise UsageError(f"--expected-iterations must be >= 1, got "
+                             f"{self.expected_iterations}")
+        if not 0.0 < self.explore_share <= 1.0:
+            raise UsageError(f"--explore-share is a fraction in (0, 1], got "
+                             f"{self.explore_share}")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -86,6 +107,25 @@ class Probe:
     energy_j: list[float] = field(default_factory=list)
     time_s: list[float] = field(default_factory=list)
     skipped: int = 0
+    # running means and sums of squared deviations (Welford) of energy and time: the kept
+    # setting gathers thousands of iterations and is re-decided every few dozen
+    _moments: list[float] = field(default_factory=lambda: [0.0] * 4, repr=False)
+
+    def add(self, energy_j: float, time_s: float) -> None:
+        self.energy_j.append(float(energy_j))
+        self.time_s.append(float(time_s))
+        n, m = len(self.energy_j), self._moments
+        for j, x in ((0, float(energy_j)), (2, float(time_s))):
+            delta = x - m[j]
+            m[j] += delta / n
+            m[j + 1] += delta * (x - m[j])
+
+    def rel_sd(self) -> tuple[float, float]:
+        """Relative standard deviation of energy and time per iteration."""
+        n, m = len(self.energy_j), self._moments
+        if n < 2:
+            return 0.0, 0.0
+        return math.sqrt(m[1] / (n - 1)) / m[0], math.sqrt(m[3] / (n - 1)) / m[2]
 
     def stats(self, floor_rel_sd: tuple[float, float] = (0.0, 0.0)
               ) -> tuple[float, float, float, float]:
@@ -95,26 +135,15 @@ class Probe:
         few iterations can look steadier than the job is, so the search floors their spread
         with the one the long default measurement showed.
         """
-        if not self.energy_j:
+        n, m = len(self.energy_j), self._moments
+        if n == 0:
             return math.nan, math.inf, math.nan, math.inf
-        e, t = np.array(self.energy_j), np.array(self.time_s)
-        n = len(e)
-        widen = _widen(n)
-
-        def se(a: np.ndarray, floor: float) -> float:
-            if n < 2:
-                return math.inf
-            sd = max(float(a.std(ddof=1)), floor * float(a.mean()))
-            return sd / math.sqrt(n) * widen
-
-        return float(e.mean()), se(e, floor_rel_sd[0]), float(t.mean()), se(t, floor_rel_sd[1])
-
-    def rel_sd(self) -> tuple[float, float]:
-        """Relative standard deviation of energy and time per iteration."""
-        if len(self.energy_j) < 2:
-            return 0.0, 0.0
-        e, t = np.array(self.energy_j), np.array(self.time_s)
-        return float(e.std(ddof=1) / e.mean()), float(t.std(ddof=1) / t.mean())
+        if n < 2:
+            return m[0], math.inf, m[2], math.inf
+        rel = self.rel_sd()
+        scale = _widen(n) / math.sqrt(n)
+        return (m[0], max(rel[0], floor_rel_sd[0]) * m[0] * scale,
+                m[2], max(rel[1], floor_rel_sd[1]) * m[2] * scale)
 
     def precise(self, rel_se: float, floor_rel_sd: tuple[float, float] = (0.0, 0.0)) -> bool:
         """Mean energy and time both known to ``rel_se`` (relative standard error)."""
@@ -139,10 +168,16 @@ class Search:
         self.models: list[dict[str, Any]] = []
         self.decisions: list[dict[str, Any]] = []
         self.iteration = 0
-        self.settled_at: int | None = None
+        self.settled_at: int | None = None  # the latest settling
         self.best: Index = self.default
+        self.budget = ExploreBudget(config.explore_share, config.expected_iterations)
+        self.phase = "search"  # then "kept" (running the kept setting) or "revisit"
+        self.reason = "baseline"  # why the current setting runs
         self._knob = 0
         self._knob_probes = 0
+        self._since_change = 0  # iterations seen since the setting last changed
+        self._target: int | None = None  # a revisit lasts until its probe has this many
+        self._kept_seen = 0
         self.current: Index = self.default
         self._start(self.default, "baseline")
 
@@ -150,7 +185,8 @@ class Search:
 
     @property
     def settled(self) -> bool:
-        return self.settled_at is not None
+        """Running the kept setting (exploring is over, or paused between revisits)."""
+        return self.phase == "kept"
 
     def setting(self, index: Index) -> dict[str, float]:
         return {k: self.axes[k][i] for k, i in zip(self.knobs, index, strict=True)}
@@ -158,18 +194,22 @@ class Search:
     def observe(self, energy_j: float, time_s: float) -> Index | None:
         """One finished iteration at ``current``; returns the next setting if it changes."""
         self.iteration += 1
-        if self.settled or not (energy_j > 0 and time_s > 0):
+        if not (energy_j > 0 and time_s > 0):
             return None
+        self.budget.add(energy_j, exploring=not self.settled)
         probe = self.probes[self.current]
-        if probe.skipped < self.cfg.discard:
+        if self._since_change < self.cfg.discard:
+            self._since_change += 1
             probe.skipped += 1
             return None
-        probe.energy_j.append(float(energy_j))
-        probe.time_s.append(float(time_s))
-        if not self._enough(probe):
-            return None
+        probe.add(energy_j, time_s)
         before = self.current
-        self._next()
+        if self.settled:  # the kept setting goes on being measured: free data
+            self._kept_seen += 1
+            if self._kept_seen >= self.cfg.monitor_every:
+                self._settle()
+        elif self._enough(probe):
+            self._next()
         return self.current if self.current != before else None
 
     def abandon(self, why: str) -> Index | None:
@@ -180,6 +220,7 @@ class Search:
         """
         if self.settled or self.current == self.default:
             return None
+        self._target = None
         self.probes[self.current].purpose += " (abandoned)"
         self.decisions.append({"iteration": self.iteration, "action": "abandon", "why": why,
                                "setting": self.setting(self.current)})
@@ -193,7 +234,7 @@ class Search:
         best = self.probes[self.best].stats()
         return {"objective": self.cfg.objective, "max_slowdown": self.cfg.max_slowdown,
                 "knobs": self.knobs, "default": self.setting(self.default),
-                "chosen": self.setting(self.best), "settled": self.settled,
+                "chosen": self.setting(self.best), "settled": self.settled_at is not None,
                 "settled_at_iteration": self.settled_at, "probes": len(self.order),
                 "baseline": list(base),
                 "energy_saving_measured": 1.0 - best[0] / base[0],
@@ -203,7 +244,11 @@ class Search:
     # ------------------------------------------------------------------ internals
 
     def _start(self, index: Index, purpose: str) -> None:
-        self.current = index
+        if index == self.current and purpose == self.reason and index in self.probes:
+            return  # nothing changes (a re-decision that kept the setting)
+        if index != self.current:
+            self._since_change = 0
+        self.current, self.reason = index, purpose
         if index not in self.probes:
             self.probes[index] = Probe(index, self.setting(index), purpose)
             self.order.append(index)
@@ -217,21 +262,35 @@ class Search:
         Precision is spent only where a decision is close (near the bound, near the best).
         """
         cfg, n = self.cfg, len(probe.energy_j)
+        if self._target is not None:  # a revisit: its planned length, or a clear verdict
+            return n >= self._target or (probe.index != self.default
+                                         and self._clearly_out(probe.index))
         if n >= cfg.max_iters:
             return True
+        if n >= cfg.min_iters and not self.budget.search_allows(0.0, self._kept_j()):
+            return True  # the exploration share of a run of known length is spent
         if probe.purpose == "baseline":  # the reference of every comparison
             return n >= 2 * cfg.min_iters and probe.precise(cfg.baseline_rel_se)
         if n < cfg.min_iters:
             return False
         if probe.precise(cfg.rel_se, self._floor()):
             return True
+        if self._clearly_out(probe.index):
+            return True
         slow, se_slow = self._slowdown(probe.index)
-        if slow - cfg.z_verdict * se_slow > cfg.max_slowdown:
-            return True  # clearly too slow
         ratio, se_ratio = self._ratio_to_best(probe.index)
         bound_clear = cfg.max_slowdown - slow > cfg.z_verdict * se_slow
         best_clear = abs(ratio - 1.0) > cfg.z_verdict * se_ratio
         return best_clear and (bound_clear or ratio > 1.0)
+
+    def _clearly_out(self, index: Index) -> bool:
+        """Clearly too slow, or clearly worse than the best measured setting."""
+        cfg = self.cfg
+        slow, se_slow = self._slowdown(index)
+        if slow - cfg.z_verdict * se_slow > cfg.max_slowdown:
+            return True
+        ratio, se_ratio = self._ratio_to_best(index)
+        return index != self.best and ratio - 1.0 > cfg.z_verdict * se_ratio
 
     def _floor(self) -> tuple[float, float]:
         """The spread per iteration the default measurement showed (the job's own jitter)."""
@@ -279,8 +338,10 @@ class Search:
 
     def _next(self) -> None:
         """Pick the next probe along the current knob, move to the next knob, or settle."""
-        while self._knob < len(self.knobs):
+        while self.phase == "search" and self._knob < len(self.knobs):
             self.best = self._best_measured()
+            if not self.budget.search_allows(self._probe_cost(self.best), self._kept_j()):
+                break  # the exploration share of a run of known length is spent
             line = self._line()
             nxt = None
             if self._knob_probes < self.cfg.max_probes_per_knob:
@@ -290,9 +351,112 @@ class Search:
                 return
             self._knob += 1
             self._knob_probes = 0
+        self._settle()
+
+    def _kept_j(self) -> float:
+        return self.probes[self.best].stats()[0]
+
+    def _probe_cost(self, index: Index, iterations: int | None = None) -> float:
+        """Energy (J) of ``iterations`` more at a setting (a short probe by default)."""
+        e = self.probes[index].stats()[0] if index in self.probes else math.nan
+        n = self.cfg.discard + (iterations or 2 * self.cfg.min_iters)
+        return n * (e if math.isfinite(e) else self._kept_j())
+
+    def _settle(self) -> None:
+        """Keep the best measured setting, or first revisit what may still beat it."""
+        self._kept_seen = 0
+        self._target = None
         self.best = self._best_measured()
-        self.settled_at = self.iteration
+        revisit = self._revisit()
+        if revisit is not None:
+            self.phase = "revisit"
+            self._target = revisit[2]
+            self._start(revisit[0], revisit[1])
+            return
+        if self.phase != "kept":
+            self.settled_at = self.iteration
+        self.phase = "kept"
         self._start(self.best, "settle")
+
+    def _neighbours(self, index: Index) -> list[Index]:
+        out = []
+        for k, n in enumerate(len(v) for v in self.axes.values()):
+            for j in (index[k] - 1, index[k] + 1):
+                if 0 <= j < n:
+                    out.append((*index[:k], j, *index[k + 1:]))
+        return out
+
+    def _unmeasured(self, kept: Index, kept_j: float) -> tuple[Index, str, None] | None:
+        """A short probe of an unmeasured setting on a knob's line through the kept one.
+
+        Nearest first, while the budget lasts: the search's models can miss the best
+        setting of a jagged surface (published power-limit tables are), and a setting
+        clearly worse ends after ``min_iters`` iterations.
+        """
+        lines = []
+        for k in range(len(self.knobs)):
+            lines += [(abs(j - kept[k]), (*kept[:k], j, *kept[k + 1:]))
+                      for j in range(len(self.axes[self.knobs[k]]))]
+        for _, idx in sorted(lines):
+            if idx not in self.probes:
+                if self.budget.allows(self._probe_cost(idx), kept_j):
+                    return idx, "sweep", None
+                return None
+        return None
+
+    def _revisit(self) -> tuple[Index, str, int | None] | None:
+        """What is worth measuring now that a setting is kept (None: nothing, or no budget).
+
+        An unmeasured neighbour of the kept setting first (a short probe); then the measured
+        setting with the largest expected gain over the kept one, if it is worth more than
+        ``refine_gain`` of the kept setting's saving: measured further itself, or the
+        default when the challenger's (or the kept setting's) slowdown straddles the bound
+        and the default's measurement is the larger part of its uncertainty. The kept
+        setting's own iterations are free, so a challenger is measured only once the kept
+        one has more iterations than it.
+        """
+        cfg, kept = self.cfg, self.best
+        kept_j = self._kept_j()
+        for nb in self._neighbours(kept):
+            if nb not in self.probes:
+                if self.budget.allows(self._probe_cost(nb), kept_j):
+                    return nb, "local", None
+                return None
+        e0, _, t0, _ = self.probes[self.default].stats()
+        ek, _, tk, _ = self.probes[kept].stats()
+        saving = 1.0 - objective_value(cfg.objective, ek, tk) / objective_value(
+            cfg.objective, e0, t0)
+        threshold = max(cfg.refine_gain * saving, cfg.refine_min_gain)
+        n = {i: len(p.energy_j) for i, p in self.probes.items()}
+        best: tuple[float, Index] | None = None
+        waiting = False
+        if kept != self.default:  # the kept setting near the bound: refine the reference
+            p_kept = p_within(*self._slowdown(kept), cfg.max_slowdown)
+            if p_kept < 0.95 and n[self.default] < n[kept]:
+                best = (math.inf, self.default)
+        for idx in self.probes:
+            if idx == kept or n[idx] < 2:
+                continue
+            ratio, se_ratio = self._ratio_to_best(idx)
+            p_ok = 1.0 if idx == self.default else p_within(*self._slowdown(idx),
+                                                             cfg.max_slowdown)
+            gain = expected_gain(1.0 - ratio, se_ratio, p_ok)
+            if gain < threshold:
+                continue
+            measure = (self.default if idx != self.default and 0.02 < p_ok < 0.98
+                       and n[self.default] <= n[idx] else idx)
+            if measure == idx and n[kept] < 2 * n[idx]:
+                waiting = True  # the kept setting's precision comes free: wait for it
+                continue
+            if best is None or gain > best[0]:
+                best = (gain, measure)
+        if best is None:
+            return None if waiting else self._unmeasured(kept, kept_j)
+        measure = best[1]
+        target = n[measure] + max(4 * cfg.min_iters, n[measure] // 2)
+        if not self.budget.allows(self._probe_cost(measure, target - n[measure]), kept_j):
+            return None
+        return measure, "revisit", target
 
     def _spread(self, line: list[Index]) -> tuple[Index, str] | None:
         n = len(line)
