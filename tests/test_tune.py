@@ -281,6 +281,8 @@ def test_step_markers_are_the_iteration_source_when_named(tmp_path):
     # 60 steps of 0.2 s; the last few may end after the power's last read
     assert 45 <= len(periods_s) <= 59
     assert abs(float(np.median(periods_s)) - 0.2) < 0.01
-    # the simulated GPU draws 70-770 W: 0.2 s of it is 14-154 J
-    assert np.all((energy_j > 10) & (energy_j < 160))
+    # the simulated GPU draws 70-770 W over each iteration's own span (on a loaded machine
+    # a late step is followed by a short one: the workload keeps a fixed schedule)
+    mean_power_w = energy_j / periods_s
+    assert np.all((mean_power_w > 60) & (mean_power_w < 800)), mean_power_w
     assert gpu.locked_clocks_mhz is None
