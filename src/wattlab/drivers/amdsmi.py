@@ -297,9 +297,10 @@ class AmdSmiDriver:
                 "wrap": f"64-bit, but some firmware wraps at 32 bits ({WRAP_32_UNITS} units "
                         f"= {WRAP_32_UNITS * resolution_uj * 1e-9:.1f} kJ): a count below the "
                         "previous one is unwrapped",
+                "plausible_pct": PLAUSIBLE_PCT,
                 "plausibility": f"wattlab energy --node compares the counter with the "
                                 f"integrated socket power and warns beyond "
-                                f"{PLAUSIBLE_PCT:g} %",
+                                f"{PLAUSIBLE_PCT:g} % (plus both estimates' ±)",
             },
             "caveats": list(CAVEATS),
         }
