@@ -104,10 +104,14 @@ def parse_streams(text: str | Collection[str]) -> tuple[str, ...]:
 class GpuDriver(Protocol):
     """What the reader asks of a GPU driver (``NvmlDriver``, ``AmdSmiDriver``)."""
 
-    kind: str
-    prefix: str
-    calls: Mapping[str, str]
-    state_names: tuple[str, ...]
+    @property
+    def kind(self) -> str: ...
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def calls(self) -> Mapping[str, str]: ...
+    @property
+    def state_names(self) -> tuple[str, ...]: ...
 
     def open(self) -> None: ...
     def close(self) -> None: ...
@@ -162,8 +166,9 @@ class NvmlAcquirer:
 
     ``name`` replaces the streams' prefix (``amd0`` in ``amd0.power``), for a GPU named by
     the user. ``streams`` keeps only some of them (see ``parse_streams``); a stream left
-    out is never read, so it costs no wake-up. ``intervals_s`` replaces some of ``DEFAULT_INTERVALS_S``
-    (checked user input comes from ``parse_intervals``; tests may go past its limits).
+    out is never read, so it costs no wake-up. ``intervals_s`` replaces some of
+    ``DEFAULT_INTERVALS_S`` (checked user input comes from ``parse_intervals``; tests may go
+    past its limits).
 
     ``clock_ns``, ``wall_clock_ns`` and ``sleep`` are injectable so tests can run on a fake
     clock; by default the clocks are ``time.monotonic_ns`` and ``time.time_ns``, and ``poll``

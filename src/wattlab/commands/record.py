@@ -125,7 +125,8 @@ def nvml_choice(args: argparse.Namespace, bench: BenchConfig | None) -> NvmlChoi
     """Which GPUs to read and how, from the bench file or the flags."""
     if bench is not None:
         return nvml_selection(bench)
-    return NvmlChoice(args.nvml or ("none" if args.amd else "all"), args.simulate, 1 if args.simulated_gpus is None
+    gpus = args.nvml or ("none" if args.amd else "all")  # an AMD host has no NVIDIA GPU
+    return NvmlChoice(gpus, args.simulate, 1 if args.simulated_gpus is None
                       else args.simulated_gpus, args.seed or 0, args.nvml_streams or "all",
                       args.nvml_intervals or "")
 
@@ -362,10 +363,10 @@ def run(args: argparse.Namespace) -> int:
             result = Session(output, [], source_specs=specs, **common).run()
         report(result)
         return exit_status(result)
-    amd = amd_acquirers(args.amd, amd_opts)
+    amd_readers = amd_acquirers(args.amd, amd_opts)
     with (nvml_acquirers(nvml, other_sources=bool(args.meter or args.agent)) if bench is None
           else bench_acquirers(bench)) as sources:
-        acquirers = sources + meter_acquirers(args.meter) + amd
+        acquirers = sources + meter_acquirers(args.meter) + amd_readers
         if not acquirers and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")

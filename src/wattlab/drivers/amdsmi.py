@@ -79,8 +79,9 @@ def load_amdsmi() -> Any:
         raise NvmlMissingError(f"{NO_LIBRARY_MESSAGE} ({e})") from e
 
 
-def _available(value: Any) -> bool:
-    return value is not None and value != NOT_AVAILABLE
+def _number(value: Any) -> float | None:
+    """A value amdsmi answered, as a float; None for one it answers "N/A"."""
+    return None if value is None or value == NOT_AVAILABLE else float(value)
 
 
 class AmdSmiDriver:
@@ -197,7 +198,7 @@ class AmdSmiDriver:
                          missing=info.missing) or {}
         info.name = str(asic.get("market_name") or "AMD GPU")
         serial = asic.get("asic_serial")
-        info.serial = str(serial) if _available(serial) else ""
+        info.serial = "" if serial in (None, NOT_AVAILABLE) else str(serial)
         info.uuid = str(self._ask(gpu, "uuid", lib.amdsmi_get_gpu_device_uuid, h,
                                   missing=info.missing) or "")
         driver = self._ask(gpu, "driver_version", lib.amdsmi_get_gpu_driver_info, h,
@@ -208,8 +209,8 @@ class AmdSmiDriver:
                         missing=info.missing) or {}
 
         def watts(key: str) -> float | None:
-            value = cap.get(key)
-            return float(value) / 1e6 if _available(value) else None  # µW
+            value = _number(cap.get(key))
+            return None if value is None else value / 1e6  # µW
 
         info.power_limit_min_w, info.power_limit_max_w = watts("min_power_cap"), \
             watts("max_power_cap")
@@ -229,7 +230,7 @@ class AmdSmiDriver:
                            self.handle(gpu))
         for name, key in (("instant_power_w", "current_socket_power"),
                           ("average_power_w", "average_socket_power")):
-            if not _available(power.get(key)):
+            if _number(power.get(key)) is None:
                 missing[name] = f"amdsmi_get_power_info answers {key} = N/A"
         self._ask(gpu, "energy_j", self.read_energy_j, gpu, missing=missing)
         state = self.read_state(gpu)
@@ -248,25 +249,24 @@ class AmdSmiDriver:
 
     def read_samples(self, gpu: int, last_seen_us: int
                      ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-        """amdsmi keeps no sample buffer: always empty (power is polled instead)."""
+        """Amdsmi keeps no sample buffer: always empty (power is polled instead)."""
         return np.zeros(0, np.int64), np.zeros(0, np.float64)
 
     def read_power(self, gpu: int) -> tuple[float | None, float | None]:
         """(current socket W, 1 s average socket W); None for what the GPU answers N/A."""
         power = self._call(gpu, AMDSMI_CALLS["average_power_w"],
                            self.lib.amdsmi_get_power_info, self.handle(gpu))
-        current, average = power.get("current_socket_power"), power.get("average_socket_power")
-        return (float(current) if _available(current) else None,
-                float(average) if _available(average) else None)
+        return (_number(power.get("current_socket_power")),
+                _number(power.get("average_socket_power")))
 
     def read_energy_j(self, gpu: int) -> float:
         """The accumulator in J, unwrapped where the firmware wraps it at 32 bits."""
         count = self._call(gpu, AMDSMI_CALLS["energy_j"], self.lib.amdsmi_get_energy_count,
                            self.handle(gpu))
-        units = count.get("energy_accumulator", count.get("power"))  # "power" before 6.2
-        if not _available(units):
+        value = _number(count.get("energy_accumulator", count.get("power")))  # "power" < 6.2
+        if value is None:
             raise NvmlError(f"AMD GPU {gpu}: amdsmi_get_energy_count answered no count")
-        units = int(units)
+        units = int(value)
         resolution_uj = float(count.get("counter_resolution") or DEFAULT_RESOLUTION_UJ)
         last = self._last_units.get(gpu)
         if last is not None and units < last:
@@ -282,8 +282,8 @@ class AmdSmiDriver:
         """A quarter of the time a 32-bit accumulator takes to wrap at the top power cap."""
         cap = self._ask(gpu, "power_cap", self.lib.amdsmi_get_power_cap_info,
                         self.handle(gpu)) or {}
-        top = cap.get("max_power_cap")
-        top_w = float(top) / 1e6 if _available(top) and float(top) > 0 else 1000.0
+        top = _number(cap.get("max_power_cap"))
+        top_w = top / 1e6 if top is not None and top > 0 else 1000.0
         return WRAP_32_UNITS * DEFAULT_RESOLUTION_UJ * 1e-6 / top_w / 4
 
     def counter_config(self, gpu: int) -> dict[str, Any]:
@@ -314,13 +314,13 @@ class AmdSmiDriver:
             if freq and freq.get("frequency"):
                 out[name] = float(freq["frequency"][int(freq["current"])])  # Hz
         activity = self._ask(gpu, "gpu_util_pct", lib.amdsmi_get_gpu_activity, h) or {}
-        if _available(activity.get("gfx_activity")):
-            out["gpu_util_pct"] = float(activity["gfx_activity"])
+        if (util := _number(activity.get("gfx_activity"))) is not None:
+            out["gpu_util_pct"] = util
         temp = self._ask(gpu, "temperature_c", lib.amdsmi_get_temp_metric, h,
                          lib.AmdSmiTemperatureType.HOTSPOT, lib.AmdSmiTemperatureMetric.CURRENT)
-        if _available(temp):
-            out["temperature_c"] = float(temp)
+        if (temp_c := _number(temp)) is not None:
+            out["temperature_c"] = temp_c
         cap = self._ask(gpu, "power_limit_w", lib.amdsmi_get_power_cap_info, h) or {}
-        if _available(cap.get("power_cap")):
-            out["power_limit_w"] = float(cap["power_cap"]) / 1e6
+        if (cap_uw := _number(cap.get("power_cap"))) is not None:
+            out["power_limit_w"] = cap_uw / 1e6
         return out

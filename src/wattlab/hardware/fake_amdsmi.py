@@ -39,11 +39,11 @@ MI300A = GpuModel(
     sm_clocks_mhz=tuple(range(2100, 499, -100)), mem_clocks_mhz=(1300, 900))
 
 
-class AmdSmiException(Exception):  # noqa: N818 - amdsmi's own name
+class AmdSmiException(Exception):
     """The base of amdsmi's exceptions."""
 
 
-class AmdSmiLibraryException(AmdSmiException):  # noqa: N818 - amdsmi's own name
+class AmdSmiLibraryException(AmdSmiException):
     """A failed library call; ``err_code`` is the ``AMDSMI_STATUS_*`` code."""
 
     def __init__(self, err_code: int) -> None:
@@ -55,12 +55,16 @@ class AmdSmiLibraryException(AmdSmiException):  # noqa: N818 - amdsmi's own name
 
 
 class AmdSmiInitFlags(enum.IntEnum):
+    """What amdsmi_init may be asked to start."""
+
     INIT_ALL_PROCESSORS = 0xFFFFFFFF
     INIT_AMD_CPUS = 1 << 0
     INIT_AMD_GPUS = 1 << 1
 
 
 class AmdSmiClkType(enum.IntEnum):
+    """Clock domains (GFX is SYS, as in amdsmi)."""
+
     SYS = 0
     GFX = 0
     DF = 1
@@ -70,12 +74,16 @@ class AmdSmiClkType(enum.IntEnum):
 
 
 class AmdSmiTemperatureType(enum.IntEnum):
+    """Temperature sensors (MI300 has no EDGE sensor)."""
+
     EDGE = 0
     HOTSPOT = 1
     VRAM = 2
 
 
 class AmdSmiTemperatureMetric(enum.IntEnum):
+    """Which temperature reading."""
+
     CURRENT = 0
 
 
