@@ -145,6 +145,7 @@ def report(result: SessionResult) -> None:
         print(f"  gap in {gap.source}: {gap.reason}{span_text(gap)}")
     for name, error in result.source_errors.items():
         print(f"wattlab: source {name} failed: {error}", file=sys.stderr)
+    log_trackers(result.output)
     if result.recorder_restarts:
         print(f"wattlab: the recorder was restarted {result.recorder_restarts} time(s); "
               "see /gaps for anything lost", file=sys.stderr)
@@ -154,6 +155,22 @@ def report(result: SessionResult) -> None:
     if rejected:
         print(f"wattlab: the recorder rejected {rejected} malformed message(s): "
               f"{result.recorder_status.get('last_rejection')}", file=sys.stderr)
+
+
+def log_trackers(output: str) -> None:
+    """The run's energy into the trackers its workload announced (docs/trackers.md).
+
+    A tracker that fails costs a warning, never the recording's exit status.
+    """
+    from wattlab.integrations.trackers import log_announced
+
+    try:
+        lines = log_announced(output)
+    except Exception as e:  # the recording is safe on disk whatever happens here
+        print(f"wattlab: logging energy to the workload's tracker failed: {e}", file=sys.stderr)
+        return
+    for line in lines:
+        print(f"wattlab: {line}")
 
 
 def span_text(gap: GapRow) -> str:
