@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.drivers.gpu_index import resolve_indices
+from wattlab.drivers.gpu_index import SharedSession, resolve_indices
 from wattlab.drivers.gpu_scope import GpuScope
 from wattlab.drivers.nvml import DeviceInfo
 from wattlab.errors import NvmlError, NvmlMissingError
@@ -84,7 +84,7 @@ def _number(value: Any) -> float | None:
     return None if value is None or value == NOT_AVAILABLE else float(value)
 
 
-class AmdSmiDriver:
+class AmdSmiDriver(SharedSession):
     """One amdsmi session for every AMD GPU of a host; the reader's GPU-driver interface."""
 
     kind = "amdsmi"
@@ -126,27 +126,18 @@ class AmdSmiDriver:
 
     # ------------------------------------------------------------------ session
 
-    def open(self) -> None:
-        """Initialise amdsmi for AMD GPUs; nested opens are counted."""
-        with self._lock:
-            if self._opened == 0:
-                lib = self.lib
-                flags = getattr(getattr(lib, "AmdSmiInitFlags", None), "INIT_AMD_GPUS", None)
-                try:
-                    lib.amdsmi_init() if flags is None else lib.amdsmi_init(flags)
-                except self._errors() as e:
-                    raise NvmlMissingError(f"{NO_LIBRARY_MESSAGE} (amdsmi_init: {e})") from e
-            self._opened += 1
+    def _start(self) -> None:
+        """Initialise amdsmi for AMD GPUs."""
+        lib = self.lib
+        flags = getattr(getattr(lib, "AmdSmiInitFlags", None), "INIT_AMD_GPUS", None)
+        try:
+            lib.amdsmi_init() if flags is None else lib.amdsmi_init(flags)
+        except self._errors() as e:
+            raise NvmlMissingError(f"{NO_LIBRARY_MESSAGE} (amdsmi_init: {e})") from e
 
-    def close(self) -> None:
-        """Shut amdsmi down once the last user is done; safe after a failed open."""
-        with self._lock:
-            if self._opened == 0:
-                return
-            self._opened -= 1
-            if self._opened == 0:
-                self._handles = None
-                self._call(None, "amdsmi_shut_down", self.lib.amdsmi_shut_down)
+    def _stop(self) -> None:
+        self._handles = None
+        self._call(None, "amdsmi_shut_down", self.lib.amdsmi_shut_down)
 
     def __enter__(self) -> AmdSmiDriver:
         self.open()

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pynvml  # the pure-Python binding; the C library is only loaded by nvmlInit
 
-from wattlab.drivers.gpu_index import resolve_indices
+from wattlab.drivers.gpu_index import SharedSession, resolve_indices
 from wattlab.drivers.gpu_scope import VIRTUALIZATION, GpuScope
 from wattlab.drivers.nvml_samples import VALUE_MEMBERS, SampleDrain, UnknownValueType
 from wattlab.errors import NvmlError, NvmlMissingError, UsageError
@@ -97,7 +97,7 @@ class DeviceInfo:
         return asdict(self)
 
 
-class NvmlDriver:
+class NvmlDriver(SharedSession):
     """One NVML session (shared by every GPU of a host); all readings in SI units.
 
     ``kind``, ``prefix``, ``calls`` and ``state_names`` are what the GPU reader
@@ -125,31 +125,22 @@ class NvmlDriver:
 
     # ------------------------------------------------------------------ session
 
-    def open(self) -> None:
-        """Initialise NVML; nested opens are counted, so acquirers can share one driver."""
-        with self._lock:
-            if self._opened == 0:
-                try:
-                    self.lib.nvmlInit()
-                except pynvml.NVMLError as e:
-                    if getattr(e, "value", None) in _NO_LIBRARY_CODES:
-                        raise NvmlMissingError(f"{NO_LIBRARY_MESSAGE} ({e})") from e
-                    raise NvmlError(f"NVML failed to initialise: {e}") from e
-            self._opened += 1
+    def _start(self) -> None:
+        """Initialise NVML."""
+        try:
+            self.lib.nvmlInit()
+        except pynvml.NVMLError as e:
+            if getattr(e, "value", None) in _NO_LIBRARY_CODES:
+                raise NvmlMissingError(f"{NO_LIBRARY_MESSAGE} ({e})") from e
+            raise NvmlError(f"NVML failed to initialise: {e}") from e
 
-    def close(self) -> None:
-        """Release NVML once the last user is done; safe to call after a failed open."""
-        with self._lock:
-            if self._opened == 0:
-                return
-            self._opened -= 1
-            if self._opened == 0:
-                self._handles.clear()
-                self._drains.clear()
-                try:
-                    self.lib.nvmlShutdown()
-                except pynvml.NVMLError as e:
-                    raise NvmlError(f"NVML failed to shut down: {e}") from e
+    def _stop(self) -> None:
+        self._handles.clear()
+        self._drains.clear()
+        try:
+            self.lib.nvmlShutdown()
+        except pynvml.NVMLError as e:
+            raise NvmlError(f"NVML failed to shut down: {e}") from e
 
     def __enter__(self) -> NvmlDriver:
         self.open()
