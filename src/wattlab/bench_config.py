@@ -115,7 +115,7 @@ class DeviceConfig:
     def address(self) -> str:
         """The serial port, VISA resource or folder (powercap) of a meter."""
         return str(self.options.get("port") or self.options.get("resource")
-                   or self.options.get("path") or "")
+                   or self.options.get("path") or self.options.get("index") or "")
 
 
 @dataclass(frozen=True)

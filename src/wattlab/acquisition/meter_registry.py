@@ -23,6 +23,7 @@ METER_MODULES = (  # in the order meters are listed (bench template, error messa
     "wattlab.acquisition.scpi_sources",
     "wattlab.acquisition.mcp39f511_source",
     "wattlab.acquisition.rapl_source",
+    "wattlab.acquisition.amd_source",
 )
 
 

@@ -127,6 +127,12 @@ class RailAcquirer:
         flush = getattr(self.inner, "flush", None)
         return self._map(flush()) if flush is not None else []
 
+    def wake(self) -> None:
+        """End the meter's sleep for a stop, where it sleeps longer than a poll (a GPU reader)."""
+        wake = getattr(self.inner, "wake", None)
+        if wake is not None:
+            wake()
+
     def close(self) -> None:
         """Close the meter (once: a failed rail check already closed it)."""
         if not self._closed:

@@ -43,13 +43,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from wattlab.acquisition.nvml_cadence import DEFAULT_INTERVALS_S
 from wattlab.acquisition.source import Chunk, Reading
-from wattlab.drivers.nvml import NVML_CALLS, STATE_READINGS, NvmlDriver
+from wattlab.drivers.gpu_scope import GpuScope
+from wattlab.drivers.nvml import NVML_CALLS, DeviceInfo
 from wattlab.errors import NvmlError, UsageError
 from wattlab.samples import Channel, Gap, SampleFlag, SourceDescriptor
 
@@ -66,18 +68,20 @@ STATE_UNITS = {
 
 
 def energy_source(missing: Mapping[str, str], streams: Collection[str],
-                  ids: Mapping[str, str]) -> str:
+                  ids: Mapping[str, str], calls: Mapping[str, str] = NVML_CALLS) -> str:
     """Where this GPU's energy comes from: its counter, or which stream is integrated and why.
 
     Pre-Volta GPUs (and some vGPU guests) answer NOT_SUPPORTED for the energy counter; the
-    energy is then the integral of the best power stream recorded, never 0 J.
+    energy is then the integral of the best power stream recorded, never 0 J. ``calls``
+    names the driver's calls (NVML's or amdsmi's).
     """
     if "energy_j" not in missing and "energy" in streams:
-        return f"counter: {ids['energy']}:energy_j ({NVML_CALLS['energy_j']})"
-    why = (f"{NVML_CALLS['energy_j']} is not supported ({missing['energy_j']})"
+        return f"counter: {ids['energy']}:energy_j ({calls['energy_j']})"
+    why = (f"{calls['energy_j']} is not supported ({missing['energy_j']})"
            if "energy_j" in missing else "the energy stream was not recorded")
     for key, channel, call in (("samples", "power_w", "samples_power_w"),
-                               ("power", "average_power_w", "average_power_w")):
+                               ("power", "average_power_w", "average_power_w"),
+                               ("power", "instant_power_w", "instant_power_w")):
         if call not in missing and key in streams:
             return f"integrated: {ids[key]}:{channel}, because {why}"
     return f"none: {why}, and no power stream was recorded"
@@ -95,6 +99,32 @@ def parse_streams(text: str | Collection[str]) -> tuple[str, ...]:
                          + (f"no stream named {unknown[0]!r}; " if unknown else "none given; ")
                          + f"give 'all' or a comma list of {', '.join(NVML_STREAMS)}")
     return tuple(n for n in NVML_STREAMS if n in names)
+
+
+class GpuDriver(Protocol):
+    """What the reader asks of a GPU driver (``NvmlDriver``, ``AmdSmiDriver``)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def calls(self) -> Mapping[str, str]: ...
+    @property
+    def state_names(self) -> tuple[str, ...]: ...
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+    def device_info(self, gpu: int) -> DeviceInfo: ...
+    def probe(self, gpu: int) -> dict[str, str]: ...
+    def scope(self, gpu: int, name: str) -> GpuScope: ...
+    def energy_interval_cap_s(self, gpu: int) -> float | None: ...
+    def counter_config(self, gpu: int) -> dict[str, Any]: ...
+    def read_samples(self, gpu: int, last_seen_us: int
+                     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]: ...
+    def read_power(self, gpu: int) -> tuple[float | None, float | None]: ...
+    def read_energy_j(self, gpu: int) -> float: ...
+    def read_state(self, gpu: int) -> dict[str, float]: ...
 
 
 class _Rows:
@@ -127,11 +157,18 @@ class _Rows:
 
 
 class NvmlAcquirer:
-    """Reads GPU ``gpu_index`` through an ``NvmlDriver`` and yields Chunks for four streams.
+    """Reads GPU ``gpu_index`` through a GPU driver and yields Chunks for four streams.
 
-    ``streams`` keeps only some of them (see ``parse_streams``); a stream left out is never
-    read, so it costs no wake-up. ``intervals_s`` replaces some of ``DEFAULT_INTERVALS_S``
-    (checked user input comes from ``parse_intervals``; tests may go past its limits).
+    The driver is an ``NvmlDriver`` or an ``AmdSmiDriver``: its ``kind``, ``prefix``
+    (streams ``gpu{i}.*`` or ``amd{i}.*``), ``calls`` and ``state_names`` say what is read;
+    a driver without a sample buffer has no ``samples`` stream, and one whose energy
+    counter wraps caps the ``energy`` cadence (``energy_interval_cap_s``).
+
+    ``name`` replaces the streams' prefix (``amd0`` in ``amd0.power``), for a GPU named by
+    the user. ``streams`` keeps only some of them (see ``parse_streams``); a stream left
+    out is never read, so it costs no wake-up. ``intervals_s`` replaces some of
+    ``DEFAULT_INTERVALS_S`` (checked user input comes from ``parse_intervals``; tests may go
+    past its limits).
 
     ``clock_ns``, ``wall_clock_ns`` and ``sleep`` are injectable so tests can run on a fake
     clock; by default the clocks are ``time.monotonic_ns`` and ``time.time_ns``, and ``poll``
@@ -141,13 +178,14 @@ class NvmlAcquirer:
 
     def __init__(
         self,
-        driver: NvmlDriver,
+        driver: GpuDriver,
         gpu_index: int,
         *,
         intervals_s: Mapping[str, float] | None = None,
         sample_period_s: float = 0.02,
         buffer_capacity: int = 120,
         streams: str | Collection[str] = NVML_STREAMS,
+        name: str | None = None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall_clock_ns: Callable[[], int] = time.time_ns,
         sleep: Callable[[float], Any] | None = None,
@@ -165,14 +203,14 @@ class NvmlAcquirer:
         self._wall = wall_clock_ns
         self._woken = threading.Event()
         self._sleep = sleep
-        prefix = f"gpu{gpu_index}"
+        prefix = name or f"{driver.prefix}{gpu_index}"
         self.ids = {k: f"{prefix}.{k}" for k in ("samples", "power", "energy", "state")}
         self.missing: dict[str, str] = {}
         self.descriptors: list[SourceDescriptor] = []
         self.unix_minus_monotonic_ns = 0
         self._opened = False
         self._due_ns: dict[str, int] = {}
-        self._has_instant = True
+        self._power_names: list[str] = []
         self._state_names: list[str] = []
         self._last_seen_us = 0
         self._seen_real_sample = False
@@ -190,11 +228,16 @@ class NvmlAcquirer:
             info = self.driver.device_info(self.gpu)
             self.missing = {**info.missing, **self.driver.probe(self.gpu)}
             scope = self.driver.scope(self.gpu, info.name)
+            cap_s = self.driver.energy_interval_cap_s(self.gpu)
         except Exception:
             self.close()
             raise
-        self._has_instant = "instant_power_w" not in self.missing
-        self._state_names = [n for n, _, _ in STATE_READINGS if n not in self.missing]
+        if cap_s is not None and self.intervals_s["energy"] > cap_s:
+            self.intervals_s["energy"] = cap_s  # read before the counter can wrap twice
+        calls = self.driver.calls
+        self._power_names = [n for n in ("instant_power_w", "average_power_w")
+                             if n not in self.missing]
+        self._state_names = [n for n in self.driver.state_names if n not in self.missing]
         self.unix_minus_monotonic_ns = self._wall() - self._clock()
         now = self._clock()
         self._last_seen_us = (now + self.unix_minus_monotonic_ns) // 1000  # nothing before open
@@ -214,23 +257,24 @@ class NvmlAcquirer:
             "streams": list(self.streams),
             "unix_minus_monotonic_ns": self.unix_minus_monotonic_ns,
             "scope": scope.to_json(),
-            "energy_source": energy_source(self.missing, self.streams, self.ids),
+            "energy_source": energy_source(self.missing, self.streams, self.ids, calls),
+            **self.driver.counter_config(self.gpu),
         }
 
         def describe(key: str, channels: list[tuple[str, str, str]], **extra: Any) -> None:
-            calls = {name: NVML_CALLS[call] for name, _, call in channels}
             self.descriptors.append(
                 SourceDescriptor(
                     source_id=self.ids[key],
-                    kind="nvml",
+                    kind=self.driver.kind,
                     model=info.name,
-                    channels=tuple(Channel(n, u, NVML_CALLS[c]) for n, u, c in channels),
+                    channels=tuple(Channel(n, u, calls[c]) for n, u, c in channels),
                     serial=info.serial or info.uuid,
                     firmware=info.driver_version,
-                    transport="nvml",
+                    transport=self.driver.kind,
                     host=socket.gethostname(),
                     value_dtype="<f8",
-                    config={**config, "nvml_calls": calls, **extra},
+                    config={**config, "nvml_calls": {n: calls[c] for n, _, c in channels},
+                            **extra},
                     **(
                         {"time_raw": "device_unix_us", "time_raw_dtype": "<i8"}
                         if key == "samples"
@@ -248,10 +292,8 @@ class NvmlAcquirer:
                 buffer_capacity=self.buffer_capacity,
             )
             self._due_ns["drain"] = now + round(self.intervals_s["drain"] * 1e9)
-        power = [("average_power_w", "W", "average_power_w")]
-        if self._has_instant:
-            power.insert(0, ("instant_power_w", "W", "instant_power_w"))
-        if "average_power_w" not in self.missing and "power" in self.streams:
+        power = [(n, "W", n) for n in self._power_names]
+        if power and "power" in self.streams:
             describe("power", power, power_channel=power[0][0])
             self._due_ns["power"] = now
         if "energy_j" not in self.missing and "energy" in self.streams:
@@ -354,10 +396,9 @@ class NvmlAcquirer:
 
     def _read_power(self) -> None:
         t_ns, (instant_w, average_w) = self._timed(lambda: self.driver.read_power(self.gpu))
-        row = [average_w]
-        if self._has_instant:
-            row.insert(0, np.nan if instant_w is None else instant_w)
-        self._add("power", t_ns, row)
+        got = {"instant_power_w": instant_w, "average_power_w": average_w}
+        self._add("power", t_ns, [np.nan if got[n] is None else got[n]
+                                  for n in self._power_names])
 
     def _read_energy(self) -> None:
         t_ns, energy_j = self._timed(lambda: self.driver.read_energy_j(self.gpu))

@@ -349,9 +349,9 @@ def energy_streams(run: Run) -> list[tuple[SourceView, str, str]]:
 
 
 def default_reference(run: Run) -> str | None:
-    """The first non-NVML source with a power channel: the external meter, if any."""
+    """The first source with a power channel not a GPU's own reading: the external meter."""
     for view in run.sources.values():
-        if view.kind != "nvml" and len(view) > 1 and (ch := power_channel(view)):
+        if view.kind not in ("nvml", "amdsmi") and len(view) > 1 and (ch := power_channel(view)):
             return f"{view.source_id}:{ch}"
     return None
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from wattlab.analysis.alignment import json_safe, parse_spec, power_channel
 from wattlab.analysis.energy import energy_report
+from wattlab.analysis.gpu_plausibility import counter_checks, describe
 from wattlab.analysis.run_file import Run, SourceView
 from wattlab.errors import UsageError
 
@@ -71,7 +72,12 @@ def _sum(rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
 
 def _gpu_parts(run: Run, rows: dict[tuple[str, str], dict[str, Any]],
                notes: list[str]) -> Iterable[Part]:
-    """One part per GPU (by UUID): the stream its reader named as its energy source."""
+    """One part per GPU (by UUID): the stream its reader named as its energy source.
+
+    Where the reader asked for it (AMD), the counter is checked against the GPU's own
+    integrated power, and a disagreement is a note.
+    """
+    checks = counter_checks(run, rows)
     gpus: dict[str, list[SourceView]] = {}
     for view in run.sources.values():
         if view.kind in GPU_KINDS:
@@ -96,7 +102,13 @@ def _gpu_parts(run: Run, rows: dict[tuple[str, str], dict[str, Any]],
         scope = config.get("scope", {})
         covers = scope.get("covers", ["gpu"])
         row = next((rows[k] for c in candidates if (k := parse_spec(c)) in rows), None)
-        part = f"module{index}" if "cpu" in covers else f"gpu{index}"
+        prefix = "amd" if views[0].kind == "amdsmi" else "gpu"
+        part = f"module{index}" if "cpu" in covers else f"{prefix}{index}"
+        implausible = [c for v in views if (c := checks.get(v.source_id)) is not None
+                       and not c["plausible"] and row is not None
+                       and row["source"] == v.source_id]
+        if implausible:
+            notes.append(describe(f"{nodes[0]} {part}", implausible[0]))
         yield Part(nodes[0], part, None if row is None else row["energy_j"],
                    None if row is None else row["uncertainty_j"],
                    [] if row is None else [f"{row['source']}:{row['channel']}"],

@@ -15,6 +15,7 @@ from wattlab.acquisition.agent import (
     ClockSkew,
     run_agent,
 )
+from wattlab.acquisition.amd_source import amd_acquirers, amd_options
 from wattlab.acquisition.meters import meter_acquirers
 from wattlab.bench_config import NvmlChoice
 from wattlab.commands.record import (
@@ -52,10 +53,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="give up (exit 1) if no recorder has answered after S seconds; after "
                         f"{WARN_AFTER_S:g} s the agent says why it has not: key refused, wrong "
                         f"server key, or nothing listening (default {DEFAULT_CONNECT_TIMEOUT_S:g})")
-    p.add_argument("--nvml", default="all",
-                   help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all; "
-                        "with --meter, 'all' on a machine without the NVIDIA driver sends no "
-                        "GPU and says so)")
+    p.add_argument("--nvml",
+                   help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all, or "
+                        "none with --amd; with --meter, 'all' on a machine without the NVIDIA "
+                        "driver sends no GPU and says so)")
     p.add_argument("--nvml-streams", default="all", metavar="LIST", help=NVML_STREAMS_HELP)
     p.add_argument("--nvml-intervals", default="", metavar="KEY=S,...",
                    help=NVML_INTERVALS_HELP)
@@ -67,6 +68,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
                    help="an external meter on this node, as for `wattlab record` (repeatable)")
     add_prometheus_option(p)
+    p.add_argument("--amd", metavar="all|0,1",
+                   help="this node's AMD GPUs through amdsmi, as for `wattlab record`")
     return p
 
 
@@ -89,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     security = ClientSecurity(keys, load_public_key(args.server_key))
     skew = ClockSkew.from_env()
     stop = threading.Event()
-    meters = meter_acquirers(args.meter)
+    meters = meter_acquirers(args.meter) + amd_acquirers(args.amd, amd_options(
+        args.simulate, args.simulated_gpus, args.seed, args.nvml_streams, args.nvml_intervals))
     metrics, exporter = start_exporter(args.prometheus, skew)
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -97,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         for s in previous:
             signal.signal(s, lambda signum, frame: stop.set())
     try:
-        with nvml_acquirers(NvmlChoice(args.nvml, args.simulate, args.simulated_gpus,
+        nvml = args.nvml or ("none" if args.amd else "all")
+        with nvml_acquirers(NvmlChoice(nvml, args.simulate, args.simulated_gpus,
                                        args.seed, args.nvml_streams, args.nvml_intervals),
                             other_sources=bool(meters)) as gpus:
             acquirers = gpus + meters

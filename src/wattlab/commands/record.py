@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
+from wattlab.acquisition.amd_source import amd_acquirers, amd_devices, amd_options
 from wattlab.acquisition.disk_budget import check_room, nvml_streams
 from wattlab.acquisition.live import live_panel
 from wattlab.acquisition.meters import (
@@ -72,13 +75,16 @@ def nvml_specs(choice: NvmlChoice, other_sources: bool = False) -> list[SourceSp
             for i in indices]
 
 
-def meter_specs(texts: list[str], bench: BenchConfig | None = None) -> list[SourceSpec]:
-    """Source-process specs for the bench's meters and every ``--meter``."""
+def meter_specs(texts: list[str], bench: BenchConfig | None = None,
+                amd: Sequence[tuple[str, str]] = (), amd_opts: str = "") -> list[SourceSpec]:
+    """Source-process specs for the bench's meters, every ``--meter`` and ``--amd`` GPU."""
     specs = [SourceSpec(d.id, "meter", meter=f"{d.id}={d.kind}:{d.address}",
                         meter_options=meter_options_json(d)) for d in bench_meters(bench)]
     parsed = [parse_meter_spec(t) for t in texts]
     return specs + [SourceSpec(p.source_id, "meter", meter=t)
-                    for p, t in zip(parsed, texts, strict=True)]
+                    for p, t in zip(parsed, texts, strict=True)] + [
+        SourceSpec(sid, "meter", meter=f"{sid}=amd:{address}", meter_options=amd_opts)
+        for sid, address in amd]
 
 
 def bench_meters(bench: BenchConfig | None) -> list[DeviceConfig]:
@@ -119,7 +125,8 @@ def nvml_choice(args: argparse.Namespace, bench: BenchConfig | None) -> NvmlChoi
     """Which GPUs to read and how, from the bench file or the flags."""
     if bench is not None:
         return nvml_selection(bench)
-    return NvmlChoice(args.nvml or "all", args.simulate, 1 if args.simulated_gpus is None
+    gpus = args.nvml or ("none" if args.amd else "all")  # an AMD host has no NVIDIA GPU
+    return NvmlChoice(gpus, args.simulate, 1 if args.simulated_gpus is None
                       else args.simulated_gpus, args.seed or 0, args.nvml_streams or "all",
                       args.nvml_intervals or "")
 
@@ -138,6 +145,7 @@ def report(result: SessionResult) -> None:
         print(f"  gap in {gap.source}: {gap.reason}{span_text(gap)}")
     for name, error in result.source_errors.items():
         print(f"wattlab: source {name} failed: {error}", file=sys.stderr)
+    log_trackers(result.output)
     if result.recorder_restarts:
         print(f"wattlab: the recorder was restarted {result.recorder_restarts} time(s); "
               "see /gaps for anything lost", file=sys.stderr)
@@ -147,6 +155,22 @@ def report(result: SessionResult) -> None:
     if rejected:
         print(f"wattlab: the recorder rejected {rejected} malformed message(s): "
               f"{result.recorder_status.get('last_rejection')}", file=sys.stderr)
+
+
+def log_trackers(output: str) -> None:
+    """The run's energy into the trackers its workload announced (docs/trackers.md).
+
+    A tracker that fails costs a warning, never the recording's exit status.
+    """
+    from wattlab.integrations.trackers import log_announced
+
+    try:
+        lines = log_announced(output)
+    except Exception as e:  # the recording is safe on disk whatever happens here
+        print(f"wattlab: logging energy to the workload's tracker failed: {e}", file=sys.stderr)
+        return
+    for line in lines:
+        print(f"wattlab: {line}")
 
 
 def span_text(gap: GapRow) -> str:
@@ -193,6 +217,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="GPUs to read: 'all', a list like '0,1', or 'none' (default: all; "
                         "with --meter or --agent, 'all' on a machine without the NVIDIA "
                         "driver records no GPU and says so)")
+    p.add_argument("--amd", metavar="all|0,1",
+                   help="also read AMD GPUs through amdsmi (ROCm): 'all' or a list; streams "
+                        "amd{i}.power, amd{i}.energy, amd{i}.state; --simulate reads a "
+                        "simulated MI300X. With --amd, --nvml defaults to none "
+                        "(docs/node-energy.md)")
     p.add_argument("--nvml-streams", metavar="LIST", help=NVML_STREAMS_HELP)
     p.add_argument("--nvml-intervals", metavar="KEY=S,...", help=NVML_INTERVALS_HELP)
     p.add_argument("--simulate", action="store_true",
@@ -349,6 +378,8 @@ def run(args: argparse.Namespace) -> int:
     options = remote_options(args) | prometheus_options(args)
     faults = fault_options(args)
     nvml = nvml_choice(args, bench)
+    amd_opts = amd_options(args.simulate, args.simulated_gpus, args.seed, args.nvml_streams,
+                           args.nvml_intervals)
     common: dict[str, Any] = {"command": command or None, "duration_s": args.duration,
                               "recorder_options": options,
                               "bench_config": None if bench is None else bench.to_json(),
@@ -357,7 +388,8 @@ def run(args: argparse.Namespace) -> int:
         gpu_specs = nvml_specs(nvml, other_sources=bool(args.meter or args.agent))
         if bench is not None:
             check_gpus_exist(bench, [(s.name, s) for s in gpu_specs])
-        specs = gpu_specs + meter_specs(args.meter, bench)
+        amd = amd_devices(args.amd, amd_opts) if args.amd else []
+        specs = gpu_specs + meter_specs(args.meter, bench, amd, json.dumps(amd_opts))
         if not specs and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")
@@ -367,9 +399,10 @@ def run(args: argparse.Namespace) -> int:
             result = Session(output, [], source_specs=specs, **common).run()
         report(result)
         return exit_status(result)
+    amd_readers = amd_acquirers(args.amd, amd_opts)
     with (nvml_acquirers(nvml, other_sources=bool(args.meter or args.agent)) if bench is None
           else bench_acquirers(bench)) as sources:
-        acquirers = sources + meter_acquirers(args.meter)
+        acquirers = sources + meter_acquirers(args.meter) + amd_readers
         if not acquirers and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")

@@ -22,6 +22,7 @@ class GpuScope:
     mig: bool = False
     virtualization: str = "none"
     module: bool = False
+    module_parts: str = ""  # what a module's readings cover, where not a Grace module's
 
     @property
     def covers(self) -> tuple[str, ...]:
@@ -31,8 +32,8 @@ class GpuScope:
     def measures(self) -> str:
         """One sentence for the descriptor: what these watts and joules are."""
         if self.module:
-            what = ("the whole module: Grace CPU, GPU and memory (module power scope); "
-                    "not the GPU alone")
+            what = self.module_parts or ("the whole module: Grace CPU, GPU and memory "
+                                         "(module power scope); not the GPU alone")
         else:
             what = "the whole GPU board"
         if self.mig:

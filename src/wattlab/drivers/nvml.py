@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pynvml  # the pure-Python binding; the C library is only loaded by nvmlInit
 
+from wattlab.drivers.gpu_index import SharedSession, resolve_indices
 from wattlab.drivers.gpu_scope import VIRTUALIZATION, GpuScope
 from wattlab.drivers.nvml_samples import VALUE_MEMBERS, SampleDrain, UnknownValueType
 from wattlab.errors import NvmlError, NvmlMissingError, UsageError
@@ -96,8 +97,17 @@ class DeviceInfo:
         return asdict(self)
 
 
-class NvmlDriver:
-    """One NVML session (shared by every GPU of a host); all readings in SI units."""
+class NvmlDriver(SharedSession):
+    """One NVML session (shared by every GPU of a host); all readings in SI units.
+
+    ``kind``, ``prefix``, ``calls`` and ``state_names`` are what the GPU reader
+    (``NvmlAcquirer``) asks of any GPU driver: the amdsmi driver answers them too.
+    """
+
+    kind = "nvml"  # the descriptors' kind and transport
+    prefix = "gpu"  # streams gpu{i}.samples, gpu{i}.power, ...
+    calls = NVML_CALLS
+    state_names = tuple(name for name, _, _ in STATE_READINGS)
 
     def __init__(self, lib: Any = None) -> None:
         self._lib = lib
@@ -115,31 +125,22 @@ class NvmlDriver:
 
     # ------------------------------------------------------------------ session
 
-    def open(self) -> None:
-        """Initialise NVML; nested opens are counted, so acquirers can share one driver."""
-        with self._lock:
-            if self._opened == 0:
-                try:
-                    self.lib.nvmlInit()
-                except pynvml.NVMLError as e:
-                    if getattr(e, "value", None) in _NO_LIBRARY_CODES:
-                        raise NvmlMissingError(f"{NO_LIBRARY_MESSAGE} ({e})") from e
-                    raise NvmlError(f"NVML failed to initialise: {e}") from e
-            self._opened += 1
+    def _start(self) -> None:
+        """Initialise NVML."""
+        try:
+            self.lib.nvmlInit()
+        except pynvml.NVMLError as e:
+            if getattr(e, "value", None) in _NO_LIBRARY_CODES:
+                raise NvmlMissingError(f"{NO_LIBRARY_MESSAGE} ({e})") from e
+            raise NvmlError(f"NVML failed to initialise: {e}") from e
 
-    def close(self) -> None:
-        """Release NVML once the last user is done; safe to call after a failed open."""
-        with self._lock:
-            if self._opened == 0:
-                return
-            self._opened -= 1
-            if self._opened == 0:
-                self._handles.clear()
-                self._drains.clear()
-                try:
-                    self.lib.nvmlShutdown()
-                except pynvml.NVMLError as e:
-                    raise NvmlError(f"NVML failed to shut down: {e}") from e
+    def _stop(self) -> None:
+        self._handles.clear()
+        self._drains.clear()
+        try:
+            self.lib.nvmlShutdown()
+        except pynvml.NVMLError as e:
+            raise NvmlError(f"NVML failed to shut down: {e}") from e
 
     def __enter__(self) -> NvmlDriver:
         self.open()
@@ -174,31 +175,7 @@ class NvmlDriver:
 
     def resolve_gpus(self, spec: str) -> list[int]:
         """Turn "all" or "0,2" into GPU indices, checking each exists."""
-        count = self.gpu_count()
-        text = spec.strip().lower()
-        if text == "all":
-            if count == 0:
-                raise UsageError("no GPU found: NVML sees 0 GPUs")
-            return list(range(count))
-        indices: list[int] = []
-        for part in text.split(","):
-            token = part.strip()
-            if not (token.isascii() and token.isdigit()):
-                raise UsageError(
-                    f"GPU list {spec!r} is not valid: use 'all' or indices like '0' or '0,1'"
-                )
-            index = int(token)
-            if index >= count:
-                if count == 0:
-                    have = "this machine has no GPU"
-                elif count == 1:
-                    have = "this machine has 1 GPU (index 0)"
-                else:
-                    have = f"this machine has {count} GPUs (indices 0-{count - 1})"
-                raise UsageError(f"GPU index {index} not found: {have}")
-            if index not in indices:
-                indices.append(index)
-        return indices
+        return resolve_indices(spec, self.gpu_count())
 
     # ------------------------------------------------------------------ identity
 
@@ -304,6 +281,14 @@ class NvmlDriver:
                         module=module_scope and grace)
 
     # ------------------------------------------------------------------ readings
+
+    def energy_interval_cap_s(self, gpu: int) -> float | None:
+        """NVML's energy counter is 64-bit mJ and never wraps: no cap on the read interval."""
+        return None
+
+    def counter_config(self, gpu: int) -> dict[str, Any]:
+        """Nothing to add to the descriptor about NVML's counter (mJ, 64-bit, no known wrap)."""
+        return {}
 
     def read_samples(
         self, gpu: int, last_seen_us: int

@@ -511,6 +511,10 @@ class SimulatedGpu:
         e = self._cumulative("_cum_e", np.array([t0_ns, t1_ns]))
         return float(e[1] - e[0])
 
+    def energy_since_start_j(self, t_ns: int) -> float:
+        """Exact energy from the start to ``t_ns`` (J): what a running counter has added."""
+        return float(self._cumulative("_cum_e", np.array([t_ns]))[0])
+
     def mean_power_w(self, t0_ns: int, t1_ns: int) -> float:
         """Exact mean true power over [t0, t1] (W)."""
         if t1_ns <= t0_ns:

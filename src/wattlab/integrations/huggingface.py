@@ -13,6 +13,7 @@ from typing import Any
 
 from wattlab.errors import UsageError
 from wattlab.integrations import MarkFn, PhaseEmitter
+from wattlab.integrations.trackers import announce_trackers
 
 _classes: list[type] = []
 
@@ -37,6 +38,9 @@ def callback_class() -> type:
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.emitter.begin("fit")
+            report_to = getattr(args, "report_to", None) or []
+            announce_trackers(getattr(args, "logging_dir", None)
+                              if "tensorboard" in report_to else None, emitter=self.emitter)
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.emitter.end("fit")

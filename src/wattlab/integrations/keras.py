@@ -12,6 +12,7 @@ from typing import Any
 
 from wattlab.errors import UsageError
 from wattlab.integrations import MarkFn, PhaseEmitter
+from wattlab.integrations.trackers import announce_trackers
 
 _classes: list[type] = []
 
@@ -40,6 +41,7 @@ def callback_class() -> type:
         def on_train_begin(self, logs: Any = None) -> None:
             self._in_fit = True
             self.emitter.begin("fit")
+            announce_trackers(emitter=self.emitter)
 
         def on_train_end(self, logs: Any = None) -> None:
             self._in_fit = False

@@ -14,6 +14,7 @@ from typing import Any
 
 from wattlab.errors import UsageError
 from wattlab.integrations import MarkFn, PhaseEmitter
+from wattlab.integrations.trackers import announce_trackers, lightning_targets
 
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 _classes: dict[str, type] = {}
@@ -47,6 +48,8 @@ def callback_class(package: str | None = None) -> type:
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
             self.emitter.begin("fit")
+            announce_trackers(emitter=self.emitter,
+                              extra=lightning_targets(getattr(trainer, "loggers", [])))
 
         def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
             self.emitter.end("fit")
