@@ -120,7 +120,15 @@ def register(kind: MeterKind) -> MeterKind:
 
 
 def meter_kinds() -> dict[str, MeterKind]:
-    """Every registered kind, importing the meter modules on first use."""
+    """Every registered kind, importing the meter modules on first use.
+
+    In ``METER_MODULES`` order, whichever module a program happened to import first.
+    """
     for module in METER_MODULES:
         importlib.import_module(module)  # once: later calls find it in sys.modules
-    return dict(_KINDS)
+
+    def place(kind: MeterKind) -> int:
+        module = kind.build.__module__
+        return METER_MODULES.index(module) if module in METER_MODULES else len(METER_MODULES)
+
+    return {k.kind: k for k in sorted(_KINDS.values(), key=place)}
