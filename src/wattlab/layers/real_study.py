@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from wattlab.acquisition.gpu_clock import TorchCudaEvents
 from wattlab.layers import study
 from wattlab.layers.counting import LayerCount, LayerRow
+from wattlab.layers.in_step import record_marks
 from wattlab.layers.torch_backend import (
     TorchBackend,
     capture_inputs,
@@ -21,7 +23,7 @@ from wattlab.layers.torch_backend import (
 
 
 def measure_real(record: dict[str, Any], model: Any, count: LayerCount, *, gpu: int,
-                 n_groups: int, window_s: float,
+                 n_groups: int, window_s: float, whole_window_s: float = study.WHOLE_WINDOW_S,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure every row of ``count`` and the whole pass on CUDA device ``gpu``.
 
@@ -45,8 +47,12 @@ def measure_real(record: dict[str, Any], model: Any, count: LayerCount, *, gpu: 
         def jobs_of(rows: Sequence[LayerRow]) -> list[Any]:
             return [layer_job(model, r, inputs) for r in rows]
 
-        return study.measure_record(record, count, backend, jobs_of=jobs_of,
-                                    combine=group_job, whole_job=step_job(model, x, count.train),
-                                    n_groups=n_groups, window_s=window_s, progress=progress)
+        step = step_job(model, x, count.train)
+        events = TorchCudaEvents()
+        return study.measure_record(
+            record, count, backend, jobs_of=jobs_of, combine=group_job, whole_job=step,
+            step_marks=lambda n: record_marks(model, step, events, steps=n),
+            n_groups=n_groups, window_s=window_s, whole_window_s=whole_window_s,
+            progress=progress)
     finally:
         driver.close()
