@@ -108,17 +108,25 @@ def power_from_ticks(w: Window) -> tuple[float, float]:
 def measure(backend: Backend, job: Any, min_s: float = 1.0, tries: int = 3) -> Measured:
     """Time and energy of one run of ``job``, from a window of at least ``min_s``.
 
-    A counter that ticks too rarely for the window gets a window twice as long (``tries``).
+    A window that came out shorter than ``min_s`` (the first runs were slow) is run again,
+    longer in proportion; a counter that ticks too rarely for the window gets a window twice
+    as long (``tries`` windows at most).
     """
     repeats = repeats_for(backend, job, min_s)
-    w = backend.window(job, repeats, CHUNKS)
-    for _ in range(tries - 1):
+    for attempt in range(tries):
+        w = backend.window(job, repeats, CHUNKS)
+        span_s = w.end_s - w.start_s
+        last = attempt == tries - 1
+        if span_s < 0.9 * min_s and not last:
+            repeats = math.ceil(repeats * min_s / max(span_s, 1e-3) / CHUNKS) * CHUNKS
+            continue
         try:
             power_from_ticks(w)
             break
         except MeasurementError:
+            if last:
+                raise
             repeats *= 2
-            w = backend.window(job, repeats, CHUNKS)
     per_run = w.chunk_s / (repeats / CHUNKS)
     time_s = float(np.sum(w.chunk_s) / repeats)
     time_se = float(np.std(per_run, ddof=1) / math.sqrt(CHUNKS))

@@ -1,0 +1,116 @@
+"""Per-layer time inside real steps: the boundary hooks, the span attribution, the simulated
+GPU against its true costs, and the real-GPU path on a CPU with fake NVML and fake events."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="wattlab layers needs PyTorch (extra 'layers')")
+nn = torch.nn
+
+from tests.layer_models import small_cnn  # noqa: E402
+from wattlab.hardware.simulated_layer_gpu import LayerPhysics, SimulatedLayerGpu  # noqa: E402
+from wattlab.integrations.layer_hooks import hook_leaves  # noqa: E402
+from wattlab.layers import study  # noqa: E402
+from wattlab.layers.counting import count_layers  # noqa: E402
+from wattlab.layers.in_step import BETWEEN, split_steps, summarise  # noqa: E402
+from wattlab.layers.plan_hooks import traced_step  # noqa: E402
+from wattlab.layers.sim_backend import HOST_S, SimBackend  # noqa: E402
+
+
+class Block(nn.Module):
+    """A residual block as torchvision's: the residual added in place to a BN's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn(self.conv(x))
+        out += x
+        return self.relu(out)
+
+
+def residual_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(inplace=True), Block())
+
+
+def test_span_attribution_by_hand() -> None:
+    marks = [("", "step", 0.0), ("a:forward", "begin", 1.0), ("a:forward", "end", 3.0),
+             ("b:forward", "begin", 4.0), ("c:backward", "begin", 5.0),
+             ("c:backward", "end", 7.0), ("b:forward", "end", 8.0), ("", "step", 10.0),
+             ("a:forward", "begin", 10.5), ("", "step", 12.0)]
+    first, second = split_steps(marks)
+    assert dict(first) == {BETWEEN: 1 + 1 + 2, "a:forward": 2, "b:forward": 1 + 1,
+                           "c:backward": 2}
+    assert dict(second) == {BETWEEN: 0.5, "a:forward": 1.5}  # open to the step's end
+    s = summarise(marks)
+    assert s.steps == 2 and s.step_s == pytest.approx(6.0)
+    assert s.time_s["a:forward"] == pytest.approx(1.75)
+    assert s.time_se_s["a:forward"] == pytest.approx(np.std([2, 1.5], ddof=1) / 2**0.5)
+
+
+def test_hooks_see_every_boundary_and_change_nothing() -> None:
+    model = residual_net()
+    hooked = copy.deepcopy(model)
+    seen: list[tuple[str, str, str]] = []
+    x = torch.randn(2, 3, 8, 8)
+    with hook_leaves(hooked, lambda label, p, edge, _call: seen.append((label, p, edge))):
+        hooked(x).sum().backward()
+    model(x).sum().backward()
+    for a, b in zip(model.parameters(), hooked.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+    labels = ["0", "1", "2.conv", "2.bn", "2.relu"]
+    assert seen[:10] == [(n, "forward", e) for n in labels for e in ("begin", "end")]
+    backward = seen[10:]
+    for n in labels:  # each begins before it ends; the first conv's input needs no gradient
+        begin = backward.index((n, "backward", "begin"))
+        assert n == "0" or backward.index((n, "backward", "end")) == begin + 1
+    assert [b[0] for b in backward if b[2] == "begin"] == labels[::-1]
+    assert hooked[1].inplace and hooked[2].relu.inplace  # restored at exit
+
+
+def test_simulated_in_step_times_are_the_true_costs() -> None:
+    """GPU-bound layers: in-step time = the simulator's cost; tiny layers: alone = host-bound."""
+    physics = LayerPhysics.simulated_h100()
+    model = small_cnn()
+    count = count_layers(model, (256, 3, 128, 128), train=True)
+    backend = SimBackend(SimulatedLayerGpu(physics, 1))
+    step = traced_step(model, count, {}, physics.default_pair, marks=True)
+    s = summarise(backend.step_marks(step, 10))
+    for row in count.rows:
+        t, _ = physics.cost(row.work_flops, row.bytes_total, *physics.default_pair)
+        assert s.time_s[row.key] == pytest.approx(float(t), rel=0.03), row.key
+        alone = study.time_alone_s(backend, [("run", row.work_flops, row.bytes_total)])
+        assert alone == pytest.approx(max(float(t), HOST_S), rel=0.03), row.key
+    assert s.time_s[BETWEEN] > 0  # the loss runs outside every layer
+
+
+def test_real_path_on_cpu_with_fake_nvml_and_events() -> None:
+    from wattlab.drivers.nvml import NvmlDriver
+    from wattlab.hardware.fake_cuda_events import FakeCudaEvents
+    from wattlab.hardware.fake_nvml import FakeNvml
+    from wattlab.hardware.simulated_gpu import SimulatedGpu
+    from wattlab.layers.real_study import measure_real
+    from wattlab.layers.roofline import simulated_roofline
+
+    model = residual_net()
+    count = count_layers(model, (2, 3, 8, 8), train=True)
+    record = study.count_record(count, simulated_roofline("float32"))
+    checks = measure_real(record, model, count, gpu=0, n_groups=2, window_s=0.6,
+                          whole_window_s=0.6, device="cpu",
+                          driver=NvmlDriver(FakeNvml([SimulatedGpu(seed=1)])),
+                          events=FakeCudaEvents(min_queue_ns=0))
+    c = checks["training step"]
+    rows = [r["measured"] for r in record["rows"]]
+    assert all(m["time_s"] > 0 and m["time_alone_s"] > 0 and m["energy_j"] > 0 for m in rows)
+    total = sum(m["time_s"] for m in rows) + c["between"]["time_s"]
+    assert c["layers_time_s"] == pytest.approx(total)
+    assert c["whole"]["window_s"] >= 0.6 * 0.5 and c["steps"] == study.STEPS
+    assert c["layers_energy_j"] == pytest.approx(
+        sum(m["energy_j"] for m in rows) + c["between"]["energy_j"])
