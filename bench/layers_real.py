@@ -87,7 +87,8 @@ def main() -> None:
         print(f"{r['model']:9} {r['batch']:5} {c['layers_time_s'] * 1e3:7.2f}±"
               f"{c['layers_time_se_s'] * 1e3:<6.2f} {c['layers_alone_time_s'] * 1e3:9.2f} "
               f"{b['time_s'] * 1e3:10.2f} {w['time_s'] * 1e3:7.2f}±{w['time_se_s'] * 1e3:<6.2f} "
-              f"{c['time_error']:+8.1%} {c['layers_energy_j']:7.3f}±{c['layers_energy_se_j']:<6.3f} "
+              f"{c['time_error']:+8.1%} "
+              f"{c['layers_energy_j']:7.3f}±{c['layers_energy_se_j']:<6.3f} "
               f"{w['energy_j']:7.3f}±{w['energy_se_j']:<6.3f} {c['energy_error']:+10.1%} "
               f"{r['seconds']:4.0f}")
     print("in-step: the rows and 'between layers' summed (events at every layer boundary, "
