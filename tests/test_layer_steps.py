@@ -114,3 +114,30 @@ def test_real_path_on_cpu_with_fake_nvml_and_events() -> None:
     assert c["whole"]["window_s"] >= 0.6 * 0.5 and c["steps"] == study.STEPS
     assert c["layers_energy_j"] == pytest.approx(
         sum(m["energy_j"] for m in rows) + c["between"]["energy_j"])
+
+
+def test_plan_clocks_from_nvml_or_a_stated_fallback() -> None:
+    from wattlab.drivers.nvml import NvmlDriver
+    from wattlab.hardware.fake_nvml import FakeNvml
+    from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
+    from wattlab.layers.gpu_clocks import physics_for_gpu
+    from wattlab.layers.roofline import Roofline
+
+    base = LayerPhysics.simulated_h100()
+    roofline = Roofline(50e12, 2e12, "measured")
+    model = GpuModel(sm_clocks_mhz=(1410, 1200, 900), mem_clocks_mhz=(1593, 1215))
+    driver = NvmlDriver(FakeNvml([SimulatedGpu(model=model, seed=2)]))
+    physics, clocks = physics_for_gpu(base, roofline, 0, driver)
+    assert clocks["source"] == "NVML, GPU 0" and clocks["pairs"] == 6
+    sm, mem = physics.pairs()
+    assert sorted(zip(sm.tolist(), mem.tolist(), strict=True)) == sorted(
+        (float(s), float(m)) for s in (1410, 1200, 900) for m in (1593, 1215))
+    assert physics.default_pair == (1410, 1593) and physics.roofline is roofline
+    plan = study.plan_record(physics, count_layers(small_cnn(), (8, 3, 32, 32)), (0.1,))
+    chosen = plan["scopes"]["forward"]["plans"][0]["exhaustive"]
+    assert set(chosen["sm_mhz"]) <= {1410, 1200, 900}
+    missing = NvmlDriver(FakeNvml([SimulatedGpu(
+        seed=2, unsupported=frozenset({"nvmlDeviceGetSupportedMemoryClocks"}))]))
+    physics, clocks = physics_for_gpu(base, roofline, 0, missing)
+    assert clocks["source"] == "simulated H100 list" and "supported clocks" in clocks["reason"]
+    assert physics.pairs()[0].shape == base.pairs()[0].shape and physics.roofline is roofline

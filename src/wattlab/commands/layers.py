@@ -166,12 +166,15 @@ def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
                                             n_groups=args.groups, window_s=args.window,
                                             whole_window_s=args.whole_window)
     if args.plan:
+        clocks: dict[str, Any] = {"source": "simulated H100 list"}
         if not simulated:
-            # the model of the simulated GPU with this GPU's roofline: a prediction only
-            physics = LayerPhysics(roofline, physics.sm_clocks_mhz, physics.mem_clocks_mhz,
-                                   switch_s=physics.switch_s)
+            # the simulated GPU's power model on this GPU's clocks and roofline: a prediction
+            from wattlab.layers.gpu_clocks import physics_for_gpu
+
+            physics, clocks = physics_for_gpu(physics, roofline, args.gpu)
         record["plans"] = study.plan_record(physics, count,
                                             args.max_slowdown or study.SLOWDOWNS)
+        record["plans"]["clocks"] = clocks
         scope = "training step" if count.train else "forward"
         block = record["plans"]["scopes"][scope]
         if simulated:
