@@ -141,3 +141,27 @@ def test_plan_clocks_from_nvml_or_a_stated_fallback() -> None:
     physics, clocks = physics_for_gpu(base, roofline, 0, missing)
     assert clocks["source"] == "simulated H100 list" and "supported clocks" in clocks["reason"]
     assert physics.pairs()[0].shape == base.pairs()[0].shape and physics.roofline is roofline
+
+
+@pytest.mark.parametrize("switch_ms", [0.0, 0.5])
+def test_heuristic_moves_only_the_slack_knob_within_each_layers_bound(switch_ms: float) -> None:
+    from wattlab.layers.plan import evaluate, heuristic
+
+    physics = LayerPhysics.simulated_h100(switch_s=switch_ms / 1e3)
+    count = count_layers(small_cnn(), (1, 3, 224, 224))
+    surface = study.surface_of(physics, count.rows)
+    work = np.array([r.work_flops for r in count.rows], float)
+    moved = np.array([r.bytes_total for r in count.rows], float)
+    d = surface.default
+    for s in (0.0, 0.05, 0.2):
+        plan = heuristic(surface, work, moved, physics.roofline, s)
+        base = evaluate(surface, np.full(len(count.rows), d))
+        for layer, c in enumerate(plan.choice):
+            assert surface.time_s[layer, c] <= surface.time_s[layer, d] * (1 + s) * (1 + 1e-9)
+            memory_bound = work[layer] / moved[layer] < physics.roofline.ridge
+            fixed = surface.mem_mhz if memory_bound else surface.sm_mhz
+            assert fixed[c] == fixed[d]
+        worse = plan.energy_j > base.energy_j * 1.01 or plan.time_s > base.time_s * (1 + s)
+        assert (plan.note is not None) == worse
+        if switch_ms == 0.0:  # free switches: never worse than the default
+            assert plan.energy_j <= base.energy_j * (1 + 1e-9) and not worse

@@ -96,13 +96,17 @@ def _print_table(record: dict[str, Any]) -> None:
               f"(time {check['time_error']:+.1%}, energy {check['energy_error']:+.1%})")
     for scope, block in r.get("plans", {}).get("scopes", {}).items():
         print(f"plans, {scope} (switch {r['plans']['switch_s'] * 1e3:g} ms, "
-              f"{r['plans']['pairs']} clock pairs):")
+              f"{r['plans']['pairs']} clock pairs from the "
+              f"{r['plans'].get('clocks', {}).get('source', 'simulated H100 list')}):")
         for e in block["plans"]:
             ex, he = e["exhaustive"], e["heuristic"]
             print(f"  max slowdown {e['max_slowdown']:5.0%}: exhaustive saves "
                   f"{ex['energy_saving']:6.1%} at {ex['slowdown']:+.1%} time "
                   f"({ex['switches']} switches, gap {ex['gap_j']:.2g} J); heuristic "
-                  f"{he['energy_saving']:6.1%} at {he['slowdown']:+.1%}")
+                  f"{he['energy_saving']:6.1%} at {he['slowdown']:+.1%} "
+                  f"({he['switches']} switches)")
+            if he.get("note"):
+                print(f"    heuristic: {he['note']}")
         for name, m in block.get("executed", {}).items():
             print(f"  executed on the simulated GPU: {name}: {m['energy_j']:.4g} ± "
                   f"{m['energy_se_j']:.2g} J, {m['time_s'] * 1e3:.3f} ms per pass")
