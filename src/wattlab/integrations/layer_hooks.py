@@ -68,18 +68,24 @@ class BoundaryHooks:
                  backward: bool = True) -> None:
         self.on_boundary = on_boundary
         self.backward = backward
+        self.active = True  # off: the hooks return at once (a step that is not sampled)
         self.calls: dict[str, int] = {}
         self._inplace: list[Any] = []
         self._handles: list[Any] = []
         for label, module in modules:
-            if getattr(module, "inplace", False):
-                module.inplace = False
-                self._inplace.append(module)
+            self._out_of_place(module)
             self._handles += [
                 module.register_forward_pre_hook(functools.partial(self._pre, label)),
                 module.register_forward_hook(functools.partial(self._post, label))]
 
+    def _out_of_place(self, module: Any) -> None:
+        if getattr(module, "inplace", False):
+            module.inplace = False
+            self._inplace.append(module)
+
     def _pre(self, label: str, _module: Any, args: Any) -> Any:
+        if not self.active:
+            return None
         call = self.calls.get(label, 0)
         self.calls[label] = call + 1
         self.on_boundary(label, "forward", "begin", call)
@@ -99,6 +105,8 @@ class BoundaryHooks:
         return tuple(out)
 
     def _post(self, label: str, _module: Any, _args: Any, output: Any) -> None:
+        if not self.active or label not in self.calls:
+            return
         call = self.calls[label] - 1
         self.on_boundary(label, "forward", "end", call)
         if not self.backward:
@@ -129,3 +137,35 @@ def hook_leaves(model: Any, on_boundary: Boundary, *, backward: bool = True) -> 
     """Hooks on every leaf module of ``model``, labelled by its path in the model."""
     return BoundaryHooks([(leaf_label(n), m) for n, m in model.named_modules() if is_leaf(m)],
                          on_boundary, backward=backward)
+
+
+class GlobalBoundaryHooks(BoundaryHooks):
+    """The same boundaries on every leaf module of every model (PyTorch's global hooks).
+
+    Why: ``--auto-markers=layers`` has no handle on the program's model. Modules are
+    labelled in the order first seen, ``3.Conv2d`` (no path is known without the model).
+    """
+
+    def __init__(self, on_boundary: Boundary, *, backward: bool = True) -> None:
+        from torch.nn.modules import module as nn_module
+
+        super().__init__([], on_boundary, backward=backward)
+        self._labels: dict[int, str] = {}
+        self._handles += [nn_module.register_module_forward_pre_hook(self._global_pre),
+                          nn_module.register_module_forward_hook(self._global_post)]
+
+    def _label(self, module: Any) -> str:
+        label = self._labels.get(id(module))
+        if label is None:
+            label = self._labels[id(module)] = f"{len(self._labels)}.{type(module).__name__}"
+            self._out_of_place(module)
+        return label
+
+    def _global_pre(self, module: Any, args: Any) -> Any:
+        if not self.active or not is_leaf(module):
+            return None
+        return self._pre(self._label(module), module, args)
+
+    def _global_post(self, module: Any, args: Any, output: Any) -> None:
+        if self.active and is_leaf(module):
+            self._post(self._label(module), module, args, output)
