@@ -19,7 +19,7 @@ from wattlab.analysis.energy import phases_from_markers  # noqa: E402
 from wattlab.integrations import PhaseEmitter  # noqa: E402
 from wattlab.integrations.layer_marks import mark_layers  # noqa: E402
 
-LEAVES = 9  # small_cnn's leaf modules; the first conv's backward has no end (no input grad)
+LEAVES = 9  # small_cnn's leaf modules
 
 
 def train(model: torch.nn.Module, steps: int) -> None:
@@ -42,11 +42,11 @@ def test_phases_per_layer_on_every_nth_step() -> None:
     finally:
         marks.remove()
     begins = [(n, p) for n, k, p in seen if k == "begin"]
-    per_step = LEAVES + LEAVES - 1  # forward, backward without the first conv's end
+    per_step = 2 * LEAVES  # forward and backward
     assert sorted({p["step"] for _, p in begins}) == [0, 2, 4]
     assert len(begins) == 3 * per_step == marks.phases
     step0 = [n for n, p in begins if p["step"] == 0]
-    assert step0[0] == "0:forward" and "8:backward" in step0 and "0:backward" not in step0
+    assert step0[0] == "0:forward" and step0[-1] == "0:backward" and "8:backward" in step0
     ends = [p["at"] for n, k, p in seen if k == "end"]
     starts = [p["at"] for _, p in begins]
     assert all(e > s for s, e in zip(starts, ends, strict=True))
@@ -86,7 +86,7 @@ def test_record_auto_markers_layers(tmp_path: Path) -> None:
     layer = [m for m in marks if ":" in m.name]
     assert layer and all(m.gpu_time_ns is not None for m in layer)
     phases = list(phases_from_markers(layer))
-    assert len(phases) == 2 * (LEAVES + LEAVES - 1)  # steps 0 and 2 of 4
+    assert len(phases) == 2 * 2 * LEAVES  # steps 0 and 2 of 4, forward and backward
     names = {p.name for p in phases}
     assert "0.Conv2d:forward" in names and "8.Linear:backward" in names
     assert all(p.duration_s >= 0 for p in phases)

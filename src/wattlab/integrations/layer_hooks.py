@@ -4,20 +4,20 @@ Used by the per-layer timing of `wattlab layers` (a CUDA event at each boundary 
 training steps), by the clock plans (a clock pair set at each boundary) and by
 ``--auto-markers=layers`` (a GPU-time marker at each boundary).
 
-Forward: a pre-hook (begin) and a post-hook (end) on each leaf module. Backward begins when
-the gradient of the module's output is ready (a tensor hook on the output) and ends when
-the gradient reaches the module's inputs (an identity autograd function around each input
-that needs one). Both run on the autograd engine's thread, which queues the backward
-kernels on the forward's stream, so an event recorded there falls between the layer's
-kernels and its neighbours'. Why not ``register_full_backward_hook``: it wraps the
-module's *output* in an identity function, and an in-place change of that output is then
-forbidden; torchvision's ResNet adds the residual in place to a batch norm's output
-(``out += identity``) and fails. A tensor hook on the output is not disturbed by that.
+Forward: a pre-hook (begin) and a post-hook (end) on each leaf module. Backward: hooks on
+the module's own autograd nodes, found from its output when the forward ends: a pre-hook
+on the output's node (begin: the output's gradient has arrived) and a post-hook on each
+of the module's last nodes (end: the gradient has reached its inputs and its weights).
+The autograd engine queues the backward kernels on the forward's stream from the thread
+that runs these hooks, so an event recorded there falls between the layer's kernels and
+its neighbours'. Why not ``register_full_backward_hook``: it wraps the module's output in
+an identity function, after which an in-place change of the output is forbidden
+(torchvision's ResNet adds the residual in place to a batch norm's output), and that
+Python function costs ~30 µs a layer on the host; node hooks change no tensor.
 
-In-place modules (``ReLU(inplace=True)``) run out of place while hooked (their input is
-wrapped, and in-place on it is forbidden); ``remove()`` restores them. A module whose
-input needs no gradient (the first convolution) has no backward end: its span runs to
-the next boundary.
+A module's nodes are those reached from its output's node before its inputs' nodes and
+the weights' accumulators; a module that builds more than ``MAX_NODES`` (not a layer)
+ends at its output's node.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 Boundary = Callable[[str, str, str, int], None]  # (module path, pass, "begin"|"end", call)
+MAX_NODES = 16
 
 
 def leaf_label(name: str) -> str:
@@ -38,23 +39,28 @@ def is_leaf(module: Any) -> bool:
     return not any(True for _ in module.children())
 
 
-@functools.cache
-def _end_marker() -> Any:
-    """An identity autograd function that calls back when its gradient passes (lazy: torch)."""
-    import torch
+def _tensors(obj: Any) -> list[Any]:
+    """The tensors in a module's arguments or output (a tensor, or a tuple/list of them)."""
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _tensors(o)]
+    return [obj] if hasattr(obj, "grad_fn") else []
 
-    class BackwardEnd(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, callback: Callable[[], None], *xs: Any) -> Any:
-            ctx.callback = callback
-            return xs if len(xs) > 1 else xs[0]
 
-        @staticmethod
-        def backward(ctx: Any, *grads: Any) -> Any:
-            ctx.callback()
-            return (None, *grads)
-
-    return BackwardEnd
+def last_nodes(output_node: Any, input_nodes: set[Any]) -> list[Any]:
+    """The module's autograd nodes with no successor among them (see module doc)."""
+    seen, order, todo = {output_node}, [], [output_node]
+    while todo:
+        node = todo.pop()
+        order.append(node)
+        for nxt, _ in node.next_functions:
+            if (nxt is None or nxt in input_nodes or nxt in seen
+                    or type(nxt).__name__ == "AccumulateGrad"):
+                continue
+            if len(seen) >= MAX_NODES:
+                return [output_node]
+            seen.add(nxt)
+            todo.append(nxt)
+    return [n for n in order if not any(nxt in seen for nxt, _ in n.next_functions)]
 
 
 class BoundaryHooks:
@@ -70,39 +76,22 @@ class BoundaryHooks:
         self.backward = backward
         self.active = True  # off: the hooks return at once (a step that is not sampled)
         self.calls: dict[str, int] = {}
-        self._inplace: list[Any] = []
+        self._inputs: dict[tuple[str, int], set[Any]] = {}
         self._handles: list[Any] = []
         for label, module in modules:
-            self._out_of_place(module)
             self._handles += [
                 module.register_forward_pre_hook(functools.partial(self._pre, label)),
                 module.register_forward_hook(functools.partial(self._post, label))]
 
-    def _out_of_place(self, module: Any) -> None:
-        if getattr(module, "inplace", False):
-            module.inplace = False
-            self._inplace.append(module)
-
-    def _pre(self, label: str, _module: Any, args: Any) -> Any:
+    def _pre(self, label: str, _module: Any, args: Any) -> None:
         if not self.active:
-            return None
+            return
         call = self.calls.get(label, 0)
         self.calls[label] = call + 1
         self.on_boundary(label, "forward", "begin", call)
-        if not self.backward:
-            return None
-        import torch
-
-        wrap = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-        if not wrap or not torch.is_grad_enabled():
-            return None
-        done = functools.partial(self.on_boundary, label, "backward", "end", call)
-        wrapped = _end_marker().apply(done, *(args[i] for i in wrap))
-        wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
-        out = list(args)
-        for i, w in zip(wrap, wrapped, strict=True):
-            out[i] = w
-        return tuple(out)
+        if self.backward:
+            self._inputs[label, call] = {t.grad_fn for t in _tensors(args)
+                                         if t.grad_fn is not None}
 
     def _post(self, label: str, _module: Any, _args: Any, output: Any) -> None:
         if not self.active or label not in self.calls:
@@ -111,20 +100,30 @@ class BoundaryHooks:
         self.on_boundary(label, "forward", "end", call)
         if not self.backward:
             return
-        from wattlab.layers.counting import _tensors
+        inputs = self._inputs.pop((label, call), set())
+        node = next((t.grad_fn for t in _tensors(output) if t.grad_fn is not None), None)
+        if node is None or node in inputs:  # no gradient, or the input passed through
+            return
+        lasts = last_nodes(node, inputs)
+        left = [len(lasts)]
+        boundary = self.on_boundary
 
-        for t in _tensors(output):
-            if t.requires_grad:
-                t.register_hook(lambda _g: self.on_boundary(label, "backward", "begin", call))
-                break
+        def begin(_grads: Any) -> None:
+            boundary(label, "backward", "begin", call)
+
+        def end(_grads_in: Any, _grads_out: Any) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                boundary(label, "backward", "end", call)
+
+        node.register_prehook(begin)
+        for last in lasts:
+            last.register_hook(end)
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
-        for module in self._inplace:
-            module.inplace = True
-        self._inplace = []
 
     def __enter__(self) -> BoundaryHooks:
         return self
@@ -158,13 +157,11 @@ class GlobalBoundaryHooks(BoundaryHooks):
         label = self._labels.get(id(module))
         if label is None:
             label = self._labels[id(module)] = f"{len(self._labels)}.{type(module).__name__}"
-            self._out_of_place(module)
         return label
 
-    def _global_pre(self, module: Any, args: Any) -> Any:
-        if not self.active or not is_leaf(module):
-            return None
-        return self._pre(self._label(module), module, args)
+    def _global_pre(self, module: Any, args: Any) -> None:
+        if self.active and is_leaf(module):
+            self._pre(self._label(module), module, args)
 
     def _global_post(self, module: Any, args: Any, output: Any) -> None:
         if self.active and is_leaf(module):

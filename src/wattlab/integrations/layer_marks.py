@@ -9,7 +9,7 @@ boundaries (integrations.layer_hooks, the hooks `wattlab layers` times layers wi
 stamped with CUDA events (gpu_marks), so they line up with the GPU's execution, not the
 host's launches. One step of a ResNet50 is ~320 phases, so only every ``every_n_steps``-th
 step is marked (steps counted by optimizer steps; env ``WATTLAB_LAYER_EVERY``, default
-100); other steps' hooks return at once. In-place modules run out of place while marked.
+100); other steps' hooks return at once.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class LayerMarks:
 
     def _after_step(self, *_args: Any) -> None:
         self.step += 1
-        self._open.clear()  # a begin with no end (the first layer's backward) is dropped
+        self._open.clear()  # a begin with no end (a step cut short) is dropped
         self.hooks.calls.clear()
         self.hooks.active = self.step % self.every_n_steps == 0
 
