@@ -162,3 +162,26 @@ def test_heuristic_moves_only_the_slack_knob_within_each_layers_bound(switch_ms:
         assert (plan.note is not None) == worse
         if switch_ms == 0.0:  # free switches: never worse than the default
             assert plan.energy_j <= base.energy_j * (1 + 1e-9) and not worse
+
+
+def test_a_reused_module_is_a_plan_row_per_call() -> None:
+    """One ReLU called twice: two rows, each may take its own pair, and executing the plan
+    on the simulated GPU costs what the search predicted."""
+    from wattlab.layers.plan_hooks import call_sequence
+
+    relu = nn.ReLU()
+    model = nn.Sequential(nn.Linear(512, 4096), relu, nn.Linear(4096, 4096), relu,
+                          nn.Linear(4096, 8))
+    count = count_layers(model, (256, 512), train=True)
+    calls = call_sequence(model, count)
+    fwd = [c for c in calls if c[0].endswith(":forward")]
+    assert fwd == [("0:forward", 0), ("1:forward", 0), ("2:forward", 0), ("1:forward", 1),
+                   ("4:forward", 0)]
+    bwd = [c for c in calls if c[0].endswith(":backward")]
+    assert bwd[:2] == [("4:backward", 0), ("1:backward", 1)]
+    physics = LayerPhysics.simulated_h100(switch_s=1e-5)
+    rec = study.plan_record(physics, count, (0.2,), calls=calls)["scopes"]["training step"]
+    assert "1:forward#1" in rec["keys"] and len(rec["keys"]) == len(calls)
+    plan = rec["plans"][0]["exhaustive"]
+    ran = study.execute_plan(model, count, physics, plan, keys=rec["keys"], min_window_s=0.5)
+    assert ran.energy_j == pytest.approx(plan["energy_j"], rel=0.03)

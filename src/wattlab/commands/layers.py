@@ -176,8 +176,11 @@ def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
             from wattlab.layers.gpu_clocks import physics_for_gpu
 
             physics, clocks = physics_for_gpu(physics, roofline, args.gpu)
+        from wattlab.layers.plan_hooks import call_sequence
+
         record["plans"] = study.plan_record(physics, count,
-                                            args.max_slowdown or study.SLOWDOWNS)
+                                            args.max_slowdown or study.SLOWDOWNS,
+                                            calls=call_sequence(model, count))
         record["plans"]["clocks"] = clocks
         scope = "training step" if count.train else "forward"
         block = record["plans"]["scopes"][scope]

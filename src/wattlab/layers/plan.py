@@ -156,7 +156,8 @@ def heuristic(surface: Surface, work_flops: FloatArray, bytes_moved: FloatArray,
     default), to the lowest value whose predicted time stays within (1 + max_slowdown) × the
     layer's time at the default clocks. Walking the layers in order, the pair in force is
     kept where it moves only this layer's slack knob, within its bound, and the change
-    would save less than one switch costs; otherwise the layer's own pair is set. A plan
+    would save less than one switch costs or its time no longer fits in what the bound
+    leaves; otherwise the layer's own pair is set. A plan
     that still comes out slower than the bound or costlier than the default says why
     (``note``: the switches).
     """
@@ -170,10 +171,20 @@ def heuristic(surface: Surface, work_flops: FloatArray, bytes_moved: FloatArray,
     own = np.argmin(np.where(slack, knob, np.inf), axis=1)  # the default is always slack
     choice = np.empty_like(own)
     current = d
-    for layer, pick in enumerate(own):
+    # time left within the bound for switches (one more back to the default at the end)
+    budget_s = surface.time_s[:, d].sum() * max_slowdown - surface.switch_s
+    for layer, own_pick in enumerate(own):
+        pick = int(own_pick)
         gain_j = surface.energy_j[layer, current] - surface.energy_j[layer, pick]
-        keep = slack[layer, current] and gain_j <= surface.switch_j
+        extra_s = surface.time_s[layer, pick] - surface.time_s[layer, d]
+        afford = budget_s >= 2 * surface.switch_s + extra_s  # in, and out again later
+        keep = slack[layer, current] and (gain_j <= surface.switch_j or not afford)
+        if not keep and not afford:
+            pick = d  # forced out of the pair in force, with no time left: the default
+        if not keep and current != pick:
+            budget_s -= surface.switch_s
         current = current if keep else int(pick)
+        budget_s -= surface.time_s[layer, current] - surface.time_s[layer, d]
         choice[layer] = current
     plan = evaluate(surface, choice, "heuristic")
     base = evaluate(surface, np.full(choice.shape[0], d))

@@ -30,8 +30,12 @@ def call_key(key: str, call: int) -> str:
 
 
 def traced_step(model: Any, count: LayerCount, pairs: dict[str, tuple[int, int]],
-                default: tuple[int, int], *, marks: bool = False) -> list[Op]:
-    """The operations of one pass with ``pairs`` (row or call key -> SM, memory MHz) in force."""
+                default: tuple[int, int], *, marks: bool = False,
+                calls: list[tuple[str, int]] | None = None) -> list[Op]:
+    """The operations of one pass with ``pairs`` (row or call key -> SM, memory MHz) in force.
+
+    ``calls``: gets (row key, call) of each layer call as it begins.
+    """
     torch = import_torch()
     rows = {r.key: r for r in count.rows}
     ops: list[Op] = []
@@ -42,6 +46,8 @@ def traced_step(model: Any, count: LayerCount, pairs: dict[str, tuple[int, int]]
             ops.append(("mark", key, edge))
         if edge != "begin" or key not in rows:
             return
+        if calls is not None:
+            calls.append((key, call))
         row = rows[key]
         pair = pairs.get(call_key(key, call), pairs.get(key))
         if pair is not None:
@@ -65,3 +71,15 @@ def traced_step(model: Any, count: LayerCount, pairs: dict[str, tuple[int, int]]
 def without_marks(ops: list[Op]) -> list[Op]:
     """The same pass with no boundary hooks (as the model runs unobserved)."""
     return [op for op in ops if op[0] != "mark"]
+
+
+
+def call_sequence(model: Any, count: LayerCount) -> list[tuple[str, int]]:
+    """(row key, call) of every layer call of one pass, in execution order.
+
+    Forward, then backward in the order autograd runs it; a call's backward keeps its
+    forward's number.
+    """
+    order: list[tuple[str, int]] = []
+    traced_step(model, count, {}, (0, 0), calls=order)
+    return order

@@ -17,7 +17,7 @@ from wattlab.layers.counting import LayerCount, LayerRow
 from wattlab.layers.in_step import BETWEEN, InStep, Mark, summarise
 from wattlab.layers.measure import Backend, Measured, measure
 from wattlab.layers.plan import Surface, best_within, evaluate, heuristic
-from wattlab.layers.plan_hooks import traced_step, without_marks
+from wattlab.layers.plan_hooks import call_key, traced_step, without_marks
 from wattlab.layers.roofline import Roofline
 from wattlab.layers.sim_backend import SimBackend
 
@@ -168,11 +168,15 @@ def measure_simulated(record: dict[str, Any], model: Any, count: LayerCount,
                           window_s=window_s, whole_window_s=whole_window_s, progress=progress)
 
 
-def surface_of(physics: LayerPhysics, rows: Sequence[LayerRow]) -> Surface:
-    """The simulator's time and energy of every row at every supported clock pair."""
+def surface_of(physics: LayerPhysics, rows: Sequence[LayerRow] | None = None, *,
+               work_flops: Any = None, bytes_moved: Any = None) -> Surface:
+    """The simulator's time and energy of every row (or work/bytes pair) at every clock pair."""
     sm, mem = physics.pairs()
-    work = np.array([r.work_flops for r in rows], float)[:, None]
-    moved = np.array([r.bytes_total for r in rows], float)[:, None]
+    if rows is not None:
+        work_flops = [r.work_flops for r in rows]
+        bytes_moved = [r.bytes_total for r in rows]
+    work = np.asarray(work_flops, float)[:, None]
+    moved = np.asarray(bytes_moved, float)[:, None]
     t, p = physics.cost(work, moved, sm[None, :], mem[None, :])
     default = int(np.flatnonzero((sm == physics.default_pair[0])
                                  & (mem == physics.default_pair[1]))[0])
@@ -180,27 +184,48 @@ def surface_of(physics: LayerPhysics, rows: Sequence[LayerRow]) -> Surface:
     return Surface(t, t * p, sm, mem, default, sw_t, sw_e)
 
 
+def plan_rows(count: LayerCount, passes: Sequence[str],
+              calls: Sequence[tuple[str, int]] | None) -> tuple[list[str], Any, Any]:
+    """(keys, work FLOPs, bytes) of the plan's rows.
+
+    One per module and pass, or with ``calls`` (plan_hooks.call_sequence) one per call in
+    execution order, so a module called several times may switch at each call; a call
+    gets its module's share.
+    """
+    rows = {r.key: r for r in count.rows if r.pass_name in passes}
+    if calls is None:
+        items = [(k, r.work_flops, r.bytes_total) for k, r in rows.items()]
+    else:
+        items = [(call_key(k, c), rows[k].work_flops / rows[k].calls,
+                  rows[k].bytes_total / rows[k].calls) for k, c in calls if k in rows]
+    return ([k for k, _, _ in items], np.array([w for _, w, _ in items], float),
+            np.array([b for _, _, b in items], float))
+
+
 def plan_record(physics: LayerPhysics, count: LayerCount,
-                slowdowns: Sequence[float] = SLOWDOWNS) -> dict[str, Any]:
-    """Exhaustive and heuristic plans per scope and slowdown bound, against the default."""
+                slowdowns: Sequence[float] = SLOWDOWNS, *,
+                calls: Sequence[tuple[str, int]] | None = None) -> dict[str, Any]:
+    """Exhaustive and heuristic plans per scope and slowdown bound, against the default.
+
+    ``calls``: rows per call (plan_rows) instead of per module.
+    """
     out: dict[str, Any] = {"switch_s": physics.switch_s, "pairs": len(physics.pairs()[0]),
+                           "rows": "per call" if calls is not None else "per module",
                            "scopes": {}}
     for scope, passes in SCOPES.items():
-        rows = [r for r in count.rows if r.pass_name in passes]
         if not count.train and scope != "forward":
             continue
-        surface = surface_of(physics, rows)
-        base = evaluate(surface, np.full(len(rows), surface.default), "default")
-        work = np.array([r.work_flops for r in rows], float)
-        moved = np.array([r.bytes_total for r in rows], float)
+        keys, work, moved = plan_rows(count, passes, calls)
+        surface = surface_of(physics, work_flops=work, bytes_moved=moved)
+        base = evaluate(surface, np.full(len(keys), surface.default), "default")
         entries = []
         for s in slowdowns:
             best = best_within(surface, s)
             rule = heuristic(surface, work, moved, physics.roofline, s)
             entries.append({"max_slowdown": s, "exhaustive": best.to_json(surface, base),
                             "heuristic": rule.to_json(surface, base)})
-        out["scopes"][scope] = {"keys": [r.key for r in rows],
-                                "default": base.to_json(surface, base), "plans": entries}
+        out["scopes"][scope] = {"keys": keys, "default": base.to_json(surface, base),
+                                "plans": entries}
     return out
 
 
