@@ -193,8 +193,9 @@ def plan_rows(count: LayerCount, passes: Sequence[str],
     gets its module's share.
     """
     rows = {r.key: r for r in count.rows if r.pass_name in passes}
+    items: list[tuple[str, float, float]]
     if calls is None:
-        items = [(k, r.work_flops, r.bytes_total) for k, r in rows.items()]
+        items = [(k, float(r.work_flops), float(r.bytes_total)) for k, r in rows.items()]
     else:
         items = [(call_key(k, c), rows[k].work_flops / rows[k].calls,
                   rows[k].bytes_total / rows[k].calls) for k, c in calls if k in rows]
