@@ -111,7 +111,7 @@ def test_cli_measure_plan_store_report(tmp_path: Path) -> None:
 
     run_path = tmp_path / "run.h5"
     write_synthetic_run(run_path)
-    out = wattlab("tests.layer_models:small_cnn", "--input", "64x3x32x32", "--train",
+    out = wattlab("tests.layer_models:small_cnn", "--input", "256x3x128x128", "--train",
                   "--measure", "--plan", "--groups", "3", "--window", "0.5", "--simulate",
                   "--max-slowdown", "0", "--max-slowdown", "0.2", "--store", str(run_path),
                   "-o", str(tmp_path / "l.json"))

@@ -78,7 +78,8 @@ class Session:
     duration_s: float | None = None
     root_attrs: dict[str, Any] = field(default_factory=dict)
     bench_config: dict[str, Any] | None = None  # a validated bench file (BenchConfig.to_json)
-    auto_markers: bool = False  # install the framework callbacks in a Python workload
+    auto_markers: bool | str = False  # framework callbacks in a Python workload ("layers":
+    # and a phase per leaf module)
     flush_interval_s: float = 0.5
     tail_s: float = 0.0  # keep recording this long after the workload's end marker
     on_progress: Callable[[float], None] | None = None
@@ -220,7 +221,7 @@ class Session:
         if self.command and not self._stop.is_set():
             extra = {BUS_ENV: endpoint}
             if self.auto_markers:
-                extra.update(auto_marker_env(workload_environ()))
+                extra.update(auto_marker_env(workload_environ(), str(self.auto_markers)))
             env = workload_environ(**extra)
             try:
                 child = subprocess.Popen(self.command, env=env)

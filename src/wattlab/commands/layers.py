@@ -33,7 +33,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="measure energy in at most N groups of consecutive layers per pass "
                         "(default 24)")
     p.add_argument("--window", type=float, default=1.0, metavar="S",
-                   help="seconds each group runs for its energy (default 1.0)")
+                   help="seconds each group runs for its power (default 1.0)")
+    p.add_argument("--whole-window", type=float, default=3.0, metavar="S",
+                   help="seconds the whole pass runs for its energy (default 3.0)")
     p.add_argument("--plan", action="store_true",
                    help="search a clock pair per layer (exhaustive and heuristic); on the "
                         "simulated GPU also run the plans and measure them")
@@ -53,6 +55,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--groups must be >= 1, got {args.groups}")
     if not args.window > 0:
         raise UsageError(f"--window must be > 0 s, got {args.window}")
+    if not args.whole_window > 0:
+        raise UsageError(f"--whole-window must be > 0 s, got {args.whole_window}")
     if args.switch_ms < 0:
         raise UsageError(f"--switch-ms must be >= 0, got {args.switch_ms}")
     if args.output and os.path.exists(args.output):
@@ -71,30 +75,38 @@ def _print_table(record: dict[str, Any]) -> None:
           f"{r['roofline']['peak_flops'] / 1e12:.4g} TFLOP/s, "
           f"{r['roofline']['bandwidth_bps'] / 1e12:.4g} TB/s ({r['roofline']['source']})")
     print(f"{'layer':34} {'kind':16} {'pass':8} {'MFLOPs':>10} {'MB':>9} {'FLOP/B':>8} "
-          f"{'bound':7} {'time ms':>9} {'energy mJ':>14}")
+          f"{'bound':7} {'in-step ms':>16} {'alone ms':>9} {'energy mJ':>14}")
     for row in r["rows"]:
         m = row.get("measured")
-        te = (f"{m['time_s'] * 1e3:9.4f} {m['energy_j'] * 1e3:8.3f}±{m['energy_se_j'] * 1e3:<5.2g}"
-              if m else "")
+        te = (f"{m['time_s'] * 1e3:8.4f}±{m['time_se_s'] * 1e3:<7.2g} "
+              f"{m['time_alone_s'] * 1e3:9.4f} {m['energy_j'] * 1e3:8.3f}±"
+              f"{m['energy_se_j'] * 1e3:<5.2g}" if m else "")
         ai = "-" if row["intensity"] is None else f"{row['intensity']:.3g}"
         print(f"{(row['name'] or '(model)')[:34]:34} {row['kind'][:16]:16} {row['pass_name']:8} "
               f"{row['flops'] / 1e6:10.2f} {row['bytes_total'] / 1e6:9.3f} {ai:>8} "
               f"{row['bound']:7} {te}")
     for scope, check in r.get("checks", {}).items():
-        w = check["whole"]
+        w, b = check["whole"], check["between"]
+        print(f"{'between layers':34} {'':16} {'':8} {'':>10} {'':>9} {'':>8} {'':7} "
+              f"{b['time_s'] * 1e3:8.4f}±{b['time_se_s'] * 1e3:<7.2g} {'':>9} "
+              f"{b['energy_j'] * 1e3:8.3f}±{b['energy_se_j'] * 1e3:<5.2g}")
         print(f"{scope}: layers sum {check['layers_time_s'] * 1e3:.3f} ms, "
               f"{check['layers_energy_j']:.4g} ± {check['layers_energy_se_j']:.2g} J; whole "
               f"{w['time_s'] * 1e3:.3f} ms, {w['energy_j']:.4g} ± {w['energy_se_j']:.2g} J "
               f"(time {check['time_error']:+.1%}, energy {check['energy_error']:+.1%})")
     for scope, block in r.get("plans", {}).get("scopes", {}).items():
         print(f"plans, {scope} (switch {r['plans']['switch_s'] * 1e3:g} ms, "
-              f"{r['plans']['pairs']} clock pairs):")
+              f"{r['plans']['pairs']} clock pairs from the "
+              f"{r['plans'].get('clocks', {}).get('source', 'simulated H100 list')}):")
         for e in block["plans"]:
             ex, he = e["exhaustive"], e["heuristic"]
             print(f"  max slowdown {e['max_slowdown']:5.0%}: exhaustive saves "
                   f"{ex['energy_saving']:6.1%} at {ex['slowdown']:+.1%} time "
                   f"({ex['switches']} switches, gap {ex['gap_j']:.2g} J); heuristic "
-                  f"{he['energy_saving']:6.1%} at {he['slowdown']:+.1%}")
+                  f"{he['energy_saving']:6.1%} at {he['slowdown']:+.1%} "
+                  f"({he['switches']} switches)")
+            if he.get("note"):
+                print(f"    heuristic: {he['note']}")
         for name, m in block.get("executed", {}).items():
             print(f"  executed on the simulated GPU: {name}: {m['energy_j']:.4g} ± "
                   f"{m['energy_se_j']:.2g} J, {m['time_s'] * 1e3:.3f} ms per pass")
@@ -137,10 +149,9 @@ def _simulated(args: argparse.Namespace) -> bool:
 
 
 def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
-    from wattlab.hardware.simulated_layer_gpu import LayerPhysics, SimulatedLayerGpu
+    from wattlab.hardware.simulated_layer_gpu import LayerPhysics
     from wattlab.layers import study
     from wattlab.layers.roofline import measure_roofline
-    from wattlab.layers.sim_backend import SimBackend
 
     simulated = _simulated(args)
     physics = LayerPhysics.simulated_h100(args.dtype, args.switch_ms / 1e3)
@@ -149,23 +160,28 @@ def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
     record["device"] = "simulated H100" if simulated else f"GPU {args.gpu}"
     if args.measure:
         if simulated:
-            backend: Any = SimBackend(SimulatedLayerGpu(physics, args.seed))
-            record["checks"] = study.measure_record(
-                record, count, backend, jobs_of=study.sim_jobs, combine=study.joined,
-                whole_job=study.joined(study.sim_jobs(count.rows)), n_groups=args.groups,
-                window_s=args.window)
+            record["checks"] = study.measure_simulated(
+                record, model, count, physics, seed=args.seed, n_groups=args.groups,
+                window_s=args.window, whole_window_s=args.whole_window)
         else:
             from wattlab.layers.real_study import measure_real
 
             record["checks"] = measure_real(record, model, count, gpu=args.gpu,
-                                            n_groups=args.groups, window_s=args.window)
+                                            n_groups=args.groups, window_s=args.window,
+                                            whole_window_s=args.whole_window)
     if args.plan:
+        clocks: dict[str, Any] = {"source": "simulated H100 list"}
         if not simulated:
-            # the model of the simulated GPU with this GPU's roofline: a prediction only
-            physics = LayerPhysics(roofline, physics.sm_clocks_mhz, physics.mem_clocks_mhz,
-                                   switch_s=physics.switch_s)
+            # the simulated GPU's power model on this GPU's clocks and roofline: a prediction
+            from wattlab.layers.gpu_clocks import physics_for_gpu
+
+            physics, clocks = physics_for_gpu(physics, roofline, args.gpu)
+        from wattlab.layers.plan_hooks import call_sequence
+
         record["plans"] = study.plan_record(physics, count,
-                                            args.max_slowdown or study.SLOWDOWNS)
+                                            args.max_slowdown or study.SLOWDOWNS,
+                                            calls=call_sequence(model, count))
+        record["plans"]["clocks"] = clocks
         scope = "training step" if count.train else "forward"
         block = record["plans"]["scopes"][scope]
         if simulated:

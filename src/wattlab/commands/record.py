@@ -268,9 +268,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         help="folder of the agents' public NAME.key files (only those connect)")
     remote.add_argument("--agent", action="append", default=[], metavar="NAME",
                         help="wait for this agent before the workload starts (repeatable)")
-    p.add_argument("--auto-markers", action="store_true",
+    p.add_argument("--auto-markers", nargs="?", const="steps", default=False,
+                   choices=("steps", "layers"),
                    help="a Python workload gets phase markers from Keras, Lightning, the "
-                        "Hugging Face Trainer or torch without a code change")
+                        "Hugging Face Trainer or torch without a code change; =layers adds "
+                        "a phase per leaf module on every WATTLAB_LAYER_EVERY-th step")
     add_min_free_option(p)
     add_prometheus_option(p)
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,

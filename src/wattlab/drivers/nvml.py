@@ -224,6 +224,22 @@ class NvmlDriver(SharedSession):
             info.sm_clocks_mhz = [int(c) for c in sm or []]
         return info
 
+    def supported_clock_pairs(self, gpu: int) -> list[tuple[int, int]]:
+        """Every supported (SM MHz, memory MHz) pair, highest first (read only).
+
+        NVML lists the SM clocks per memory clock. Raises ``NvmlError`` naming what failed.
+        """
+        lib, h = self.lib, self.handle(gpu)
+        try:
+            mems = [int(m) for m in lib.nvmlDeviceGetSupportedMemoryClocks(h)]
+            pairs = [(int(sm), m) for m in mems
+                     for sm in lib.nvmlDeviceGetSupportedGraphicsClocks(h, m)]
+        except pynvml.NVMLError as e:
+            raise NvmlError(f"GPU {gpu}: reading the supported clocks failed: {e}") from e
+        if not pairs:
+            raise NvmlError(f"GPU {gpu}: NVML lists no supported clocks")
+        return sorted(set(pairs), reverse=True)
+
     def probe(self, gpu: int) -> dict[str, str]:
         """Which readings this GPU lacks: {reading name: NVML's message}, tried once each."""
         lib = self.lib

@@ -15,7 +15,7 @@ whole mJ, as NVML's does, so the same measurement code runs on it and on a real 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +43,17 @@ class LayerPhysics:
     overlap_frac: float = 0.15  # share of the shorter of compute and memory not hidden
     launch_s: float = 4e-6
     switch_s: float = 5e-4  # a clock change stalls the GPU this long (at idle power)
+    # the supported (SM, memory) pairs where not every combination is (a real GPU's list)
+    pairs_mhz: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def from_pairs(cls, base: LayerPhysics, pairs_mhz: list[tuple[int, int]],
+                   roofline: Roofline | None = None) -> LayerPhysics:
+        """``base``'s power model on another GPU's supported clock pairs (and roofline)."""
+        return replace(base, roofline=roofline or base.roofline,
+                       sm_clocks_mhz=tuple(sorted({sm for sm, _ in pairs_mhz})),
+                       mem_clocks_mhz=tuple(sorted({m for _, m in pairs_mhz})),
+                       pairs_mhz=tuple(pairs_mhz))
 
     @classmethod
     def simulated_h100(cls, dtype: str = "float32", switch_s: float = 5e-4) -> LayerPhysics:
@@ -56,7 +67,10 @@ class LayerPhysics:
         return max(self.sm_clocks_mhz), max(self.mem_clocks_mhz)
 
     def pairs(self) -> tuple[FloatArray, FloatArray]:
-        """Every (SM, memory) clock pair, as two arrays."""
+        """Every supported (SM, memory) clock pair, as two arrays."""
+        if self.pairs_mhz:
+            both = np.array(self.pairs_mhz, float)
+            return both[:, 0], both[:, 1]
         sm, mem = np.meshgrid(np.array(self.sm_clocks_mhz, float),
                               np.array(self.mem_clocks_mhz, float), indexing="ij")
         return sm.ravel(), mem.ravel()
@@ -108,7 +122,9 @@ class SimulatedLayerGpu:
             return
         if not self.settable:
             raise UsageError("this GPU's clocks may not be changed here")
-        if sm_mhz not in self.physics.sm_clocks_mhz or mem_mhz not in self.physics.mem_clocks_mhz:
+        if ((sm_mhz, mem_mhz) not in self.physics.pairs_mhz if self.physics.pairs_mhz else
+                sm_mhz not in self.physics.sm_clocks_mhz
+                or mem_mhz not in self.physics.mem_clocks_mhz):
             raise UsageError(f"clock pair {sm_mhz}/{mem_mhz} MHz is not supported")
         t_s, e_j = self.physics.switch_cost()
         self.add_segment(t_s, e_j / t_s)

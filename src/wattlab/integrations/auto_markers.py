@@ -22,16 +22,23 @@ from types import ModuleType
 from typing import Any
 
 AUTO_ENV = "WATTLAB_AUTO_MARKERS"
+LAYERS_ENV = "WATTLAB_AUTO_LAYERS"  # also a phase per leaf module (--auto-markers=layers)
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 
 Hook = Callable[[ModuleType], None]
 
 
-def auto_marker_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Environment additions that make a Python workload install auto-markers."""
+def auto_marker_env(env: Mapping[str, str], mode: str = "steps") -> dict[str, str]:
+    """Environment additions that make a Python workload install auto-markers.
+
+    ``mode`` "layers" adds a phase per leaf module (integrations.layer_marks) in torch.
+    """
     existing = env.get("PYTHONPATH", "")
     path = SITE_DIR if not existing else SITE_DIR + os.pathsep + existing
-    return {"PYTHONPATH": path, AUTO_ENV: "1"}
+    extra = {"PYTHONPATH": path, AUTO_ENV: "1"}
+    if mode == "layers":
+        extra[LAYERS_ENV] = "1"
+    return extra
 
 
 class _State:
@@ -123,6 +130,10 @@ def patch_torch(module: Any) -> None:
     marks = mark_optimizer_steps()
     marks.enabled = not _State.framework_callback
     _State.torch_marks = marks
+    if os.environ.get(LAYERS_ENV) == "1":
+        from wattlab.integrations.layer_marks import mark_layers
+
+        mark_layers()
 
 
 HOOKS: dict[str, Hook] = {

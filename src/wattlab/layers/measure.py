@@ -66,19 +66,25 @@ class Measured:
     energy_j: float
     energy_se_j: float
     power_w: float
+    power_se_w: float
     repeats: int
     window_s: float
 
     def to_json(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in
-                ("time_s", "time_se_s", "energy_j", "energy_se_j", "power_w", "repeats",
-                 "window_s")}
+                ("time_s", "time_se_s", "energy_j", "energy_se_j", "power_w", "power_se_w",
+                 "repeats", "window_s")}
 
 
 def repeats_for(backend: Backend, job: Any, min_s: float) -> int:
-    """How many runs fill ``min_s`` (after a warm-up run)."""
+    """How many runs fill ``min_s`` (after a warm-up run).
+
+    The time per run is the difference of 9 runs and 1, which leaves out the start's lag
+    (the GPU waiting for the host's first launch).
+    """
     backend.time_s(job, 1)
-    one_s = backend.time_s(job, 3) / 3
+    nine_s = backend.time_s(job, 9)
+    one_s = max((nine_s - backend.time_s(job, 1)) / 8, nine_s / 18)
     return max(CHUNKS, math.ceil(min_s / max(one_s, 1e-9) / CHUNKS) * CHUNKS)
 
 
@@ -102,21 +108,30 @@ def power_from_ticks(w: Window) -> tuple[float, float]:
 def measure(backend: Backend, job: Any, min_s: float = 1.0, tries: int = 3) -> Measured:
     """Time and energy of one run of ``job``, from a window of at least ``min_s``.
 
-    A counter that ticks too rarely for the window gets a window twice as long (``tries``).
+    A window that came out shorter than ``min_s`` (the first runs were slow) is run again,
+    longer in proportion; a counter that ticks too rarely for the window gets a window twice
+    as long (``tries`` windows at most).
     """
     repeats = repeats_for(backend, job, min_s)
-    w = backend.window(job, repeats, CHUNKS)
-    for _ in range(tries - 1):
+    for attempt in range(tries):
+        w = backend.window(job, repeats, CHUNKS)
+        span_s = w.end_s - w.start_s
+        last = attempt == tries - 1
+        if span_s < 0.9 * min_s and not last:
+            repeats = math.ceil(repeats * min_s / max(span_s, 1e-3) / CHUNKS) * CHUNKS
+            continue
         try:
             power_from_ticks(w)
             break
         except MeasurementError:
+            if last:
+                raise
             repeats *= 2
-            w = backend.window(job, repeats, CHUNKS)
     per_run = w.chunk_s / (repeats / CHUNKS)
     time_s = float(np.sum(w.chunk_s) / repeats)
     time_se = float(np.std(per_run, ddof=1) / math.sqrt(CHUNKS))
     power, power_se = power_from_ticks(w)
     energy = power * time_s
     energy_se = energy * math.hypot(power_se / power, time_se / time_s)
-    return Measured(time_s, time_se, energy, energy_se, power, repeats, float(np.sum(w.chunk_s)))
+    return Measured(time_s, time_se, energy, energy_se, power, power_se, repeats,
+                    float(np.sum(w.chunk_s)))

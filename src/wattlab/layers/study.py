@@ -14,13 +14,16 @@ import numpy as np
 
 from wattlab.hardware.simulated_layer_gpu import LayerPhysics, SimulatedLayerGpu
 from wattlab.layers.counting import LayerCount, LayerRow
+from wattlab.layers.in_step import BETWEEN, InStep, Mark, summarise
 from wattlab.layers.measure import Backend, Measured, measure
 from wattlab.layers.plan import Surface, best_within, evaluate, heuristic
-from wattlab.layers.plan_hooks import traced_step
+from wattlab.layers.plan_hooks import call_key, traced_step, without_marks
 from wattlab.layers.roofline import Roofline
 from wattlab.layers.sim_backend import SimBackend
 
 SLOWDOWNS = (0.0, 0.02, 0.05, 0.10, 0.20)
+WHOLE_WINDOW_S = 3.0  # the whole step's window: its energy to about 1 %
+STEPS = 20  # real steps timed with events at every layer boundary
 SCOPES = {"forward": ("forward",), "training step": ("forward", "backward")}
 
 
@@ -34,10 +37,11 @@ def count_record(count: LayerCount, roofline: Roofline) -> dict[str, Any]:
 
 def time_groups(times_s: Sequence[float], n_groups: int) -> list[list[int]]:
     """Consecutive indices cut into at most ``n_groups`` runs of about equal time."""
-    total = float(sum(times_s))
+    weights = list(times_s) if sum(times_s) > 0 else [1.0] * len(times_s)
+    total = float(sum(weights))
     groups: list[list[int]] = [[]]
     done = 0.0
-    for i, t in enumerate(times_s):
+    for i, t in enumerate(weights):
         if groups[-1] and done >= total * len(groups) / n_groups:
             groups.append([])
         groups[-1].append(i)
@@ -45,63 +49,105 @@ def time_groups(times_s: Sequence[float], n_groups: int) -> list[list[int]]:
     return groups
 
 
-def measure_rows(backend: Backend, jobs: Sequence[Any], combine: Callable[[list[Any]], Any],
-                 *, n_groups: int, min_window_s: float,
-                 progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Time and energy per row (one pass), measured in groups of consecutive rows.
+def time_alone_s(backend: Backend, job: Any) -> float:
+    """GPU time of one run of a layer replayed alone, back to back (up to 50 ms of runs)."""
+    n = max(3, min(1000, round(0.05 / max(backend.time_s(job, 1), 1e-7))))
+    return backend.time_s(job, n) / n
 
-    Each row's time is its own (GPU timer, 1 s of runs at most); a group's energy, measured
-    in a window of ``min_window_s``, is split over its rows by their times (the group's
-    power is taken as each row's), so a one-row group is the row's own measurement.
+
+def measure_rows(backend: Backend, jobs: Sequence[Any], keys: Sequence[str],
+                 combine: Callable[[list[Any]], Any], in_step: InStep, *, n_groups: int,
+                 min_window_s: float, progress: Callable[[str], None] | None = None
+                 ) -> tuple[list[dict[str, Any]], list[tuple[float, float]]]:
+    """Time and energy per row of one pass: time inside the step, power in isolation.
+
+    Rows are cut into at most ``n_groups`` runs of consecutive rows of about equal in-step
+    time; each run is replayed alone for ``min_window_s`` while the energy counter gives
+    its power, which is taken as each of its rows' power. A row's energy = that power × the
+    row's time inside the step. Also returns each group's (power se W, in-step time s),
+    whose errors are shared by the group's rows.
     """
-    times = []
-    for job in jobs:
-        n = max(3, min(1000, round(0.05 / max(backend.time_s(job, 1), 1e-7))))
-        times.append(backend.time_s(job, n) / n)
+    step_s = [in_step.time_s.get(k, 0.0) for k in keys]
     out: list[dict[str, Any]] = [{} for _ in jobs]
-    for k, group in enumerate(time_groups(times, n_groups)):
+    shared: list[tuple[float, float]] = []
+    for k, group in enumerate(time_groups(step_s, n_groups)):
         m = measure(backend, combine([jobs[i] for i in group]), min_window_s)
-        share = sum(times[i] for i in group)
-        rel = m.energy_se_j / m.energy_j
         for i in group:
-            e = m.energy_j * times[i] / share
-            out[i] = {"time_s": times[i], "energy_j": e, "energy_se_j": e * rel,
-                      "power_w": m.power_w, "group": k, "group_size": len(group)}
+            t, t_se = step_s[i], in_step.time_se_s.get(keys[i], 0.0)
+            out[i] = {"time_s": t, "time_se_s": t_se, "time_alone_s": time_alone_s(
+                          backend, jobs[i]),
+                      "power_w": m.power_w, "power_se_w": m.power_se_w,
+                      "energy_j": m.power_w * t,
+                      "energy_se_j": math.hypot(m.power_se_w * t, m.power_w * t_se),
+                      "group": k, "group_size": len(group)}
+        shared.append((m.power_se_w, sum(step_s[i] for i in group)))
         if progress:
-            progress(f"group {k}: {len(group)} layer(s), {m.time_s * 1e3:.3f} ms, "
-                     f"{m.energy_j:.4g} ± {m.energy_se_j:.2g} J")
-    return out
+            progress(f"group {k}: {len(group)} layer(s), {shared[-1][1] * 1e3:.3f} ms in "
+                     f"the step, {m.power_w:.4g} ± {m.power_se_w:.2g} W alone")
+    return out, shared
 
 
-def sum_check(rows: Sequence[dict[str, Any]], whole: Measured) -> dict[str, Any]:
-    """The layers' sums against the whole pass measured directly."""
-    t = sum(r["time_s"] for r in rows)
-    e = sum(r["energy_j"] for r in rows)
-    e_se = math.sqrt(sum(r["energy_se_j"] ** 2 for r in rows))
-    return {"layers_time_s": t, "layers_energy_j": e, "layers_energy_se_j": e_se,
-            "whole": whole.to_json(), "time_error": t / whole.time_s - 1,
+def sum_check(rows: Sequence[dict[str, Any]], between: dict[str, Any],
+              shared: Sequence[tuple[float, float]], in_step: InStep,
+              whole: Measured) -> dict[str, Any]:
+    """The rows and ``between layers`` summed, against the whole step measured directly.
+
+    The sum's energy error: each group's power error over its whole in-step time (shared
+    by its rows), and the step time's spread over steps at the step's power.
+    """
+    t = sum(r["time_s"] for r in rows) + between["time_s"]
+    e = sum(r["energy_j"] for r in rows) + between["energy_j"]
+    e_se = math.sqrt(sum((p_se * t_g) ** 2 for p_se, t_g in shared)
+                     + (between["power_se_w"] * between["time_s"]) ** 2
+                     + (e / max(t, 1e-12) * in_step.step_se_s) ** 2)
+    return {"layers_time_s": t, "layers_time_se_s": in_step.step_se_s,
+            "layers_alone_time_s": sum(r["time_alone_s"] for r in rows),
+            "layers_energy_j": e, "layers_energy_se_j": e_se, "steps": in_step.steps,
+            "between": between, "whole": whole.to_json(), "time_error": t / whole.time_s - 1,
             "energy_error": e / whole.energy_j - 1}
 
 
 def measure_record(record: dict[str, Any], count: LayerCount, backend: Backend, *,
                    jobs_of: Callable[[Sequence[LayerRow]], list[Any]],
-                   combine: Callable[[list[Any]], Any], whole_job: Any, n_groups: int,
-                   window_s: float, progress: Callable[[str], None] | None = None
-                   ) -> dict[str, Any]:
-    """Measure every row (adds ``measured`` to the record's rows) and the whole pass."""
+                   combine: Callable[[list[Any]], Any], whole_job: Any,
+                   step_marks: Callable[[int], list[Mark]], n_groups: int, window_s: float,
+                   whole_window_s: float = WHOLE_WINDOW_S, steps: int = STEPS,
+                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure every row (adds ``measured`` to the record's rows) and the whole pass.
+
+    ``step_marks(n)``: the layer boundaries' GPU times over ``n`` real steps (in_step.py);
+    ``whole_job``: the pass with no hooks, measured for ``whole_window_s``.
+    """
+    in_step = summarise(step_marks(steps))
+    if progress:
+        progress(f"in the step: {in_step.step_s * 1e3:.3f} ± {in_step.step_se_s * 1e3:.2g} ms "
+                 f"over {in_step.steps} steps")
     by_key = {f"{r['name'] or '(model)'}:{r['pass_name']}": r for r in record["rows"]}
-    measured = []
+    measured, shared = [], []
     for pass_name in ("forward", "backward") if count.train else ("forward",):
         rows = count.of_pass(pass_name)
         if progress:
             progress(f"{pass_name}: {len(rows)} layers")
-        results = measure_rows(backend, jobs_of(rows), combine, n_groups=n_groups,
-                               min_window_s=window_s, progress=progress)
+        results, groups = measure_rows(backend, jobs_of(rows), [r.key for r in rows], combine,
+                                       in_step, n_groups=n_groups, min_window_s=window_s,
+                                       progress=progress)
         for row, res in zip(rows, results, strict=True):
             by_key[row.key]["measured"] = res
         measured += results
-    whole = measure(backend, whole_job, window_s)
-    return {"training step" if count.train else "forward": sum_check(measured, whole)}
+        shared += groups
+    whole = measure(backend, whole_job, whole_window_s)
+    t_b, t_b_se = in_step.time_s.get(BETWEEN, 0.0), in_step.time_se_s.get(BETWEEN, 0.0)
+    between = {"time_s": t_b, "time_se_s": t_b_se, "power_w": whole.power_w,
+               "power_se_w": whole.power_se_w, "energy_j": whole.power_w * t_b,
+               "energy_se_j": math.hypot(whole.power_se_w * t_b, whole.power_w * t_b_se),
+               "note": "outside every leaf module (residual additions, the loss, glue); "
+                       "power: the whole step's"}
+    return {"training step" if count.train else "forward":
+            sum_check(measured, between, shared, in_step, whole)}
+
+
+def sim_jobs(rows: Sequence[LayerRow]) -> list[list[tuple[str, float, float]]]:
+    return [[("run", float(r.work_flops), float(r.bytes_total))] for r in rows]
 
 
 def joined(jobs: list[list[tuple[str, float, float]]]) -> list[tuple[str, float, float]]:
@@ -109,15 +155,28 @@ def joined(jobs: list[list[tuple[str, float, float]]]) -> list[tuple[str, float,
     return [op for job in jobs for op in job]
 
 
-def sim_jobs(rows: Sequence[LayerRow]) -> list[list[tuple[str, float, float]]]:
-    return [[("run", float(r.work_flops), float(r.bytes_total))] for r in rows]
+def measure_simulated(record: dict[str, Any], model: Any, count: LayerCount,
+                      physics: LayerPhysics, *, seed: int, n_groups: int, window_s: float,
+                      whole_window_s: float = WHOLE_WINDOW_S,
+                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """`measure_record` on the simulated GPU: the traced step with marks, as on a real GPU."""
+    backend = SimBackend(SimulatedLayerGpu(physics, seed))
+    step = traced_step(model, count, {}, physics.default_pair, marks=True)
+    return measure_record(record, count, backend, jobs_of=sim_jobs, combine=joined,
+                          whole_job=without_marks(step),
+                          step_marks=lambda n: backend.step_marks(step, n), n_groups=n_groups,
+                          window_s=window_s, whole_window_s=whole_window_s, progress=progress)
 
 
-def surface_of(physics: LayerPhysics, rows: Sequence[LayerRow]) -> Surface:
-    """The simulator's time and energy of every row at every supported clock pair."""
+def surface_of(physics: LayerPhysics, rows: Sequence[LayerRow] | None = None, *,
+               work_flops: Any = None, bytes_moved: Any = None) -> Surface:
+    """The simulator's time and energy of every row (or work/bytes pair) at every clock pair."""
     sm, mem = physics.pairs()
-    work = np.array([r.work_flops for r in rows], float)[:, None]
-    moved = np.array([r.bytes_total for r in rows], float)[:, None]
+    if rows is not None:
+        work_flops = [r.work_flops for r in rows]
+        bytes_moved = [r.bytes_total for r in rows]
+    work = np.asarray(work_flops, float)[:, None]
+    moved = np.asarray(bytes_moved, float)[:, None]
     t, p = physics.cost(work, moved, sm[None, :], mem[None, :])
     default = int(np.flatnonzero((sm == physics.default_pair[0])
                                  & (mem == physics.default_pair[1]))[0])
@@ -125,27 +184,49 @@ def surface_of(physics: LayerPhysics, rows: Sequence[LayerRow]) -> Surface:
     return Surface(t, t * p, sm, mem, default, sw_t, sw_e)
 
 
+def plan_rows(count: LayerCount, passes: Sequence[str],
+              calls: Sequence[tuple[str, int]] | None) -> tuple[list[str], Any, Any]:
+    """(keys, work FLOPs, bytes) of the plan's rows.
+
+    One per module and pass, or with ``calls`` (plan_hooks.call_sequence) one per call in
+    execution order, so a module called several times may switch at each call; a call
+    gets its module's share.
+    """
+    rows = {r.key: r for r in count.rows if r.pass_name in passes}
+    items: list[tuple[str, float, float]]
+    if calls is None:
+        items = [(k, float(r.work_flops), float(r.bytes_total)) for k, r in rows.items()]
+    else:
+        items = [(call_key(k, c), rows[k].work_flops / rows[k].calls,
+                  rows[k].bytes_total / rows[k].calls) for k, c in calls if k in rows]
+    return ([k for k, _, _ in items], np.array([w for _, w, _ in items], float),
+            np.array([b for _, _, b in items], float))
+
+
 def plan_record(physics: LayerPhysics, count: LayerCount,
-                slowdowns: Sequence[float] = SLOWDOWNS) -> dict[str, Any]:
-    """Exhaustive and heuristic plans per scope and slowdown bound, against the default."""
+                slowdowns: Sequence[float] = SLOWDOWNS, *,
+                calls: Sequence[tuple[str, int]] | None = None) -> dict[str, Any]:
+    """Exhaustive and heuristic plans per scope and slowdown bound, against the default.
+
+    ``calls``: rows per call (plan_rows) instead of per module.
+    """
     out: dict[str, Any] = {"switch_s": physics.switch_s, "pairs": len(physics.pairs()[0]),
+                           "rows": "per call" if calls is not None else "per module",
                            "scopes": {}}
     for scope, passes in SCOPES.items():
-        rows = [r for r in count.rows if r.pass_name in passes]
         if not count.train and scope != "forward":
             continue
-        surface = surface_of(physics, rows)
-        base = evaluate(surface, np.full(len(rows), surface.default), "default")
-        work = np.array([r.work_flops for r in rows], float)
-        moved = np.array([r.bytes_total for r in rows], float)
+        keys, work, moved = plan_rows(count, passes, calls)
+        surface = surface_of(physics, work_flops=work, bytes_moved=moved)
+        base = evaluate(surface, np.full(len(keys), surface.default), "default")
         entries = []
         for s in slowdowns:
             best = best_within(surface, s)
             rule = heuristic(surface, work, moved, physics.roofline, s)
             entries.append({"max_slowdown": s, "exhaustive": best.to_json(surface, base),
                             "heuristic": rule.to_json(surface, base)})
-        out["scopes"][scope] = {"keys": [r.key for r in rows],
-                                "default": base.to_json(surface, base), "plans": entries}
+        out["scopes"][scope] = {"keys": keys, "default": base.to_json(surface, base),
+                                "plans": entries}
     return out
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from wattlab.acquisition.gpu_clock import EventBackend
 from wattlab.layers.counting import LayerRow, _tensors, leaf_modules
 from wattlab.layers.measure import Window
 
@@ -31,26 +32,25 @@ Job = Callable[[], Any]
 
 
 class TorchBackend:
-    """`Backend` on the current CUDA device, energy from an NVML driver's counter."""
+    """`Backend` on a torch device: GPU time from events, energy from an NVML driver's counter.
 
-    def __init__(self, read_energy_j: Callable[[], float]) -> None:
-        import torch
+    ``events``: CUDA's (``TorchCudaEvents``), or the fake GPU's where a test runs on a CPU.
+    """
 
-        self.torch = torch
+    def __init__(self, read_energy_j: Callable[[], float], events: EventBackend) -> None:
         self.read_energy_j = read_energy_j
+        self.events = events
 
-    def _event(self) -> Any:
-        event = self.torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+    def _elapsed_s(self, start: Any, end: Any) -> float:
+        return self.events.elapsed_ns(start, end) / 1e9
 
     def time_s(self, job: Job, repeats: int) -> float:
-        start = self._event()
+        start = self.events.record()
         for _ in range(repeats):
             job()
-        end = self._event()
-        end.synchronize()
-        return float(start.elapsed_time(end)) / 1e3
+        end = self.events.record()
+        self.events.wait(end)
+        return self._elapsed_s(start, end)
 
     def window(self, job: Job, repeats: int, chunks: int) -> Window:
         ticks: list[tuple[float, float]] = []
@@ -68,22 +68,22 @@ class TorchBackend:
                     last = value
                 time.sleep(0.0005)
 
-        self.torch.cuda.synchronize()
+        self.events.wait(self.events.record())
         watcher = threading.Thread(target=poll, name="wattlab-layer-counter", daemon=True)
         watcher.start()
         time.sleep(0.15)  # the watcher's first value is a baseline, not a tick
         start_s = time.monotonic()
-        events = [self._event()]
+        events = [self.events.record()]
         per_chunk = repeats // chunks
         for _ in range(chunks):
             for _ in range(per_chunk):
                 job()
-            events.append(self._event())
-        events[-1].synchronize()
+            events.append(self.events.record())
+        self.events.wait(events[-1])
         end_s = time.monotonic()
         stop.set()
         watcher.join()
-        chunk_s = np.array([a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(events)])
+        chunk_s = np.array([self._elapsed_s(a, b) for a, b in itertools.pairwise(events)])
         gaps = np.diff(polls) if len(polls) > 1 else np.array([0.003])
         jitter = float(statistics.median(gaps.tolist())) / 12**0.5
         t = np.array([x for x, _ in ticks[1:]])

@@ -1,0 +1,109 @@
+"""Each layer's time inside real steps, from GPU times taken at every layer boundary.
+
+Why inside the step: a layer replayed alone pays the host's launch overhead (the module
+call, ``autograd.grad``) which a real step hides by queueing ahead of the GPU, so a small
+layer timed alone looks longer than it is. Events recorded at each leaf module's
+boundaries during real steps (``integrations.layer_hooks``) land in the GPU's stream
+order; the span between two consecutive boundaries belongs to the layer open there (the
+latest begun and not yet ended), and a span where no layer is open (residual additions,
+the loss, glue between modules) to the row ``between layers``. So the rows and
+``between layers`` add up to the step exactly.
+
+A mark is (row key, edge, time s): edge "begin" or "end" of a layer, or "step" at each
+step's start (and after the last). Times are the GPU's (CUDA events; the simulated GPU's
+virtual clock); the time per step is averaged over the steps, its standard error from
+their spread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from wattlab.acquisition.gpu_clock import EventBackend
+from wattlab.errors import WattlabError
+from wattlab.integrations.layer_hooks import hook_leaves
+
+BETWEEN = "between layers"
+Mark = tuple[str, str, float]
+
+
+@dataclass
+class InStep:
+    """Mean time per step of each row key (and ``BETWEEN``), with standard errors."""
+
+    time_s: dict[str, float]
+    time_se_s: dict[str, float]
+    step_s: float
+    step_se_s: float
+    steps: int
+
+
+def split_steps(marks: Sequence[Mark]) -> list[dict[str, float]]:
+    """Per step, the time each key held the GPU (spans between consecutive marks)."""
+    steps: list[dict[str, float]] = []
+    open_keys: list[str] = []
+    for (key, edge, t), (_, _, t_next) in itertools.pairwise(marks):
+        if edge == "step":
+            steps.append(defaultdict(float))
+            open_keys = []
+        elif edge == "begin":
+            open_keys.append(key)
+        elif key in open_keys:
+            open_keys.remove(key)
+        if steps:
+            steps[-1][open_keys[-1] if open_keys else BETWEEN] += t_next - t
+    return steps
+
+
+def summarise(marks: Sequence[Mark]) -> InStep:
+    """Mean and standard error over the steps of every key's time."""
+    steps = split_steps(marks)
+    if not steps:
+        raise WattlabError("no complete step among the layer marks")
+    keys = sorted({k for s in steps for k in s})
+    n = len(steps)
+
+    def stats(values: list[float]) -> tuple[float, float]:
+        v = np.array(values)
+        return float(v.mean()), float(v.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+
+    per_key = {k: stats([s.get(k, 0.0) for s in steps]) for k in keys}
+    step_s, step_se = stats([sum(s.values()) for s in steps])
+    return InStep({k: v[0] for k, v in per_key.items()},
+                  {k: v[1] for k, v in per_key.items()}, step_s, step_se, n)
+
+
+def record_marks(model: Any, step: Callable[[], Any], events: EventBackend, *, steps: int,
+                 warmup: int = 2) -> list[Mark]:
+    """The marks of ``steps`` steps (after ``warmup``), an event at every boundary.
+
+    Times are in seconds from the first mark.
+
+    The steps run back to back with no synchronisation between them (as training does), so
+    the host queues ahead of the GPU and the events see the GPU's own pace.
+    """
+    recorded: list[tuple[str, str, Any]] = []
+
+    def on(label: str, pass_name: str, edge: str, _call: int) -> None:
+        recorded.append((f"{label}:{pass_name}", edge, events.record()))
+
+    with hook_leaves(model, on):
+        for _ in range(warmup):
+            step()
+        recorded.clear()
+        for _ in range(steps):
+            recorded.append(("", "step", events.record()))
+            step()
+        recorded.append(("", "step", events.record()))
+    last = recorded[-1][2]
+    events.wait(last)
+    first = recorded[0][2]
+    return [(k, e, events.elapsed_ns(first, ev) / 1e9) for k, e, ev in recorded
+            if ev is not None]
