@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import write_json
 
-CASES = (("resnet50", 32), ("vgg16", 16))
+CASES = (("resnet50", 32), ("resnet50", 128), ("vgg16", 16), ("vgg16", 64))
 GROUPS, WINDOW_S, WHOLE_WINDOW_S = 16, 0.8, 3.0
 
 
@@ -91,6 +91,8 @@ def main() -> None:
               f"{c['layers_energy_j']:7.3f}±{c['layers_energy_se_j']:<6.3f} "
               f"{w['energy_j']:7.3f}±{w['energy_se_j']:<6.3f} {c['energy_error']:+10.1%} "
               f"{r['seconds']:4.0f}")
+        if c.get("warning"):
+            print(f"  {r['model']} batch {r['batch']}: {c['warning']}")
     print("in-step: the rows and 'between layers' summed (events at every layer boundary, "
           "20 steps); alone: the layers' sum replayed one by one; step: no hooks, 3 s")
     print("written:", write_json("layers_real", {"results": results}))

@@ -94,6 +94,8 @@ def _print_table(record: dict[str, Any]) -> None:
               f"{check['layers_energy_j']:.4g} ± {check['layers_energy_se_j']:.2g} J; whole "
               f"{w['time_s'] * 1e3:.3f} ms, {w['energy_j']:.4g} ± {w['energy_se_j']:.2g} J "
               f"(time {check['time_error']:+.1%}, energy {check['energy_error']:+.1%})")
+        if check.get("warning"):
+            print(f"  warning: {check['warning']}")
     for scope, block in r.get("plans", {}).get("scopes", {}).items():
         print(f"plans, {scope} (switch {r['plans']['switch_s'] * 1e3:g} ms, "
               f"{r['plans']['pairs']} clock pairs from the "

@@ -104,7 +104,24 @@ def sum_check(rows: Sequence[dict[str, Any]], between: dict[str, Any],
             "layers_alone_time_s": sum(r["time_alone_s"] for r in rows),
             "layers_energy_j": e, "layers_energy_se_j": e_se, "steps": in_step.steps,
             "between": between, "whole": whole.to_json(), "time_error": t / whole.time_s - 1,
-            "energy_error": e / whole.energy_j - 1}
+            "energy_error": e / whole.energy_j - 1, "warning": host_bound_warning(t, whole)}
+
+
+HOST_BOUND = 0.05  # hooked steps this much slower than plain ones: the host set the pace
+
+
+def host_bound_warning(hooked_s: float, whole: Measured) -> str | None:
+    """Why the in-step times cannot be trusted, when the hooks themselves slowed the step.
+
+    Every layer boundary costs the host an event (tens of µs on a real GPU's host); a step
+    of many short layers then waits on the host, and the spans measure the host's pace.
+    """
+    slower = hooked_s / whole.time_s - 1
+    if slower <= HOST_BOUND + 2 * whole.time_se_s / whole.time_s:
+        return None
+    return (f"the step with an event at every layer boundary took {slower:+.0%} longer than "
+            f"without: the host, not the GPU, set its pace, so the in-step times hold host "
+            f"waits; use a larger batch (longer layers) or fewer layers")
 
 
 def measure_record(record: dict[str, Any], count: LayerCount, backend: Backend, *,
