@@ -192,7 +192,7 @@ def test_a_step_the_hooks_slowed_is_flagged_as_host_bound():
     from wattlab.layers.study import host_bound_warning
 
     whole = Measured(time_s=0.020, time_se_s=0.0002, energy_j=10.0, energy_se_j=0.1,
-                     power_w=500.0, repeats=100, window_s=3.0)
+                     power_w=500.0, power_se_w=5.0, repeats=100, window_s=3.0)
     assert host_bound_warning(0.0203, whole) is None
     warning = host_bound_warning(0.064, whole)
     assert warning is not None and "+220%" in warning and "larger batch" in warning
