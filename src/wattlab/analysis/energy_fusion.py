@@ -134,20 +134,37 @@ class Fusion:
         return energy, math.sqrt(var)
 
 
+def _grid(t0_s: float, t1_s: float, step_s: float, breaks_s: FloatArray
+          ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
+    """Bin edges every ``step_s`` over [t0, t1] with each break inserted as an edge (a
+    regular edge closer than a quarter step to a break gives way), and which edges are
+    breaks."""
+    regular = t0_s + step_s * np.arange(math.ceil((t1_s - t0_s) / step_s) + 1)
+    inside = np.unique(breaks_s[(breaks_s > regular[0]) & (breaks_s < regular[-1])])
+    if inside.size:
+        near = np.abs(regular[:, None] - inside[None, :]).min(axis=1) < step_s / 4
+        near[[0, -1]] = False
+        regular = regular[~near]
+    edges = np.union1d(regular, inside)
+    return np.asarray(edges, dtype=np.float64), np.isin(edges, inside)
+
+
 def _rows(win: Windows, edges_s: FloatArray) -> tuple[npt.NDArray[np.int64], FloatArray]:
     """(first bin, weights) of each reading: the share of its window in each bin it touches."""
-    step = float(edges_s[1] - edges_s[0])
     start = win.end_s - win.width_s
-    first = np.floor((start - edges_s[0]) / step).astype(np.int64)
-    span = math.ceil(win.width_s / step) + 1
-    cols = first[:, None] + np.arange(span)[None, :]
-    lo = np.maximum(edges_s[0] + cols * step, start[:, None])
-    hi = np.minimum(edges_s[0] + (cols + 1) * step, win.end_s[:, None])
-    return first, np.maximum(hi - lo, 0.0) / win.width_s
+    first = np.searchsorted(edges_s, start, side="right") - 1
+    last = np.searchsorted(edges_s, win.end_s, side="left") - 1
+    cols = first[:, None] + np.arange(int((last - first).max()) + 1)[None, :]
+    cols = np.minimum(cols, edges_s.size - 2)
+    lo = np.maximum(edges_s[cols], start[:, None])
+    hi = np.minimum(edges_s[cols + 1], win.end_s[:, None])
+    w = np.where(cols <= last[:, None], np.maximum(hi - lo, 0.0), 0.0) / win.width_s
+    return first, w
 
 
 def fuse_records(run: Run, records: list[dict[str, Any]], *, force: bool = False,
-                 smooth_w: float = SMOOTH_W) -> Fusion:
+                 smooth_w: float = SMOOTH_W, breaks_s: npt.ArrayLike = (),
+                 break_lag_s: float | None = None) -> Fusion:
     """The fusion of ``run``'s streams that ``records`` calibrate (the first one leads).
 
     Why the first leads: the 1 s average covers all the time and carries the energy; an
@@ -158,11 +175,70 @@ def fuse_records(run: Run, records: list[dict[str, Any]], *, force: bool = False
     views = [windows_from_record(run, r, force=force) for r in records]
     if len({v.name for v in views}) < len(views):
         raise UsageError("two calibration records of the same stream; give each stream once")
-    return fuse(views, period_s=float(records[0]["update_period_s"]), smooth_w=smooth_w)
+    return fuse(views, period_s=float(records[0]["update_period_s"]), smooth_w=smooth_w,
+                breaks_s=breaks_s, break_lag_s=break_lag_s)
+
+
+@dataclass
+class _Problem:
+    """The least-squares system on one grid: each view's rows and each edge's prior."""
+
+    edges_s: FloatArray
+    rows: list[tuple[npt.NDArray[np.int64], FloatArray]]
+    prior: FloatArray  # inverse prior variance of the step across each inner edge, 1/W²
+
+
+def _problem(views: list[Windows], t0_s: float, t1_s: float, step_s: float,
+             breaks_s: FloatArray, smooth_w: float, break_w: float) -> _Problem:
+    edges, is_break = _grid(t0_s, t1_s, step_s, breaks_s)
+    prior = np.where(is_break[1:-1], 1.0 / break_w**2, 1.0 / smooth_w**2)
+    return _Problem(edges, [_rows(v, edges) for v in views], prior)
+
+
+def _solve(views: list[Windows], pb: _Problem, sigma: dict[str, float]
+           ) -> tuple[FloatArray, FloatArray, float]:
+    """(power per bin, banded Cholesky factor, cost: weighted misfit plus prior)."""
+    n = pb.edges_s.size - 1
+    band = max(w.shape[1] for _, w in pb.rows)
+    ab = np.zeros((band, n))  # upper form: ab[band-1+i-j, j] = N[i, j]
+    rhs = np.zeros(n)
+    for v, (first, w) in zip(views, pb.rows, strict=True):
+        s2 = sigma[v.name] ** 2
+        cols = np.minimum(first[:, None] + np.arange(w.shape[1]), n - 1)
+        rhs += np.bincount(cols.ravel(), (w * v.power_w[:, None]).ravel() / s2, n)
+        for d in range(w.shape[1]):
+            prod = (w[:, : w.shape[1] - d] * w[:, d:]).ravel() / s2
+            ab[band - 1 - d] += np.bincount(cols[:, d:].ravel(), prod, n)
+    ab[band - 1, :-1] += pb.prior
+    ab[band - 1, 1:] += pb.prior
+    ab[band - 2, 1:] -= pb.prior
+    factor = cholesky_banded(ab, lower=False)
+    x = cho_solve_banded((factor, False), rhs)
+    cost = float(np.sum(pb.prior * np.diff(x) ** 2))
+    for v, (first, w) in zip(views, pb.rows, strict=True):
+        cols = np.minimum(first[:, None] + np.arange(w.shape[1]), n - 1)
+        resid = v.power_w - (w * x[cols]).sum(axis=1)
+        cost += float(np.sum(resid**2)) / sigma[v.name] ** 2
+    return x, factor, cost
+
+
+def _scatter(views: list[Windows], pb: _Problem, x: FloatArray) -> dict[str, float]:
+    """Each view's rms residual about the fit ``x``."""
+    n = x.size
+    out = {}
+    for v, (first, w) in zip(views, pb.rows, strict=True):
+        cols = np.minimum(first[:, None] + np.arange(w.shape[1]), n - 1)
+        resid = v.power_w - (w * x[cols]).sum(axis=1)
+        out[v.name] = max(float(np.sqrt(np.mean(resid**2))), 1e-3)
+    return out
+
+
+BREAK_W = 3000.0
 
 
 def fuse(views: list[Windows], *, period_s: float, bins_per_update: int = BINS_PER_UPDATE,
-         smooth_w: float = SMOOTH_W) -> Fusion:
+         smooth_w: float = SMOOTH_W, breaks_s: npt.ArrayLike = (),
+         break_lag_s: float | None = None, break_w: float = BREAK_W) -> Fusion:
     """Least-squares power on a grid from every view's windows (the first view leads).
 
     Each view is weighted by its own scatter about the fit (two passes: the first with 1 W
@@ -177,29 +253,27 @@ def fuse(views: list[Windows], *, period_s: float, bins_per_update: int = BINS_P
     # covered, by the prior alone, and its variance says so
     t0 = min(float((v.end_s - v.width_s).min()) for v in views) - period_s
     t1 = max(float(v.end_s.max()) for v in views) + period_s
-    n = math.ceil((t1 - t0) / step)
-    edges = np.asarray(t0 + step * np.arange(n + 1), dtype=np.float64)
-    rows = [_rows(v, edges) for v in views]
-    band = max(w.shape[1] for _, w in rows)
+    marks = np.asarray(breaks_s, dtype=np.float64).ravel()
     sigma = {v.name: (1.0 if i == 0 else 20.0) for i, v in enumerate(views)}
-    for _ in range(2):
-        ab = np.zeros((band, n))  # upper form: ab[band-1+i-j, j] = N[i, j]
-        rhs = np.zeros(n)
-        for v, (first, w) in zip(views, rows, strict=True):
-            s2 = sigma[v.name] ** 2
-            cols = np.minimum(first[:, None] + np.arange(w.shape[1]), n - 1)
-            rhs += np.bincount(cols.ravel(), (w * v.power_w[:, None]).ravel() / s2, n)
-            for d in range(w.shape[1]):
-                prod = (w[:, : w.shape[1] - d] * w[:, d:]).ravel() / s2
-                ab[band - 1 - d] += np.bincount(cols[:, d:].ravel(), prod, n)
-        prior = 1.0 / smooth_w**2
-        ab[band - 1, :-1] += prior
-        ab[band - 1, 1:] += prior
-        ab[band - 2, 1:] -= prior
-        factor = cholesky_banded(ab, lower=False)
-        x = cho_solve_banded((factor, False), rhs)
-        for v, (first, w) in zip(views, rows, strict=True):
-            cols = np.minimum(first[:, None] + np.arange(w.shape[1]), n - 1)
-            resid = v.power_w - (w * x[cols]).sum(axis=1)
-            sigma[v.name] = max(float(np.sqrt(np.mean(resid**2))), 1e-3)
-    return Fusion(edges, x, factor, sigma, views[0], [v.name for v in views])
+    plain = _problem(views, t0, t1, step, marks[:0], smooth_w, break_w)
+    x = _solve(views, plain, sigma)[0]
+    sigma = _scatter(views, plain, x)
+    lag = 0.0
+    if marks.size and break_lag_s is None:
+        lags = np.arange(-0.5, 0.5 + 1e-9, 0.05) * period_s
+        costs = [_solve(views, _problem(views, t0, t1, step, marks + g, smooth_w, break_w),
+                        sigma)[2] for g in lags]
+        lag = float(lags[int(np.argmin(costs))])
+        self_lags = lag + np.arange(-4, 5) * 0.0025 * period_s / 0.1
+        costs = [_solve(views, _problem(views, t0, t1, step, marks + g, smooth_w, break_w),
+                        sigma)[2] for g in self_lags]
+        lag = float(self_lags[int(np.argmin(costs))])
+    elif break_lag_s is not None:
+        lag = break_lag_s
+    pb = _problem(views, t0, t1, step, marks + lag, smooth_w, break_w)
+    x = _solve(views, pb, sigma)[0]
+    sigma = _scatter(views, pb, x)
+    x, factor, _ = _solve(views, pb, sigma)
+    fusion = Fusion(pb.edges_s, x, factor, sigma, views[0], [v.name for v in views])
+    fusion.break_lag_s = lag
+    return fusion
