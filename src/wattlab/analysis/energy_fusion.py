@@ -35,6 +35,9 @@ BINS_PER_UPDATE = 5
 SMOOTH_W = 150.0
 """Prior rms change of power between neighbouring bins, W (a step from idle to full load
 is ~4 of these, so real edges pass; a window-periodic pattern over a whole run does not)."""
+BREAK_W = 3000.0
+"""Prior rms step across a break (a phase mark), W: more than any step a GPU makes, so a
+step is free there; finite, so bins an update slice cannot tell apart stay pinned."""
 WINDOW_KERNELS = ("boxcar", "part_time")
 
 
@@ -49,6 +52,7 @@ class Windows:
     gain: tuple[float, float]
     offset_w: tuple[float, float]
     delay_se_s: float
+    disagreement_w: float = 0.0  # rms of the record's readings about its fit to the reference
 
 
 def windows_from_record(run: Run, record: dict[str, Any], *, force: bool = False) -> Windows:
@@ -86,9 +90,11 @@ def windows_from_record(run: Run, record: dict[str, Any], *, force: bool = False
     p = record["params"]
     gain, offset, _ = correction_terms(record)
     eff_se = record.get("effective_delay_s", {}).get("se")
+    rmse = record.get("fit", {}).get("rmse_w")
     return Windows(where, times_s - float(p["tau_s"]["value"]), float(p["w_s"]["value"]),
                    (values - offset[0]) / gain[0], gain, offset,
-                   float(eff_se) if eff_se is not None else math.nan)
+                   float(eff_se) if eff_se is not None else math.nan,
+                   float(rmse) / gain[0] if rmse is not None and math.isfinite(rmse) else 0.0)
 
 
 @dataclass
@@ -101,13 +107,16 @@ class Fusion:
     sigma_w: dict[str, float]  # each view's rms scatter about the fit
     main: Windows  # the view whose gain, offset and delay errors phase energies carry
     views: list[str]
+    break_lag_s: float | None = None  # where the breaks sat after their marks (None: none)
 
     def describe(self) -> str:
         """One line for a report: what was deconvolved, on what grid, how well it fits."""
         step_ms = 1e3 * float(self.edges_s[1] - self.edges_s[0])
         fits = ", ".join(f"{name} {s:.2f} W rms" for name, s in self.sigma_w.items())
+        breaks = ("" if self.break_lag_s is None else
+                  f"; free steps at the marks, {1e3 * self.break_lag_s:+.1f} ms after them")
         return (f"{self.main.name}: energy deconvolved on a {step_ms:.0f} ms grid from "
-                f"{' + '.join(self.views)} (scatter about the fit: {fits})")
+                f"{' + '.join(self.views)} (scatter about the fit: {fits}{breaks})")
 
     def _weights(self, t0_s: float, t1_s: float) -> FloatArray:
         """Seconds of each bin inside [t0, t1]."""
@@ -129,16 +138,23 @@ class Fusion:
         edges = np.searchsorted(self.edges_s, [t0_s, t1_s], side="right") - 1
         step_w = float(np.diff(self.power_w[np.clip(edges, 0, self.power_w.size - 1)])[0])
         delay = step_w * m.delay_se_s if math.isfinite(m.delay_se_s) else 0.0
+        # the record's readings scatter about its reference by ``disagreement_w`` over each
+        # window, independently from one window to the next: that much of the phase's
+        # energy no deconvolution can take from the readings (exact spans included)
+        span = t1_s - t0_s
         var = (var_fit + (energy * m.gain[1] / m.gain[0]) ** 2
-               + ((t1_s - t0_s) * m.offset_w[1] / m.gain[0]) ** 2 + delay**2)
+               + (span * m.offset_w[1] / m.gain[0]) ** 2 + delay**2
+               + m.disagreement_w**2 * m.width_s * span)
         return energy, math.sqrt(var)
 
 
 def _grid(t0_s: float, t1_s: float, step_s: float, breaks_s: FloatArray
           ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
-    """Bin edges every ``step_s`` over [t0, t1] with each break inserted as an edge (a
-    regular edge closer than a quarter step to a break gives way), and which edges are
-    breaks."""
+    """Bin edges every ``step_s`` over [t0, t1], and which are breaks.
+
+    Each break inside is an edge of its own; a regular edge closer than a quarter step to
+    one gives way, so no bin is a sliver.
+    """
     regular = t0_s + step_s * np.arange(math.ceil((t1_s - t0_s) / step_s) + 1)
     inside = np.unique(breaks_s[(breaks_s > regular[0]) & (breaks_s < regular[-1])])
     if inside.size:
@@ -169,6 +185,7 @@ def fuse_records(run: Run, records: list[dict[str, Any]], *, force: bool = False
 
     Why the first leads: the 1 s average covers all the time and carries the energy; an
     instant reading's short windows (~25 % of the time) place edges inside its update period.
+    ``breaks_s``: the phase marks, where the power may step (``fuse``).
     """
     if not records:
         raise UsageError("deconvolution needs a calibration record")
@@ -188,10 +205,14 @@ class _Problem:
     prior: FloatArray  # inverse prior variance of the step across each inner edge, 1/W²
 
 
-def _problem(views: list[Windows], t0_s: float, t1_s: float, step_s: float,
-             breaks_s: FloatArray, smooth_w: float, break_w: float) -> _Problem:
-    edges, is_break = _grid(t0_s, t1_s, step_s, breaks_s)
-    prior = np.where(is_break[1:-1], 1.0 / break_w**2, 1.0 / smooth_w**2)
+def _problem(views: list[Windows], span: tuple[float, float, float], breaks_s: FloatArray,
+             prior_w: tuple[float, float]) -> _Problem:
+    """The system on the grid ``span`` (t0, t1, step) with ``breaks_s`` as edges.
+
+    The prior allows ``prior_w`` = (smooth, break) rms W across a regular edge and a break.
+    """
+    edges, is_break = _grid(*span, breaks_s)
+    prior = np.where(is_break[1:-1], 1.0 / prior_w[1] ** 2, 1.0 / prior_w[0] ** 2)
     return _Problem(edges, [_rows(v, edges) for v in views], prior)
 
 
@@ -214,26 +235,45 @@ def _solve(views: list[Windows], pb: _Problem, sigma: dict[str, float]
     ab[band - 2, 1:] -= pb.prior
     factor = cholesky_banded(ab, lower=False)
     x = cho_solve_banded((factor, False), rhs)
-    cost = float(np.sum(pb.prior * np.diff(x) ** 2))
+    misfit = sum(float(np.sum(r**2)) / sigma[v.name] ** 2
+                 for v, r in zip(views, _residuals(views, pb, x), strict=True))
+    return x, factor, misfit + float(np.sum(pb.prior * np.diff(x) ** 2))
+
+
+def _residuals(views: list[Windows], pb: _Problem, x: FloatArray) -> list[FloatArray]:
+    """Each view's readings less what the power ``x`` predicts for them."""
+    out = []
     for v, (first, w) in zip(views, pb.rows, strict=True):
-        cols = np.minimum(first[:, None] + np.arange(w.shape[1]), n - 1)
-        resid = v.power_w - (w * x[cols]).sum(axis=1)
-        cost += float(np.sum(resid**2)) / sigma[v.name] ** 2
-    return x, factor, cost
+        cols = np.minimum(first[:, None] + np.arange(w.shape[1]), x.size - 1)
+        out.append(v.power_w - (w * x[cols]).sum(axis=1))
+    return out
 
 
 def _scatter(views: list[Windows], pb: _Problem, x: FloatArray) -> dict[str, float]:
     """Each view's rms residual about the fit ``x``."""
-    n = x.size
-    out = {}
-    for v, (first, w) in zip(views, pb.rows, strict=True):
-        cols = np.minimum(first[:, None] + np.arange(w.shape[1]), n - 1)
-        resid = v.power_w - (w * x[cols]).sum(axis=1)
-        out[v.name] = max(float(np.sqrt(np.mean(resid**2))), 1e-3)
-    return out
+    return {v.name: max(float(np.sqrt(np.mean(r**2))), 1e-3)
+            for v, r in zip(views, _residuals(views, pb, x), strict=True)}
 
 
-BREAK_W = 3000.0
+
+def _break_lag(views: list[Windows], span: tuple[float, float, float], marks_s: FloatArray,
+               sigma: dict[str, float], *, prior_w: tuple[float, float]) -> float:
+    """How long after its mark each break lies: the lag whose fit costs least.
+
+    Searched within ±2.5 bins (half an update period on the default grid), to an eighth of
+    a bin.
+
+    Why: a mark is stamped by the host or a CUDA event, the reference's power steps some ms
+    later (the GPU's response, the reference's own sampling); a break placed off the step
+    makes the prior pay for the step beside it, so the cost's minimum finds the lag.
+    """
+    def cost(lag_s: float) -> float:
+        return _solve(views, _problem(views, span, marks_s + lag_s, prior_w), sigma)[2]
+
+    coarse = np.arange(-2.5, 2.51, 0.5) * span[2]
+    best = float(coarse[int(np.argmin([cost(g) for g in coarse]))])
+    fine = best + np.arange(-2, 3) * 0.125 * span[2]
+    return float(fine[int(np.argmin([cost(g) for g in fine]))])
 
 
 def fuse(views: list[Windows], *, period_s: float, bins_per_update: int = BINS_PER_UPDATE,
@@ -241,8 +281,10 @@ def fuse(views: list[Windows], *, period_s: float, bins_per_update: int = BINS_P
          break_lag_s: float | None = None, break_w: float = BREAK_W) -> Fusion:
     """Least-squares power on a grid from every view's windows (the first view leads).
 
-    Each view is weighted by its own scatter about the fit (two passes: the first with 1 W
-    for the average and 20 W for the rest, then each view's residual rms).
+    Each view is weighted by its own scatter about the fit (a first pass with 1 W for the
+    average and 20 W for the rest, then each view's residual rms). ``breaks_s``: instants
+    where the power may step (phase marks); each becomes a bin edge across which the prior
+    allows ``break_w``, after ``break_lag_s`` (None: the lag that fits best, ``_break_lag``).
     """
     if not views or any(v.end_s.size < 20 for v in views):
         raise UsageError("deconvolution needs at least 20 readings of each view")
@@ -251,29 +293,20 @@ def fuse(views: list[Windows], *, period_s: float, bins_per_update: int = BINS_P
     step = period_s / bins_per_update
     # one update period past the windows at each end: a phase at the stream's own ends is
     # covered, by the prior alone, and its variance says so
-    t0 = min(float((v.end_s - v.width_s).min()) for v in views) - period_s
-    t1 = max(float(v.end_s.max()) for v in views) + period_s
+    span = (min(float((v.end_s - v.width_s).min()) for v in views) - period_s,
+            max(float(v.end_s.max()) for v in views) + period_s, step)
     marks = np.asarray(breaks_s, dtype=np.float64).ravel()
     sigma = {v.name: (1.0 if i == 0 else 20.0) for i, v in enumerate(views)}
-    plain = _problem(views, t0, t1, step, marks[:0], smooth_w, break_w)
-    x = _solve(views, plain, sigma)[0]
-    sigma = _scatter(views, plain, x)
-    lag = 0.0
-    if marks.size and break_lag_s is None:
-        lags = np.arange(-0.5, 0.5 + 1e-9, 0.05) * period_s
-        costs = [_solve(views, _problem(views, t0, t1, step, marks + g, smooth_w, break_w),
-                        sigma)[2] for g in lags]
-        lag = float(lags[int(np.argmin(costs))])
-        self_lags = lag + np.arange(-4, 5) * 0.0025 * period_s / 0.1
-        costs = [_solve(views, _problem(views, t0, t1, step, marks + g, smooth_w, break_w),
-                        sigma)[2] for g in self_lags]
-        lag = float(self_lags[int(np.argmin(costs))])
-    elif break_lag_s is not None:
-        lag = break_lag_s
-    pb = _problem(views, t0, t1, step, marks + lag, smooth_w, break_w)
-    x = _solve(views, pb, sigma)[0]
-    sigma = _scatter(views, pb, x)
+    prior_w = (smooth_w, break_w)
+    plain = _problem(views, span, marks[:0], prior_w)
+    sigma = _scatter(views, plain, _solve(views, plain, sigma)[0])
+    lag = None
+    if marks.size:
+        lag = (_break_lag(views, span, marks, sigma, prior_w=prior_w)
+               if break_lag_s is None else break_lag_s)
+        pb = _problem(views, span, marks + lag, prior_w)
+        sigma = _scatter(views, pb, _solve(views, pb, sigma)[0])
+    else:
+        pb = plain
     x, factor, _ = _solve(views, pb, sigma)
-    fusion = Fusion(pb.edges_s, x, factor, sigma, views[0], [v.name for v in views])
-    fusion.break_lag_s = lag
-    return fusion
+    return Fusion(pb.edges_s, x, factor, sigma, views[0], [v.name for v in views], lag)
