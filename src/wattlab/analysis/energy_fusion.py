@@ -25,7 +25,7 @@ import numpy.typing as npt
 from scipy.linalg import cho_solve_banded, cholesky_banded
 
 from wattlab.analysis.calibration import target_updates, update_instants
-from wattlab.analysis.energy import correction_terms
+from wattlab.analysis.energy import correction_terms, phases_from_markers
 from wattlab.analysis.run_file import Run
 from wattlab.errors import UsageError
 
@@ -53,6 +53,12 @@ class Windows:
     offset_w: tuple[float, float]
     delay_se_s: float
     disagreement_w: float = 0.0  # rms of the record's readings about its fit to the reference
+
+
+def mark_breaks(run: Run) -> FloatArray:
+    """Every begin and end of the run's marked phases, s: where its power likely steps."""
+    phases = phases_from_markers(run.markers)
+    return np.unique(np.array([t for p in phases for t in (p.t0_s, p.t1_s)], dtype=np.float64))
 
 
 def windows_from_record(run: Run, record: dict[str, Any], *, force: bool = False) -> Windows:
