@@ -127,6 +127,11 @@ def test_cli_deconvolves_and_refuses_records_without_windows(torch_long, tmp_pat
     assert refused.returncode == 2
     assert "first-seen times" in refused.stderr and "update lattice" in refused.stderr
     assert _cli(str(TRACE), "--deconvolve").returncode == 2
+    without = _cli(str(TRACE), "--calibration", str(good), "--steps-at-marks")
+    assert without.returncode == 2 and "--deconvolve" in without.stderr
+    marked = _cli(str(TRACE), "--calibration", str(good), "--deconvolve", "--steps-at-marks")
+    assert marked.returncode == 0, marked.stderr
+    assert "free steps at the marks" in marked.stdout
 
 
 def test_unidentifiable_record_is_refused_unless_forced(torch_long) -> None:
