@@ -8,7 +8,10 @@ H100 recordings (tests/data/traces, and the 121 s capture tests/data/h100_nvml_s
 the 1 s average is calibrated against the 50 Hz sample buffer and its energy over every
 phase of 2 s or more is compared with the buffer's: "before" is `wattlab energy
 --calibration` (shift by the delay, rescale), "after" is `--deconvolve` (energy_fusion),
-with the average alone and with the instant reading's record too. Phases: marked ones of
+with the average alone and with the instant reading's record too, and each again with the
+run's marks as free steps ("+marks": `fuse_records(breaks_s=mark_breaks(run))`). "floor":
+mean / 90th percentile |error| % over spans of two whole windows, where the deconvolution
+is exact, so the rest is the two meters' disagreement. Phases: marked ones of
 2 s or more, consecutive marked steps joined into spans of 2 s or more (edges where the
 load changes), and windows of 2-3.5 s slid over the run (edges anywhere). Prints a table and
 writes results/energy_fusion.json.
@@ -31,8 +34,9 @@ import wattlab
 from common import DATA, machine, write_json
 from wattlab.analysis.calibration import calibrate
 from wattlab.analysis.energy import Phase, energy_report, phases_from_markers
-from wattlab.analysis.energy_fusion import fuse_records
+from wattlab.analysis.energy_fusion import fuse_records, mark_breaks, windows_from_record
 from wattlab.analysis.importers import import_files
+from wattlab.analysis.run_file import Run
 from wattlab.errors import UsageError
 
 LONG_S = 2.0
@@ -73,15 +77,22 @@ def errors(path: str, reference: str, records: list[dict[str, Any]], force: bool
         kinds = {f"window#{i}" if i else "window": ("joined" if i < len(spans) else "sliding")
                  for i in range(len(windows))}
         variants: dict[str, Any] = {"before": None}
-        for name, recs in (("after", records[:1]), ("after+instant", records)):
-            if name == "after+instant" and len(records) < 2:
+        breaks = mark_breaks(run)
+        for name, recs, marks in (("after", records[:1], ()), ("after+instant", records, ()),
+                                  ("breaks", records[:1], breaks),
+                                  ("breaks+instant", records, breaks)):
+            if len(recs) < (2 if "instant" in name else 1):
                 continue
             try:
-                variants[name] = fuse_records(run, recs, force=force)
+                variants[name] = fuse_records(run, recs, force=force, breaks_s=marks)
             except UsageError as e:
                 variants[name] = str(e)
         out: dict[str, Any] = {"refused": {k: v for k, v in variants.items()
-                                           if isinstance(v, str)}}
+                                           if isinstance(v, str) and "breaks" not in k},
+                               "floor": exact_span_floor(run, reference, records[0], force)}
+        lags = [v.break_lag_s for v in variants.values() if hasattr(v, "break_lag_s")
+                and v.break_lag_s is not None]
+        out["break_lag_ms"] = [round(1e3 * g, 1) for g in lags]
         for name, fusion in variants.items():
             if isinstance(fusion, str):
                 continue
@@ -108,6 +119,39 @@ def errors(path: str, reference: str, records: list[dict[str, Any]], force: bool
                          for k, v in by_kind.items()}
             out[name]["rms_z"] = float(np.sqrt(np.mean(np.square(z)))) if z else None
     return out
+
+
+def exact_span_floor(run: Run, reference: str, record: dict[str, Any], force: bool
+                     ) -> dict[str, Any] | None:
+    """|error| % of the calibrated average over two consecutive windows, against the reference
+    over the same two windows: a span any deconvolution gets exactly (a telescoping sum), so
+    what remains is the two meters' own disagreement, the floor under every phase's error."""
+    try:
+        win = windows_from_record(run, record, force=force)
+    except UsageError:
+        return None
+    ref_view = run.source(reference.split(":", maxsplit=1)[0])
+    t = ref_view.time_ns.astype(np.float64) / 1e9
+    p = ref_view.channel(reference.split(":", maxsplit=1)[1]).astype(np.float64)
+    cum = np.concatenate(([0.0], np.cumsum(0.5 * (p[1:] + p[:-1]) * np.diff(t))))
+    ends = win.end_s
+    starts = ends - win.width_s
+    inside = (starts > t[0]) & (ends < t[-1])
+    ref_w = np.where(inside, np.interp(ends, t, cum) - np.interp(starts, t, cum), np.nan)
+    nvml_w = win.power_w * win.width_s
+    # the reading a window later: its window starts where this one ends, to a lattice step
+    k = np.searchsorted(ends, ends + win.width_s - 0.5 * float(np.median(np.diff(ends))))
+    ok = k < ends.size
+    i, j = np.flatnonzero(ok), k[ok]
+    ref2 = ref_w[i] + ref_w[j]
+    err = np.abs(100 * (nvml_w[i] + nvml_w[j] - ref2) / ref2)
+    err = err[np.isfinite(err)]
+    if not err.size:
+        return None
+    return {"n": int(err.size), "mean_abs_pct": float(np.mean(err)),
+            "p90_abs_pct": float(np.percentile(err, 90)),
+            "within_1pct": float(np.mean(err <= 1.0)),
+            "span_s": 2 * win.width_s}
 
 
 def calibrated(path: str, prefix: str, channels: tuple[str, str]) -> list[dict[str, Any]]:
@@ -180,27 +224,31 @@ def main() -> None:
         rows.append({"run": name, "identifiable": records[0]["identifiable"],
                      "kernel": records[0]["kernel"], "update_times": records[0]["update_times"],
                      **result})
-    print(f"{'run':<46} {'set':<8} {'n':>3} {'before mean/max %':>18} "
-          f"{'after mean/max %':>17} {'+instant mean/max %':>20} {'rms z':>6}")
+    print(f"{'run':<40} {'set':<8} {'n':>3} {'before':>15} {'deconvolved':>13} "
+          f"{'+instant':>13} {'+marks':>13} {'+marks+inst':>13} {'rms z':>5} {'floor':>11}")
 
     def cell(r: dict[str, Any], name: str, kind: str) -> str:
         s = r.get(name, {}).get(kind) if isinstance(r.get(name), dict) else None
         if not s or not s["n"]:
             return "-"
-        return f"{s['mean_abs_pct']:.2f} / {s['max_abs_pct']:.2f}"
+        return f"{s['mean_abs_pct']:.2f}/{s['max_abs_pct']:.2f}"
 
     for r in rows:
         if "before" not in r:
             continue
+        floor = r.get("floor")
+        floor_txt = "-" if not floor else f"{floor['mean_abs_pct']:.2f}/{floor['p90_abs_pct']:.2f}"
         for kind in ("marked", "joined", "sliding"):
             n = r["before"][kind]["n"]
             if n:
-                z = r.get("after", {}).get("rms_z") if isinstance(r.get("after"), dict) else None
-                print(f"{r['run']:<46} {kind:<8} {n:>3} {cell(r, 'before', kind):>18} "
-                      f"{cell(r, 'after', kind):>17} {cell(r, 'after+instant', kind):>20} "
-                      f"{'-' if z is None else f'{z:.2f}':>6}")
+                z = r.get("breaks+instant", r.get("after"))
+                z = z.get("rms_z") if isinstance(z, dict) else None
+                print(f"{r['run'][:40]:<40} {kind:<8} {n:>3} {cell(r, 'before', kind):>15} "
+                      f"{cell(r, 'after', kind):>13} {cell(r, 'after+instant', kind):>13} "
+                      f"{cell(r, 'breaks', kind):>13} {cell(r, 'breaks+instant', kind):>13} "
+                      f"{'-' if z is None else f'{z:.2f}':>5} {floor_txt:>11}")
         for name, reason in r["refused"].items():
-            print(f"{'':<46} {name}: refused: {reason}")
+            print(f"{'':<40} {name}: refused: {reason}")
     write_json("energy_fusion", {"benchmark": "energy_fusion", "machine": machine(),
                                  "sim_runs": args.sim_runs, "sim_duration_s": args.sim_duration,
                                  "rows": rows})

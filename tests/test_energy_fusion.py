@@ -3,6 +3,7 @@ trace's phases of 2 s or more, and refused with a reason where the windows are n
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -15,11 +16,12 @@ import wattlab
 from tests.data_files import DATA
 from wattlab.analysis.calibration import calibrate
 from wattlab.analysis.energy import energy_report, phases_from_markers
-from wattlab.analysis.energy_fusion import Windows, fuse, fuse_records
+from wattlab.analysis.energy_fusion import Windows, fuse, fuse_records, mark_breaks
 from wattlab.errors import UsageError
 
 TRACE = DATA / "traces" / "h100_torch-long.h5"
 AVERAGE = "gpu0.power:average_power_w"
+INSTANT = "gpu0.power:instant_power_w"
 PERIOD_S, WIDTH_S = 0.1, 1.0
 
 
@@ -125,6 +127,11 @@ def test_cli_deconvolves_and_refuses_records_without_windows(torch_long, tmp_pat
     assert refused.returncode == 2
     assert "first-seen times" in refused.stderr and "update lattice" in refused.stderr
     assert _cli(str(TRACE), "--deconvolve").returncode == 2
+    without = _cli(str(TRACE), "--calibration", str(good), "--steps-at-marks")
+    assert without.returncode == 2 and "--deconvolve" in without.stderr
+    marked = _cli(str(TRACE), "--calibration", str(good), "--deconvolve", "--steps-at-marks")
+    assert marked.returncode == 0, marked.stderr
+    assert "free steps at the marks" in marked.stdout
 
 
 def test_unidentifiable_record_is_refused_unless_forced(torch_long) -> None:
@@ -150,3 +157,60 @@ def test_readings_off_any_lattice_are_refused(torch_long, tmp_path: Path) -> Non
     writer.close()
     with wattlab.open(str(path)) as run, pytest.raises(UsageError, match="not on a periodic"):
         fuse_records(run, [torch_long])
+
+
+def test_a_marked_step_inside_an_update_slice_is_placed_at_its_mark() -> None:
+    """Steps 7 ms after marks that fall anywhere in their 100 ms slice: with the marks as
+    free steps the holds come out exact, and the lag is found; smoothed across, they do not."""
+    rng = np.random.default_rng(11)
+    step_s, lag_s = 0.001, 0.007
+    marks = np.cumsum(rng.uniform(2.0, 3.0, 14)) + 1.5  # holds of 2-3 s
+    t = np.arange(0.0, marks[-1] + 3.0, step_s)
+    levels = rng.choice([70.0, 380.0, 690.0], marks.size + 1)
+    power = levels[np.searchsorted(marks + lag_s, t + 0.5 * step_s)]
+    ends = np.arange(12, int(t[-1] / PERIOD_S)) * PERIOD_S + 0.0137
+    readings = _boxcar_readings(power, step_s, ends)
+    cum = np.concatenate(([0.0], np.cumsum(power) * step_s))
+
+    def truth(a: float, b: float) -> float:
+        return float(np.diff(np.interp([a, b], np.arange(cum.size) * step_s, cum))[0])
+
+    holds = [(a + lag_s, b + lag_s) for a, b in itertools.pairwise(marks[2:-2])]
+    smooth = fuse([_windows(ends, readings)], period_s=PERIOD_S)
+    marked = fuse([_windows(ends, readings)], period_s=PERIOD_S, breaks_s=marks)
+    assert marked.break_lag_s == pytest.approx(lag_s, abs=0.003)
+    err_marked = [abs(marked.energy_j(a, b)[0] / truth(a, b) - 1) for a, b in holds]
+    err_smooth = [abs(smooth.energy_j(a, b)[0] / truth(a, b) - 1) for a, b in holds]
+    # the lag is searched to an eighth of a bin (2.5 ms): what is left is under 1 %
+    assert max(err_marked) < 0.01 and np.mean(err_marked) < 0.002
+    assert max(err_smooth) > 2 * max(err_marked)
+    assert np.mean(err_smooth) > 2 * np.mean(err_marked)
+    assert "free steps at the marks" in marked.describe()
+
+
+EXCITE = DATA / "traces" / "h100_excite-seed1.h5"
+
+
+def test_real_excite_holds_with_marks_as_steps() -> None:
+    """A real H100 excite run: every hold of 2 s or more, deconvolved with the instant's
+    record and the marks as free steps, against the 50 Hz buffer. Its mean is within 1 %,
+    and each hold's error within 3 stated se (a single hold is not always within 1 %: the
+    two meters disagree by ~1 % even over spans the deconvolution gets exactly)."""
+    with wattlab.open(str(EXCITE)) as run:
+        records = [calibrate(run, "gpu0.samples", ch) for ch in (AVERAGE, INSTANT)]
+        fusion = fuse_records(run, records, breaks_s=mark_breaks(run))
+        report = energy_report(run, reference="gpu0.samples:power_w",
+                               calibration=records[0], fusion=fusion)
+    holds = [r for r in report["rows"] if r["phase"].startswith("excite")
+             and r["t1_s"] - r["t0_s"] >= 2.0]
+    ref = {r["phase"]: r["energy_j"] for r in report["rows"] if r["source"] == "gpu0.samples"}
+    avg = [r for r in holds if f"{r['source']}:{r['channel']}" == AVERAGE]
+    assert len(avg) >= 5
+    errors = np.array([r["corrected_j"] - ref[r["phase"]] for r in avg])
+    se = np.array([r["corrected_se_j"] for r in avg])
+    before = np.array([abs(r["energy_j"] - ref[r["phase"]]) for r in avg])
+    rel = np.abs(errors) / np.array([ref[r["phase"]] for r in avg])
+    assert np.mean(rel) < 0.01
+    assert np.all(np.abs(errors) <= 3 * se)
+    assert np.mean(np.abs(errors)) < 0.2 * np.mean(before)
+    assert 0.0 < fusion.break_lag_s < 0.05  # the reference steps after the CUDA-event marks

@@ -478,16 +478,16 @@ def _held_lattice(view: SourceView, channel: str, first_seen_s: FloatArray, poll
     Polls at a similar rate (the default 90 ms against 100 ms updates): the pattern of
     polls that saw nothing new (``fit_poll_lattice``).
     """
-    lattice = update_lattice(first_seen_s, poll_s)
-    if lattice is not None:
-        updates, period, delay = lattice
-        return updates, period, period / math.sqrt(12 * first_seen_s.size), delay
     polled = fit_poll_lattice(view.time_ns.astype(np.float64) / 1e9,
                               view.channel(channel).astype(np.float64))
-    if polled is None or polled.update_t_s.size != first_seen_s.size:
+    if polled is not None and polled.update_t_s.size == first_seen_s.size:
+        delay = float(np.mean(first_seen_s - polled.update_t_s))
+        return polled.update_t_s, polled.period_s, polled.period_se_s, delay
+    lattice = update_lattice(first_seen_s, poll_s)
+    if lattice is None:
         return None
-    delay = float(np.mean(first_seen_s - polled.update_t_s))
-    return polled.update_t_s, polled.period_s, polled.period_se_s, delay
+    updates, period, delay = lattice
+    return updates, period, period / math.sqrt(12 * first_seen_s.size), delay
 
 
 def update_instants(view: SourceView, channel: str) -> tuple[FloatArray, FloatArray, float] | None:

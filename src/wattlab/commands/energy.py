@@ -45,6 +45,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--deconvolve", action="store_true",
                    help="correct by deconvolving the 1 s average's overlapping windows on "
                         "its update lattice (the first --calibration; docs/energy_fusion.md)")
+    p.add_argument("--steps-at-marks", action="store_true",
+                   help="with --deconvolve: let the power step freely at every marker's "
+                        "time (phase begins and ends) instead of smoothing across it")
     p.add_argument("--force-calibration", action="store_true",
                    help="apply a calibration record even if its data could not pin the kernel")
     p.add_argument("--node", action="store_true",
@@ -59,7 +62,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def report_of(path: str, options: dict[str, Any], records: list[dict[str, Any]],
-              deconvolve: bool = False, force: bool = False) -> dict[str, Any]:
+              deconvolve: bool = False, *, force: bool = False, steps_at_marks: bool = False
+              ) -> dict[str, Any]:
     """One file's energy report (a worker's job when there are several files)."""
     # imported here: every verb's module is imported to build the parser, and its
     # dependencies (scipy) would otherwise cost every `wattlab` command their start-up time
@@ -69,9 +73,10 @@ def report_of(path: str, options: dict[str, Any], records: list[dict[str, Any]],
     with Run(path) as run_file:
         fusion = None
         if deconvolve:
-            from wattlab.analysis.energy_fusion import fuse_records
+            from wattlab.analysis.energy_fusion import fuse_records, mark_breaks
 
-            fusion = fuse_records(run_file, records, force=force)
+            fusion = fuse_records(run_file, records, force=force,
+                                  breaks_s=mark_breaks(run_file) if steps_at_marks else ())
         return energy_report(run_file, calibration=records[0] if records else None,
                              fusion=fusion, **options)
 
@@ -83,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         return node_run(args)
     if args.deconvolve and not args.calibration:
         raise UsageError("--deconvolve needs --calibration: the record of the 1 s average")
+    if args.steps_at_marks and not args.deconvolve:
+        raise UsageError("--steps-at-marks shapes the deconvolution: give --deconvolve too")
     if len(args.calibration) > 1 and not args.deconvolve:
         raise UsageError("a second --calibration is only for --deconvolve (the instant's)")
     from wattlab.analysis.calibration import load_record
@@ -90,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     records = [load_record(path, force=args.force_calibration) for path in args.calibration]
     options = {"by_marker": args.by_marker, "reference": args.reference, "windows": args.window}
     one = partial(report_of, options=options, records=records, deconvolve=args.deconvolve,
-                  force=args.force_calibration)
+                  force=args.force_calibration, steps_at_marks=args.steps_at_marks)
     paths = expand_runs(args.runs)
     if len(paths) == 1:
         report = one(paths[0])
@@ -119,7 +126,8 @@ def node_run(args: argparse.Namespace) -> int:
     if len(paths) != 1:
         raise UsageError(f"--node reads one run file (it covers every node in it), got "
                          f"{len(paths)}")
-    if args.by_marker or args.window or args.calibration or args.reference or args.deconvolve:
+    if (args.by_marker or args.window or args.calibration or args.reference or args.deconvolve
+            or args.steps_at_marks):
         raise UsageError("--node covers the whole run: drop --by-marker, --window, "
                          "--reference, --calibration and --deconvolve")
     with Run(paths[0]) as run_file:
