@@ -93,7 +93,7 @@ class TorchBackend:
 
 def capture_inputs(model: Any, x: Any) -> dict[str, list[tuple[Any, ...]]]:
     """Every leaf module's tensor inputs, per call, from one forward pass (copies)."""
-    torch = __import__("torch")
+    import torch
     seen: dict[str, list[tuple[Any, ...]]] = {}
     handles = []
     for name, module in leaf_modules(model):
@@ -120,7 +120,7 @@ def _out_of_place(module: Any) -> Any:
 
 def layer_job(model: Any, row: LayerRow, inputs: dict[str, list[tuple[Any, ...]]]) -> Job:
     """Run one row's module alone on its captured inputs (every call of one pass)."""
-    torch = __import__("torch")
+    import torch
     module = _out_of_place(dict(leaf_modules(model))[row.name])
     calls = inputs[row.name]
     if row.pass_name == "forward":
@@ -154,7 +154,7 @@ def group_job(jobs: list[Job]) -> Job:
 
 def step_job(model: Any, x: Any, train: bool) -> Job:
     """The whole pass as the model runs it: forward, or forward + backward of a sum loss."""
-    torch = __import__("torch")
+    import torch
 
     def forward() -> None:
         with torch.no_grad():
