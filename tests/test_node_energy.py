@@ -120,3 +120,58 @@ def test_wall_and_unmeasured_through_the_cli(tmp_path, capsys):
     assert node["unmeasured"]["energy_j"] == pytest.approx(wall["energy_j"] - node["measured_j"])
     assert 0 < node["unmeasured"]["energy_j"] < wall["energy_j"]
     assert main(["energy", str(out), "--wall", "wall"]) == 2  # --wall needs --node
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_job_over_three_nodes_through_agents_counts_each_node_once(tmp_path, capsys):
+    """One recorder node and two agent nodes (simulated GPUs): each node's share and one
+    job total equal to the sum of the nodes' own GPU counters."""
+    import json
+    import subprocess
+    import sys
+
+    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
+    assert main(["keys", "recorder", "n1", "n2", "-d", str(keys)]) == 0
+    allowed.mkdir()
+    for name in ("n1", "n2"):
+        (allowed / f"{name}.key").write_bytes((keys / f"{name}.key").read_bytes())
+    endpoint, out = f"tcp://127.0.0.1:{_free_port()}", tmp_path / "job.h5"
+    cli = [sys.executable, "-m", "wattlab.cli"]
+    recorder = subprocess.Popen(
+        [*cli, "record", "--listen", endpoint, "--server-key", str(keys / "recorder.key_secret"),
+         "--allow-keys", str(allowed), "--agent", "n1", "--agent", "n2", "--simulate",
+         "--duration", "4", "--no-live", "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    agents = [subprocess.Popen(
+        [*cli, "agent", "--connect", endpoint, "--key", str(keys / f"{name}.key_secret"),
+         "--server-key", str(keys / "recorder.key"), "--simulate", "--seed", str(seed)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for seed, name in enumerate(("n1", "n2"), start=1)]
+    _, err = recorder.communicate(timeout=90)
+    assert recorder.returncode == 0, err
+    for agent in agents:
+        _, agent_err = agent.communicate(timeout=30)
+        assert agent.returncode == 0, agent_err
+    capsys.readouterr()
+    assert main(["energy", str(out), "--node", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    nodes = {n["node"]: n for n in report["nodes"]}
+    assert len(nodes) == 3 and {"n1", "n2"} <= set(nodes)
+    assert report["job_measured_j"] == pytest.approx(sum(n["measured_j"] for n in nodes.values()))
+    assert sum(n["share_pct"] for n in nodes.values()) == pytest.approx(100.0)
+    assert main(["energy", str(out), "--json"]) == 0
+    rows = {r["source"]: r["energy_j"] for r in json.loads(capsys.readouterr().out)["rows"]
+            if r["phase"] == "run" and r["channel"] == "energy_j"}
+    for name, node in nodes.items():
+        gpus = [p for p in node["parts"] if p["part"].startswith("gpu")]
+        assert len(gpus) == 1, gpus  # one simulated GPU a node, counted once
+        stream = f"{name}.gpu0.energy" if name in ("n1", "n2") else "gpu0.energy"
+        assert gpus[0]["energy_j"] == pytest.approx(rows[stream], rel=1e-9), (name, gpus, rows)
+        assert node["measured_j"] == pytest.approx(gpus[0]["energy_j"], rel=1e-9)

@@ -63,6 +63,19 @@ def node_of(view: SourceView) -> str:
     return view.remote_host or LOCAL
 
 
+def _on_node(spec: str, view: SourceView) -> str:
+    """A stream named in a reader's descriptor, as the run file names it.
+
+    An agent's reader names its own streams (``gpu0.energy``); the recorder files them under
+    the agent's name (``node1.gpu0.energy``): read unprefixed, a remote GPU's energy would
+    be the local GPU's.
+    """
+    host = view.remote_host
+    if host and view.source_id.startswith(f"{host}.") and not spec.startswith(f"{host}."):
+        return f"{host}.{spec}"
+    return spec
+
+
 def _sum(rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
     if not rows or any(r["energy_j"] is None for r in rows):
         return None, None
@@ -94,7 +107,7 @@ def _gpu_parts(run: Run, rows: dict[tuple[str, str], dict[str, Any]],
         how = str(config.get("energy_source") or "")
         method, _, rest = how.partition(": ")
         spec = rest.split(" ", 1)[0].rstrip(",")
-        candidates = [spec] if method in ("counter", "integrated") else []
+        candidates = [_on_node(spec, views[0])] if method in ("counter", "integrated") else []
         if not how:  # a file from before energy_source: the counter, else samples, else power
             candidates = [f"{v.source_id}:{ch}" for v in views
                           for ch in ("energy_j", "power_w", "average_power_w")
