@@ -136,6 +136,18 @@ def chunks_s(
         yield t_ns.astype(np.float64) / 1e9, np.asarray(values, dtype=np.float64)
 
 
+@dataclass
+class _Holes:
+    """The hole segments of a chunk: mask, indices, and segment lengths with theirs at 0.
+
+    The lengths with the holes' zeroed are what the block sums weigh the samples by.
+    """
+
+    bad: npt.NDArray[np.bool_]
+    idx: npt.NDArray[np.intp]
+    covered_dt: npt.NDArray[Any]
+
+
 class StreamIntegral:
     """Running integrals of some channels of one stream at sorted query times, fed in chunks.
 
@@ -145,7 +157,9 @@ class StreamIntegral:
     than ``gap_limit``, with a non-finite end, or overlapping a ``known_gaps`` interval is a
     gap: not integrated, counted as uncovered. Times (and ``gap_limit``, ``known_gaps``) are
     in units of 1 / ``per_s`` seconds: with int64 ns (``per_s=1e9``) segment lengths are
-    exact. Chunks without a gap take a fast path (block sums, no per-sample cumulative).
+    exact. Chunks take a fast path (block sums, no per-sample cumulative): a hole weighs
+    nothing in the sums and only its own segments are looked at again; a channel with a
+    non-finite value in the chunk goes segment by segment (``_slow``).
     ``bridges=False`` leaves ``bridge``/``unbridged_s`` out (half the memory per query).
     """
 
@@ -163,6 +177,11 @@ class StreamIntegral:
         gaps = sorted(known_gaps)
         self._gap_a = np.array([g[0] for g in gaps], dtype=np.float64)
         self._gap_b = np.sort(np.array([g[1] for g in gaps], dtype=np.float64))
+        self._gap_pairs = np.array(gaps, dtype=np.float64).reshape(-1, 2)  # by start
+        # the latest end among the gaps up to each one: those before the first end past a
+        # chunk's start cannot reach into it
+        self._gap_reach = np.maximum.accumulate(self._gap_pairs[:, 1]) if gaps else self._gap_b
+        self._gaps_ordered = bool(np.all(self._gap_pairs[:, 0] <= self._gap_pairs[:, 1]))
         # integral, uncovered s, bridge, unbridged s: per channel, at each query (each one
         # contiguous: the callers' arrays are millions of queries)
         self._out = np.full((4 if bridges else 2, len(self.columns), self.query_s.size), np.nan)
@@ -204,11 +223,8 @@ class StreamIntegral:
         # by its start (the same count as per segment in ``_slow``)
         touches_gap = int(np.searchsorted(self._gap_a, t[-1], side="left")) > int(
             np.searchsorted(self._gap_b, t[0], side="right"))
-        if dt_max > self.gap_limit or touches_gap:
-            for c, col in enumerate(self.columns):
-                self._slow(c, t, dt, self._column(values, col), rows=(a, b))
-            return
-        uniform = dt_min == dt_max
+        holes = self._holes(t, dt) if dt_max > self.gap_limit or touches_gap else None
+        uniform = holes is None and dt_min == dt_max
         key = self._q[a:b]
         integer = t.dtype.kind in "iu"
         if integer:  # t_k <= q  <=>  t_k <= floor(q) for integer times
@@ -226,7 +242,9 @@ class StreamIntegral:
         at_k = np.cumsum(new) - 1  # where each query's sample is among the ends
         frac_s = (self._q[a:b] - t_k) / self.per_s
         step_s = float(dt_min) / self.per_s
-        weights = None if uniform else self._weights(dt / self.per_s)
+        # holes weigh nothing: the block sums then add up the covered segments only
+        dt_w = dt if holes is None else holes.covered_dt
+        weights = None if uniform else self._weights(dt_w / self.per_s)
         for c, col in enumerate(self.columns):
             v = self._column(values, col)
             sums = np.cumsum(np.add.reduceat(v if weights is None else weights * v, starts))
@@ -235,16 +253,71 @@ class StreamIntegral:
                 continue
             v_end = v[ends]
             if weights is not None:  # prefix sums of weights·v up to each end, less its own
-                held = np.append(dt[ends[:-1]], 0) / self.per_s  # the last end is n − 1
+                held = np.append(dt_w[ends[:-1]], 0) / self.per_s  # the last end is n − 1
                 at_end = sums - (held if self.hold else 0.5 * held) * v_end
             elif self.hold:
                 at_end = step_s * (sums - v_end)
             else:
                 at_end = step_s * (sums - 0.5 * float(v[0]) - 0.5 * v_end)
             step = v[k] if self.hold else 0.5 * (v[k] + v[k + 1])
+            if holes is not None:
+                step[holes.bad[k]] = 0.0  # a query inside a hole: nothing integrated there
             self._out[0, c, a:b] = self._acc[0, c] + at_end[at_k] + step * frac_s
-            self._out[1:, c, a:b] = self._acc[1:, c, None]
             self._acc[0, c] += float(at_end[-1])
+            if holes is None:
+                self._out[1:, c, a:b] = self._acc[1:, c, None]
+            else:
+                self._hole_parts(c, t, v, holes, rows=(a, b))
+
+    def _holes(self, t: npt.NDArray[Any], dt: npt.NDArray[Any]) -> _Holes:
+        """The segments of a chunk that are holes: too long, or inside a recorded gap."""
+        bad = dt > self.gap_limit
+        if self._gap_a.size:
+            if self._gaps_ordered:  # each recorded gap marks the segments it overlaps
+                lo = np.searchsorted(self._gap_a, t[-1], side="left")
+                hi = np.searchsorted(self._gap_reach, t[0], side="right")
+                for ga, gb in self._gap_pairs[hi:lo]:
+                    i0 = max(int(np.searchsorted(t, ga, side="right")) - 1, 0)
+                    i1 = min(int(np.searchsorted(t, gb, side="left")), dt.size)
+                    bad[i0:i1] = True
+            else:  # as ``_slow`` counts them, for gaps that end before they start
+                bad |= np.searchsorted(self._gap_a, t[1:], side="left") > np.searchsorted(
+                    self._gap_b, t[:-1], side="right")
+        idx = np.flatnonzero(bad)
+        covered = dt.copy()
+        covered[idx] = 0
+        return _Holes(bad, idx, covered)
+
+    def _hole_parts(self, c: int, t: npt.NDArray[Any], v: FloatArray, holes: _Holes, *,
+                    rows: tuple[int, int]) -> None:
+        """Uncovered time and bridge of a chunk's holes (finite values), as ``_slow`` has them.
+
+        Only the holes' own segments are touched: the running sums step at them alone, and
+        each query is placed on them as ``np.interp`` places it in ``_slow``.
+        """
+        a, b = rows
+        i = holes.idx
+        dt_s = self._dt[i] / self.per_s
+        line = 0.5 * (v[i + 1] + v[i]) * dt_s
+        for g in i:
+            self._gaps[c].append((float(t[g] / self.per_s), float(t[g + 1] / self.per_s)))
+        rel = (t - t[0]).astype(np.float64)
+        x = self._q[a:b] - t[0]
+        j = np.searchsorted(rel, x, side="right") - 1  # the segment np.interp would use
+        n_parts = self._out.shape[0]
+        for part, steps in ((1, dt_s), (2, line))[:n_parts - 1]:
+            run = np.concatenate(([0.0], np.cumsum(steps)))  # before each hole, then the end
+            before = np.searchsorted(i, j, side="left")
+            at = self._acc[part, c] + run[before]
+            inside = (j < t.size - 1) & holes.bad[np.minimum(j, t.size - 2)] & (x != rel[j])
+            if inside.any():
+                jj, bb = j[inside], before[inside]
+                y0, y1 = at[inside], self._acc[part, c] + run[bb + 1]
+                at[inside] = (y1 - y0) / (rel[jj + 1] - rel[jj]) * (x[inside] - rel[jj]) + y0
+            self._out[part, c, a:b] = at
+            self._acc[part, c] += float(run[-1])
+        if n_parts == 4:
+            self._out[3, c, a:b] = self._acc[3, c]
 
     def _column(self, values: npt.NDArray[Any], col: int) -> FloatArray:
         """One channel of the rows as float64, contiguous, in a buffer reused between slices.
