@@ -126,6 +126,8 @@ class Cumulative:
     gaps_s: list[tuple[float, float]] = field(default_factory=list)
     bridge: FloatArray = field(default_factory=lambda: np.zeros(0))
     unbridged_s: FloatArray = field(default_factory=lambda: np.zeros(0))
+    window_min: FloatArray = field(default_factory=lambda: np.zeros(0))
+    window_max: FloatArray = field(default_factory=lambda: np.zeros(0))
 
 
 def chunks_s(
@@ -161,11 +163,15 @@ class StreamIntegral:
     nothing in the sums and only its own segments are looked at again; a channel with a
     non-finite value in the chunk goes segment by segment (``_slow``).
     ``bridges=False`` leaves ``bridge``/``unbridged_s`` out (half the memory per query).
+    ``windows``: (start, end) pairs in the times' units; each column's lowest and highest
+    finite value over the rows start <= t < end of each (``window_min``/``window_max``,
+    ±inf where none), found in the same pass (an energy interval over a gap needs them).
     """
 
     def __init__(self, query_s: npt.ArrayLike, columns: Sequence[int], gap_limit: float, *,
                  known_gaps: Sequence[tuple[float, float]] = (), hold: bool = False,
-                 per_s: float = 1.0, bridges: bool = True) -> None:
+                 per_s: float = 1.0, bridges: bool = True,
+                 windows: npt.ArrayLike = ()) -> None:
         self.query_s = np.asarray(query_s, dtype=np.float64)
         if np.any(self.query_s[1:] < self.query_s[:-1]):  # no temporary of millions of floats
             raise UsageError("cumulative_at needs sorted query times")
@@ -189,6 +195,9 @@ class StreamIntegral:
         self._dt: npt.NDArray[Any] = np.empty(0)
         self._v: FloatArray = np.empty(0)
         self._gaps: list[list[tuple[float, float]]] = [[] for _ in self.columns]
+        self._windows = np.asarray(windows).reshape(-1, 2)
+        self._w_min = np.full((len(self.columns), len(self._windows)), np.inf)
+        self._w_max = np.full((len(self.columns), len(self._windows)), -np.inf)
         self._prev: tuple[Any, npt.NDArray[Any]] | None = None
         self._first: Any = None
         self._last: Any = None
@@ -245,9 +254,12 @@ class StreamIntegral:
         # holes weigh nothing: the block sums then add up the covered segments only
         dt_w = dt if holes is None else holes.covered_dt
         weights = None if uniform else self._weights(dt_w / self.per_s)
+        rows_in = self._window_rows(t) if self._windows.size else None
         for c, col in enumerate(self.columns):
             v = self._column(values, col)
             sums = np.cumsum(np.add.reduceat(v if weights is None else weights * v, starts))
+            if rows_in is not None:
+                self._extremes(c, v, rows_in, finite=math.isfinite(sums[-1]))
             if not math.isfinite(sums[-1]):
                 self._slow(c, t, dt, v, rows=(a, b))
                 continue
@@ -268,6 +280,34 @@ class StreamIntegral:
                 self._out[1:, c, a:b] = self._acc[1:, c, None]
             else:
                 self._hole_parts(c, t, v, holes, rows=(a, b))
+
+    def _window_rows(self, t: npt.NDArray[Any]
+                     ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp],
+                                npt.NDArray[np.bool_]] | None:
+        """Where the windows' rows lie in a chunk, for ``_extremes``; None: in none.
+
+        The chunk is cut at every window edge into blocks (``cuts``, from row 0); each
+        window is then the blocks ``pairs[2w]:pairs[2w + 1]`` (a block past the last is the
+        end), ``empty`` where it has no row here.
+        """
+        rows = np.searchsorted(t, self._windows.ravel(), side="left")
+        empty = rows[0::2] >= rows[1::2]
+        if empty.all():
+            return None
+        cuts = np.unique(np.concatenate(([0], rows[rows < t.size])))
+        return cuts, np.searchsorted(cuts, rows), empty
+
+    def _extremes(self, c: int, v: FloatArray,
+                  rows_in: tuple[npt.NDArray[np.intp], npt.NDArray[np.intp],
+                                 npt.NDArray[np.bool_]], *, finite: bool) -> None:
+        """Fold a chunk's lowest and highest finite value per window into column c's."""
+        cuts, pairs, empty = rows_in
+        x = v if finite else np.where(np.isfinite(v), v, np.nan)
+        for fold, edge, out in ((np.fmin, np.inf, self._w_min), (np.fmax, -np.inf, self._w_max)):
+            blocks = np.append(fold.reduceat(x, cuts), edge)  # the end: a block of its own
+            got = fold.reduceat(blocks, pairs)[0::2]  # NaN: a block of no finite value
+            got[empty | np.isnan(got)] = edge
+            fold(out[c], got, out=out[c])
 
     def _holes(self, t: npt.NDArray[Any], dt: npt.NDArray[Any]) -> _Holes:
         """The segments of a chunk that are holes: too long, or inside a recorded gap."""
@@ -370,7 +410,8 @@ class StreamIntegral:
             self._out[:, :, self._q > self._last] = self._acc[:, :, None]
             span = (float(self._first / self.per_s), float(self._last / self.per_s))
         out = [Cumulative(self.query_s, self._out[0, c], self._out[1, c], span,
-                          len(self._gaps[c]), self._gaps[c]) for c in range(len(self.columns))]
+                          len(self._gaps[c]), self._gaps[c], window_min=self._w_min[c],
+                          window_max=self._w_max[c]) for c in range(len(self.columns))]
         if self._out.shape[0] == 4:
             for c, cum in enumerate(out):
                 cum.bridge, cum.unbridged_s = self._out[2, c], self._out[3, c]
@@ -410,14 +451,20 @@ def integrate_view(
     gap_factor: float = GAP_FACTOR,
     gap_limit_s: float | None = None,
     bridges: bool = True,
+    windows_s: Sequence[tuple[float, float]] = (),
 ) -> list[Cumulative]:
     """Cumulative integrals of several channels of a source at sorted times, in one pass.
 
     A segment is a hole beyond ``gap_limit_s`` (default: ``gap_factor`` median spacings).
+    ``windows_s``: (start, end) seconds whose lowest and highest values to find on the way.
     """
     limit_ns = gap_limit_ns(view, gap_factor) if gap_limit_s is None else gap_limit_s * 1e9
+    # integer t >= x  <=>  t >= ceil(x)
+    windows_ns = np.ceil(np.array(windows_s, dtype=np.float64).reshape(-1, 2) * 1e9
+                         ).astype(np.int64)
     acc = StreamIntegral(query_s, [view.channel_index(ch) for ch in channels], limit_ns,
-                         known_gaps=known_gaps_ns, hold=hold, per_s=1e9, bridges=bridges)
+                         known_gaps=known_gaps_ns, hold=hold, per_s=1e9, bridges=bridges,
+                         windows=windows_ns)
     for t_ns, values in view.iter_rows(SLICE_ROWS, prefetch=True):
         acc.feed(t_ns, values)
     return acc.result()
