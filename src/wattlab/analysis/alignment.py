@@ -90,8 +90,11 @@ def resolve(run: Run, spec: str) -> tuple[SourceView, str]:
 
 def median_spacing_s(view: SourceView) -> float:
     """Median sample spacing from the first rows (cheap on huge files)."""
-    diffs = np.diff(view.time_slice(0, 10_000))
-    return float(np.median(diffs)) / 1e9 if diffs.size else 0.0
+    def compute() -> float:
+        diffs = np.diff(view.time_slice(0, 10_000))
+        return float(np.median(diffs)) / 1e9 if diffs.size else 0.0
+
+    return view.memo("median_spacing_s", compute)
 
 
 def known_gaps_ns(run: Run, source_id: str) -> list[tuple[int, int]]:
@@ -140,14 +143,10 @@ def chunks_s(
 
 @dataclass
 class _Holes:
-    """The hole segments of a chunk: mask, indices, and segment lengths with theirs at 0.
-
-    The lengths with the holes' zeroed are what the block sums weigh the samples by.
-    """
+    """The hole segments of a chunk: a mask over its segments, and their indices."""
 
     bad: npt.NDArray[np.bool_]
     idx: npt.NDArray[np.intp]
-    covered_dt: npt.NDArray[Any]
 
 
 class StreamIntegral:
@@ -193,7 +192,9 @@ class StreamIntegral:
         self._out = np.full((4 if bridges else 2, len(self.columns), self.query_s.size), np.nan)
         self._acc = np.zeros(self._out.shape[:2])
         self._dt: npt.NDArray[Any] = np.empty(0)
+        self._dt_s: FloatArray = np.empty(0)
         self._v: FloatArray = np.empty(0)
+        self._w: FloatArray = np.empty(0)
         self._gaps: list[list[tuple[float, float]]] = [[] for _ in self.columns]
         self._windows = np.asarray(windows).reshape(-1, 2)
         self._w_min = np.full((len(self.columns), len(self._windows)), np.inf)
@@ -221,7 +222,8 @@ class StreamIntegral:
         if self._dt.size < t.size - 1 or self._dt.dtype != t.dtype:
             # reused between slices, as is ``_v``: a fresh array per slice costs page faults
             self._dt = np.empty(t.size - 1, dtype=t.dtype)
-            self._v = np.empty(t.size)
+            self._dt_s, self._v, self._w = np.empty(t.size - 1), np.empty(t.size), \
+                np.empty(t.size)
         dt = np.subtract(t[1:], t[:-1], out=self._dt[:t.size - 1])
         dt_min, dt_max = dt.min(), dt.max()
         if dt_min < 0:
@@ -251,9 +253,12 @@ class StreamIntegral:
         at_k = np.cumsum(new) - 1  # where each query's sample is among the ends
         frac_s = (self._q[a:b] - t_k) / self.per_s
         step_s = float(dt_min) / self.per_s
-        # holes weigh nothing: the block sums then add up the covered segments only
-        dt_w = dt if holes is None else holes.covered_dt
-        weights = None if uniform else self._weights(dt_w / self.per_s)
+        weights = None
+        if not uniform:
+            dt_s = np.divide(dt, self.per_s, out=self._dt_s[:dt.size])
+            if holes is not None:  # holes weigh nothing: the sums add covered segments only
+                dt_s[holes.idx] = 0.0
+            weights = self._weights(dt_s)
         rows_in = self._window_rows(t) if self._windows.size else None
         for c, col in enumerate(self.columns):
             v = self._column(values, col)
@@ -265,7 +270,7 @@ class StreamIntegral:
                 continue
             v_end = v[ends]
             if weights is not None:  # prefix sums of weights·v up to each end, less its own
-                held = np.append(dt_w[ends[:-1]], 0) / self.per_s  # the last end is n − 1
+                held = np.append(dt_s[ends[:-1]], 0)  # the last end is n − 1
                 at_end = sums - (held if self.hold else 0.5 * held) * v_end
             elif self.hold:
                 at_end = step_s * (sums - v_end)
@@ -316,17 +321,17 @@ class StreamIntegral:
             if self._gaps_ordered:  # each recorded gap marks the segments it overlaps
                 lo = np.searchsorted(self._gap_a, t[-1], side="left")
                 hi = np.searchsorted(self._gap_reach, t[0], side="right")
-                for ga, gb in self._gap_pairs[hi:lo]:
-                    i0 = max(int(np.searchsorted(t, ga, side="right")) - 1, 0)
-                    i1 = min(int(np.searchsorted(t, gb, side="left")), dt.size)
-                    bad[i0:i1] = True
+                first, last = self._gap_pairs[hi:lo].T
+                if t.dtype.kind in "iu":  # as t's type: no float copy of t per search
+                    first, last = np.floor(first).astype(t.dtype), np.ceil(last).astype(t.dtype)
+                i0 = np.maximum(np.searchsorted(t, first, side="right") - 1, 0)
+                i1 = np.minimum(np.searchsorted(t, last, side="left"), dt.size)
+                for x, y in zip(i0, i1, strict=True):
+                    bad[x:y] = True
             else:  # as ``_slow`` counts them, for gaps that end before they start
                 bad |= np.searchsorted(self._gap_a, t[1:], side="left") > np.searchsorted(
                     self._gap_b, t[:-1], side="right")
-        idx = np.flatnonzero(bad)
-        covered = dt.copy()
-        covered[idx] = 0
-        return _Holes(bad, idx, covered)
+        return _Holes(bad, np.flatnonzero(bad))
 
     def _hole_parts(self, c: int, t: npt.NDArray[Any], v: FloatArray, holes: _Holes, *,
                     rows: tuple[int, int]) -> None:
@@ -371,10 +376,17 @@ class StreamIntegral:
         return out
 
     def _weights(self, dt_s: FloatArray) -> FloatArray:
-        """Per-sample weights whose prefix sums give the integral up to a sample (and past it)."""
-        if self.hold:
-            return np.concatenate((dt_s, [0.0]))
-        return 0.5 * (np.concatenate(([0.0], dt_s)) + np.concatenate((dt_s, [0.0])))
+        """Per-sample weights whose prefix sums give the integral up to a sample (and past it).
+
+        Trapezoids: half of the segment before and half of the one after each sample.
+        """
+        w = self._w[:dt_s.size + 1]
+        w[:-1] = dt_s
+        w[-1] = 0.0
+        if not self.hold:
+            w[1:] += dt_s
+            w *= 0.5
+        return w
 
     def _slow(self, c: int, t: npt.NDArray[Any], dt: npt.NDArray[Any], v_in: npt.NDArray[Any],
               *, rows: tuple[int, int]) -> None:
@@ -465,7 +477,7 @@ def integrate_view(
     acc = StreamIntegral(query_s, [view.channel_index(ch) for ch in channels], limit_ns,
                          known_gaps=known_gaps_ns, hold=hold, per_s=1e9, bridges=bridges,
                          windows=windows_ns)
-    for t_ns, values in view.iter_rows(SLICE_ROWS, prefetch=True):
+    for t_ns, values in view.iter_rows(SLICE_ROWS, prefetch=len(view) > SLICE_ROWS):
         acc.feed(t_ns, values)
     return acc.result()
 
@@ -507,7 +519,8 @@ def span_s(view: SourceView) -> tuple[float, float]:
     n = len(view)
     if n == 0:
         raise RunFileError(f"source {view.source_id!r} has no samples")
-    return view.time_slice(0, 1)[0] / 1e9, view.time_slice(n - 1, n)[0] / 1e9
+    return view.memo("span_s", lambda: (view.time_slice(0, 1)[0] / 1e9,
+                                         view.time_slice(n - 1, n)[0] / 1e9))
 
 
 def resample_view(
