@@ -24,10 +24,16 @@ FloatArray = npt.NDArray[np.float64]
 GAP_FACTOR = 5.0
 """Two samples further apart than this many median spacings enclose a gap."""
 PREFERRED_POWER_CHANNELS = ("power_total_w", "power_w")
-SLICE_ROWS = 1 << 18
-"""Rows read and integrated at a time: a slice of 8 float32 channels (8 MB) and its times
-stay in cache from the read to the block sums (an hour at 20 kHz in 1 M-row slices took
-~1.5x as long)."""
+SLICE_BYTES = 1 << 22
+"""Bytes of rows read and integrated at a time (with their times): a slice stays in cache
+from the read through every channel's block sums (an hour at 20 kHz in 1 M-row slices took
+~1.5x as long as in 256 k; a 13-channel 20 kHz stream ran ~1.4x faster in 64-128 k rows,
+4-7 MB, than in 256 k, 14 MB)."""
+
+
+def slice_rows(view: SourceView) -> int:
+    """Rows of a source that make about ``SLICE_BYTES``."""
+    return max(1 << 12, SLICE_BYTES // (view.row_bytes + 8))
 
 
 def power_channel(view: SourceView) -> str | None:
@@ -143,10 +149,22 @@ def chunks_s(
 
 @dataclass
 class _Holes:
-    """The hole segments of a chunk: a mask over its segments, and their indices."""
+    """The hole segments of a chunk, and where its queries fall on them.
+
+    ``bad`` masks the segments, ``idx`` lists them. Per query (``x``: its time from the
+    chunk's first sample): ``j`` is the segment ``np.interp`` would place it on in
+    ``_slow``, ``rel_j``/``rel_j1`` that segment's ends, ``before`` the holes ahead of it,
+    and ``inside`` whether it falls strictly inside a hole.
+    """
 
     bad: npt.NDArray[np.bool_]
     idx: npt.NDArray[np.intp]
+    x: FloatArray
+    j: npt.NDArray[np.intp]
+    rel_j: FloatArray
+    rel_j1: FloatArray
+    before: npt.NDArray[np.intp]
+    inside: npt.NDArray[np.bool_]
 
 
 class StreamIntegral:
@@ -195,6 +213,7 @@ class StreamIntegral:
         self._dt_s: FloatArray = np.empty(0)
         self._v: FloatArray = np.empty(0)
         self._w: FloatArray = np.empty(0)
+        self._wv: FloatArray = np.empty(0)
         self._gaps: list[list[tuple[float, float]]] = [[] for _ in self.columns]
         self._windows = np.asarray(windows).reshape(-1, 2)
         self._w_min = np.full((len(self.columns), len(self._windows)), np.inf)
@@ -222,8 +241,8 @@ class StreamIntegral:
         if self._dt.size < t.size - 1 or self._dt.dtype != t.dtype:
             # reused between slices, as is ``_v``: a fresh array per slice costs page faults
             self._dt = np.empty(t.size - 1, dtype=t.dtype)
-            self._dt_s, self._v, self._w = np.empty(t.size - 1), np.empty(t.size), \
-                np.empty(t.size)
+            self._dt_s, self._v, self._w, self._wv = np.empty(t.size - 1), np.empty(t.size), \
+                np.empty(t.size), np.empty(t.size)
         dt = np.subtract(t[1:], t[:-1], out=self._dt[:t.size - 1])
         dt_min, dt_max = dt.min(), dt.max()
         if dt_min < 0:
@@ -234,7 +253,8 @@ class StreamIntegral:
         # by its start (the same count as per segment in ``_slow``)
         touches_gap = int(np.searchsorted(self._gap_a, t[-1], side="left")) > int(
             np.searchsorted(self._gap_b, t[0], side="right"))
-        holes = self._holes(t, dt) if dt_max > self.gap_limit or touches_gap else None
+        holes = self._holes(t, dt, rows=(a, b)) if dt_max > self.gap_limit or touches_gap \
+            else None
         uniform = holes is None and dt_min == dt_max
         key = self._q[a:b]
         integer = t.dtype.kind in "iu"
@@ -262,7 +282,8 @@ class StreamIntegral:
         rows_in = self._window_rows(t) if self._windows.size else None
         for c, col in enumerate(self.columns):
             v = self._column(values, col)
-            sums = np.cumsum(np.add.reduceat(v if weights is None else weights * v, starts))
+            wv = v if weights is None else np.multiply(weights, v, out=self._wv[:v.size])
+            sums = np.cumsum(np.add.reduceat(wv, starts))
             if rows_in is not None:
                 self._extremes(c, v, rows_in, finite=math.isfinite(sums[-1]))
             if not math.isfinite(sums[-1]):
@@ -314,7 +335,8 @@ class StreamIntegral:
             got[empty | np.isnan(got)] = edge
             fold(out[c], got, out=out[c])
 
-    def _holes(self, t: npt.NDArray[Any], dt: npt.NDArray[Any]) -> _Holes:
+    def _holes(self, t: npt.NDArray[Any], dt: npt.NDArray[Any], *,
+               rows: tuple[int, int]) -> _Holes:
         """The segments of a chunk that are holes: too long, or inside a recorded gap."""
         bad = dt > self.gap_limit
         if self._gap_a.size:
@@ -331,7 +353,19 @@ class StreamIntegral:
             else:  # as ``_slow`` counts them, for gaps that end before they start
                 bad |= np.searchsorted(self._gap_a, t[1:], side="left") > np.searchsorted(
                     self._gap_b, t[:-1], side="right")
-        return _Holes(bad, np.flatnonzero(bad))
+        idx = np.flatnonzero(bad)
+        x = self._q[rows[0]:rows[1]] - t[0]
+        if t.dtype.kind in "iu":  # exact offsets: rel <= x  <=>  t <= t[0] + floor(x)
+            j = np.searchsorted(t, t[0] + np.floor(x).astype(t.dtype), side="right") - 1
+            rel_j = (t[j] - t[0]).astype(np.float64)
+            rel_j1 = (t[np.minimum(j + 1, t.size - 1)] - t[0]).astype(np.float64)
+        else:
+            rel = (t - t[0]).astype(np.float64)
+            j = np.searchsorted(rel, x, side="right") - 1
+            rel_j, rel_j1 = rel[j], rel[np.minimum(j + 1, t.size - 1)]
+        inside = (j < t.size - 1) & bad[np.minimum(j, t.size - 2)] & (x != rel_j)
+        return _Holes(bad, idx, x, j, rel_j, rel_j1, np.searchsorted(idx, j, side="left"),
+                      inside)
 
     def _hole_parts(self, c: int, t: npt.NDArray[Any], v: FloatArray, holes: _Holes, *,
                     rows: tuple[int, int]) -> None:
@@ -341,24 +375,19 @@ class StreamIntegral:
         each query is placed on them as ``np.interp`` places it in ``_slow``.
         """
         a, b = rows
-        i = holes.idx
+        i, inside = holes.idx, holes.inside
         dt_s = self._dt[i] / self.per_s
         line = 0.5 * (v[i + 1] + v[i]) * dt_s
         for g in i:
             self._gaps[c].append((float(t[g] / self.per_s), float(t[g + 1] / self.per_s)))
-        rel = (t - t[0]).astype(np.float64)
-        x = self._q[a:b] - t[0]
-        j = np.searchsorted(rel, x, side="right") - 1  # the segment np.interp would use
         n_parts = self._out.shape[0]
         for part, steps in ((1, dt_s), (2, line))[:n_parts - 1]:
             run = np.concatenate(([0.0], np.cumsum(steps)))  # before each hole, then the end
-            before = np.searchsorted(i, j, side="left")
-            at = self._acc[part, c] + run[before]
-            inside = (j < t.size - 1) & holes.bad[np.minimum(j, t.size - 2)] & (x != rel[j])
+            at = self._acc[part, c] + run[holes.before]
             if inside.any():
-                jj, bb = j[inside], before[inside]
-                y0, y1 = at[inside], self._acc[part, c] + run[bb + 1]
-                at[inside] = (y1 - y0) / (rel[jj + 1] - rel[jj]) * (x[inside] - rel[jj]) + y0
+                r0, r1 = holes.rel_j[inside], holes.rel_j1[inside]
+                y0, y1 = at[inside], self._acc[part, c] + run[holes.before[inside] + 1]
+                at[inside] = (y1 - y0) / (r1 - r0) * (holes.x[inside] - r0) + y0
             self._out[part, c, a:b] = at
             self._acc[part, c] += float(run[-1])
         if n_parts == 4:
@@ -477,7 +506,8 @@ def integrate_view(
     acc = StreamIntegral(query_s, [view.channel_index(ch) for ch in channels], limit_ns,
                          known_gaps=known_gaps_ns, hold=hold, per_s=1e9, bridges=bridges,
                          windows=windows_ns)
-    for t_ns, values in view.iter_rows(SLICE_ROWS, prefetch=len(view) > SLICE_ROWS):
+    rows = slice_rows(view)
+    for t_ns, values in view.iter_rows(rows, prefetch=len(view) > rows):
         acc.feed(t_ns, values)
     return acc.result()
 

@@ -109,6 +109,12 @@ class SourceView:
         return self.memo("rows", lambda: int(self._ds["time"].shape[0]))
 
     @property
+    def row_bytes(self) -> int:
+        """Bytes of one row of values (every channel)."""
+        values = self._ds["values"]
+        return int(values.dtype.itemsize * values.shape[1])
+
+    @property
     def remote_host(self) -> str:
         """The agent that sent this stream ("" for the recorder's own host)."""
         return str(self.descriptor.get("remote_host") or self._group.attrs.get("remote_host", ""))
