@@ -31,6 +31,11 @@ from the read through every channel's block sums (an hour at 20 kHz in 1 M-row s
 4-7 MB, than in 256 k, 14 MB)."""
 
 
+READ_AHEAD = True
+"""Read a stream's next slice in a thread while this one is integrated; off in the workers
+of ``many_runs`` that occupy every core (the thread then only adds its switching cost)."""
+
+
 def slice_rows(view: SourceView) -> int:
     """Rows of a source that make about ``SLICE_BYTES``."""
     return max(1 << 12, SLICE_BYTES // (view.row_bytes + 8))
@@ -507,7 +512,7 @@ def integrate_view(
                          known_gaps=known_gaps_ns, hold=hold, per_s=1e9, bridges=bridges,
                          windows=windows_ns)
     rows = slice_rows(view)
-    for t_ns, values in view.iter_rows(rows, prefetch=len(view) > rows):
+    for t_ns, values in view.iter_rows(rows, prefetch=READ_AHEAD and len(view) > rows):
         acc.feed(t_ns, values)
     return acc.result()
 

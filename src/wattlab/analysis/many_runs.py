@@ -4,12 +4,15 @@ Why processes: the analysis of one file is NumPy and h5py work that holds the GI
 long stretches, and HDF5 serialises its calls within a process; separate processes use
 every core. Memory stays bounded because a worker holds one file's analysis at a time
 (the readers stream a file in slices) and sends back only its small result; at most
-``jobs`` results wait in the parent (results come back in input order).
+``jobs`` results wait in the parent (results come back in input order). Workers are
+forked where the platform allows it, so they start with the parent's imports; with as
+many workers as cores they read without a read-ahead thread (no core is free to run it).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -72,6 +75,12 @@ def _guarded(work: Callable[[str], Any], path: str) -> Outcome:
         return Outcome(path, error=text, usage=isinstance(e, UsageError))
 
 
+def _start_worker(read_ahead: bool) -> None:
+    from wattlab.analysis import alignment
+
+    alignment.READ_AHEAD = read_ahead
+
+
 def map_runs(work: Callable[[str], T], paths: list[str], jobs: int | None = None
              ) -> Iterator[Outcome]:
     """``work(path)`` for each file, in worker processes, yielded in input order.
@@ -86,7 +95,12 @@ def map_runs(work: Callable[[str], T], paths: list[str], jobs: int | None = None
         for path in paths:
             yield _guarded(work, path)
         return
-    with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
+    workers = min(jobs, len(paths))
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    with ProcessPoolExecutor(max_workers=workers, initializer=_start_worker,
+                             initargs=(workers < default_jobs(),),
+                             mp_context=multiprocessing.get_context("fork" if fork else None)
+                             ) as pool:
         pending: list[Future[Outcome]] = []
         todo = iter(paths)
         for path in todo:  # a bounded window: at most 2 × jobs files in flight
