@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -123,8 +123,11 @@ class EnergyRow:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
+        # field by field, not ``asdict``: its deep copy cost ~1 ms per demo file's report
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["notes"] = list(self.notes)
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in asdict(self).items()}
+                for k, v in out.items()}
 
 
 def integrate_power(
