@@ -216,9 +216,9 @@ class StreamIntegral:
         self._acc = np.zeros(self._out.shape[:2])
         self._dt: npt.NDArray[Any] = np.empty(0)
         self._dt_s: FloatArray = np.empty(0)
-        self._v: FloatArray = np.empty(0)
         self._w: FloatArray = np.empty(0)
-        self._wv: FloatArray = np.empty(0)
+        self._v: FloatArray = np.empty((0, 0))  # channels × rows
+        self._wv: FloatArray = np.empty((0, 0))
         self._gaps: list[list[tuple[float, float]]] = [[] for _ in self.columns]
         self._windows = np.asarray(windows).reshape(-1, 2)
         self._w_min = np.full((len(self.columns), len(self._windows)), np.inf)
@@ -246,8 +246,8 @@ class StreamIntegral:
         if self._dt.size < t.size - 1 or self._dt.dtype != t.dtype:
             # reused between slices, as is ``_v``: a fresh array per slice costs page faults
             self._dt = np.empty(t.size - 1, dtype=t.dtype)
-            self._dt_s, self._v, self._w, self._wv = np.empty(t.size - 1), np.empty(t.size), \
-                np.empty(t.size), np.empty(t.size)
+            self._dt_s, self._w = np.empty(t.size - 1), np.empty(t.size)
+            self._v, self._wv = (np.empty((len(self.columns), t.size)) for _ in range(2))
         dt = np.subtract(t[1:], t[:-1], out=self._dt[:t.size - 1])
         dt_min, dt_max = dt.min(), dt.max()
         if dt_min < 0:
@@ -285,32 +285,32 @@ class StreamIntegral:
                 dt_s[holes.idx] = 0.0
             weights = self._weights(dt_s)
         rows_in = self._window_rows(t) if self._windows.size else None
-        for c, col in enumerate(self.columns):
-            v = self._column(values, col)
-            wv = v if weights is None else np.multiply(weights, v, out=self._wv[:v.size])
-            sums = np.cumsum(np.add.reduceat(wv, starts))
-            if rows_in is not None:
-                self._extremes(c, v, rows_in, finite=math.isfinite(sums[-1]))
-            if not math.isfinite(sums[-1]):
-                self._slow(c, t, dt, v, rows=(a, b))
-                continue
-            v_end = v[ends]
-            if weights is not None:  # prefix sums of weights·v up to each end, less its own
-                held = np.append(dt_s[ends[:-1]], 0)  # the last end is n − 1
-                at_end = sums - (held if self.hold else 0.5 * held) * v_end
-            elif self.hold:
-                at_end = step_s * (sums - v_end)
-            else:
-                at_end = step_s * (sums - 0.5 * float(v[0]) - 0.5 * v_end)
-            step = v[k] if self.hold else 0.5 * (v[k] + v[k + 1])
-            if holes is not None:
-                step[holes.bad[k]] = 0.0  # a query inside a hole: nothing integrated there
-            self._out[0, c, a:b] = self._acc[0, c] + at_end[at_k] + step * frac_s
-            self._acc[0, c] += float(at_end[-1])
-            if holes is None:
-                self._out[1:, c, a:b] = self._acc[1:, c, None]
-            else:
-                self._hole_parts(c, t, v, holes, rows=(a, b))
+        # every channel at once: one row each, so that each step is one call for all
+        v = self._channels(values)
+        wv = v if weights is None else np.multiply(v, weights, out=self._wv[:, :t.size])
+        sums = np.cumsum(np.add.reduceat(wv, starts, axis=1), axis=1)
+        finite = np.isfinite(sums[:, -1])
+        if rows_in is not None:
+            self._extremes(v, rows_in, finite)
+        v_end = v[:, ends]
+        if weights is not None:  # prefix sums of weights·v up to each end, less its own
+            held = np.append(dt_s[ends[:-1]], 0)  # the last end is n − 1
+            at_end = sums - (held if self.hold else 0.5 * held) * v_end
+        elif self.hold:
+            at_end = step_s * (sums - v_end)
+        else:
+            at_end = step_s * (sums - 0.5 * v[:, :1] - 0.5 * v_end)
+        step = v[:, k] if self.hold else 0.5 * (v[:, k] + v[:, k + 1])
+        if holes is not None:
+            step[:, holes.bad[k]] = 0.0  # a query inside a hole: nothing integrated there
+        self._out[0, :, a:b] = self._acc[0, :, None] + at_end[:, at_k] + step * frac_s
+        self._acc[0, finite] += at_end[finite, -1]
+        if holes is None:
+            self._out[1:, :, a:b] = self._acc[1:, :, None]
+        else:
+            self._hole_parts(t, v, holes, finite, rows=(a, b))
+        for c in np.flatnonzero(~finite):  # a non-finite value: segment by segment
+            self._slow(int(c), t, dt, v[c], rows=(a, b))
 
     def _window_rows(self, t: npt.NDArray[Any]
                      ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp],
@@ -328,17 +328,19 @@ class StreamIntegral:
         cuts = np.unique(np.concatenate(([0], rows[rows < t.size])))
         return cuts, np.searchsorted(cuts, rows), empty
 
-    def _extremes(self, c: int, v: FloatArray,
+    def _extremes(self, v: FloatArray,
                   rows_in: tuple[npt.NDArray[np.intp], npt.NDArray[np.intp],
-                                 npt.NDArray[np.bool_]], *, finite: bool) -> None:
-        """Fold a chunk's lowest and highest finite value per window into column c's."""
+                                 npt.NDArray[np.bool_]], finite: npt.NDArray[np.bool_]) -> None:
+        """Fold a chunk's lowest and highest finite value per channel and window in."""
         cuts, pairs, empty = rows_in
-        x = v if finite else np.where(np.isfinite(v), v, np.nan)
+        x = v if finite.all() else np.where(np.isfinite(v), v, np.nan)
         for fold, edge, out in ((np.fmin, np.inf, self._w_min), (np.fmax, -np.inf, self._w_max)):
-            blocks = np.append(fold.reduceat(x, cuts), edge)  # the end: a block of its own
-            got = fold.reduceat(blocks, pairs)[0::2]  # NaN: a block of no finite value
-            got[empty | np.isnan(got)] = edge
-            fold(out[c], got, out=out[c])
+            blocks = fold.reduceat(x, cuts, axis=1)
+            blocks = np.concatenate((blocks, np.full((len(v), 1), edge)), axis=1)  # the end
+            got = fold.reduceat(blocks, pairs, axis=1)[:, 0::2]  # NaN: no finite value
+            got[:, empty] = edge
+            got[np.isnan(got)] = edge
+            fold(out, got, out=out)
 
     def _holes(self, t: npt.NDArray[Any], dt: npt.NDArray[Any], *,
                rows: tuple[int, int]) -> _Holes:
@@ -372,9 +374,9 @@ class StreamIntegral:
         return _Holes(bad, idx, x, j, rel_j, rel_j1, np.searchsorted(idx, j, side="left"),
                       inside)
 
-    def _hole_parts(self, c: int, t: npt.NDArray[Any], v: FloatArray, holes: _Holes, *,
-                    rows: tuple[int, int]) -> None:
-        """Uncovered time and bridge of a chunk's holes (finite values), as ``_slow`` has them.
+    def _hole_parts(self, t: npt.NDArray[Any], v: FloatArray, holes: _Holes,
+                    finite: npt.NDArray[np.bool_], *, rows: tuple[int, int]) -> None:
+        """Uncovered time and bridge of a chunk's holes (finite channels), as ``_slow`` has them.
 
         Only the holes' own segments are touched: the running sums step at them alone, and
         each query is placed on them as ``np.interp`` places it in ``_slow``.
@@ -382,31 +384,35 @@ class StreamIntegral:
         a, b = rows
         i, inside = holes.idx, holes.inside
         dt_s = self._dt[i] / self.per_s
-        line = 0.5 * (v[i + 1] + v[i]) * dt_s
-        for g in i:
-            self._gaps[c].append((float(t[g] / self.per_s), float(t[g + 1] / self.per_s)))
+        line = 0.5 * (v[:, i + 1] + v[:, i]) * dt_s
+        spans = [(float(t[g] / self.per_s), float(t[g + 1] / self.per_s)) for g in i]
+        for c in np.flatnonzero(finite):
+            self._gaps[c] += spans
         n_parts = self._out.shape[0]
-        for part, steps in ((1, dt_s), (2, line))[:n_parts - 1]:
-            run = np.concatenate(([0.0], np.cumsum(steps)))  # before each hole, then the end
-            at = self._acc[part, c] + run[holes.before]
+        for part, steps in ((1, np.broadcast_to(dt_s, line.shape)), (2, line))[:n_parts - 1]:
+            # the running sum before each hole, then at the end
+            run = np.concatenate((np.zeros((len(v), 1)), np.cumsum(steps, axis=1)), axis=1)
+            acc = self._acc[part, :, None]
+            at = acc + run[:, holes.before]
             if inside.any():
                 r0, r1 = holes.rel_j[inside], holes.rel_j1[inside]
-                y0, y1 = at[inside], self._acc[part, c] + run[holes.before[inside] + 1]
-                at[inside] = (y1 - y0) / (r1 - r0) * (holes.x[inside] - r0) + y0
-            self._out[part, c, a:b] = at
-            self._acc[part, c] += float(run[-1])
+                y0, y1 = at[:, inside], acc + run[:, holes.before[inside] + 1]
+                at[:, inside] = (y1 - y0) / (r1 - r0) * (holes.x[inside] - r0) + y0
+            self._out[part, finite, a:b] = at[finite]
+            self._acc[part, finite] += run[finite, -1]
         if n_parts == 4:
-            self._out[3, c, a:b] = self._acc[3, c]
+            self._out[3, finite, a:b] = self._acc[3, finite, None]
 
-    def _column(self, values: npt.NDArray[Any], col: int) -> FloatArray:
-        """One channel of the rows as float64, contiguous, in a buffer reused between slices.
+    def _channels(self, values: npt.NDArray[Any]) -> FloatArray:
+        """The channels of the rows as float64, one contiguous row each, in reused buffers.
 
         Why: a channel of a rows × channels slice is strided; one pass makes it a plain
         array that the block sums and lookups then read at a fraction of the cost (the
         float32 values convert exactly, so the sums are the same).
         """
-        out = self._v[:values.shape[0]]
-        np.copyto(out, values[:, col])
+        out = self._v[:, :values.shape[0]]
+        for c, col in enumerate(self.columns):
+            np.copyto(out[c], values[:, col])
         return out
 
     def _weights(self, dt_s: FloatArray) -> FloatArray:
