@@ -560,8 +560,8 @@ def span_s(view: SourceView) -> tuple[float, float]:
     n = len(view)
     if n == 0:
         raise RunFileError(f"source {view.source_id!r} has no samples")
-    return view.memo("span_s", lambda: (view.time_slice(0, 1)[0] / 1e9,
-                                         view.time_slice(n - 1, n)[0] / 1e9))
+    first, last = view.first_last_ns()
+    return first / 1e9, last / 1e9
 
 
 def resample_view(

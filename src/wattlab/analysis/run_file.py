@@ -138,6 +138,12 @@ class SourceView:
     def unit(self, name: str) -> str:
         return self.units[self.channel_index(name)]
 
+    def first_last_ns(self) -> tuple[np.int64, np.int64]:
+        """Session times of the first and the last row (the stream must have rows)."""
+        n = len(self)
+        return self.memo("first_last_ns", lambda: (self.time_slice(0, 1)[0],
+                                                    self.time_slice(n - 1, n)[0]))
+
     def time_slice(self, start: int, stop: int) -> npt.NDArray[np.int64]:
         """Session times of rows ``start:stop`` (negative indices count from the end)."""
         return np.asarray(self._ds["time"][slice(start, stop)], dtype=np.int64)
