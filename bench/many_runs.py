@@ -1,7 +1,7 @@
 """Many run files: `wattlab energy` and `info FOLDER --jobs 2` against reading them with h5py.
 
     python bench/many_runs.py                 # 100 files of `wattlab demo` size
-    python bench/many_runs.py --quick         # 20 files, once
+    python bench/many_runs.py --quick         # 10 files of a 5 s demo, once
     python bench/many_runs.py --keep /tmp/demo.h5   # make the demo file once, reuse it
 
 One `wattlab demo` file (20 s: a 20 kHz PowerSensor3 stream, NVML, a wall meter; 40 MB) is
@@ -58,14 +58,15 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", help="demo file to make once and reuse")
-    ap.add_argument("--quick", action="store_true", help="20 files, once")
+    ap.add_argument("--quick", action="store_true", help="10 files of a 5 s demo, once")
     args = ap.parse_args()
     if args.quick:
-        args.files, args.repeat = 20, 1
+        args.files, args.repeat = 10, 1
     with tempfile.TemporaryDirectory() as tmp:
         demo = Path(args.keep or Path(tmp) / "demo.h5")
         if not demo.exists():
-            subprocess.run([sys.executable, "-m", "wattlab.cli", "demo", "-o", str(demo)],
+            subprocess.run([sys.executable, "-m", "wattlab.cli", "demo", "-o", str(demo),
+                            *(["--duration", "5"] if args.quick else [])],
                            check=True, stdout=subprocess.DEVNULL)
         folder = Path(tmp) / "runs"
         folder.mkdir()

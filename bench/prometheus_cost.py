@@ -1,7 +1,7 @@
 """What `--prometheus` costs a recording, scraped every 15 s.
 
     python bench/prometheus_cost.py                 # 4 pairs of 120 s recordings (~9 min)
-    python bench/prometheus_cost.py --quick         # 1 pair of 25 s (CI-sized)
+    python bench/prometheus_cost.py --quick         # 1 pair of 20 s (CI-sized)
     python bench/prometheus_cost.py --duration 60 --pairs 2
 
 Two measurements. (1) Whole recordings (`wattlab record --simulate`, every NVML stream),
@@ -108,10 +108,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--pairs", type=int, default=4)
-    ap.add_argument("--quick", action="store_true", help="one pair of 25 s recordings")
+    ap.add_argument("--quick", action="store_true", help="one pair of 20 s recordings")
     args = ap.parse_args()
     if args.quick:
-        args.duration, args.pairs = 25.0, 1
+        args.duration, args.pairs = 20.0, 1
     if args.duration < STEADY_FROM_S + STEADY_UNTIL_S + 5:
         raise SystemExit(f"--duration must leave a steady window: at least "
                          f"{STEADY_FROM_S + STEADY_UNTIL_S + 5:g} s")
