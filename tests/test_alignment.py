@@ -217,8 +217,16 @@ def test_prefetched_slices_are_the_slices_read_in_turn(tmp_path):
         plain = [(a.copy(), b.copy()) for a, b in view.iter_rows(96)]
         ahead = [(a.copy(), b.copy()) for a, b in view.iter_rows(96, prefetch=True)]
         first = next(iter(view.iter_rows(96, prefetch=True)))[0].copy()  # left early
+        over = {prefetch: [(a.copy(), b.copy()) for a, b in view.iter_rows(
+            96, prefetch=prefetch, overlap=True)] for prefetch in (False, True)}
     assert len(ahead) == len(plain) == 11 and first[0] == 0
     for (ta, va), (tb, vb) in zip(plain, ahead, strict=True):
         np.testing.assert_array_equal(ta, tb)
         np.testing.assert_array_equal(va, vb)
     np.testing.assert_array_equal(np.concatenate([a for a, _ in ahead]), t)
+    # overlapping slices: each after the first starts with the row the one before ended with
+    for slices in over.values():
+        assert len(slices) == 11
+        assert all(slices[k][0][0] == slices[k - 1][0][-1] for k in range(1, 11))
+        np.testing.assert_array_equal(
+            np.concatenate([slices[0][1]] + [b[1:] for _, b in slices[1:]]), v)

@@ -227,12 +227,20 @@ class StreamIntegral:
         self._first: Any = None
         self._last: Any = None
 
-    def feed(self, t: npt.NDArray[Any], values: npt.NDArray[Any]) -> None:
-        """Add the next rows: times (n,) and values (n × all channels) in time order."""
+    def feed(self, t: npt.NDArray[Any], values: npt.NDArray[Any], *,
+             continues: bool = False) -> None:
+        """Add the next rows: times (n,) and values (n × all channels) in time order.
+
+        ``continues``: the first row is the last row fed before (``iter_rows(overlap=True)``),
+        so no separate segment joins the two (a whole pass of small steps saved per slice).
+        """
         if t.size == 0:
             return
         if self._prev is None:
             self._first = t[0]
+        elif continues:
+            if t[0] != self._prev[0]:
+                raise UsageError("feed(continues=True): the first row is not the last one fed")
         else:  # the segment joining the previous chunk to this one
             self._block(np.array([self._prev[0], t[0]], dtype=t.dtype),
                         np.stack([self._prev[1], values[0]]))
@@ -518,8 +526,9 @@ def integrate_view(
                          known_gaps=known_gaps_ns, hold=hold, per_s=1e9, bridges=bridges,
                          windows=windows_ns)
     rows = slice_rows(view)
-    for t_ns, values in view.iter_rows(rows, prefetch=READ_AHEAD and len(view) > rows):
-        acc.feed(t_ns, values)
+    for k, (t_ns, values) in enumerate(view.iter_rows(
+            rows, prefetch=READ_AHEAD and len(view) > rows, overlap=True)):
+        acc.feed(t_ns, values, continues=k > 0)
     return acc.result()
 
 

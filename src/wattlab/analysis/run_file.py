@@ -183,7 +183,7 @@ class SourceView:
             yield np.asarray(time_ds[start:stop]), np.asarray(values_ds[start:stop, col])
 
     def iter_rows(
-        self, rows: int = 1 << 20, *, prefetch: bool = False
+        self, rows: int = 1 << 20, *, prefetch: bool = False, overlap: bool = False
     ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[Any]]]:
         """Yield (time_ns, values n × channels) slices with every channel, in one pass.
 
@@ -192,17 +192,22 @@ class SourceView:
         valid until the next one is yielded: copy what must outlive it. ``prefetch``: a
         background thread reads the next slice into a second pair of buffers while the
         caller works on this one (h5py reads without holding the GIL), so reading and the
-        caller's work overlap where a second core is free.
+        caller's work overlap where a second core is free. ``overlap``: every slice after the
+        first starts with the row the one before ended with (one extra row read), so the
+        caller sees each pair of consecutive rows inside one slice.
         """
         time_ds, values_ds = self._ds["time"], self._ds["values"]
         n = int(time_ds.shape[0])
-        size = min(rows, n)
+        extra = int(overlap)
+        size = min(rows + extra, n)
         buffers = [(np.empty(size, dtype=np.int64),
                      np.empty((size, values_ds.shape[1]), dtype=values_ds.dtype))
                     for _ in range(2 if prefetch else 1)]
 
         def read(start: int, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
-            m = min(n, start + rows) - start
+            stop = min(n, start + rows)
+            start = max(0, start - extra)
+            m = stop - start
             t_buf, v_buf = buffers[k % len(buffers)]
             time_ds.read_direct(t_buf, np.s_[start:start + m], np.s_[0:m])
             values_ds.read_direct(v_buf, np.s_[start:start + m], np.s_[0:m])
