@@ -102,7 +102,7 @@ def resolve(run: Run, spec: str) -> tuple[SourceView, str]:
 def median_spacing_s(view: SourceView) -> float:
     """Median sample spacing from the first rows (cheap on huge files)."""
     def compute() -> float:
-        diffs = np.diff(view.time_slice(0, 10_000))
+        diffs = np.diff(view.head_ns())
         return float(np.median(diffs)) / 1e9 if diffs.size else 0.0
 
     return view.memo("median_spacing_s", compute)

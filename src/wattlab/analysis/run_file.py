@@ -28,6 +28,7 @@ from wattlab.errors import RunFileError
 
 MARKER_FIELDS = ("time", "time_raw", "kind", "source", "name", "payload")
 DATASETS = tuple(SOURCE_DATASETS)
+HEAD_ROWS = 10_000  # enough rows for a robust median spacing, cheap on huge files
 T = TypeVar("T")
 UNKNOWN_TIME_NS = np.iinfo(np.int64).min
 
@@ -138,10 +139,14 @@ class SourceView:
     def unit(self, name: str) -> str:
         return self.units[self.channel_index(name)]
 
+    def head_ns(self) -> npt.NDArray[np.int64]:
+        """Session times of the first rows (up to ``HEAD_ROWS``): spacing and first time."""
+        return self.memo("head_ns", lambda: self.time_slice(0, HEAD_ROWS))
+
     def first_last_ns(self) -> tuple[np.int64, np.int64]:
         """Session times of the first and the last row (the stream must have rows)."""
         n = len(self)
-        return self.memo("first_last_ns", lambda: (self.time_slice(0, 1)[0],
+        return self.memo("first_last_ns", lambda: (self.head_ns()[0],
                                                     self.time_slice(n - 1, n)[0]))
 
     def time_slice(self, start: int, stop: int) -> npt.NDArray[np.int64]:
