@@ -5,7 +5,7 @@ long stretches, and HDF5 serialises its calls within a process; separate process
 every core. Memory stays bounded because a worker holds one file's analysis at a time
 (the readers stream a file in slices) and sends back only its small result; at most
 ``jobs`` results wait in the parent (results come back in input order). Workers are
-forked where the platform allows it, so they start with the parent's imports; with as
+forked on Linux, so they start with the parent's imports; with as
 many workers as cores they read without a read-ahead thread (no core is free to run it).
 """
 
@@ -116,7 +116,7 @@ def map_runs(work: Callable[[str], T], paths: list[str], jobs: int | None = None
             yield _guarded(work, path)
         return
     workers = min(jobs, len(paths))
-    fork = "fork" in multiprocessing.get_all_start_methods()
+    fork = sys.platform.startswith("linux")  # elsewhere forking is unsafe or absent
     with ProcessPoolExecutor(max_workers=workers, initializer=_start_worker,
                              initargs=(workers < default_jobs(),),
                              mp_context=multiprocessing.get_context("fork" if fork else None)
