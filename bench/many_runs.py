@@ -1,15 +1,17 @@
-"""Many run files: `wattlab energy FOLDER --jobs 2` against reading them with h5py.
+"""Many run files: `wattlab energy` and `info FOLDER --jobs 2` against reading them with h5py.
 
     python bench/many_runs.py                 # 100 files of `wattlab demo` size
-    python bench/many_runs.py --files 10      # quicker
+    python bench/many_runs.py --quick         # 10 files of a 5 s demo, once
     python bench/many_runs.py --keep /tmp/demo.h5   # make the demo file once, reuse it
 
 One `wattlab demo` file (20 s: a 20 kHz PowerSensor3 stream, NVML, a wall meter; 40 MB) is
-linked ``--files`` times into a folder (hard links: the same bytes, so both contenders read
+linked ``--files`` times into a folder (hard links: the same bytes, so every contender reads
 from the page cache alike). The floor is two worker processes that read every dataset of
-every file once with h5py; the contender is `wattlab energy FOLDER --jobs 2` (the full
-analysis). Wall time and the peak resident memory of each process tree (the largest
-process and the sum over the parent and its workers) are reported; median of ``--repeat``.
+every file once with h5py; the contenders are `wattlab energy FOLDER --jobs 2` (the full
+analysis) and `wattlab info FOLDER --jobs 2` (the per-source summary), run in turn with
+the floor in each repeat. Wall time and the peak resident memory of the energy process
+tree (the largest process and the sum over the parent and its workers) are reported;
+median of ``--repeat``.
 """
 
 from __future__ import annotations
@@ -56,11 +58,15 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", help="demo file to make once and reuse")
+    ap.add_argument("--quick", action="store_true", help="10 files of a 5 s demo, once")
     args = ap.parse_args()
+    if args.quick:
+        args.files, args.repeat = 10, 1
     with tempfile.TemporaryDirectory() as tmp:
         demo = Path(args.keep or Path(tmp) / "demo.h5")
         if not demo.exists():
-            subprocess.run([sys.executable, "-m", "wattlab.cli", "demo", "-o", str(demo)],
+            subprocess.run([sys.executable, "-m", "wattlab.cli", "demo", "-o", str(demo),
+                            *(["--duration", "5"] if args.quick else [])],
                            check=True, stdout=subprocess.DEVNULL)
         folder = Path(tmp) / "runs"
         folder.mkdir()
@@ -68,25 +74,29 @@ def main() -> None:
             os.link(demo, folder / f"run{i:03d}.h5")
         files = sorted(str(p) for p in folder.iterdir())
         floor_cmd = [sys.executable, "-c", FLOOR, *files]
-        ours_cmd = [sys.executable, "-m", "wattlab.cli", "energy", str(folder), "--jobs", "2",
-                    "--json"]
-        runs: dict[str, list[float]] = {"h5py": [], "energy": []}
+        cmds = {"h5py": floor_cmd, **{verb: [sys.executable, "-m", "wattlab.cli", verb,
+                                             str(folder), "--jobs", "2", "--json"]
+                                      for verb in ("energy", "info")}}
+        runs: dict[str, list[float]] = {name: [] for name in cmds}
         for _ in range(args.repeat):
-            runs["h5py"].append(timed(floor_cmd))
-            runs["energy"].append(timed(ours_cmd))
-        peak = peak_tree_mb(ours_cmd)
-    floor_s, ours_s = median(runs["h5py"]), median(runs["energy"])
-    print(f"{args.files} demo files ({demo.stat().st_size / 1e6:.0f} MB each), 2 processes, "
+            for name, cmd in cmds.items():
+                runs[name].append(timed(cmd))
+        peak = peak_tree_mb(cmds["energy"])
+        file_mb = demo.stat().st_size / 1e6
+    wall = {name: median(times) for name, times in runs.items()}
+    print(f"{args.files} demo files ({file_mb:.0f} MB each), 2 processes, "
           f"median of {args.repeat}")
     print(f"{'reader':<36} {'wall s':>8} {'ratio':>7}")
-    print(f"{'h5py, every dataset once':<36} {floor_s:8.2f} {1:7.2f}")
-    print(f"{'wattlab energy FOLDER --jobs 2':<36} {ours_s:8.2f} {ours_s / floor_s:7.2f}")
+    for name, label in (("h5py", "h5py, every dataset once"),
+                        ("energy", "wattlab energy FOLDER --jobs 2"),
+                        ("info", "wattlab info FOLDER --jobs 2")):
+        print(f"{label:<36} {wall[name]:8.2f} {wall[name] / wall['h5py']:7.2f}")
     print(f"peak memory of wattlab energy: {peak['largest_mb']:.0f} MB largest process, "
           f"{peak['tree_mb']:.0f} MB parent + workers at once (goal: 1.2x, 1 GB)")
-    write_json("many_runs", {"files": args.files, "file_mb": demo.stat().st_size / 1e6
-                             if demo.exists() else None,
+    write_json("many_runs", {"quick": args.quick, "files": args.files, "file_mb": file_mb,
                              "h5py_s": runs["h5py"], "energy_s": runs["energy"],
-                             "ratio": ours_s / floor_s, **peak})
+                             "info_s": runs["info"], "ratio": wall["energy"] / wall["h5py"],
+                             "info_ratio": wall["info"] / wall["h5py"], **peak})
 
 
 def peak_tree_mb(argv: list[str]) -> dict[str, float]:

@@ -1,22 +1,25 @@
 """What `--prometheus` costs a recording, scraped every 15 s.
 
-    python bench/prometheus_cost.py                  # 2 x 60 s recordings each way
-    python bench/prometheus_cost.py --duration 30 --repeat 1
+    python bench/prometheus_cost.py                 # 4 pairs of 120 s recordings (~9 min)
+    python bench/prometheus_cost.py --quick         # 1 pair of 20 s (CI-sized)
+    python bench/prometheus_cost.py --duration 60 --pairs 2
 
-Two measurements. (1) Whole recordings (`wattlab record --simulate`, every NVML stream)
-with and without `--prometheus`, the exporter scraped over HTTP every 15 s: CPU seconds of
-the process tree (RUSAGE_CHILDREN of this process after each ends), alternating, so other
-load falls on both alike. Differences this small sit inside that noise on a shared
-machine, so (2) also times the exporter's two costs directly: feeding one flush's rows
-(`StreamMetrics.add_rows`, per stream, twice a second) and answering one scrape, and adds
-them up per second at the recording's own flush and stream counts.
+Two measurements. (1) Whole recordings (`wattlab record --simulate`, every NVML stream),
+in pairs: one with `--prometheus` (scraped over HTTP every 15 s by this script) and one
+without, run at the same time so that the machine's other load falls on both alike, the
+order of their start alternating from pair to pair. Each one's steady CPU is read from
+its process tree's CPU clocks (``common.tree_cpu_s``, to the nanosecond) from
+``STEADY_FROM_S`` after its start (start-up, the import of prometheus-client included,
+stays out) until shortly before its end; the exporter's cost is the difference within a
+pair, as % of one core, reported as the median and the spread over the pairs. (2) The
+exporter's two costs timed directly: feeding one flush's rows (`StreamMetrics.add_rows`,
+per stream, twice a second) and answering one scrape, added up per second.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import resource
 import socket
 import subprocess
 import sys
@@ -27,37 +30,45 @@ from pathlib import Path
 
 import numpy as np
 
-from common import median, write_json
+from common import median, tree_cpu_s, write_json
 from wattlab.samples import Channel, SourceDescriptor
 from wattlab.sync.prometheus import Exporter
 from wattlab.sync.stream_metrics import StreamMetrics
 
 SCRAPE_S = 15.0
 FLUSHES_PER_S = 2.0  # the recorder's 0.5 s flush
+STEADY_FROM_S = 10.0  # after a recording's start: imports and set-up are done
+STEADY_UNTIL_S = 3.0  # before its planned end: the closing summary stays out
 
 
-def children_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def record(duration_s: float, prometheus: bool, folder: Path, i: int) -> float:
-    """CPU seconds of one recording's whole process tree."""
+def pair(duration_s: float, folder: Path, i: int) -> dict[str, float]:
+    """Steady CPU (% of a core) of a recording with and one without the exporter, at once."""
     port = free_port()
-    argv = [sys.executable, "-m", "wattlab.cli", "record", "--simulate", "--duration",
-            str(duration_s), "-o", str(folder / f"r{i}-{prometheus}.h5"), "--no-live"]
-    if prometheus:
-        argv += ["--prometheus", str(port)]
-    before = children_cpu_s()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    next_scrape = time.monotonic() + 2.0
-    while proc.poll() is None:
-        if prometheus and time.monotonic() >= next_scrape:
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-            next_scrape += SCRAPE_S
-        time.sleep(0.1)
-    return children_cpu_s() - before
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    order = ["with", "without"] if i % 2 == 0 else ["without", "with"]
+    for name in order:
+        argv = [sys.executable, "-m", "wattlab.cli", "record", "--simulate", "--duration",
+                str(duration_s), "-o", str(folder / f"r{i}-{name}.h5"), "--no-live"]
+        if name == "with":
+            argv += ["--prometheus", str(port)]
+        procs[name] = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
+    started = time.monotonic()
+    marks: dict[str, list[tuple[float, float]]] = {name: [] for name in procs}
+    next_scrape = started + 2.0
+    for at_s in (STEADY_FROM_S, duration_s - STEADY_UNTIL_S):
+        while time.monotonic() < started + at_s:
+            if time.monotonic() >= next_scrape:
+                with contextlib.suppress(OSError):
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+                next_scrape += SCRAPE_S
+            time.sleep(0.05)
+        for name, proc in procs.items():
+            marks[name].append((time.monotonic(), tree_cpu_s(proc.pid)))
+    for proc in procs.values():
+        if proc.wait() != 0:
+            raise SystemExit(f"a recording failed: {proc.args}")
+    return {name: 100 * (m[1][1] - m[0][1]) / (m[1][0] - m[0][0]) for name, m in marks.items()}
 
 
 def free_port() -> int:
@@ -95,27 +106,34 @@ def micro(streams: int = 4, rows: int = 25, reps: int = 2000) -> dict[str, float
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--duration", type=float, default=60.0)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=120.0)
+    ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="one pair of 20 s recordings")
     args = ap.parse_args()
+    if args.quick:
+        args.duration, args.pairs = 20.0, 1
+    if args.duration < STEADY_FROM_S + STEADY_UNTIL_S + 5:
+        raise SystemExit(f"--duration must leave a steady window: at least "
+                         f"{STEADY_FROM_S + STEADY_UNTIL_S + 5:g} s")
     cost = micro()
-    with_s: list[float] = []
-    without_s: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.repeat):
-            without_s.append(record(args.duration, False, Path(tmp), i))
-            with_s.append(record(args.duration, True, Path(tmp), i))
-    diff_pct = 100 * (median(with_s) - median(without_s)) / args.duration
+        pairs = [pair(args.duration, Path(tmp), i) for i in range(args.pairs)]
+    diffs = [p["with"] - p["without"] for p in pairs]
     print(f"exporter, timed directly: feed {cost['feed_s'] * 1e6:.1f} us per flush "
           f"(4 power streams), scrape {cost['scrape_s'] * 1e3:.2f} ms (client included)")
     print(f"  -> {cost['core_pct']:.4f} % of a core at {FLUSHES_PER_S:g} flushes/s and one "
           f"scrape per {SCRAPE_S:g} s (goal 0.05 %)")
-    print(f"whole recordings, {args.duration:g} s, median of {args.repeat}: "
-          f"{median(without_s):.2f} CPU s without, {median(with_s):.2f} with --prometheus "
-          f"({diff_pct:+.3f} % of a core; noise of this machine included)")
-    write_json("prometheus_cost", {**cost, "duration_s": args.duration,
-                                   "with_cpu_s": with_s, "without_cpu_s": without_s,
-                                   "recording_diff_core_pct": diff_pct})
+    print(f"whole recordings, {args.pairs} pair(s) of {args.duration:g} s run side by side, "
+          f"steady CPU from {STEADY_FROM_S:g} s to {STEADY_UNTIL_S:g} s before the end "
+          f"(% of a core):")
+    for i, p in enumerate(pairs):
+        print(f"  pair {i}: without {p['without']:.3f}, with --prometheus {p['with']:.3f}, "
+              f"difference {p['with'] - p['without']:+.3f}")
+    print(f"  difference: median {median(diffs):+.3f}, spread {min(diffs):+.3f} .. "
+          f"{max(diffs):+.3f} (goal <= 0.05)")
+    write_json("prometheus_cost", {**cost, "quick": args.quick, "duration_s": args.duration,
+                                   "pairs": pairs, "diff_core_pct": diffs,
+                                   "diff_median_core_pct": median(diffs)})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A two-"node" Slurm job on one host: one timebase, and the job's energy per node.
 
     python bench/slurm_two_nodes.py [--duration 10]
+    python bench/slurm_two_nodes.py --quick   # 5 s
 
 Two `wattlab slurm` processes with the variables srun sets (SLURM_JOB_ID, SLURM_PROCID,
 SLURM_NODEID, SLURM_NTASKS, ...) and simulated GPUs. Both share this host's clock, so the
@@ -34,7 +35,10 @@ def env(folder: Path, proc_id: int) -> dict[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--quick", action="store_true", help="a 5 s job")
     args = ap.parse_args()
+    if args.quick:
+        args.duration = 5.0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         out = folder / "job.h5"
@@ -63,7 +67,7 @@ def main() -> None:
     print(f"node1 clock offset estimate (truth 0, one host): {offset_us:+.2f} us (goal < 50)")
     print(f"job total {total:.2f} J, sum of per-node wattlab energy {summed:.2f} J: "
           f"{err_pct:+.2e} % (goal 0.1 %)")
-    write_json("slurm_two_nodes", {"offset_us": offset_us, "total_j": total,
+    write_json("slurm_two_nodes", {"quick": args.quick, "offset_us": offset_us, "total_j": total,
                                    "per_node_j": per_node, "error_pct": err_pct,
                                    "streams": streams})
 

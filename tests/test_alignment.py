@@ -156,6 +156,35 @@ def test_block_sums_match_the_segment_by_segment_integral(hole: bool, hold: bool
             np.testing.assert_allclose(e_f, e_g, rtol=1e-12)
 
 
+def test_recorded_gaps_and_window_extremes_in_one_pass_match_the_general_path() -> None:
+    # a hole by spacing, two recorded gaps (one inside a run of samples, one overlapping
+    # the hole) and a NaN in one channel: the block sums must give what the segment by
+    # segment path gives, and each window's lowest/highest finite value what numpy finds
+    t, v = _riser(hole=True)
+    v = v.astype(np.float64)
+    v[120_000, 2] = np.nan
+    gaps = [(int(t[30_000]) + 10, int(t[30_004]) - 10), (int(t[89_990]), int(t[90_005]))]
+    q = grid_edges(0.2, t[-1] / 1e9, 7.0)
+    windows_ns = np.array([[t[0], t[-1] + 1], [t[29_000], t[31_000]], [t[100], t[100]],
+                           [t[119_000], t[125_000]], [t[-1] + 5, t[-1] + 9]], dtype=np.int64)
+    fast = StreamIntegral(q, [0, 2], 250_000, known_gaps=gaps, per_s=1e9, windows=windows_ns)
+    general = _SegmentBySegment(q, [0, 2], 250_000, known_gaps=gaps, per_s=1e9)
+    for s in range(0, t.size, 40_000):
+        fast.feed(t[s:s + 40_000], v[s:s + 40_000])
+        general.feed(t[s:s + 40_000], v[s:s + 40_000])
+    for col, f, g in zip([0, 2], fast.result(), general.result(), strict=True):
+        np.testing.assert_allclose(f.integral, g.integral, rtol=1e-12, atol=1e-9)
+        np.testing.assert_array_equal(f.uncovered_s, g.uncovered_s)
+        np.testing.assert_allclose(f.bridge, g.bridge, rtol=1e-12, atol=1e-9)
+        np.testing.assert_array_equal(f.unbridged_s, g.unbridged_s)
+        assert f.gaps_s == g.gaps_s and f.n_gaps >= 3
+        for w, (lo, hi) in enumerate(windows_ns):
+            sel = v[(t >= lo) & (t < hi), col]
+            sel = sel[np.isfinite(sel)]
+            expect = (sel.min(), sel.max()) if sel.size else (np.inf, -np.inf)
+            assert (f.window_min[w], f.window_max[w]) == expect, (col, w)
+
+
 def test_cross_correlation_without_holes_matches_the_masked_ffts() -> None:
     # the normalising energies come from running sums when a stream has no hole
     rng = np.random.default_rng(12)
@@ -188,8 +217,16 @@ def test_prefetched_slices_are_the_slices_read_in_turn(tmp_path):
         plain = [(a.copy(), b.copy()) for a, b in view.iter_rows(96)]
         ahead = [(a.copy(), b.copy()) for a, b in view.iter_rows(96, prefetch=True)]
         first = next(iter(view.iter_rows(96, prefetch=True)))[0].copy()  # left early
+        over = {prefetch: [(a.copy(), b.copy()) for a, b in view.iter_rows(
+            96, prefetch=prefetch, overlap=True)] for prefetch in (False, True)}
     assert len(ahead) == len(plain) == 11 and first[0] == 0
     for (ta, va), (tb, vb) in zip(plain, ahead, strict=True):
         np.testing.assert_array_equal(ta, tb)
         np.testing.assert_array_equal(va, vb)
     np.testing.assert_array_equal(np.concatenate([a for a, _ in ahead]), t)
+    # overlapping slices: each after the first starts with the row the one before ended with
+    for slices in over.values():
+        assert len(slices) == 11
+        assert all(slices[k][0][0] == slices[k - 1][0][-1] for k in range(1, 11))
+        np.testing.assert_array_equal(
+            np.concatenate([slices[0][1]] + [b[1:] for _, b in slices[1:]]), v)

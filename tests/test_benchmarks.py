@@ -25,7 +25,8 @@ def test_run_all_quick_regenerates_the_summary(tmp_path):
                              env={**os.environ, "WATTLAB_BENCH_RESULTS": str(tmp_path)})
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     summary = (tmp_path / "summary.md").read_text()
-    for name in ("ingest", "decode", "ps3_stream", "visa", "sync", "analysis_scale", "soak"):
+    for name in ("ingest", "decode", "ps3_stream", "visa", "sync", "analysis_scale", "soak",
+                 "many_runs", "prometheus_cost", "slurm_two_nodes"):
         # a CI-sized figure says so in its command, also in a table rebuilt from the JSON
         assert f"| {name} | `python bench/{name}.py --quick` |" in summary
     # issue 9: CI runs 30 s of the soak; every PowerSensor3 frame the emulator sent is in

@@ -182,6 +182,13 @@ def test_a_nan_in_one_channel_is_a_gap_in_that_channel_only():
     np.testing.assert_allclose(holed.uncovered_s, [0.0, 0.0, 0.002], atol=1e-12)
     with pytest.raises(RunFileError, match="backwards"):
         StreamIntegral([0.0], [0], 1e9, per_s=1e9).feed(t_ns[::-1], values)
+    # a slice that says it continues the last one must start with its last row
+    acc = StreamIntegral([0.0, 4.0, 10.0], [0, 1], 5e6, per_s=1e9)
+    acc.feed(t_ns[:100], values[:100])
+    with pytest.raises(UsageError, match="continues"):
+        acc.feed(t_ns[100:200], values[100:200], continues=True)
+    acc.feed(t_ns[99:], values[99:], continues=True)
+    np.testing.assert_allclose(acc.result()[0].integral, clean.integral, rtol=1e-12)
 
 
 def _power_profile_w(t_s):

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 COUNTER_UPDATE_S = 0.1  # how often NVML's energy counter moves (PROTOCOLS.md §7, H100)
 PHASE_STEP_S = 0.0005  # resolution of the update phase search
+PHASES_X_READS = 1 << 20  # phases × reads tried in one array (8 MB of float64)
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -37,10 +38,13 @@ def update_phase_s(reads_s: FloatArray, values: FloatArray,
     a, b = reads_s[:-1], reads_s[1:]
     moved = values[1:] != values[:-1]
     phases = np.arange(0.0, period_s, PHASE_STEP_S)
-    fits = np.empty(phases.size, dtype=bool)
-    for k, phase in enumerate(phases):
-        updates = np.floor((b - phase) / period_s) - np.floor((a - phase) / period_s)
-        fits[k] = not np.any(moved != (updates > 0))
+    fits = np.ones(phases.size, dtype=bool)
+    step = max(1, PHASES_X_READS // phases.size)  # every phase at once, reads in blocks
+    for i in range(0, a.size, step):
+        at = phases[:, None]
+        updates = np.floor((b[i:i + step] - at) / period_s) - np.floor(
+            (a[i:i + step] - at) / period_s)
+        fits &= ~np.any(moved[i:i + step] != (updates > 0), axis=1)
     if not fits.any() or fits.sum() * PHASE_STEP_S > 0.5 * period_s:
         return None
     # the fitting phases must be one arc on the circle: roll it to start after a misfit

@@ -8,20 +8,28 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import h5py
 import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.h5_read import open_read_only
-from wattlab.analysis.run_check import check_layout, check_not_truncated
+from wattlab.analysis.run_check import (
+    SOURCE_DATASETS,
+    SourceLayout,
+    check_layout,
+    check_not_truncated,
+)
 from wattlab.errors import RunFileError
 
 MARKER_FIELDS = ("time", "time_raw", "kind", "source", "name", "payload")
+DATASETS = tuple(SOURCE_DATASETS)
+HEAD_ROWS = 10_000  # enough rows for a robust median spacing, cheap on huge files
+T = TypeVar("T")
 UNKNOWN_TIME_NS = np.iinfo(np.int64).min
 
 
@@ -66,23 +74,46 @@ class GapRow:
 
 
 class SourceView:
-    """One stream of a run: descriptor, channels, and its datasets."""
+    """One stream of a run: descriptor, channels, and its datasets.
 
-    def __init__(self, source_id: str, group: h5py.Group) -> None:
+    ``layout``: what ``run_check.check_source`` already read of the group (else read here).
+    Values derived from the data (``memo``) are kept until ``refresh``: every h5py lookup
+    costs ~0.1 ms, and an analysis asks for a stream's length and span many times.
+    """
+
+    def __init__(self, source_id: str, group: h5py.Group,
+                 layout: SourceLayout | None = None) -> None:
         self.source_id = source_id
         self._group = group
         try:
-            self.descriptor: dict[str, Any] = json.loads(group.attrs["descriptor_json"])
-            values = group["values"]
-            self.channel_names = [_text(c) for c in values.attrs["channel_names"]]
-            self.units = [_text(u) for u in values.attrs["units"]]
+            if layout is None:
+                layout = SourceLayout(group, {name: group[name] for name in DATASETS},
+                                      json.loads(group.attrs["descriptor_json"]),
+                                      list(group["values"].attrs["channel_names"]))
+            self.descriptor: dict[str, Any] = layout.descriptor
+            self._ds = layout.datasets
+            self.channel_names = [_text(c) for c in layout.channel_names]
+            self.units = [_text(u) for u in self._ds["values"].attrs["units"]]
         except (KeyError, json.JSONDecodeError) as e:
             raise RunFileError(f"source {source_id!r}: malformed source group ({e})") from e
         self.kind = str(self.descriptor.get("kind", ""))
         self.model = str(self.descriptor.get("model", ""))
+        self._memo: dict[str, Any] = {}
+
+    def memo(self, key: str, compute: Callable[[], T]) -> T:
+        """``compute()``, once until the next ``refresh``."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return cast(T, self._memo[key])
 
     def __len__(self) -> int:
-        return int(self._group["time"].shape[0])
+        return self.memo("rows", lambda: int(self._ds["time"].shape[0]))
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row of values (every channel)."""
+        values = self._ds["values"]
+        return int(values.dtype.itemsize * values.shape[1])
 
     @property
     def remote_host(self) -> str:
@@ -94,8 +125,9 @@ class SourceView:
 
     def refresh(self) -> None:
         """See rows appended since the file was opened (SWMR readers)."""
-        for name in ("time", "time_raw", "values", "flags"):
-            self._group[name].refresh()
+        for name in DATASETS:
+            self._ds[name].refresh()
+        self._memo.clear()
 
     def channel_index(self, name: str) -> int:
         if name not in self.channel_names:
@@ -107,13 +139,23 @@ class SourceView:
     def unit(self, name: str) -> str:
         return self.units[self.channel_index(name)]
 
+    def head_ns(self) -> npt.NDArray[np.int64]:
+        """Session times of the first rows (up to ``HEAD_ROWS``): spacing and first time."""
+        return self.memo("head_ns", lambda: self.time_slice(0, HEAD_ROWS))
+
+    def first_last_ns(self) -> tuple[np.int64, np.int64]:
+        """Session times of the first and the last row (the stream must have rows)."""
+        n = len(self)
+        return self.memo("first_last_ns", lambda: (self.head_ns()[0],
+                                                    self.time_slice(n - 1, n)[0]))
+
     def time_slice(self, start: int, stop: int) -> npt.NDArray[np.int64]:
         """Session times of rows ``start:stop`` (negative indices count from the end)."""
-        return np.asarray(self._group["time"][slice(start, stop)], dtype=np.int64)
+        return np.asarray(self._ds["time"][slice(start, stop)], dtype=np.int64)
 
     @property
     def time_ns(self) -> npt.NDArray[np.int64]:
-        return np.asarray(self._group["time"][:], dtype=np.int64)
+        return np.asarray(self._ds["time"][:], dtype=np.int64)
 
     @property
     def time_s(self) -> npt.NDArray[np.float64]:
@@ -121,32 +163,32 @@ class SourceView:
 
     @property
     def time_raw(self) -> npt.NDArray[Any]:
-        return np.asarray(self._group["time_raw"][:])
+        return np.asarray(self._ds["time_raw"][:])
 
     @property
     def values(self) -> npt.NDArray[Any]:
-        return np.asarray(self._group["values"][:])
+        return np.asarray(self._ds["values"][:])
 
     @property
     def flags(self) -> npt.NDArray[np.uint8]:
-        return np.asarray(self._group["flags"][:], dtype=np.uint8)
+        return np.asarray(self._ds["flags"][:], dtype=np.uint8)
 
     def channel(self, name: str) -> npt.NDArray[Any]:
-        return np.asarray(self._group["values"][:, self.channel_index(name)])
+        return np.asarray(self._ds["values"][:, self.channel_index(name)])
 
     def iter_chunks(
         self, channel: str, rows: int = 1 << 20
     ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[Any]]]:
         """Yield (time_ns, values) slices of one channel, ``rows`` at a time."""
         col = self.channel_index(channel)
-        time_ds, values_ds = self._group["time"], self._group["values"]
+        time_ds, values_ds = self._ds["time"], self._ds["values"]
         n = int(time_ds.shape[0])
         for start in range(0, n, rows):
             stop = min(n, start + rows)
             yield np.asarray(time_ds[start:stop]), np.asarray(values_ds[start:stop, col])
 
     def iter_rows(
-        self, rows: int = 1 << 20, *, prefetch: bool = False
+        self, rows: int = 1 << 20, *, prefetch: bool = False, overlap: bool = False
     ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[Any]]]:
         """Yield (time_ns, values n × channels) slices with every channel, in one pass.
 
@@ -155,17 +197,22 @@ class SourceView:
         valid until the next one is yielded: copy what must outlive it. ``prefetch``: a
         background thread reads the next slice into a second pair of buffers while the
         caller works on this one (h5py reads without holding the GIL), so reading and the
-        caller's work overlap where a second core is free.
+        caller's work overlap where a second core is free. ``overlap``: every slice after the
+        first starts with the row the one before ended with (one extra row read), so the
+        caller sees each pair of consecutive rows inside one slice.
         """
-        time_ds, values_ds = self._group["time"], self._group["values"]
+        time_ds, values_ds = self._ds["time"], self._ds["values"]
         n = int(time_ds.shape[0])
-        size = min(rows, n)
+        extra = int(overlap)
+        size = min(rows + extra, n)
         buffers = [(np.empty(size, dtype=np.int64),
                      np.empty((size, values_ds.shape[1]), dtype=values_ds.dtype))
                     for _ in range(2 if prefetch else 1)]
 
         def read(start: int, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
-            m = min(n, start + rows) - start
+            stop = min(n, start + rows)
+            start = max(0, start - extra)
+            m = stop - start
             t_buf, v_buf = buffers[k % len(buffers)]
             time_ds.read_direct(t_buf, np.s_[start:start + m], np.s_[0:m])
             values_ds.read_direct(v_buf, np.s_[start:start + m], np.s_[0:m])
@@ -223,13 +270,14 @@ class Run:
             self._file.close()
             raise RunFileError(f"{path}: not a wattlab run file (no /sources or format_version)")
         try:
-            check_layout(path, self._file)
+            layouts = check_layout(path, self._file)
         except RunFileError:
             self._file.close()
             raise
         self.sources: dict[str, SourceView] = {
-            sid: SourceView(sid, grp) for sid, grp in self._file["sources"].items()
+            sid: SourceView(sid, layout.group, layout) for sid, layout in layouts.items()
         }
+        self._tables: dict[str, Any] = {}  # markers and gaps, read once until ``refresh``
 
     def __enter__(self) -> Run:
         return self
@@ -253,6 +301,7 @@ class Run:
             view.refresh()
         for name in ("markers", "gaps"):
             self._file[name].refresh()
+        self._tables.clear()
 
     def source(self, source_id: str) -> SourceView:
         if source_id not in self.sources:
@@ -261,6 +310,11 @@ class Run:
 
     @property
     def markers(self) -> list[MarkerRow]:
+        if "markers" not in self._tables:
+            self._tables["markers"] = self._read_markers()
+        return list(self._tables["markers"])
+
+    def _read_markers(self) -> list[MarkerRow]:
         rows = self._file["markers"][:]
         gpu = "time_gpu" in (rows.dtype.names or ())  # older files have host time only
 
@@ -277,6 +331,11 @@ class Run:
 
     @property
     def gaps(self) -> list[GapRow]:
+        if "gaps" not in self._tables:
+            self._tables["gaps"] = self._read_gaps()
+        return list(self._tables["gaps"])
+
+    def _read_gaps(self) -> list[GapRow]:
         def known(t: int) -> int | None:
             return None if t == UNKNOWN_TIME_NS else t
 

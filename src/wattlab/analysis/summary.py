@@ -65,7 +65,7 @@ def summarise_source(run: Run, view: SourceView) -> SourceSummary:
     n = len(view)
     duration_s = 0.0
     if n:
-        first, last = view.time_slice(0, 1)[0], view.time_slice(n - 1, n)[0]
+        first, last = view.first_last_ns()
         duration_s = float(last - first) / 1e9
     rate_hz = (n - 1) / duration_s if duration_s > 0 else 0.0
     gaps = sum(1 for g in run.gaps if g.source == view.source_id)
