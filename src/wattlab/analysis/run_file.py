@@ -28,6 +28,7 @@ from wattlab.errors import RunFileError
 
 MARKER_FIELDS = ("time", "time_raw", "kind", "source", "name", "payload")
 DATASETS = tuple(SOURCE_DATASETS)
+COLUMN_READ_BYTES = 1 << 22  # whole rows read at a time for one column (``column_slice``)
 HEAD_ROWS = 10_000  # enough rows for a robust median spacing, cheap on huge files
 T = TypeVar("T")
 UNKNOWN_TIME_NS = np.iinfo(np.int64).min
@@ -174,18 +175,34 @@ class SourceView:
         return np.asarray(self._ds["flags"][:], dtype=np.uint8)
 
     def channel(self, name: str) -> npt.NDArray[Any]:
-        return np.asarray(self._ds["values"][:, self.channel_index(name)])
+        return self.column_slice(name, 0, len(self))
+
+    def column_slice(self, name: str, start: int, stop: int) -> npt.NDArray[Any]:
+        """One channel of rows ``start:stop``, read as whole rows a slice at a time.
+
+        Why whole rows: the run is read without HDF5's chunk cache (``Run``), and a column
+        selection would then be read from the file value by value.
+        """
+        col = self.channel_index(name)
+        values_ds = self._ds["values"]
+        start, stop, _ = slice(start, stop).indices(int(values_ds.shape[0]))
+        out = np.empty(max(0, stop - start), dtype=values_ds.dtype)
+        step = max(1, COLUMN_READ_BYTES // max(1, self.row_bytes))
+        for a in range(start, stop, step):
+            b = min(stop, a + step)
+            out[a - start:b - start] = values_ds[a:b][:, col]
+        return out
 
     def iter_chunks(
         self, channel: str, rows: int = 1 << 20
     ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[Any]]]:
         """Yield (time_ns, values) slices of one channel, ``rows`` at a time."""
-        col = self.channel_index(channel)
-        time_ds, values_ds = self._ds["time"], self._ds["values"]
+        self.channel_index(channel)
+        time_ds = self._ds["time"]
         n = int(time_ds.shape[0])
         for start in range(0, n, rows):
             stop = min(n, start + rows)
-            yield np.asarray(time_ds[start:stop]), np.asarray(values_ds[start:stop, col])
+            yield np.asarray(time_ds[start:stop]), self.column_slice(channel, start, stop)
 
     def iter_rows(
         self, rows: int = 1 << 20, *, prefetch: bool = False, overlap: bool = False
@@ -265,7 +282,7 @@ class Run:
         if not os.path.exists(path):
             raise RunFileError(f"{path}: no such file")
         check_not_truncated(path)
-        self._file = open_read_only(path)
+        self._file = open_read_only(path, chunk_cache=False)  # read in slices of whole rows
         if "sources" not in self._file or "format_version" not in self._file.attrs:
             self._file.close()
             raise RunFileError(f"{path}: not a wattlab run file (no /sources or format_version)")
