@@ -163,7 +163,11 @@ class SourceView:
 
     def time_slice(self, start: int, stop: int) -> npt.NDArray[np.int64]:
         """Session times of rows ``start:stop`` (negative indices count from the end)."""
-        return np.asarray(self._ds["time"][slice(start, stop)], dtype=np.int64)
+        start, stop, _ = slice(start, stop).indices(len(self))
+        out = np.empty(max(0, stop - start), dtype=np.int64)
+        if out.size:
+            read_rows(self._ds["time"], start, out)
+        return out
 
     @property
     def time_ns(self) -> npt.NDArray[np.int64]:
@@ -198,10 +202,12 @@ class SourceView:
         values_ds = self._ds["values"]
         start, stop, _ = slice(start, stop).indices(int(values_ds.shape[0]))
         out = np.empty(max(0, stop - start), dtype=values_ds.dtype)
-        step = max(1, COLUMN_READ_BYTES // max(1, self.row_bytes))
-        for a in range(start, stop, step):
-            b = min(stop, a + step)
-            out[a - start:b - start] = values_ds[a:b][:, col]
+        rows = np.empty((min(max(1, out.size), COLUMN_READ_BYTES // max(1, self.row_bytes) or 1),
+                         values_ds.shape[1]), dtype=values_ds.dtype)
+        for a in range(start, stop, len(rows)):
+            m = min(stop - a, len(rows))
+            read_rows(values_ds, a, rows[:m])
+            out[a - start:a - start + m] = rows[:m, col]
         return out
 
     def iter_chunks(
