@@ -225,9 +225,8 @@ class RunFollower:
             tracker = self._tracker(view)
             n = len(view)
             if tracker.channel is not None and n > tracker.rows:
-                col = view.channel_index(tracker.channel)
                 t_ns = view.time_slice(tracker.rows, n)
-                values = np.asarray(view._group["values"][tracker.rows:n, col])
+                values = view.column_slice(tracker.channel, tracker.rows, n)
                 tracker.feed(t_ns, values)
             tracker.rows = n
         lost: dict[str, tuple[int, int]] = {}

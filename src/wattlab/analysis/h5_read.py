@@ -60,17 +60,24 @@ class ClosedView(io.RawIOBase):
         super().close()
 
 
-def open_read_only(path: str, *, swmr: bool = True) -> h5py.File:
-    """SWMR read where the file allows it (a live run), else a plain read; no lock."""
+def open_read_only(path: str, *, swmr: bool = True, chunk_cache: bool = True) -> h5py.File:
+    """SWMR read where the file allows it (a live run), else a plain read; no lock.
+
+    ``chunk_cache=False``: no HDF5 chunk cache, for readers that read whole rows in
+    slices (``run_file``): through the cache each ~0.5 MB chunk of a stream is copied
+    twice, file to cache to slice; without it once. Reading a column without it goes
+    element by element: such readers read rows and take the column themselves.
+    """
+    cache = {} if chunk_cache else {"rdcc_nbytes": 0}
     # HDF5 raises RuntimeError, not OSError, for a superblock it cannot decode
     if swmr:
         try:
-            return h5py.File(path, "r", libver="latest", swmr=True, locking=False)
+            return h5py.File(path, "r", libver="latest", swmr=True, locking=False, **cache)
         except (OSError, RuntimeError):
             pass
     error: Exception
     try:
-        return h5py.File(path, "r", locking=False)
+        return h5py.File(path, "r", locking=False, **cache)
     except (OSError, RuntimeError) as e:
         error = e
     try:
@@ -79,7 +86,7 @@ def open_read_only(path: str, *, swmr: bool = True) -> h5py.File:
         superblock = None
     if superblock is not None:  # left open for writing without SWMR: read as if closed
         try:
-            return h5py.File(ClosedView(path, superblock), "r", locking=False)
+            return h5py.File(ClosedView(path, superblock), "r", locking=False, **cache)
         except (OSError, RuntimeError) as e:
             error = e
     raise RunFileError(f"{path}: not a readable HDF5 file ({error})") from error

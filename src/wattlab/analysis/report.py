@@ -159,9 +159,8 @@ def window(view: SourceView, channel: str, t0_ns: int, t1_ns: int
            ) -> tuple[npt.NDArray[np.int64], FloatArray]:
     """Raw samples of one channel with t0_ns <= time <= t1_ns (only those rows are read)."""
     start, stop = row_at(view, t0_ns), row_at(view, t1_ns + 1)
-    col = view.channel_index(channel)
     times = view.time_slice(start, stop)
-    values = np.asarray(view._group["values"][start:stop, col], dtype=np.float64)
+    values = view.column_slice(channel, start, stop).astype(np.float64)
     return times, values
 
 

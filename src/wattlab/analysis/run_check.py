@@ -97,8 +97,9 @@ def check_source(path: str, source_id: str, group: Any) -> SourceLayout:
 
 def check_layout(path: str, f: h5py.File) -> dict[str, SourceLayout]:
     """Every source has its datasets with the right types; markers and gaps are tables."""
+    tables = {}
     for name, fields in (("markers", MARKER_FIELDS), ("gaps", GAP_FIELDS)):
-        table = f.get(name)
+        table = tables[name] = f.get(name)
         if not isinstance(table, h5py.Dataset) or table.dtype.names is None or not set(
                 fields) <= set(table.dtype.names):
             raise RunFileError(f"{path}: /{name} is missing or not a table of {fields}")
@@ -106,7 +107,8 @@ def check_layout(path: str, f: h5py.File) -> dict[str, SourceLayout]:
     if not isinstance(sources, h5py.Group):
         raise RunFileError(f"{path}: /sources is not a group")
     layouts = {sid: check_source(path, sid, group) for sid, group in sources.items()}
-    payloads = f["markers"].fields("payload")[:MAX_CHECKED_MARKERS]
+    # whole rows: cheaper than h5py's field selection, and the other fields are small
+    payloads = tables["markers"][:MAX_CHECKED_MARKERS]["payload"]
     for i, raw in enumerate(np.asarray(payloads)):
         try:
             json.loads(raw.decode() if isinstance(raw, bytes) else str(raw) or "{}")

@@ -28,9 +28,21 @@ from wattlab.errors import RunFileError
 
 MARKER_FIELDS = ("time", "time_raw", "kind", "source", "name", "payload")
 DATASETS = tuple(SOURCE_DATASETS)
+COLUMN_READ_BYTES = 1 << 22  # whole rows read at a time for one column (``column_slice``)
 HEAD_ROWS = 10_000  # enough rows for a robust median spacing, cheap on huge files
 T = TypeVar("T")
 UNKNOWN_TIME_NS = np.iinfo(np.int64).min
+
+
+def read_rows(ds: h5py.Dataset, start: int, out: npt.NDArray[Any]) -> None:
+    """Rows ``start:start + len(out)`` of a dataset into ``out`` (C-contiguous, its dtype).
+
+    Why HDF5's own call: h5py's ``read_direct`` builds selection objects on every call,
+    which for a small stream costs more than reading it.
+    """
+    file_space = ds.id.get_space()
+    file_space.select_hyperslab((start,) + (0,) * (out.ndim - 1), out.shape)
+    ds.id.read(h5py.h5s.create_simple(out.shape), file_space, out)
 
 
 def _text(value: Any) -> str:
@@ -151,7 +163,11 @@ class SourceView:
 
     def time_slice(self, start: int, stop: int) -> npt.NDArray[np.int64]:
         """Session times of rows ``start:stop`` (negative indices count from the end)."""
-        return np.asarray(self._ds["time"][slice(start, stop)], dtype=np.int64)
+        start, stop, _ = slice(start, stop).indices(len(self))
+        out = np.empty(max(0, stop - start), dtype=np.int64)
+        if out.size:
+            read_rows(self._ds["time"], start, out)
+        return out
 
     @property
     def time_ns(self) -> npt.NDArray[np.int64]:
@@ -174,18 +190,36 @@ class SourceView:
         return np.asarray(self._ds["flags"][:], dtype=np.uint8)
 
     def channel(self, name: str) -> npt.NDArray[Any]:
-        return np.asarray(self._ds["values"][:, self.channel_index(name)])
+        return self.column_slice(name, 0, len(self))
+
+    def column_slice(self, name: str, start: int, stop: int) -> npt.NDArray[Any]:
+        """One channel of rows ``start:stop``, read as whole rows a slice at a time.
+
+        Why whole rows: the run is read without HDF5's chunk cache (``Run``), and a column
+        selection would then be read from the file value by value.
+        """
+        col = self.channel_index(name)
+        values_ds = self._ds["values"]
+        start, stop, _ = slice(start, stop).indices(int(values_ds.shape[0]))
+        out = np.empty(max(0, stop - start), dtype=values_ds.dtype)
+        rows = np.empty((min(max(1, out.size), COLUMN_READ_BYTES // max(1, self.row_bytes) or 1),
+                         values_ds.shape[1]), dtype=values_ds.dtype)
+        for a in range(start, stop, len(rows)):
+            m = min(stop - a, len(rows))
+            read_rows(values_ds, a, rows[:m])
+            out[a - start:a - start + m] = rows[:m, col]
+        return out
 
     def iter_chunks(
         self, channel: str, rows: int = 1 << 20
     ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[Any]]]:
         """Yield (time_ns, values) slices of one channel, ``rows`` at a time."""
-        col = self.channel_index(channel)
-        time_ds, values_ds = self._ds["time"], self._ds["values"]
+        self.channel_index(channel)
+        time_ds = self._ds["time"]
         n = int(time_ds.shape[0])
         for start in range(0, n, rows):
             stop = min(n, start + rows)
-            yield np.asarray(time_ds[start:stop]), np.asarray(values_ds[start:stop, col])
+            yield np.asarray(time_ds[start:stop]), self.column_slice(channel, start, stop)
 
     def iter_rows(
         self, rows: int = 1 << 20, *, prefetch: bool = False, overlap: bool = False
@@ -214,8 +248,8 @@ class SourceView:
             start = max(0, start - extra)
             m = stop - start
             t_buf, v_buf = buffers[k % len(buffers)]
-            time_ds.read_direct(t_buf, np.s_[start:start + m], np.s_[0:m])
-            values_ds.read_direct(v_buf, np.s_[start:start + m], np.s_[0:m])
+            read_rows(time_ds, start, t_buf[:m])
+            read_rows(values_ds, start, v_buf[:m])
             return t_buf[:m], v_buf[:m]
 
         if not prefetch:
@@ -265,7 +299,7 @@ class Run:
         if not os.path.exists(path):
             raise RunFileError(f"{path}: no such file")
         check_not_truncated(path)
-        self._file = open_read_only(path)
+        self._file = open_read_only(path, chunk_cache=False)  # read in slices of whole rows
         if "sources" not in self._file or "format_version" not in self._file.attrs:
             self._file.close()
             raise RunFileError(f"{path}: not a wattlab run file (no /sources or format_version)")
