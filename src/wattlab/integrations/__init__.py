@@ -24,17 +24,20 @@ MarkFn = Callable[..., None]
 EVERY_ENV = "WATTLAB_MARK_EVERY"
 
 
-def every_from_env(default: int = 1) -> int:
-    """Step thinning from ``WATTLAB_MARK_EVERY`` (0 turns step markers off)."""
-    text = os.environ.get(EVERY_ENV, "")
+def every_from_env(default: int = 1, name: str = EVERY_ENV, least: int = 0) -> int:
+    """Step thinning from an environment variable; unset or empty gives ``default``.
+
+    ``WATTLAB_MARK_EVERY`` (the default name): 0 turns step markers off.
+    """
+    text = os.environ.get(name, "")
     if not text:
         return default
     try:
         value = int(text)
     except ValueError as e:
-        raise UsageError(f"{EVERY_ENV}={text!r} is not a whole number") from e
-    if value < 0:
-        raise UsageError(f"{EVERY_ENV}={text!r} must be >= 0")
+        raise UsageError(f"{name}={text!r} is not a whole number") from e
+    if value < least:
+        raise UsageError(f"{name}={text!r} must be >= {least}")
     return value
 
 

@@ -14,11 +14,11 @@ step is marked (steps counted by optimizer steps; env ``WATTLAB_LAYER_EVERY``, d
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from wattlab.errors import UsageError
 from wattlab.integrations import PhaseEmitter
+from wattlab.integrations import every_from_env as step_every_from_env
 from wattlab.integrations.layer_hooks import BoundaryHooks, GlobalBoundaryHooks, hook_leaves
 
 EVERY_ENV = "WATTLAB_LAYER_EVERY"
@@ -26,14 +26,8 @@ DEFAULT_EVERY = 100
 
 
 def every_from_env() -> int:
-    text = os.environ.get(EVERY_ENV, str(DEFAULT_EVERY))
-    try:
-        every = int(text)
-    except ValueError as e:
-        raise UsageError(f"{EVERY_ENV}={text!r} is not a whole number") from e
-    if every < 1:
-        raise UsageError(f"{EVERY_ENV}={text!r} must be >= 1")
-    return every
+    """Layer-marker thinning from ``WATTLAB_LAYER_EVERY`` (every Nth step, N >= 1)."""
+    return step_every_from_env(DEFAULT_EVERY, EVERY_ENV, least=1)
 
 
 class LayerMarks:
