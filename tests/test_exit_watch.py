@@ -318,10 +318,11 @@ def test_session_killed_by_sigkill_its_processes_close_the_file(tmp_path):
     orphans = list(children(session.pid))
     assert len(orphans) == 3  # the recorder and two source processes
     session.send_signal(signal.SIGKILL)
-    session.communicate(timeout=10)
+    session.wait(timeout=10)  # not communicate: the orphans hold its pipes until they end
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(map(_running, orphans)):
         time.sleep(0.05)
+    session.communicate(timeout=10)
     assert not any(map(_running, orphans)), "a process outlived its session"
     assert crash_flags(str(path)) == 0
     with wattlab.open(str(path)) as run:
