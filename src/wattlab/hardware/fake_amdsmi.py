@@ -50,9 +50,6 @@ class AmdSmiLibraryException(AmdSmiException):
         super().__init__(f"amdsmi status {err_code}")
         self.err_code = err_code
 
-    def get_error_code(self) -> int:
-        return self.err_code
-
 
 class AmdSmiInitFlags(enum.IntEnum):
     """What amdsmi_init may be asked to start."""
