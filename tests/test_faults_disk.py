@@ -138,7 +138,12 @@ def record_until_full(path: Path, preexec: Callable[[], None] | None = None,
         confirmed = pub.durable_seq("meter") * ROWS
     finally:
         pub.close(wait=False)
-        out, err = recorder.communicate(timeout=30)
+        try:
+            out, err = recorder.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            recorder.kill()  # fail this test alone: no live recorder or open pipe left behind
+            recorder.communicate()
+            raise
     return Stopped(recorder.returncode, out.decode(), err.decode(), seq * ROWS, confirmed)
 
 
