@@ -1,7 +1,7 @@
 """Capture, on a real GPU, what per-layer time and energy inside real steps need (read only).
 
-Three captures of one training step, written to a folder as ``NAME_*`` files (`save` /
-`load` read them back, so the analysis runs offline too):
+Three captures of one training step, written to a folder as ``NAME_*`` files (`load`
+reads them back, so the analysis runs offline too):
 
 - ``NAME_profile.json.gz``: the PyTorch profiler's trace of ``HOOKED_STEPS`` steps with a
   ``wl:LABEL:PASS`` range around every leaf module's forward and backward (boundary hooks)
@@ -161,8 +161,8 @@ def plain_run(step: Step, driver: Any, gpu: int, seconds: float) -> PlainRun:
 
 
 def capture(model: Any, x: Any, out: Path, name: str, *, gpu: int = 0, seconds: float = 15.0,
-            driver: Any = None) -> dict[str, float]:
-    """All three captures of ``model``'s training step on input ``x``, saved under ``out``."""
+            train: bool = True, driver: Any = None) -> dict[str, float]:
+    """All three captures of ``model``'s step (training or forward) on ``x``, under ``out``."""
     import torch
 
     from wattlab.drivers.nvml import NvmlDriver
@@ -170,7 +170,7 @@ def capture(model: Any, x: Any, out: Path, name: str, *, gpu: int = 0, seconds: 
 
     torch.cuda.set_device(gpu)
     out.mkdir(parents=True, exist_ok=True)
-    step = step_job(model, x, True)
+    step = step_job(model, x, train)
     step_time_s(step, WARMUP)
     plain_s = step_time_s(step, 30)
     unix_ns = time.time_ns()

@@ -122,8 +122,8 @@ def _row_powers(w: FloatArray, prof: FloatArray) -> FloatArray:
     return (w @ prof) / np.maximum(w.sum(1), 1e-300)
 
 
-def fold(layout: Layout, step_start_s: Sequence[float], sample_s: Sequence[float],
-         power_w: Sequence[float], *, delay_s: float = DELAY_S, bins: int | None = None,
+def fold(layout: Layout, step_start_s: Sequence[float] | FloatArray,
+         sample_s: Sequence[float] | FloatArray, power_w: Sequence[float] | FloatArray, *, delay_s: float = DELAY_S, bins: int | None = None,
          blocks: int = BLOCKS, counter_j: tuple[float, float] | None = None) -> Folded:
     """Fold the samples onto the steps' phase and give every row of ``layout`` its power.
 

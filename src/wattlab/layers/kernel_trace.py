@@ -162,8 +162,8 @@ def read_trace(path: str | Path, *, ranges: bool = True) -> Trace:
     for tid, launches in per_thread.items():
         _innermost(sorted(launches), sorted(layer_ranges.get(tid, [])), keys)
     acts = [Activity(str(e.get("name", "")), keys[i], float(e["ts"]), float(e.get("dur", 0.0)),
-                     launch[i][1] if launch[i] is not None else float(e["ts"]))
-            for i, e in enumerate(gpu)]
+                     found[1] if found is not None else float(e["ts"]))
+            for i, (e, found) in enumerate(zip(gpu, launch, strict=True))]
     if ranges and not step_starts:
         step_starts = _first_leaf_begins(layer_ranges)
     return Trace(str(path), acts, sorted(step_starts),
@@ -219,10 +219,10 @@ def layer_times(steps: Sequence[Sequence[Activity]]) -> LayerTimes:
         raise TraceError("no complete step among the trace's kernels")
     per_step: list[dict[str, float]] = []
     for s in steps:
-        busy: dict[str, float] = defaultdict(float)
+        by_key: dict[str, float] = defaultdict(float)
         for a in s:
-            busy[a.key or BETWEEN] += a.dur_us / 1e6
-        per_step.append(busy)
+            by_key[a.key or BETWEEN] += a.dur_us / 1e6
+        per_step.append(by_key)
     keys = sorted({k for s in per_step for k in s})
     stats = {k: _mean_se([s.get(k, 0.0) for s in per_step]) for k in keys}
     busy_s = [sum(s.values()) for s in per_step]
@@ -293,8 +293,8 @@ def _segments(keys: Sequence[str], starts: np.ndarray, ends: np.ndarray, period:
             out_e.append(b)
 
     t = 0.0
-    for key, a, b in zip(keys, starts, ends, strict=True):
-        a = max(float(a), t)
+    for key, a0, b in zip(keys, starts, ends, strict=True):
+        a = max(float(a0), t)
         add(IDLE, t, a)
         add(key, a, max(float(b), a))
         t = max(t, float(b))

@@ -35,6 +35,8 @@ from wattlab.layers.kernel_trace import (
     template,
 )
 
+EMPTY_ROW = {"time_s": 0.0, "time_se_s": 0.0, "energy_j": 0.0, "energy_se_j": 0.0}
+
 
 def layout_and_idle(c: Captured, reference: list[Any]) -> tuple[Layout, LayerTimes | None, str]:
     """The step's layout, the plain profiled run's times (None: not usable) and why."""
@@ -69,7 +71,10 @@ def analyse(c: Captured, *, delay_s: float = DELAY_S) -> dict[str, Any]:
                      "power_delay_w": r.power_delay_w if r else None,
                      "energy_j": r.energy_j if r else 0.0,
                      "energy_se_j": r.energy_se_j if r else 0.0}
-    return {"rows": rows, "check": check(times, plain, folded, c.plain_step_s, note)}
+    outside = {k: rows.pop(k) for k in (BETWEEN, IDLE) if k in rows}
+    return {"rows": rows, "check": {**check(times, plain, folded, c.plain_step_s, note),
+                                    "outside_rows": outside,
+                                    "between": outside.get(BETWEEN, EMPTY_ROW)}}
 
 
 def check(times: LayerTimes, plain: LayerTimes | None, folded: Folded, plain_step_s: float,
@@ -79,10 +84,8 @@ def check(times: LayerTimes, plain: LayerTimes | None, folded: Folded, plain_ste
     t_se = math.hypot(times.busy_se_s, plain.idle_se_s if plain else 0.0)
     whole_j = folded.counter_j if folded.counter_j is not None else math.nan
     whole_se = folded.counter_se_j if folded.counter_se_j is not None else math.nan
-    between = {"time_s": times.time_s.get(BETWEEN, 0.0),
-               "time_se_s": times.time_se_s.get(BETWEEN, 0.0)}
     return {"layers_time_s": t, "layers_time_se_s": t_se, "busy_s": times.busy_s,
-            "idle_s": plain.idle_s if plain else None, "between": between,
+            "idle_s": plain.idle_s if plain else None,
             "layers_energy_j": folded.energy_j, "layers_energy_se_j": folded.energy_se_j,
             "whole": {"time_s": plain_step_s, "energy_j": whole_j, "energy_se_j": whole_se,
                       "run_step_s": folded.step_s},
