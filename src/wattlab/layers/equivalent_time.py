@@ -123,8 +123,9 @@ def _row_powers(w: FloatArray, prof: FloatArray) -> FloatArray:
 
 
 def fold(layout: Layout, step_start_s: Sequence[float] | FloatArray,
-         sample_s: Sequence[float] | FloatArray, power_w: Sequence[float] | FloatArray, *, delay_s: float = DELAY_S, bins: int | None = None,
-         blocks: int = BLOCKS, counter_j: tuple[float, float] | None = None) -> Folded:
+         sample_s: Sequence[float] | FloatArray, power_w: Sequence[float] | FloatArray, *,
+         delay_s: float = DELAY_S, bins: int | None = None, blocks: int = BLOCKS,
+         counter_j: tuple[float, float] | None = None) -> Folded:
     """Fold the samples onto the steps' phase and give every row of ``layout`` its power.
 
     ``step_start_s``: each step's start and the last step's end (unix s, one clock with
