@@ -71,8 +71,8 @@ class Trace:
 class LayerTimes:
     """Mean GPU busy time per step of every row key, ± standard errors over the steps.
 
-    ``period_s``: from one step's first GPU activity to the next step's (the last step: to
-    its last activity's end); ``idle_s`` = period − busy: the GPU waiting for the host.
+    ``period_s``: from one step's first GPU activity to the next step's (`periods_us`);
+    ``idle_s`` = period − busy: the GPU waiting for the host.
     """
 
     time_s: dict[str, float]
@@ -200,11 +200,15 @@ def split_steps(trace: Trace) -> list[list[Activity]]:
 
 
 def periods_us(steps: Sequence[Sequence[Activity]]) -> list[float]:
-    """Each step's GPU period: first activity to the next step's first (last: to its end)."""
+    """Each step's GPU period: its first activity to the next step's first.
+
+    The last step has no next one: it counts only when it is the only step (to its last
+    activity's end), since without the gap before the next step its idle time is short.
+    """
     firsts = [s[0].start_us for s in steps]
-    last = steps[-1][-1]
-    return [b - a for a, b in zip(firsts, [*firsts[1:], last.start_us + last.dur_us],
-                                  strict=True)]
+    if len(steps) == 1:
+        return [steps[0][-1].start_us + steps[0][-1].dur_us - firsts[0]]
+    return [b - a for a, b in zip(firsts, firsts[1:], strict=False)]
 
 
 def _mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -228,7 +232,7 @@ def layer_times(steps: Sequence[Sequence[Activity]]) -> LayerTimes:
     busy_s = [sum(s.values()) for s in per_step]
     periods_s = [p / 1e6 for p in periods_us(steps)]
     busy, busy_se = _mean_se(busy_s)
-    idle, idle_se = _mean_se([p - b for p, b in zip(periods_s, busy_s, strict=True)])
+    idle, idle_se = _mean_se([p - b for p, b in zip(periods_s, busy_s, strict=False)])
     return LayerTimes({k: v[0] for k, v in stats.items()}, {k: v[1] for k, v in stats.items()},
                       busy, busy_se, float(np.mean(periods_s)), idle, idle_se, len(steps))
 
