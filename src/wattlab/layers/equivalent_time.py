@@ -61,7 +61,8 @@ class RowPower:
     key: str
     share: float
     power_w: float
-    power_se_w: float
+    power_se_w: float  # the two below in quadrature
+    power_stat_se_w: float  # the jackknife's, from the samples' spread
     power_delay_w: float  # the largest change with the delay moved by ±DELAY_SPREAD_S
     energy_j: float
     energy_se_j: float
@@ -166,7 +167,7 @@ def fold(layout: Layout, step_start_s: Sequence[float] | FloatArray,
     for i, key in enumerate(keys):
         se = math.hypot(rows_se[i], rows_delay[i])
         rows.append(RowPower(key, float(share[i]), float(rows_w[i]), float(se),
-                             float(rows_delay[i]), float(rows_w[i] * share[i] * step_s),
+                             float(rows_se[i]), float(rows_delay[i]), float(rows_w[i] * share[i] * step_s),
                              float(se * share[i] * step_s)))
     energy_j = float(prof.mean() * step_s)
     energy_se = float(jk_se(jack.mean(1))) * step_s

@@ -68,6 +68,7 @@ def analyse(c: Captured, *, delay_s: float = DELAY_S) -> dict[str, Any]:
         rows[key] = {"time_s": t, "time_se_s": time_se_s[key],
                      "power_w": r.power_w if r else None,
                      "power_se_w": r.power_se_w if r else None,
+                     "power_stat_se_w": r.power_stat_se_w if r else None,
                      "power_delay_w": r.power_delay_w if r else None,
                      "energy_j": r.energy_j if r else 0.0,
                      "energy_se_j": r.energy_se_j if r else 0.0}
