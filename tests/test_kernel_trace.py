@@ -200,5 +200,5 @@ def test_a_trace_without_ranges_or_kernels_is_refused(tmp_path: Path) -> None:
     b.range("wl:conv:forward", MAIN, 0.0, 10)
     with pytest.raises(TraceError, match="no GPU kernels"):
         read_trace(b.write(tmp_path / "nokernels.json"))
-    with pytest.raises(TraceError, match="missing|No such file"):
+    with pytest.raises(TraceError, match=r"missing|No such file"):
         read_trace(tmp_path / "missing.json")

@@ -167,8 +167,8 @@ def fold(layout: Layout, step_start_s: Sequence[float] | FloatArray,
     for i, key in enumerate(keys):
         se = math.hypot(rows_se[i], rows_delay[i])
         rows.append(RowPower(key, float(share[i]), float(rows_w[i]), float(se),
-                             float(rows_se[i]), float(rows_delay[i]), float(rows_w[i] * share[i] * step_s),
-                             float(se * share[i] * step_s)))
+                             float(rows_se[i]), float(rows_delay[i]),
+                             float(rows_w[i] * share[i] * step_s), float(se * share[i] * step_s)))
     energy_j = float(prof.mean() * step_s)
     energy_se = float(jk_se(jack.mean(1))) * step_s
     counter, counter_se = None, None

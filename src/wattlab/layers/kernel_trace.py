@@ -22,6 +22,7 @@ first leaf's forward range. A step's kernels are those launched within it.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 from collections import Counter, defaultdict
@@ -208,7 +209,7 @@ def periods_us(steps: Sequence[Sequence[Activity]]) -> list[float]:
     firsts = [s[0].start_us for s in steps]
     if len(steps) == 1:
         return [steps[0][-1].start_us + steps[0][-1].dur_us - firsts[0]]
-    return [b - a for a, b in zip(firsts, firsts[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(firsts)]
 
 
 def _mean_se(values: Sequence[float]) -> tuple[float, float]:
