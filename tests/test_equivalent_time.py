@@ -146,3 +146,15 @@ def test_missing_or_broken_captures_are_usage_errors(tmp_path: Path) -> None:
 def test_plain_run_type_holds_the_arrays() -> None:
     r = PlainRun(np.arange(3.0), np.arange(2.0), np.ones(2), (0.0, 1.0))
     assert r.counter_j == (0.0, 1.0) and r.step_start_unix_s.size == 3
+
+
+@pytest.mark.parametrize("argv", [["--seconds", "1"], ["--sample-delay-ms", "-5"]])
+def test_cli_refuses_bad_real_gpu_options(argv: list[str],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from wattlab.cli import main
+
+    try:
+        rc = main(["layers", "resnet50", "--train", "--measure", *argv])
+    except SystemExit as e:
+        rc = e.code
+    assert rc == 2 and argv[0] in capsys.readouterr().err
