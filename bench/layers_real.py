@@ -1,101 +1,114 @@
 """Per-layer time and energy of ResNet50 and VGG16 training steps on a real GPU (read only).
 
-Each layer's time inside 20 real training steps (CUDA events recorded from hooks at every
-layer boundary, forward and backward), its power from its group of consecutive layers
-replayed alone while NVML's energy counter runs, energy = power × in-step time; the time
-outside every layer is the row "between layers". The whole step (no hooks) is measured
-directly for 3 s: the sums must come within 5 % of it. The layers' times alone are
-printed too (launch-bound layers look longer alone). Default clocks; nothing is changed.
+Round three (in-step method): per case, `wattlab.layers.capture` records a profiled step
+with a range around every leaf module (which kernels are whose), a plain profiled step
+(the GPU's own idle time) and 15 s of plain steps with NVML's 50 Hz samples; then
+`wattlab.layers.step_energy` gives each layer's GPU time from its kernels and its power by
+folding the samples onto the step's phase. The rows' sums must come within 5 % of the
+step timed with no profiler and of the energy counter's energy per step. Default clocks;
+nothing is changed.
 
-PYTHONPATH=src python3 bench/layers_real.py   (about 3 minutes on an H100; needs torch,
-torchvision and pynvml; writes results/layers_real.json)
+    PYTHONPATH=src python3 bench/layers_real.py            # capture and analyse (GPU, ~3 min)
+    PYTHONPATH=src python3 bench/layers_real.py --from-captures DIR   # analyse saved captures
+
+Captures go to results/layers_captures/ (``--captures DIR`` elsewhere); the table's rows
+to results/layers_real.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import write_json
+from bench.common import RESULTS, write_json
 
 CASES = (("resnet50", 32), ("resnet50", 128), ("vgg16", 16), ("vgg16", 64))
-GROUPS, WINDOW_S, WHOLE_WINDOW_S = 16, 0.8, 3.0
 
 
-def one(name: str, batch: int) -> dict[str, object]:
+def capture_case(name: str, batch: int, folder: Path, seconds: float) -> None:
     import torch
 
-    from wattlab.layers import study
-    from wattlab.layers.counting import count_layers
+    from wattlab.layers import capture
     from wattlab.layers.model_spec import load_model
-    from wattlab.layers.real_study import measure_real
-    from wattlab.layers.roofline import measure_roofline
 
-    t0 = time.monotonic()
-    model = load_model(name)
-    count = count_layers(model, (batch, 3, 224, 224), "float32", train=True)
-    record = study.count_record(count, measure_roofline("float32"))
-    checks = measure_real(record, model, count, gpu=0, n_groups=GROUPS, window_s=WINDOW_S,
-                          whole_window_s=WHOLE_WINDOW_S,
-                          progress=lambda s: print(f"  {name}: {s}", flush=True))
+    model = load_model(name).cuda().train()
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    times = capture.capture(model, x, folder, f"{name}{batch}", seconds=seconds)
+    print(f"  {name} b{batch}: {times}", flush=True)
     del model
     torch.cuda.empty_cache()
-    c = checks["training step"]
-    rows = [{k: r[k] for k in ("name", "kind", "pass_name", "flops", "bytes_total", "intensity",
-                                "bound")} | {"measured": r.get("measured")}
-            for r in record["rows"]]
-    return {"model": name, "batch": batch, "roofline": record["roofline"],
-            "total_macs": count.total_macs, "check": c, "rows": rows,
-            "seconds": time.monotonic() - t0}
 
 
-def main() -> None:
-    try:
-        import torch
+def analyse_case(name: str, batch: int, folder: Path) -> dict[str, Any]:
+    from wattlab.layers.capture import load
+    from wattlab.layers.step_energy import analyse
 
-        if not torch.cuda.is_available():
-            print("no CUDA GPU: nothing to measure (bench/layers_sim.py runs without one)")
-            return
-        print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    except ImportError as e:
-        print(f"needs torch with CUDA: {e}")
-        return
-    results = []
-    for name, batch in CASES:
-        try:
-            results.append(one(name, batch))
-        except Exception as e:  # one model failing must not lose the other's numbers
-            traceback.print_exc()
-            results.append({"model": name, "batch": batch, "error": repr(e)})
-        try:
-            torch.cuda.empty_cache()
-        except Exception as e:  # a broken CUDA context: the next model reports it
-            print(f"empty_cache: {e!r}")
-    print(f"\n{'model':9} {'batch':>5} {'in-step ms':>14} {'alone ms':>9} {'between ms':>10} "
-          f"{'step ms':>14} {'time err':>8} {'layers J':>14} {'step J':>14} {'energy err':>10} "
-          f"{'s':>4}")
+    t0 = time.monotonic()
+    out = analyse(load(folder, f"{name}{batch}"))
+    return {"model": name, "batch": batch, **out, "seconds": time.monotonic() - t0}
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    print(f"\n{'model':9} {'batch':>5} {'in-step ms':>14} {'idle ms':>8} {'step ms':>8} "
+          f"{'time err':>8} {'layers J':>15} {'step J':>15} {'energy err':>10}")
     for r in results:
         if "error" in r:
             print(f"{r['model']:9} {r['batch']:5} failed: {r['error']}")
             continue
         c = r["check"]
-        w, b = c["whole"], c["between"]
+        w = c["whole"]
+        idle = "-" if c["idle_s"] is None else f"{c['idle_s'] * 1e3:.2f}"
         print(f"{r['model']:9} {r['batch']:5} {c['layers_time_s'] * 1e3:7.2f}±"
-              f"{c['layers_time_se_s'] * 1e3:<6.2f} {c['layers_alone_time_s'] * 1e3:9.2f} "
-              f"{b['time_s'] * 1e3:10.2f} {w['time_s'] * 1e3:7.2f}±{w['time_se_s'] * 1e3:<6.2f} "
-              f"{c['time_error']:+8.1%} "
-              f"{c['layers_energy_j']:7.3f}±{c['layers_energy_se_j']:<6.3f} "
-              f"{w['energy_j']:7.3f}±{w['energy_se_j']:<6.3f} {c['energy_error']:+10.1%} "
-              f"{r['seconds']:4.0f}")
-        if c.get("warning"):
-            print(f"  {r['model']} batch {r['batch']}: {c['warning']}")
-    print("in-step: the rows and 'between layers' summed (events at every layer boundary, "
-          "20 steps); alone: the layers' sum replayed one by one; step: no hooks, 3 s")
-    print("written:", write_json("layers_real", {"results": results}))
+              f"{c['layers_time_se_s'] * 1e3:<6.2f} {idle:>8} {w['time_s'] * 1e3:8.2f} "
+              f"{c['time_error']:+8.1%} {c['layers_energy_j']:7.3f}±"
+              f"{c['layers_energy_se_j']:<7.3f} {w['energy_j']:7.3f}±{w['energy_se_j']:<7.3f} "
+              f"{c['energy_error']:+10.2%}")
+        print(f"  {c['note']}; {c['run_steps']} plain steps of {w['run_step_s'] * 1e3:.2f} ms, "
+              f"{c['samples']} samples in {c['bins']} phase bins, delay "
+              f"{c['delay_s'] * 1e3:g} ms")
+    print("in-step: the layers' GPU busy time (kernels of 10 profiled steps), 'between "
+          "layers' and the plain step's GPU idle; step ms: plain, no profiler; layers J: "
+          "folded 50 Hz samples × each row's share of the plain run's step; step J: the "
+          "energy counter per plain step")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--from-captures", metavar="DIR", help="analyse saved captures only")
+    ap.add_argument("--captures", default=str(RESULTS / "layers_captures"), metavar="DIR",
+                    help="where a live run writes its captures")
+    ap.add_argument("--seconds", type=float, default=15.0, help="plain run per case (s)")
+    args = ap.parse_args()
+    folder = Path(args.from_captures or args.captures)
+    if not args.from_captures:
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                print("no CUDA GPU: nothing to capture (--from-captures DIR analyses saved "
+                      "ones)")
+                return
+            print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        except ImportError as e:
+            print(f"needs torch with CUDA: {e}")
+            return
+    results: list[dict[str, Any]] = []
+    for name, batch in CASES:
+        try:
+            if not args.from_captures:
+                capture_case(name, batch, folder, args.seconds)
+            results.append(analyse_case(name, batch, folder))
+        except Exception as e:  # one case failing must not lose the others' numbers
+            traceback.print_exc()
+            results.append({"model": name, "batch": batch, "error": repr(e)})
+    print_table(results)
+    print("written:", write_json("layers_real", {"captures": str(folder), "results": results}))
 
 
 if __name__ == "__main__":

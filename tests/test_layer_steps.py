@@ -1,5 +1,5 @@
 """Per-layer time inside real steps: the boundary hooks, the span attribution, the simulated
-GPU against its true costs, and the real-GPU path on a CPU with fake NVML and fake events."""
+GPU against its true costs."""
 
 from __future__ import annotations
 
@@ -86,31 +86,6 @@ def test_simulated_in_step_times_are_the_true_costs() -> None:
         alone = study.time_alone_s(backend, [("run", row.work_flops, row.bytes_total)])
         assert alone == pytest.approx(max(float(t), HOST_S), rel=0.03), row.key
     assert s.time_s[BETWEEN] > 0  # the loss runs outside every layer
-
-
-def test_real_path_on_cpu_with_fake_nvml_and_events() -> None:
-    from wattlab.drivers.nvml import NvmlDriver
-    from wattlab.hardware.fake_cuda_events import FakeCudaEvents
-    from wattlab.hardware.fake_nvml import FakeNvml
-    from wattlab.hardware.simulated_gpu import SimulatedGpu
-    from wattlab.layers.real_study import measure_real
-    from wattlab.layers.roofline import simulated_roofline
-
-    model = residual_net()
-    count = count_layers(model, (2, 3, 8, 8), train=True)
-    record = study.count_record(count, simulated_roofline("float32"))
-    checks = measure_real(record, model, count, gpu=0, n_groups=2, window_s=0.6,
-                          whole_window_s=0.6, device="cpu",
-                          driver=NvmlDriver(FakeNvml([SimulatedGpu(seed=1)])),
-                          events=FakeCudaEvents(min_queue_ns=0))
-    c = checks["training step"]
-    rows = [r["measured"] for r in record["rows"]]
-    assert all(m["time_s"] > 0 and m["time_alone_s"] > 0 and m["energy_j"] > 0 for m in rows)
-    total = sum(m["time_s"] for m in rows) + c["between"]["time_s"]
-    assert c["layers_time_s"] == pytest.approx(total)
-    assert c["whole"]["window_s"] >= 0.6 * 0.5 and c["steps"] == study.STEPS
-    assert c["layers_energy_j"] == pytest.approx(
-        sum(m["energy_j"] for m in rows) + c["between"]["energy_j"])
 
 
 def test_plan_clocks_from_nvml_or_a_stated_fallback() -> None:

@@ -56,7 +56,7 @@ def layers_panel(path: str) -> tuple[object, str, str] | None:
                          f"{e['exhaustive']['slowdown']:+.1%} time; heuristic "
                          f"{e['heuristic']['energy_saving']:+.1%}")
     caption = ("Per layer in execution order (F forward, B backward): time and energy measured "
-               "alone (error bars: one standard error), arithmetic intensity against the "
+               "(error bars: one standard error), arithmetic intensity against the "
                "roofline's ridge (red: compute-bound), and the SM clock of the exhaustive plan "
                "at the largest slowdown searched.")
     return fig, caption, "<h3>Layers</h3><p>" + "<br>".join(lines) + "</p>"

@@ -30,12 +30,21 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--measure", action="store_true",
                    help="measure every layer's time and energy (in groups) and the whole pass")
     p.add_argument("--groups", type=int, default=24, metavar="N",
-                   help="measure energy in at most N groups of consecutive layers per pass "
-                        "(default 24)")
+                   help="simulated GPU: measure energy in at most N groups of consecutive "
+                        "layers per pass (default 24)")
     p.add_argument("--window", type=float, default=1.0, metavar="S",
-                   help="seconds each group runs for its power (default 1.0)")
+                   help="simulated GPU: seconds each group runs for its power (default 1.0)")
     p.add_argument("--whole-window", type=float, default=3.0, metavar="S",
-                   help="seconds the whole pass runs for its energy (default 3.0)")
+                   help="simulated GPU: seconds the whole pass runs for its energy "
+                        "(default 3.0)")
+    p.add_argument("--seconds", type=float, default=15.0, metavar="S",
+                   help="real GPU: seconds of plain steps whose power samples are folded "
+                        "onto the step (default 15)")
+    p.add_argument("--sample-delay-ms", type=float, default=25.0, metavar="MS",
+                   help="real GPU: how far NVML's 50 Hz samples lag the power they stand "
+                        "for (default 25)")
+    p.add_argument("--keep-captures", metavar="DIR",
+                   help="real GPU: keep the profiler traces and samples in DIR")
     p.add_argument("--plan", action="store_true",
                    help="search a clock pair per layer (exhaustive and heuristic); on the "
                         "simulated GPU also run the plans and measure them")
@@ -57,6 +66,11 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--window must be > 0 s, got {args.window}")
     if not args.whole_window > 0:
         raise UsageError(f"--whole-window must be > 0 s, got {args.whole_window}")
+    if not args.seconds >= 2:
+        raise UsageError(f"--seconds must be >= 2 (the samples' blocks), got {args.seconds}")
+    if not 0 <= args.sample_delay_ms <= 1000:
+        raise UsageError(f"--sample-delay-ms must be within 0..1000, got "
+                         f"{args.sample_delay_ms}")
     if args.switch_ms < 0:
         raise UsageError(f"--switch-ms must be >= 0, got {args.switch_ms}")
     if args.output and os.path.exists(args.output):
@@ -78,24 +92,28 @@ def _print_table(record: dict[str, Any]) -> None:
           f"{'bound':7} {'in-step ms':>16} {'alone ms':>9} {'energy mJ':>14}")
     for row in r["rows"]:
         m = row.get("measured")
+        alone = f"{m['time_alone_s'] * 1e3:9.4f}" if m and "time_alone_s" in m else f"{'-':>9}"
         te = (f"{m['time_s'] * 1e3:8.4f}±{m['time_se_s'] * 1e3:<7.2g} "
-              f"{m['time_alone_s'] * 1e3:9.4f} {m['energy_j'] * 1e3:8.3f}±"
+              f"{alone} {m['energy_j'] * 1e3:8.3f}±"
               f"{m['energy_se_j'] * 1e3:<5.2g}" if m else "")
         ai = "-" if row["intensity"] is None else f"{row['intensity']:.3g}"
         print(f"{(row['name'] or '(model)')[:34]:34} {row['kind'][:16]:16} {row['pass_name']:8} "
               f"{row['flops'] / 1e6:10.2f} {row['bytes_total'] / 1e6:9.3f} {ai:>8} "
               f"{row['bound']:7} {te}")
     for scope, check in r.get("checks", {}).items():
-        w, b = check["whole"], check["between"]
-        print(f"{'between layers':34} {'':16} {'':8} {'':>10} {'':>9} {'':>8} {'':7} "
-              f"{b['time_s'] * 1e3:8.4f}±{b['time_se_s'] * 1e3:<7.2g} {'':>9} "
-              f"{b['energy_j'] * 1e3:8.3f}±{b['energy_se_j'] * 1e3:<5.2g}")
+        w = check["whole"]
+        for name, b in _extra_rows(check):
+            print(f"{name:34} {'':16} {'':8} {'':>10} {'':>9} {'':>8} {'':7} "
+                  f"{b['time_s'] * 1e3:8.4f}±{b['time_se_s'] * 1e3:<7.2g} {'':>9} "
+                  f"{b['energy_j'] * 1e3:8.3f}±{b['energy_se_j'] * 1e3:<5.2g}")
         print(f"{scope}: layers sum {check['layers_time_s'] * 1e3:.3f} ms, "
               f"{check['layers_energy_j']:.4g} ± {check['layers_energy_se_j']:.2g} J; whole "
               f"{w['time_s'] * 1e3:.3f} ms, {w['energy_j']:.4g} ± {w['energy_se_j']:.2g} J "
               f"(time {check['time_error']:+.1%}, energy {check['energy_error']:+.1%})")
         if check.get("warning"):
             print(f"  warning: {check['warning']}")
+        if check.get("note"):
+            print(f"  {check['note']}")
     for scope, block in r.get("plans", {}).get("scopes", {}).items():
         print(f"plans, {scope} (switch {r['plans']['switch_s'] * 1e3:g} ms, "
               f"{r['plans']['pairs']} clock pairs from the "
@@ -112,6 +130,11 @@ def _print_table(record: dict[str, Any]) -> None:
         for name, m in block.get("executed", {}).items():
             print(f"  executed on the simulated GPU: {name}: {m['energy_j']:.4g} ± "
                   f"{m['energy_se_j']:.2g} J, {m['time_s'] * 1e3:.3f} ms per pass")
+
+
+def _extra_rows(check: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The rows outside every layer: ``between layers`` and, on a real GPU, the GPU's idle."""
+    return list(check.get("outside_rows", {"between layers": check["between"]}).items())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,9 +191,10 @@ def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
         else:
             from wattlab.layers.real_study import measure_real
 
-            record["checks"] = measure_real(record, model, count, gpu=args.gpu,
-                                            n_groups=args.groups, window_s=args.window,
-                                            whole_window_s=args.whole_window)
+            record["checks"] = measure_real(
+                record, model, count, gpu=args.gpu, seconds=args.seconds,
+                delay_s=args.sample_delay_ms / 1e3, keep=args.keep_captures,
+                progress=lambda s: print(f"wattlab layers: {s}", file=sys.stderr))
     if args.plan:
         clocks: dict[str, Any] = {"source": "simulated H100 list"}
         if not simulated:

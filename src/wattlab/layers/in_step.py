@@ -1,4 +1,7 @@
-"""Each layer's time inside real steps, from GPU times taken at every layer boundary.
+"""Each layer's time inside the simulated GPU's steps, from GPU times at every layer boundary.
+
+(A real GPU's layers are timed from the kernels of a profiled step, kernel_trace.py: an
+event at every boundary costs its host so much that a step of small layers waits on it.)
 
 Why inside the step: a layer replayed alone pays the host's launch overhead (the module
 call, ``autograd.grad``) which a real step hides by queueing ahead of the GPU, so a small
@@ -20,15 +23,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from wattlab.acquisition.gpu_clock import EventBackend
 from wattlab.errors import WattlabError
-from wattlab.integrations.layer_hooks import hook_leaves
 
 BETWEEN = "between layers"
 Mark = tuple[str, str, float]
@@ -78,32 +78,3 @@ def summarise(marks: Sequence[Mark]) -> InStep:
     step_s, step_se = stats([sum(s.values()) for s in steps])
     return InStep({k: v[0] for k, v in per_key.items()},
                   {k: v[1] for k, v in per_key.items()}, step_s, step_se, n)
-
-
-def record_marks(model: Any, step: Callable[[], Any], events: EventBackend, *, steps: int,
-                 warmup: int = 2) -> list[Mark]:
-    """The marks of ``steps`` steps (after ``warmup``), an event at every boundary.
-
-    Times are in seconds from the first mark.
-
-    The steps run back to back with no synchronisation between them (as training does), so
-    the host queues ahead of the GPU and the events see the GPU's own pace.
-    """
-    recorded: list[tuple[str, str, Any]] = []
-
-    def on(label: str, pass_name: str, edge: str, _call: int) -> None:
-        recorded.append((f"{label}:{pass_name}", edge, events.record()))
-
-    with hook_leaves(model, on):
-        for _ in range(warmup):
-            step()
-        recorded.clear()
-        for _ in range(steps):
-            recorded.append(("", "step", events.record()))
-            step()
-        recorded.append(("", "step", events.record()))
-    last = recorded[-1][2]
-    events.wait(last)
-    first = recorded[0][2]
-    return [(k, e, events.elapsed_ns(first, ev) / 1e9) for k, e, ev in recorded
-            if ev is not None]

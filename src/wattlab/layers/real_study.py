@@ -1,61 +1,51 @@
-"""`wattlab layers --measure` on a real GPU: its layers' energy, reading the GPU only.
+"""`wattlab layers --measure` on a real GPU: its layers' time and energy inside real steps.
 
-Why apart from study.py: it needs CUDA, PyTorch on the GPU and NVML, none of which the
-simulated path touches.
+Why apart from study.py: it needs CUDA, the PyTorch profiler and NVML, none of which the
+simulated path touches. The GPU is only read: clocks and limits stay as they are.
+How: capture.py records the step three ways (hooked and profiled, plain and profiled,
+plain with NVML's samples), step_energy.py turns the captures into rows and sums.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from wattlab.acquisition.gpu_clock import EventBackend, TorchCudaEvents
-from wattlab.layers import study
-from wattlab.layers.counting import LayerCount, LayerRow
-from wattlab.layers.in_step import record_marks
-from wattlab.layers.torch_backend import (
-    TorchBackend,
-    capture_inputs,
-    group_job,
-    layer_job,
-    step_job,
-)
+from wattlab.layers import capture
+from wattlab.layers.counting import LayerCount
+from wattlab.layers.equivalent_time import DELAY_S
+from wattlab.layers.step_energy import analyse
+
+NAME = "step"
 
 
 def measure_real(record: dict[str, Any], model: Any, count: LayerCount, *, gpu: int,
-                 n_groups: int, window_s: float, whole_window_s: float = study.WHOLE_WINDOW_S,
-                 progress: Callable[[str], None] | None = None, device: str = "cuda",
-                 driver: Any = None, events: EventBackend | None = None) -> dict[str, Any]:
-    """Measure every row of ``count`` and the whole pass on CUDA device ``gpu``.
+                 seconds: float = 15.0, delay_s: float = DELAY_S,
+                 keep: str | Path | None = None,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Capture ``model``'s step on CUDA device ``gpu`` and measure every row inside it.
 
-    NVML's GPU ``gpu`` must be CUDA's device ``gpu`` (true unless CUDA_VISIBLE_DEVICES
-    reorders them). ``device``, ``driver`` and ``events`` replace CUDA, NVML and CUDA's
-    events (a test on a CPU with the fake NVML and fake events).
+    Adds ``measured`` to the record's rows (time, power, energy, each ± se) and returns the
+    sums' check under the scope's name. NVML's GPU ``gpu`` must be CUDA's device ``gpu``
+    (true unless CUDA_VISIBLE_DEVICES reorders them). ``keep``: a folder that keeps the
+    captures (else a temporary one).
     """
     import torch
 
-    from wattlab.drivers.nvml import NvmlDriver
-
-    if device == "cuda":
-        torch.cuda.set_device(gpu)
     dtype = getattr(torch, count.dtype)
-    model = model.to(device, dtype).train(count.train)
-    x = torch.randn(count.input_shape, device=device, dtype=dtype)
-    inputs = capture_inputs(model, x)
-    driver = driver or NvmlDriver()
-    events = events or TorchCudaEvents()
-    driver.open()
-    try:
-        backend = TorchBackend(lambda: driver.read_energy_j(gpu), events)
-
-        def jobs_of(rows: Sequence[LayerRow]) -> list[Any]:
-            return [layer_job(model, r, inputs) for r in rows]
-
-        step = step_job(model, x, count.train)
-        return study.measure_record(
-            record, count, backend, jobs_of=jobs_of, combine=group_job, whole_job=step,
-            step_marks=lambda n: record_marks(model, step, events, steps=n),
-            n_groups=n_groups, window_s=window_s, whole_window_s=whole_window_s,
-            progress=progress)
-    finally:
-        driver.close()
+    torch.cuda.set_device(gpu)
+    model = model.to("cuda", dtype).train(count.train)
+    x = torch.randn(count.input_shape, device="cuda", dtype=dtype)
+    with tempfile.TemporaryDirectory(prefix="wattlab-layers-") as tmp:
+        folder = Path(keep) if keep else Path(tmp)
+        if progress:
+            progress(f"capturing: profiled steps, then {seconds:g} s of plain steps")
+        capture.capture(model, x, folder, NAME, gpu=gpu, seconds=seconds, train=count.train)
+        result = analyse(capture.load(folder, NAME), delay_s=delay_s)
+    for row in record["rows"]:
+        measured = result["rows"].get(f"{row['name'] or '(model)'}:{row['pass_name']}")
+        if measured is not None:
+            row["measured"] = measured
+    return {"training step" if count.train else "forward": result["check"]}

@@ -1,0 +1,96 @@
+"""Per-layer time and energy inside real training steps, and their sums against the step.
+
+Why one place: `wattlab layers --measure` on a real GPU and bench/layers_real.py (live or
+from saved captures) both turn one case's captures (capture.py) into the same rows:
+
+- time: each row's GPU busy time per step from the hooked trace's kernels
+  (kernel_trace.py), ``between layers`` for kernels outside every layer, and
+  ``GPU idle (host-bound)`` = the plain profiled step's period − its busy time. Their sum
+  is checked against the plain step timed with no profiler and no hooks.
+- power: equivalent-time sampling of the plain run (equivalent_time.py) over the step's
+  layout: the plain profiled run's mean kernel layout where its kernels are the hooked
+  run's (same names in the same order), else the hooked run's kernels back to back (busy
+  time only: no idle row, and the note says why). Energy = power × the row's share of the
+  measured run's step; their sum is checked against the energy counter per step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from wattlab.layers.capture import Captured
+from wattlab.layers.equivalent_time import DELAY_S, Folded, fold
+from wattlab.layers.in_step import BETWEEN
+from wattlab.layers.kernel_trace import (
+    IDLE,
+    LayerTimes,
+    Layout,
+    busy_layout,
+    layer_times,
+    match_steps,
+    mean_layout,
+    read_trace,
+    split_steps,
+    template,
+)
+
+EMPTY_ROW = {"time_s": 0.0, "time_se_s": 0.0, "energy_j": 0.0, "energy_se_j": 0.0}
+
+
+def layout_and_idle(c: Captured, reference: list[Any]) -> tuple[Layout, LayerTimes | None, str]:
+    """The step's layout, the plain profiled run's times (None: not usable) and why."""
+    if c.plain_trace is None:
+        return busy_layout(reference), None, "no plain profiled run: GPU busy time only"
+    matched = match_steps(read_trace(c.plain_trace, ranges=False), reference)
+    if not matched:
+        return busy_layout(reference), None, (
+            "the plain profiled run's kernels differ from the hooked run's (names or order): "
+            "GPU busy time only")
+    return mean_layout(matched), layer_times(matched), (
+        f"idle from {len(matched)} plain profiled steps")
+
+
+def analyse(c: Captured, *, delay_s: float = DELAY_S) -> dict[str, Any]:
+    """Rows (``key`` -> time, power, energy, each ± se) and the sums' check, as JSON."""
+    steps = split_steps(read_trace(c.hooked_trace))
+    times = layer_times(steps)
+    layout, plain, note = layout_and_idle(c, template(steps))
+    folded = fold(layout, c.run.step_start_unix_s, c.run.sample_unix_s, c.run.sample_power_w,
+                  delay_s=delay_s, counter_j=c.run.counter_j)
+    time_s, time_se_s = dict(times.time_s), dict(times.time_se_s)
+    if plain is not None:
+        time_s[IDLE], time_se_s[IDLE] = plain.idle_s, plain.idle_se_s
+    power = {r.key: r for r in folded.rows}
+    rows = {}
+    for key, t in time_s.items():
+        r = power.get(key)
+        rows[key] = {"time_s": t, "time_se_s": time_se_s[key],
+                     "power_w": r.power_w if r else None,
+                     "power_se_w": r.power_se_w if r else None,
+                     "power_stat_se_w": r.power_stat_se_w if r else None,
+                     "power_delay_w": r.power_delay_w if r else None,
+                     "energy_j": r.energy_j if r else 0.0,
+                     "energy_se_j": r.energy_se_j if r else 0.0}
+    outside = {k: rows.pop(k) for k in (BETWEEN, IDLE) if k in rows}
+    return {"rows": rows, "check": {**check(times, plain, folded, c.plain_step_s, note),
+                                    "outside_rows": outside,
+                                    "between": outside.get(BETWEEN, EMPTY_ROW)}}
+
+
+def check(times: LayerTimes, plain: LayerTimes | None, folded: Folded, plain_step_s: float,
+          note: str) -> dict[str, Any]:
+    """The rows' sums against the whole step measured directly (time and energy)."""
+    t = times.busy_s + (plain.idle_s if plain else 0.0)
+    t_se = math.hypot(times.busy_se_s, plain.idle_se_s if plain else 0.0)
+    whole_j = folded.counter_j if folded.counter_j is not None else math.nan
+    whole_se = folded.counter_se_j if folded.counter_se_j is not None else math.nan
+    return {"layers_time_s": t, "layers_time_se_s": t_se, "busy_s": times.busy_s,
+            "idle_s": plain.idle_s if plain else None,
+            "layers_energy_j": folded.energy_j, "layers_energy_se_j": folded.energy_se_j,
+            "whole": {"time_s": plain_step_s, "energy_j": whole_j, "energy_se_j": whole_se,
+                      "run_step_s": folded.step_s},
+            "time_error": t / plain_step_s - 1, "energy_error": folded.energy_j / whole_j - 1,
+            "hooked_steps": times.steps, "run_steps": folded.steps,
+            "samples": folded.samples, "bins": int(folded.profile_w.size),
+            "delay_s": folded.delay_s, "note": note}
