@@ -67,7 +67,7 @@ def one_run(path: str) -> dict[str, Any]:
             return np.interp(b, t, cum) - np.interp(a, t, cum)
 
         for span_s in SPANS_S:
-            step = int(round(span_s / 0.1))
+            step = round(span_s / 0.1)
             a, b = np.arange(0, tu.size - step, step), np.arange(step, tu.size, step)
             e_counter = ju[b] - ju[a]
             out[f"buffer_vs_counter_{span_s:g}s"] = stats(
