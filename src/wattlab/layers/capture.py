@@ -34,7 +34,7 @@ import numpy as np
 from wattlab.errors import UsageError
 
 HOOKED_STEPS = 10
-PLAIN_STEPS = 5
+PLAIN_STEPS = 12
 WARMUP = 5
 Step = Callable[[], Any]
 
