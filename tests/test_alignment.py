@@ -185,6 +185,26 @@ def test_recorded_gaps_and_window_extremes_in_one_pass_match_the_general_path() 
             assert (f.window_min[w], f.window_max[w]) == expect, (col, w)
 
 
+def test_window_extremes_of_chunks_wholly_inside_windows_skip_non_finite_values() -> None:
+    # chunks that every window holds whole or not at all take a shortcut (one fold per
+    # chunk): a NaN, an inf and a chunk with no finite value in one channel must not count
+    t, v = _riser(hole=False)
+    v = v.astype(np.float64)
+    v[50_000, 0], v[60_000, 2] = np.nan, np.inf
+    v[80_000:120_000, 2] = np.nan
+    windows_ns = np.array([[t[0], t[-1] + 1], [t[40_000], t[120_000]],
+                           [t[80_000], t[120_000]]], dtype=np.int64)
+    fast = StreamIntegral([0.2, 5.0], [0, 2], 250_000, per_s=1e9, windows=windows_ns)
+    for s in range(0, t.size, 40_000):
+        fast.feed(t[s:s + 40_000], v[s:s + 40_000])
+    for col, f in zip([0, 2], fast.result(), strict=True):
+        for w, (lo, hi) in enumerate(windows_ns):
+            sel = v[(t >= lo) & (t < hi), col]
+            sel = sel[np.isfinite(sel)]
+            expect = (sel.min(), sel.max()) if sel.size else (np.inf, -np.inf)
+            assert (f.window_min[w], f.window_max[w]) == expect, (col, w)
+
+
 def test_cross_correlation_without_holes_matches_the_masked_ffts() -> None:
     # the normalising energies come from running sums when a stream has no hole
     rng = np.random.default_rng(12)

@@ -346,7 +346,15 @@ class StreamIntegral:
         """Fold a chunk's lowest and highest finite value per channel and window in."""
         cuts, pairs, empty = rows_in
         x = v if finite.all() else np.where(np.isfinite(v), v, np.nan)
-        for fold, edge, out in ((np.fmin, np.inf, self._w_min), (np.fmax, -np.inf, self._w_max)):
+        folds = ((np.fmin, np.inf, self._w_min), (np.fmax, -np.inf, self._w_max))
+        if cuts.size == 1:  # each window holds all of the chunk or none of it (most chunks)
+            held = ~empty
+            for fold, edge, out in folds:
+                got = fold.reduce(x, axis=1)  # NaN: no finite value
+                got[np.isnan(got)] = edge
+                out[:, held] = fold(out[:, held], got[:, None])
+            return
+        for fold, edge, out in folds:
             blocks = fold.reduceat(x, cuts, axis=1)
             blocks = np.concatenate((blocks, np.full((len(v), 1), edge)), axis=1)  # the end
             got = fold.reduceat(blocks, pairs, axis=1)[:, 0::2]  # NaN: no finite value

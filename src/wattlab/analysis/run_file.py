@@ -110,6 +110,10 @@ class SourceView:
             raise RunFileError(f"source {source_id!r}: malformed source group ({e})") from e
         self.kind = str(self.descriptor.get("kind", ""))
         self.model = str(self.descriptor.get("model", ""))
+        # fixed for the file's life (rows are only appended): asked for every slice read
+        self.values_dtype = self._ds["values"].id.dtype
+        self.row_bytes = self.values_dtype.itemsize * len(self.channel_names)
+        """Bytes of one row of values (every channel)."""
         self._memo: dict[str, Any] = {}
 
     def memo(self, key: str, compute: Callable[[], T]) -> T:
@@ -119,13 +123,7 @@ class SourceView:
         return cast(T, self._memo[key])
 
     def __len__(self) -> int:
-        return self.memo("rows", lambda: int(self._ds["time"].shape[0]))
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one row of values (every channel)."""
-        values = self._ds["values"]
-        return int(values.dtype.itemsize * values.shape[1])
+        return self.memo("rows", lambda: int(self._ds["time"].id.shape[0]))
 
     @property
     def remote_host(self) -> str:
@@ -157,9 +155,11 @@ class SourceView:
 
     def first_last_ns(self) -> tuple[np.int64, np.int64]:
         """Session times of the first and the last row (the stream must have rows)."""
-        n = len(self)
-        return self.memo("first_last_ns", lambda: (self.head_ns()[0],
-                                                    self.time_slice(n - 1, n)[0]))
+        def compute() -> tuple[np.int64, np.int64]:
+            head, n = self.head_ns(), len(self)  # a short stream's head is all of it
+            return head[0], head[-1] if head.size == n else self.time_slice(n - 1, n)[0]
+
+        return self.memo("first_last_ns", compute)
 
     def time_slice(self, start: int, stop: int) -> npt.NDArray[np.int64]:
         """Session times of rows ``start:stop`` (negative indices count from the end)."""
@@ -200,10 +200,10 @@ class SourceView:
         """
         col = self.channel_index(name)
         values_ds = self._ds["values"]
-        start, stop, _ = slice(start, stop).indices(int(values_ds.shape[0]))
-        out = np.empty(max(0, stop - start), dtype=values_ds.dtype)
+        start, stop, _ = slice(start, stop).indices(int(values_ds.id.shape[0]))
+        out = np.empty(max(0, stop - start), dtype=self.values_dtype)
         rows = np.empty((min(max(1, out.size), COLUMN_READ_BYTES // max(1, self.row_bytes) or 1),
-                         values_ds.shape[1]), dtype=values_ds.dtype)
+                         len(self.channel_names)), dtype=self.values_dtype)
         for a in range(start, stop, len(rows)):
             m = min(stop - a, len(rows))
             read_rows(values_ds, a, rows[:m])
@@ -236,11 +236,11 @@ class SourceView:
         caller sees each pair of consecutive rows inside one slice.
         """
         time_ds, values_ds = self._ds["time"], self._ds["values"]
-        n = int(time_ds.shape[0])
+        n = len(self)
         extra = int(overlap)
         size = min(rows + extra, n)
         buffers = [(np.empty(size, dtype=np.int64),
-                     np.empty((size, values_ds.shape[1]), dtype=values_ds.dtype))
+                     np.empty((size, len(self.channel_names)), dtype=self.values_dtype))
                     for _ in range(2 if prefetch else 1)]
 
         def read(start: int, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
