@@ -18,9 +18,35 @@ import io
 from typing import Any
 
 import h5py
+import numpy as np
+import numpy.typing as npt
 
 from wattlab.errors import RunFileError
 from wattlab.sync.hdf5_repair import cleared_superblock
+
+
+def read_rows(ds: h5py.Dataset, start: int, out: npt.NDArray[Any]) -> None:
+    """Rows ``start:start + len(out)`` of a dataset into ``out`` (C-contiguous, its dtype).
+
+    Why HDF5's own call: h5py's ``read_direct`` builds selection objects on every call,
+    which for a small stream costs more than reading it.
+    """
+    file_space = ds.id.get_space()
+    file_space.select_hyperslab((start,) + (0,) * (out.ndim - 1), out.shape)
+    ds.id.read(h5py.h5s.create_simple(out.shape), file_space, out)
+
+
+def read_head(ds: h5py.Dataset, rows: int | None = None) -> npt.NDArray[Any]:
+    """The first ``rows`` rows of a dataset (None: all), as ``ds[:rows]`` has them.
+
+    Why: h5py's slicing costs ~50 us more than the read itself for a table of a few rows.
+    """
+    shape = ds.id.shape
+    n = shape[0] if rows is None else min(rows, shape[0])
+    out = np.empty((n, *shape[1:]), dtype=ds.id.dtype)
+    if n:
+        read_rows(ds, 0, out)
+    return out
 
 
 class ClosedView(io.RawIOBase):

@@ -17,7 +17,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from wattlab.analysis.h5_read import open_read_only
+from wattlab.analysis.h5_read import open_read_only, read_head
 from wattlab.errors import RunFileError
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -121,7 +121,7 @@ def check_layout(path: str, f: h5py.File) -> dict[str, SourceLayout]:
         raise RunFileError(f"{path}: /sources is not a group")
     layouts = {sid: check_source(path, sid, group) for sid, group in sources.items()}
     # whole rows: cheaper than h5py's field selection, and the other fields are small
-    payloads = tables["markers"][:MAX_CHECKED_MARKERS]["payload"]
+    payloads = read_head(tables["markers"], MAX_CHECKED_MARKERS)["payload"]
     for i, raw in enumerate(np.asarray(payloads)):
         try:
             json.loads(raw.decode() if isinstance(raw, bytes) else str(raw) or "{}")

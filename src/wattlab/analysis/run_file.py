@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.analysis.h5_read import open_read_only
+from wattlab.analysis.h5_read import open_read_only, read_head, read_rows
 from wattlab.analysis.run_check import (
     SOURCE_DATASETS,
     SourceLayout,
@@ -32,17 +32,6 @@ COLUMN_READ_BYTES = 1 << 22  # whole rows read at a time for one column (``colum
 HEAD_ROWS = 10_000  # enough rows for a robust median spacing, cheap on huge files
 T = TypeVar("T")
 UNKNOWN_TIME_NS = np.iinfo(np.int64).min
-
-
-def read_rows(ds: h5py.Dataset, start: int, out: npt.NDArray[Any]) -> None:
-    """Rows ``start:start + len(out)`` of a dataset into ``out`` (C-contiguous, its dtype).
-
-    Why HDF5's own call: h5py's ``read_direct`` builds selection objects on every call,
-    which for a small stream costs more than reading it.
-    """
-    file_space = ds.id.get_space()
-    file_space.select_hyperslab((start,) + (0,) * (out.ndim - 1), out.shape)
-    ds.id.read(h5py.h5s.create_simple(out.shape), file_space, out)
 
 
 def _text(value: Any) -> str:
@@ -215,11 +204,10 @@ class SourceView:
     ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[Any]]]:
         """Yield (time_ns, values) slices of one channel, ``rows`` at a time."""
         self.channel_index(channel)
-        time_ds = self._ds["time"]
-        n = int(time_ds.shape[0])
+        n = len(self)
         for start in range(0, n, rows):
             stop = min(n, start + rows)
-            yield np.asarray(time_ds[start:stop]), self.column_slice(channel, start, stop)
+            yield self.time_slice(start, stop), self.column_slice(channel, start, stop)
 
     def iter_rows(
         self, rows: int = 1 << 20, *, prefetch: bool = False, overlap: bool = False
@@ -349,7 +337,7 @@ class Run:
         return list(self._tables["markers"])
 
     def _read_markers(self) -> list[MarkerRow]:
-        rows = self._file["markers"][:]
+        rows = read_head(self._file["markers"])
         gpu = "time_gpu" in (rows.dtype.names or ())  # older files have host time only
 
         def gpu_of(r: Any) -> tuple[int | None, int | None]:
@@ -377,7 +365,7 @@ class Run:
             GapRow(_text(r["source"]), int(r["seq_first"]), int(r["seq_last"]),
                    known(int(r["time_first"])), known(int(r["time_last"])),
                    int(r["samples_lost"]), _text(r["reason"]))
-            for r in self._file["gaps"][:]
+            for r in read_head(self._file["gaps"])
         ]
 
     def to_pandas(self) -> dict[str, Any]:
