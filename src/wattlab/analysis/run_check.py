@@ -17,7 +17,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from wattlab.analysis.h5_read import open_read_only, read_head
+from wattlab.analysis.h5_read import open_read_only, read_attr, read_head
 from wattlab.errors import RunFileError
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -97,8 +97,8 @@ def check_source(path: str, source_id: str, group: Any) -> SourceLayout:
         datasets[name] = ds
     values = datasets["values"]
     try:
-        descriptor = json.loads(group.attrs["descriptor_json"])
-        names = list(values.attrs["channel_names"])
+        descriptor = json.loads(read_attr(group, "descriptor_json"))
+        names = list(read_attr(values, "channel_names"))
     except (KeyError, ValueError, TypeError) as e:
         raise RunFileError(f"{path}: {where}: descriptor or channel names unreadable "
                            f"({e})") from e

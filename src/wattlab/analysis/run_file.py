@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.analysis.h5_read import open_read_only, read_head, read_rows
+from wattlab.analysis.h5_read import open_read_only, read_attr, read_head, read_rows
 from wattlab.analysis.run_check import (
     SOURCE_DATASETS,
     SourceLayout,
@@ -94,7 +94,7 @@ class SourceView:
             self.descriptor: dict[str, Any] = layout.descriptor
             self._ds = layout.datasets
             self.channel_names = [_text(c) for c in layout.channel_names]
-            self.units = [_text(u) for u in self._ds["values"].attrs["units"]]
+            self.units = [_text(u) for u in read_attr(self._ds["values"], "units")]
         except (KeyError, json.JSONDecodeError) as e:
             raise RunFileError(f"source {source_id!r}: malformed source group ({e})") from e
         self.kind = str(self.descriptor.get("kind", ""))
