@@ -337,7 +337,10 @@ class StreamIntegral:
         empty = rows[0::2] >= rows[1::2]
         if empty.all():
             return None
-        cuts = np.unique(np.concatenate(([0], rows[rows < t.size])))
+        inner = rows[(rows > 0) & (rows < t.size)]
+        if not inner.size:  # no edge inside: every window holds all of the chunk or none
+            return np.zeros(1, dtype=np.intp), (rows > 0).astype(np.intp), empty
+        cuts = np.unique(np.concatenate(([0], inner)))
         return cuts, np.searchsorted(cuts, rows), empty
 
     def _extremes(self, v: FloatArray,
