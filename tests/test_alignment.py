@@ -13,6 +13,7 @@ from wattlab.analysis.alignment import (
     aligned,
     estimate_lag,
     grid_edges,
+    json_safe,
     parse_spec,
 )
 from wattlab.analysis.importers import import_files
@@ -203,6 +204,19 @@ def test_window_extremes_of_chunks_wholly_inside_windows_skip_non_finite_values(
             sel = sel[np.isfinite(sel)]
             expect = (sel.min(), sel.max()) if sel.size else (np.inf, -np.inf)
             assert (f.window_min[w], f.window_max[w]) == expect, (col, w)
+
+
+def test_json_safe_makes_plain_strict_json_values() -> None:
+    # plain floats, ints and strings take a shortcut; numpy scalars, bools, non-finite
+    # values, tuples and non-string keys must still come out as strict JSON's types
+    record = {"e": 1.5, "nan": float("nan"), "inf": np.float64(np.inf), "n": 3, 4: "key",
+              "np": [np.int64(7), np.float32(0.25), np.bool_(True), True, None],
+              "t": (np.float64(-0.0), {"x": [float("-inf")]})}
+    out = json_safe(record)
+    assert out == {"e": 1.5, "nan": None, "inf": None, "n": 3, "4": "key",
+                   "np": [7, 0.25, True, True, None], "t": [-0.0, {"x": [None]}]}
+    assert [type(v) for v in out["np"]] == [int, float, bool, bool, type(None)]
+    assert type(out["t"][0]) is float
 
 
 def test_cross_correlation_without_holes_matches_the_masked_ffts() -> None:

@@ -66,6 +66,11 @@ def power_channel(view: SourceView) -> str | None:
 
 def json_safe(obj: Any) -> Any:
     """Numpy scalars to Python, NaN/inf to None: records must be strict JSON."""
+    kind = type(obj)
+    if kind is float:  # most of a report, then the types kept as they are: checked first
+        return obj if math.isfinite(obj) else None
+    if kind is str or kind is int or obj is None:
+        return obj
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
