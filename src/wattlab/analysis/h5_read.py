@@ -14,6 +14,7 @@ superblock as ``wattlab repair`` would leave it (``sync/hdf5_repair.py`` says wh
 
 from __future__ import annotations
 
+import functools
 import io
 from typing import Any
 
@@ -25,15 +26,27 @@ from wattlab.errors import RunFileError
 from wattlab.sync.hdf5_repair import cleared_superblock
 
 
+@functools.lru_cache(maxsize=256)
+def _memory_space(shape: tuple[int, ...]) -> Any:
+    return h5py.h5s.create_simple(shape)
+
+
+@functools.lru_cache(maxsize=64)
+def _memory_type(dtype: np.dtype[Any]) -> Any:
+    return h5py.h5t.py_create(dtype)
+
+
 def read_rows(ds: h5py.Dataset, start: int, out: npt.NDArray[Any]) -> None:
     """Rows ``start:start + len(out)`` of a dataset into ``out`` (C-contiguous, its dtype).
 
     Why HDF5's own call: h5py's ``read_direct`` builds selection objects on every call,
-    which for a small stream costs more than reading it.
+    which for a small stream costs more than reading it; the buffer's dataspace and type
+    are made once per shape and dtype (each new HDF5 object costs ~3 us, a third of a
+    small read).
     """
     file_space = ds.id.get_space()
     file_space.select_hyperslab((start,) + (0,) * (out.ndim - 1), out.shape)
-    ds.id.read(h5py.h5s.create_simple(out.shape), file_space, out)
+    ds.id.read(_memory_space(out.shape), file_space, out, mtype=_memory_type(out.dtype))
 
 
 def read_head(ds: h5py.Dataset, rows: int | None = None) -> npt.NDArray[Any]:
