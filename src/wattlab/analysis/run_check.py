@@ -108,7 +108,19 @@ def check_source(path: str, source_id: str, group: Any) -> SourceLayout:
     return SourceLayout(group, datasets, descriptor, names)
 
 
-def check_layout(path: str, f: h5py.File) -> dict[str, SourceLayout]:
+@dataclass
+class RunLayout:
+    """What checking a run file read: each source's layout, the markers and gaps tables.
+
+    Why the tables too: a reader that opens them again pays the lookup and the decoding of
+    their row type (~0.1 ms each) a second time.
+    """
+
+    sources: dict[str, SourceLayout]
+    tables: dict[str, h5py.Dataset]
+
+
+def check_layout(path: str, f: h5py.File) -> RunLayout:
     """Every source has its datasets with the right types; markers and gaps are tables."""
     tables = {}
     for name, fields in (("markers", MARKER_FIELDS), ("gaps", GAP_FIELDS)):
@@ -127,7 +139,7 @@ def check_layout(path: str, f: h5py.File) -> dict[str, SourceLayout]:
             json.loads(raw.decode() if isinstance(raw, bytes) else str(raw) or "{}")
         except (ValueError, UnicodeDecodeError) as e:
             raise RunFileError(f"{path}: /markers row {i}: payload is not JSON ({e})") from e
-    return layouts
+    return RunLayout(layouts, tables)
 
 
 def check_run_file(path: str, f: h5py.File | None = None) -> None:

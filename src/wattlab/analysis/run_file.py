@@ -292,13 +292,14 @@ class Run:
             self._file.close()
             raise RunFileError(f"{path}: not a wattlab run file (no /sources or format_version)")
         try:
-            layouts = check_layout(path, self._file)
+            layout = check_layout(path, self._file)
         except RunFileError:
             self._file.close()
             raise
         self.sources: dict[str, SourceView] = {
-            sid: SourceView(sid, layout.group, layout) for sid, layout in layouts.items()
+            sid: SourceView(sid, source.group, source) for sid, source in layout.sources.items()
         }
+        self._table_datasets = layout.tables  # kept open: each lookup decodes its row type
         self._tables: dict[str, Any] = {}  # markers and gaps, read once until ``refresh``
 
     def __enter__(self) -> Run:
@@ -321,8 +322,8 @@ class Run:
         """Pick up data a live recorder appended (new sources need a reopen)."""
         for view in self.sources.values():
             view.refresh()
-        for name in ("markers", "gaps"):
-            self._file[name].refresh()
+        for table in self._table_datasets.values():
+            table.refresh()
         self._tables.clear()
 
     def source(self, source_id: str) -> SourceView:
@@ -337,7 +338,7 @@ class Run:
         return list(self._tables["markers"])
 
     def _read_markers(self) -> list[MarkerRow]:
-        rows = read_head(self._file["markers"])
+        rows = read_head(self._table_datasets["markers"])
         gpu = "time_gpu" in (rows.dtype.names or ())  # older files have host time only
 
         def gpu_of(r: Any) -> tuple[int | None, int | None]:
@@ -365,7 +366,7 @@ class Run:
             GapRow(_text(r["source"]), int(r["seq_first"]), int(r["seq_last"]),
                    known(int(r["time_first"])), known(int(r["time_last"])),
                    int(r["samples_lost"]), _text(r["reason"]))
-            for r in read_head(self._file["gaps"])
+            for r in read_head(self._table_datasets["gaps"])
         ]
 
     def to_pandas(self) -> dict[str, Any]:
