@@ -8,6 +8,7 @@ import pytest
 import wattlab
 from tests.data_files import H100_CAPTURE as H100
 from wattlab.analysis.alignment import (
+    Cumulative,
     StreamIntegral,
     _xcorr,
     aligned,
@@ -157,6 +158,16 @@ def test_block_sums_match_the_segment_by_segment_integral(hole: bool, hold: bool
             np.testing.assert_allclose(e_f, e_g, rtol=1e-12)
 
 
+def _assert_window_extremes(cum: Cumulative, t: np.ndarray, values: np.ndarray,
+                            windows_ns: np.ndarray) -> None:
+    """Each window's lowest and highest finite value is what numpy finds in its rows."""
+    for w, (lo, hi) in enumerate(windows_ns):
+        sel = values[(t >= lo) & (t < hi)]
+        sel = sel[np.isfinite(sel)]
+        expect = (sel.min(), sel.max()) if sel.size else (np.inf, -np.inf)
+        assert (cum.window_min[w], cum.window_max[w]) == expect, w
+
+
 def test_recorded_gaps_and_window_extremes_in_one_pass_match_the_general_path() -> None:
     # a hole by spacing, two recorded gaps (one inside a run of samples, one overlapping
     # the hole) and a NaN in one channel: the block sums must give what the segment by
@@ -179,11 +190,7 @@ def test_recorded_gaps_and_window_extremes_in_one_pass_match_the_general_path() 
         np.testing.assert_allclose(f.bridge, g.bridge, rtol=1e-12, atol=1e-9)
         np.testing.assert_array_equal(f.unbridged_s, g.unbridged_s)
         assert f.gaps_s == g.gaps_s and f.n_gaps >= 3
-        for w, (lo, hi) in enumerate(windows_ns):
-            sel = v[(t >= lo) & (t < hi), col]
-            sel = sel[np.isfinite(sel)]
-            expect = (sel.min(), sel.max()) if sel.size else (np.inf, -np.inf)
-            assert (f.window_min[w], f.window_max[w]) == expect, (col, w)
+        _assert_window_extremes(f, t, v[:, col], windows_ns)
 
 
 def test_window_extremes_of_chunks_wholly_inside_windows_skip_non_finite_values() -> None:
@@ -199,11 +206,7 @@ def test_window_extremes_of_chunks_wholly_inside_windows_skip_non_finite_values(
     for s in range(0, t.size, 40_000):
         fast.feed(t[s:s + 40_000], v[s:s + 40_000])
     for col, f in zip([0, 2], fast.result(), strict=True):
-        for w, (lo, hi) in enumerate(windows_ns):
-            sel = v[(t >= lo) & (t < hi), col]
-            sel = sel[np.isfinite(sel)]
-            expect = (sel.min(), sel.max()) if sel.size else (np.inf, -np.inf)
-            assert (f.window_min[w], f.window_max[w]) == expect, (col, w)
+        _assert_window_extremes(f, t, v[:, col], windows_ns)
 
 
 def test_json_safe_makes_plain_strict_json_values() -> None:
