@@ -99,9 +99,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--steps-at-marks shapes the deconvolution: give --deconvolve too")
     if len(args.calibration) > 1 and not args.deconvolve:
         raise UsageError("a second --calibration is only for --deconvolve (the instant's)")
-    from wattlab.analysis.calibration import load_record
+    records = []
+    if args.calibration:  # only then: its fitting modules cost every run ~15 ms to import
+        from wattlab.analysis.calibration import load_record
 
-    records = [load_record(path, force=args.force_calibration) for path in args.calibration]
+        records = [load_record(path, force=args.force_calibration) for path in args.calibration]
     options = {"by_marker": args.by_marker, "reference": args.reference, "windows": args.window}
     one = partial(report_of, options=options, records=records, deconvolve=args.deconvolve,
                   force=args.force_calibration, steps_at_marks=args.steps_at_marks)
