@@ -3,6 +3,7 @@
     python bench/many_runs.py                 # 100 files of `wattlab demo` size
     python bench/many_runs.py --quick         # 10 files of a 5 s demo, once
     python bench/many_runs.py --keep /tmp/demo.h5   # make the demo file once, reuse it
+    python bench/many_runs.py --per-file 40 --keep /tmp/demo.h5   # CPU of one file, in-process
 
 One `wattlab demo` file (20 s: a 20 kHz PowerSensor3 stream, NVML, a wall meter; 40 MB) is
 linked ``--files`` times into a folder (hard links: the same bytes, so every contender reads
@@ -12,6 +13,11 @@ analysis) and `wattlab info FOLDER --jobs 2` (the per-source summary), run in tu
 the floor in each repeat. Wall time and the peak resident memory of the energy process
 tree (the largest process and the sum over the parent and its workers) are reported;
 median of ``--repeat``.
+
+``--per-file N``: instead, the CPU time of one file's plain `wattlab energy` report and of
+the floor's read, in this process as a worker runs them (no read-ahead thread, freed
+memory kept, one BLAS thread): the least over 6 rounds of the mean of N calls. CPU time in
+one process is little changed by other work on the machine, unlike the wall time above.
 """
 
 from __future__ import annotations
@@ -23,12 +29,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from common import median, write_json
 
-FLOOR = """
-import sys
-from concurrent.futures import ProcessPoolExecutor
+READ = """
 import h5py
 
 def read(path):
@@ -40,10 +45,15 @@ def read(path):
                 n += obj[()].nbytes
         f.visititems(visit)
     return n
-
+"""
+FLOOR = """
+import sys
+from concurrent.futures import ProcessPoolExecutor
+""" + READ + """
 with ProcessPoolExecutor(2) as pool:
     print(sum(pool.map(read, sys.argv[1:])))
 """
+PER_FILE_ROUNDS = 6
 
 
 def timed(argv: list[str]) -> float:
@@ -59,6 +69,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", help="demo file to make once and reuse")
     ap.add_argument("--quick", action="store_true", help="10 files of a 5 s demo, once")
+    ap.add_argument("--per-file", type=int, metavar="N",
+                    help="CPU of one file's report and read, mean of N calls, in-process")
     args = ap.parse_args()
     if args.quick:
         args.files, args.repeat = 10, 1
@@ -68,6 +80,9 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "wattlab.cli", "demo", "-o", str(demo),
                             *(["--duration", "5"] if args.quick else [])],
                            check=True, stdout=subprocess.DEVNULL)
+        if args.per_file:
+            per_file_cpu(demo, args.per_file)
+            return
         folder = Path(tmp) / "runs"
         folder.mkdir()
         for i in range(args.files):
@@ -97,6 +112,41 @@ def main() -> None:
                              "h5py_s": runs["h5py"], "energy_s": runs["energy"],
                              "info_s": runs["info"], "ratio": wall["energy"] / wall["h5py"],
                              "info_ratio": wall["info"] / wall["h5py"], **peak})
+
+
+def per_file_cpu(demo: Path, calls: int) -> None:
+    """CPU ms of one file's `energy` report and of the floor's read, as a worker does them."""
+    from wattlab.runtime_env import quiet_math_threads
+
+    quiet_math_threads()  # before numpy: as the CLI runs
+    from functools import partial
+
+    from wattlab.analysis import alignment
+    from wattlab.analysis.many_runs import _keep_freed_memory
+    from wattlab.commands.energy import report_of
+
+    alignment.READ_AHEAD = False
+    _keep_freed_memory()
+    floor: dict[str, Any] = {}
+    exec(READ, floor)  # the floor's own reader
+    jobs = {"energy": partial(report_of, options={"by_marker": False, "reference": None,
+                                                  "windows": []}, records=[]),
+            "h5py": floor["read"]}
+    best = {}
+    for name, job in jobs.items():
+        job(str(demo))  # warm: page cache, imports
+        means = []
+        for _ in range(PER_FILE_ROUNDS):
+            t0 = time.process_time()
+            for _ in range(calls):
+                job(str(demo))
+            means.append((time.process_time() - t0) / calls * 1e3)
+        best[name] = min(means)
+        print(f"{name:<8} CPU per file {best[name]:6.2f} ms (rounds: "
+              f"{' '.join(f'{m:.2f}' for m in means)})")
+    print(f"energy / h5py: {best['energy'] / best['h5py']:.2f}")
+    write_json("many_runs_per_file", {"calls": calls, "energy_ms": best["energy"],
+                                      "h5py_ms": best["h5py"]})
 
 
 def peak_tree_mb(argv: list[str]) -> dict[str, float]:

@@ -8,11 +8,13 @@ import pytest
 import wattlab
 from tests.data_files import H100_CAPTURE as H100
 from wattlab.analysis.alignment import (
+    Cumulative,
     StreamIntegral,
     _xcorr,
     aligned,
     estimate_lag,
     grid_edges,
+    json_safe,
     parse_spec,
 )
 from wattlab.analysis.importers import import_files
@@ -156,6 +158,16 @@ def test_block_sums_match_the_segment_by_segment_integral(hole: bool, hold: bool
             np.testing.assert_allclose(e_f, e_g, rtol=1e-12)
 
 
+def _assert_window_extremes(cum: Cumulative, t: np.ndarray, values: np.ndarray,
+                            windows_ns: np.ndarray) -> None:
+    """Each window's lowest and highest finite value is what numpy finds in its rows."""
+    for w, (lo, hi) in enumerate(windows_ns):
+        sel = values[(t >= lo) & (t < hi)]
+        sel = sel[np.isfinite(sel)]
+        expect = (sel.min(), sel.max()) if sel.size else (np.inf, -np.inf)
+        assert (cum.window_min[w], cum.window_max[w]) == expect, w
+
+
 def test_recorded_gaps_and_window_extremes_in_one_pass_match_the_general_path() -> None:
     # a hole by spacing, two recorded gaps (one inside a run of samples, one overlapping
     # the hole) and a NaN in one channel: the block sums must give what the segment by
@@ -178,11 +190,36 @@ def test_recorded_gaps_and_window_extremes_in_one_pass_match_the_general_path() 
         np.testing.assert_allclose(f.bridge, g.bridge, rtol=1e-12, atol=1e-9)
         np.testing.assert_array_equal(f.unbridged_s, g.unbridged_s)
         assert f.gaps_s == g.gaps_s and f.n_gaps >= 3
-        for w, (lo, hi) in enumerate(windows_ns):
-            sel = v[(t >= lo) & (t < hi), col]
-            sel = sel[np.isfinite(sel)]
-            expect = (sel.min(), sel.max()) if sel.size else (np.inf, -np.inf)
-            assert (f.window_min[w], f.window_max[w]) == expect, (col, w)
+        _assert_window_extremes(f, t, v[:, col], windows_ns)
+
+
+def test_window_extremes_of_chunks_wholly_inside_windows_skip_non_finite_values() -> None:
+    # chunks that every window holds whole or not at all take a shortcut (one fold per
+    # chunk): a NaN, an inf and a chunk with no finite value in one channel must not count
+    t, v = _riser(hole=False)
+    v = v.astype(np.float64)
+    v[50_000, 0], v[60_000, 2] = np.nan, np.inf
+    v[80_000:120_000, 2] = np.nan
+    windows_ns = np.array([[t[0], t[-1] + 1], [t[40_000], t[120_000]],
+                           [t[80_000], t[120_000]]], dtype=np.int64)
+    fast = StreamIntegral([0.2, 5.0], [0, 2], 250_000, per_s=1e9, windows=windows_ns)
+    for s in range(0, t.size, 40_000):
+        fast.feed(t[s:s + 40_000], v[s:s + 40_000])
+    for col, f in zip([0, 2], fast.result(), strict=True):
+        _assert_window_extremes(f, t, v[:, col], windows_ns)
+
+
+def test_json_safe_makes_plain_strict_json_values() -> None:
+    # plain floats, ints and strings take a shortcut; numpy scalars, bools, non-finite
+    # values, tuples and non-string keys must still come out as strict JSON's types
+    record = {"e": 1.5, "nan": float("nan"), "inf": np.float64(np.inf), "n": 3, 4: "key",
+              "np": [np.int64(7), np.float32(0.25), np.bool_(True), True, None],
+              "t": (np.float64(-0.0), {"x": [float("-inf")]})}
+    out = json_safe(record)
+    assert out == {"e": 1.5, "nan": None, "inf": None, "n": 3, "4": "key",
+                   "np": [7, 0.25, True, True, None], "t": [-0.0, {"x": [None]}]}
+    assert [type(v) for v in out["np"]] == [int, float, bool, bool, type(None)]
+    assert type(out["t"][0]) is float
 
 
 def test_cross_correlation_without_holes_matches_the_masked_ffts() -> None:

@@ -47,6 +47,11 @@ def _replace(f: h5py.File, name: str, data: np.ndarray) -> None:
     f[name] = data
 
 
+def _as_group(f: h5py.File, name: str) -> None:
+    del f[name]
+    f.create_group(name)
+
+
 BAD_FILES: dict[str, Callable[[Path, Path], None]] = {
     "empty": lambda good, p: p.write_bytes(b""),
     "random": lambda good, p: p.write_bytes(np.random.default_rng(1).bytes(8192)),
@@ -54,6 +59,7 @@ BAD_FILES: dict[str, Callable[[Path, Path], None]] = {
     "other_layout": lambda good, p: h5py.File(p, "w").close(),
     "no_values": lambda good, p: _edit(good, p, lambda f: f.__delitem__("sources/ref/values")),
     "no_time": lambda good, p: _edit(good, p, lambda f: f.__delitem__("sources/ref/time")),
+    "flags_group": lambda good, p: _edit(good, p, lambda f: _as_group(f, "sources/ref/flags")),
     "text_time": lambda good, p: _edit(good, p, lambda f: _replace(
         f, "sources/ref/time", np.array([b"x"] * 3))),
     "no_gaps": lambda good, p: _edit(good, p, lambda f: f.__delitem__("gaps")),
@@ -88,6 +94,19 @@ def test_check_run_file_names_the_problem(files: dict[str, Path], name: str) -> 
     with pytest.raises(RunFileError) as info:
         check_run_file(str(files[name]))
     assert str(files[name]) in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("no_values", "/sources/ref has no 'values' dataset"),
+    ("flags_group", "/sources/ref/flags is not a dataset"),
+    ("text_time", "/sources/ref/time has dtype |S1 and 1 dimension(s)"),
+    ("bad_descriptor", "/sources/ref: descriptor or channel names unreadable")])
+def test_the_layout_check_says_what_is_wrong(files: dict[str, Path], name: str,
+                                             problem: str) -> None:
+    # datasets are opened by HDF5's own call; where that fails, h5py's lookup says why
+    with pytest.raises(RunFileError) as info:
+        check_run_file(str(files[name]))
+    assert problem in str(info.value)
 
 
 def test_a_good_run_passes_the_checks(files: dict[str, Path]) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.data_files import DATA
 from wattlab.analysis.energy import energy_report
-from wattlab.analysis.many_runs import expand_runs, map_runs
+from wattlab.analysis.many_runs import expand_runs, json_item, json_list, map_runs
 from wattlab.analysis.run_file import Run
 from wattlab.analysis.sweep_results import concat, load_table
 from wattlab.cli import main
@@ -68,6 +68,15 @@ def test_energy_of_a_folder_in_two_processes_matches_each_file_alone(runs, capsy
     assert main(["energy", str(runs / "seed1.h5"), str(runs / "seed2.h5")]) == 0
     text = capsys.readouterr().out
     assert f"== {runs / 'seed1.h5'}" in text and f"== {runs / 'seed2.h5'}" in text
+
+
+def test_reports_encoded_in_the_workers_join_into_the_list_json_writes() -> None:
+    # `energy FOLDER --json` prints the list its workers encoded item by item: it must be
+    # the text json.dumps(list, indent=2) gives, nested containers and all
+    results = {"a": {"x": [1, {"y": []}], "s": "q\"\n", "e": {}}, "b": [None, 2.5], "c": "t"}
+    for chosen in ([], ["a"], ["a", "b", "c"]):
+        items = [json_item(results.__getitem__, key) for key in chosen]
+        assert json_list(items) == json.dumps([results[k] for k in chosen], indent=2)
 
 
 def test_a_bad_file_among_many_is_named_and_the_others_still_analysed(runs, tmp_path, capsys):

@@ -66,6 +66,11 @@ def power_channel(view: SourceView) -> str | None:
 
 def json_safe(obj: Any) -> Any:
     """Numpy scalars to Python, NaN/inf to None: records must be strict JSON."""
+    kind = type(obj)
+    if kind is float:  # most of a report, then the types kept as they are: checked first
+        return obj if math.isfinite(obj) else None
+    if kind is str or kind is int or obj is None:
+        return obj
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -337,7 +342,10 @@ class StreamIntegral:
         empty = rows[0::2] >= rows[1::2]
         if empty.all():
             return None
-        cuts = np.unique(np.concatenate(([0], rows[rows < t.size])))
+        inner = rows[(rows > 0) & (rows < t.size)]
+        if not inner.size:  # no edge inside: every window holds all of the chunk or none
+            return np.zeros(1, dtype=np.intp), (rows > 0).astype(np.intp), empty
+        cuts = np.unique(np.concatenate(([0], inner)))
         return cuts, np.searchsorted(cuts, rows), empty
 
     def _extremes(self, v: FloatArray,
@@ -346,7 +354,15 @@ class StreamIntegral:
         """Fold a chunk's lowest and highest finite value per channel and window in."""
         cuts, pairs, empty = rows_in
         x = v if finite.all() else np.where(np.isfinite(v), v, np.nan)
-        for fold, edge, out in ((np.fmin, np.inf, self._w_min), (np.fmax, -np.inf, self._w_max)):
+        folds = ((np.fmin, np.inf, self._w_min), (np.fmax, -np.inf, self._w_max))
+        if cuts.size == 1:  # each window holds all of the chunk or none of it (most chunks)
+            held = ~empty
+            for fold, edge, out in folds:
+                got = fold.reduce(x, axis=1)  # NaN: no finite value
+                got[np.isnan(got)] = edge
+                out[:, held] = fold(out[:, held], got[:, None])
+            return
+        for fold, edge, out in folds:
             blocks = fold.reduceat(x, cuts, axis=1)
             blocks = np.concatenate((blocks, np.full((len(v), 1), edge)), axis=1)  # the end
             got = fold.reduceat(blocks, pairs, axis=1)[:, 0::2]  # NaN: no finite value

@@ -148,9 +148,12 @@ def integrate_power(
                           windows_s=windows)
     out: dict[str, tuple[list[EnergyRow], dict[float, FloatArray]]] = {}
     need_bounds: dict[str, list[int]] = {}
+    knot = {x: i for i, x in enumerate(q.tolist())}  # every edge, clipped, is one of q
     for channel, cum in zip(channels, cums, strict=True):
         def at(t: float, arr: FloatArray) -> float:
-            return float(np.interp(min(max(t, first), last), q, arr))
+            x = min(max(t, first), last)
+            i = knot.get(x)  # np.interp at a knot is its value, exactly: ~20x cheaper so
+            return float(arr[i]) if i is not None else float(np.interp(x, q, arr))
 
         def outside_s(a: float, b: float) -> float:
             return max(0.0, min(b, first) - a) + max(0.0, b - max(a, last))

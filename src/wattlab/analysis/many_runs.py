@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import multiprocessing
 import os
 import sys
@@ -133,6 +134,21 @@ def map_runs(work: Callable[[str], T], paths: list[str], jobs: int | None = None
             if nxt is not None:
                 pending.append(pool.submit(_guarded, work, nxt))
             yield done
+
+
+def json_item(work: Callable[[str], Any], path: str) -> str:
+    """``work(path)`` as ``json.dumps(results, indent=2)`` writes it as an item of the list.
+
+    Why in the workers: with an indent, json encodes in Python (~0.25 ms a demo file's
+    energy report), and the parent doing it for every file after the workers are done is
+    time no other core shares. ``json_list`` joins the items.
+    """
+    return "\n".join("  " + line for line in json.dumps(work(path), indent=2).split("\n"))
+
+
+def json_list(items: list[str]) -> str:
+    """Items of ``json_item`` as ``json.dumps(results, indent=2)`` writes their list."""
+    return "[\n" + ",\n".join(items) + "\n]" if items else "[]"
 
 
 def report_errors(outcomes: list[Outcome]) -> int:

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.analysis.h5_read import open_read_only
+from wattlab.analysis.h5_read import open_read_only, read_attr, read_head, read_rows
 from wattlab.analysis.run_check import (
     SOURCE_DATASETS,
     SourceLayout,
@@ -32,17 +32,6 @@ COLUMN_READ_BYTES = 1 << 22  # whole rows read at a time for one column (``colum
 HEAD_ROWS = 10_000  # enough rows for a robust median spacing, cheap on huge files
 T = TypeVar("T")
 UNKNOWN_TIME_NS = np.iinfo(np.int64).min
-
-
-def read_rows(ds: h5py.Dataset, start: int, out: npt.NDArray[Any]) -> None:
-    """Rows ``start:start + len(out)`` of a dataset into ``out`` (C-contiguous, its dtype).
-
-    Why HDF5's own call: h5py's ``read_direct`` builds selection objects on every call,
-    which for a small stream costs more than reading it.
-    """
-    file_space = ds.id.get_space()
-    file_space.select_hyperslab((start,) + (0,) * (out.ndim - 1), out.shape)
-    ds.id.read(h5py.h5s.create_simple(out.shape), file_space, out)
 
 
 def _text(value: Any) -> str:
@@ -105,11 +94,15 @@ class SourceView:
             self.descriptor: dict[str, Any] = layout.descriptor
             self._ds = layout.datasets
             self.channel_names = [_text(c) for c in layout.channel_names]
-            self.units = [_text(u) for u in self._ds["values"].attrs["units"]]
+            self.units = [_text(u) for u in read_attr(self._ds["values"], "units")]
         except (KeyError, json.JSONDecodeError) as e:
             raise RunFileError(f"source {source_id!r}: malformed source group ({e})") from e
         self.kind = str(self.descriptor.get("kind", ""))
         self.model = str(self.descriptor.get("model", ""))
+        # fixed for the file's life (rows are only appended): asked for every slice read
+        self.values_dtype = self._ds["values"].id.dtype
+        self.row_bytes = self.values_dtype.itemsize * len(self.channel_names)
+        """Bytes of one row of values (every channel)."""
         self._memo: dict[str, Any] = {}
 
     def memo(self, key: str, compute: Callable[[], T]) -> T:
@@ -119,13 +112,7 @@ class SourceView:
         return cast(T, self._memo[key])
 
     def __len__(self) -> int:
-        return self.memo("rows", lambda: int(self._ds["time"].shape[0]))
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one row of values (every channel)."""
-        values = self._ds["values"]
-        return int(values.dtype.itemsize * values.shape[1])
+        return self.memo("rows", lambda: int(self._ds["time"].id.shape[0]))
 
     @property
     def remote_host(self) -> str:
@@ -157,9 +144,11 @@ class SourceView:
 
     def first_last_ns(self) -> tuple[np.int64, np.int64]:
         """Session times of the first and the last row (the stream must have rows)."""
-        n = len(self)
-        return self.memo("first_last_ns", lambda: (self.head_ns()[0],
-                                                    self.time_slice(n - 1, n)[0]))
+        def compute() -> tuple[np.int64, np.int64]:
+            head, n = self.head_ns(), len(self)  # a short stream's head is all of it
+            return head[0], head[-1] if head.size == n else self.time_slice(n - 1, n)[0]
+
+        return self.memo("first_last_ns", compute)
 
     def time_slice(self, start: int, stop: int) -> npt.NDArray[np.int64]:
         """Session times of rows ``start:stop`` (negative indices count from the end)."""
@@ -200,10 +189,10 @@ class SourceView:
         """
         col = self.channel_index(name)
         values_ds = self._ds["values"]
-        start, stop, _ = slice(start, stop).indices(int(values_ds.shape[0]))
-        out = np.empty(max(0, stop - start), dtype=values_ds.dtype)
+        start, stop, _ = slice(start, stop).indices(int(values_ds.id.shape[0]))
+        out = np.empty(max(0, stop - start), dtype=self.values_dtype)
         rows = np.empty((min(max(1, out.size), COLUMN_READ_BYTES // max(1, self.row_bytes) or 1),
-                         values_ds.shape[1]), dtype=values_ds.dtype)
+                         len(self.channel_names)), dtype=self.values_dtype)
         for a in range(start, stop, len(rows)):
             m = min(stop - a, len(rows))
             read_rows(values_ds, a, rows[:m])
@@ -215,11 +204,10 @@ class SourceView:
     ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[Any]]]:
         """Yield (time_ns, values) slices of one channel, ``rows`` at a time."""
         self.channel_index(channel)
-        time_ds = self._ds["time"]
-        n = int(time_ds.shape[0])
+        n = len(self)
         for start in range(0, n, rows):
             stop = min(n, start + rows)
-            yield np.asarray(time_ds[start:stop]), self.column_slice(channel, start, stop)
+            yield self.time_slice(start, stop), self.column_slice(channel, start, stop)
 
     def iter_rows(
         self, rows: int = 1 << 20, *, prefetch: bool = False, overlap: bool = False
@@ -236,11 +224,11 @@ class SourceView:
         caller sees each pair of consecutive rows inside one slice.
         """
         time_ds, values_ds = self._ds["time"], self._ds["values"]
-        n = int(time_ds.shape[0])
+        n = len(self)
         extra = int(overlap)
         size = min(rows + extra, n)
         buffers = [(np.empty(size, dtype=np.int64),
-                     np.empty((size, values_ds.shape[1]), dtype=values_ds.dtype))
+                     np.empty((size, len(self.channel_names)), dtype=self.values_dtype))
                     for _ in range(2 if prefetch else 1)]
 
         def read(start: int, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
@@ -304,13 +292,14 @@ class Run:
             self._file.close()
             raise RunFileError(f"{path}: not a wattlab run file (no /sources or format_version)")
         try:
-            layouts = check_layout(path, self._file)
+            layout = check_layout(path, self._file)
         except RunFileError:
             self._file.close()
             raise
         self.sources: dict[str, SourceView] = {
-            sid: SourceView(sid, layout.group, layout) for sid, layout in layouts.items()
+            sid: SourceView(sid, source.group, source) for sid, source in layout.sources.items()
         }
+        self._table_datasets = layout.tables  # kept open: each lookup decodes its row type
         self._tables: dict[str, Any] = {}  # markers and gaps, read once until ``refresh``
 
     def __enter__(self) -> Run:
@@ -333,8 +322,8 @@ class Run:
         """Pick up data a live recorder appended (new sources need a reopen)."""
         for view in self.sources.values():
             view.refresh()
-        for name in ("markers", "gaps"):
-            self._file[name].refresh()
+        for table in self._table_datasets.values():
+            table.refresh()
         self._tables.clear()
 
     def source(self, source_id: str) -> SourceView:
@@ -349,7 +338,7 @@ class Run:
         return list(self._tables["markers"])
 
     def _read_markers(self) -> list[MarkerRow]:
-        rows = self._file["markers"][:]
+        rows = read_head(self._table_datasets["markers"])
         gpu = "time_gpu" in (rows.dtype.names or ())  # older files have host time only
 
         def gpu_of(r: Any) -> tuple[int | None, int | None]:
@@ -377,7 +366,7 @@ class Run:
             GapRow(_text(r["source"]), int(r["seq_first"]), int(r["seq_last"]),
                    known(int(r["time_first"])), known(int(r["time_last"])),
                    int(r["samples_lost"]), _text(r["reason"]))
-            for r in self._file["gaps"][:]
+            for r in read_head(self._table_datasets["gaps"])
         ]
 
     def to_pandas(self) -> dict[str, Any]:

@@ -12,7 +12,14 @@ import math
 from functools import partial
 from typing import Any
 
-from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
+from wattlab.analysis.many_runs import (
+    add_runs_arguments,
+    expand_runs,
+    json_item,
+    json_list,
+    map_runs,
+    report_errors,
+)
 from wattlab.errors import UsageError
 
 
@@ -92,9 +99,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--steps-at-marks shapes the deconvolution: give --deconvolve too")
     if len(args.calibration) > 1 and not args.deconvolve:
         raise UsageError("a second --calibration is only for --deconvolve (the instant's)")
-    from wattlab.analysis.calibration import load_record
+    records = []
+    if args.calibration:  # only then: its fitting modules cost every run ~15 ms to import
+        from wattlab.analysis.calibration import load_record
 
-    records = [load_record(path, force=args.force_calibration) for path in args.calibration]
+        records = [load_record(path, force=args.force_calibration) for path in args.calibration]
     options = {"by_marker": args.by_marker, "reference": args.reference, "windows": args.window}
     one = partial(report_of, options=options, records=records, deconvolve=args.deconvolve,
                   force=args.force_calibration, steps_at_marks=args.steps_at_marks)
@@ -104,14 +113,14 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2) if args.json else format_report(report))
         return 0
     outcomes = []
-    for outcome in map_runs(one, paths, args.jobs):
+    for outcome in map_runs(partial(json_item, one) if args.json else one, paths, args.jobs):
         outcomes.append(outcome)
         if outcome.error or args.json:
             continue
         print(f"== {outcome.path}")
         print(format_report(outcome.result))
-    if args.json:
-        print(json.dumps([o.result for o in outcomes if not o.error], indent=2))
+    if args.json:  # each report encoded in its worker
+        print(json_list([o.result for o in outcomes if not o.error]))
     return report_errors(outcomes)
 
 
