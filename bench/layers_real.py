@@ -72,6 +72,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
         print(f"  {c['note']}; {c['run_steps']} plain steps of {w['run_step_s'] * 1e3:.2f} ms, "
               f"{c['samples']} samples in {c['bins']} phase bins, delay "
               f"{c['delay_s'] * 1e3:g} ms")
+        if c.get("warning"):
+            print(f"  warning: {c['warning']}")
     print("in-step: the layers' GPU busy time (kernels of 10 profiled steps), 'between "
           "layers' and the plain step's GPU idle; step ms: plain, no profiler; layers J: "
           "folded 50 Hz samples × each row's share of the plain run's step; step J: the "

@@ -81,6 +81,28 @@ def analyse(c: Captured, *, delay_s: float = DELAY_S) -> dict[str, Any]:
                                     "between": outside.get(BETWEEN, EMPTY_ROW)}}
 
 
+HOST_BOUND = 0.05  # an instrumented step this much slower than the plain one: host-bound
+
+
+def host_bound_warning(plain_step_s: float, profiled_s: float | None, run_step_s: float
+                       ) -> str | None:
+    """Why the idle row is only an upper bound, when instruments slow the step down.
+
+    A step the GPU finishes before the host has launched the next one waits on the host;
+    the profiler's and the sample reader's own host work then lengthen the GPU's idle time,
+    so what the profiled run shows is more idle than the plain step has.
+    """
+    slowest_s = max(profiled_s or 0.0, run_step_s)
+    if slowest_s <= plain_step_s * (1 + HOST_BOUND):
+        return None
+    profiled = "" if profiled_s is None else f", {1e3 * profiled_s:.2f} ms under the profiler"
+    return (f"the host sets this step's pace ({1e3 * plain_step_s:.2f} ms timed alone{profiled}, "
+            f"{1e3 * run_step_s:.2f} ms beside the sample reader): the GPU idles while it waits "
+            f"and every instrument's host work lengthens that idle, so the idle row is an upper "
+            f"bound and the layers' GPU busy times are what the step itself holds; a larger "
+            f"batch makes the step GPU-bound")
+
+
 def check(times: LayerTimes, plain: LayerTimes | None, folded: Folded, plain_step_s: float,
           note: str) -> dict[str, Any]:
     """The rows' sums against the whole step measured directly (time and energy)."""
@@ -96,4 +118,6 @@ def check(times: LayerTimes, plain: LayerTimes | None, folded: Folded, plain_ste
             "time_error": t / plain_step_s - 1, "energy_error": folded.energy_j / whole_j - 1,
             "hooked_steps": times.steps, "run_steps": folded.steps,
             "samples": folded.samples, "bins": int(folded.profile_w.size),
-            "delay_s": folded.delay_s, "note": note}
+            "delay_s": folded.delay_s, "note": note,
+            "warning": host_bound_warning(plain_step_s, plain.period_s if plain else None,
+                                          folded.step_s)}
