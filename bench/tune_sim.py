@@ -46,10 +46,9 @@ def main() -> None:
         picked = surfaces[:: max(1, len(surfaces) // 20)] if args.quick else surfaces
         outs = [simulate(s, cfg, args.iterations, args.noise, seed=i)
                 for i, s in enumerate(picked)]
-        within = [o.settled_slowdown <= args.max_slowdown + 1e-9 for o in outs]
-        saving = [o.settled_saving >= 0.95 * o.oracle_saving - 1e-9 for o in outs]
-        cheap = [o.explore_energy_frac <= 0.05 for o in outs]
-        goal = [a and b and c for a, b, c in zip(within, saving, cheap, strict=True)]
+        within = [o.within_bound(args.max_slowdown) for o in outs]
+        cheap = [o.cheap() for o in outs]
+        goal = [o.goal(args.max_slowdown) for o in outs]
         row = {"table": table, "surfaces": len(outs), "goal_met": int(sum(goal)),
                "within_bound": int(sum(within)), "explore_le_5pct": int(sum(cheap)),
                "mean_saving": float(np.mean([o.settled_saving for o in outs])),

@@ -277,7 +277,7 @@ class Search:
             return True
         if self._clearly_out(probe.index):
             return True
-        slow, se_slow = self._slowdown(probe.index)
+        slow, se_slow = self.slowdown(probe.index)
         ratio, se_ratio = self._ratio_to_best(probe.index)
         bound_clear = cfg.max_slowdown - slow > cfg.z_verdict * se_slow
         best_clear = abs(ratio - 1.0) > cfg.z_verdict * se_ratio
@@ -286,7 +286,7 @@ class Search:
     def _clearly_out(self, index: Index) -> bool:
         """Clearly too slow, or clearly worse than the best measured setting."""
         cfg = self.cfg
-        slow, se_slow = self._slowdown(index)
+        slow, se_slow = self.slowdown(index)
         if slow - cfg.z_verdict * se_slow > cfg.max_slowdown:
             return True
         ratio, se_ratio = self._ratio_to_best(index)
@@ -299,7 +299,7 @@ class Search:
     def _stats(self, index: Index) -> tuple[float, float, float, float]:
         return self.probes[index].stats(self._floor())
 
-    def _slowdown(self, index: Index) -> tuple[float, float]:
+    def slowdown(self, index: Index) -> tuple[float, float]:
         """(time / default's time - 1, its standard error)."""
         _, _, t, se_t = self._stats(index)
         _, _, t0, se_t0 = self._stats(self.default)
@@ -320,7 +320,7 @@ class Search:
         """The objective at a measured setting if it keeps (with its SE) within the bound."""
         if len(self.probes[index].energy_j) < 2:
             return None  # abandoned or not measured
-        slow, se_slow = self._slowdown(index)
+        slow, se_slow = self.slowdown(index)
         if index != self.default and slow + self.cfg.z_bound * se_slow > self.cfg.max_slowdown:
             return None
         e, _, t, _ = self.probes[index].stats()
@@ -431,14 +431,14 @@ class Search:
         best: tuple[float, Index] | None = None
         waiting = False
         if kept != self.default:  # the kept setting near the bound: refine the reference
-            p_kept = p_within(*self._slowdown(kept), cfg.max_slowdown)
+            p_kept = p_within(*self.slowdown(kept), cfg.max_slowdown)
             if p_kept < 0.95 and n[self.default] < n[kept]:
                 best = (math.inf, self.default)
         for idx in self.probes:
             if idx == kept or n[idx] < 2:
                 continue
             ratio, se_ratio = self._ratio_to_best(idx)
-            p_ok = 1.0 if idx == self.default else p_within(*self._slowdown(idx),
+            p_ok = 1.0 if idx == self.default else p_within(*self.slowdown(idx),
                                                              cfg.max_slowdown)
             gain = expected_gain(1.0 - ratio, se_ratio, p_ok)
             if gain < threshold:
