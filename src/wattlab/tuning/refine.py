@@ -71,6 +71,20 @@ class ExploreBudget:
             run_j = max(run_j, self.total_j + rest * kept_energy_j)
         return self.explore_j + cost_j <= self.share * run_j
 
+    def affordable(self, iteration_j: float, kept_energy_j: float, most: int) -> int:
+        """The most iterations (up to ``most``) of ``iteration_j`` each the share still allows.
+
+        Exploring grows faster than the run it is a share of, so the answer is a threshold.
+        """
+        lo, hi = 0, most
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.allows(mid * iteration_j, kept_energy_j):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def search_allows(self, cost_j: float, kept_energy_j: float) -> bool:
         """The first search is capped only when the run's length is known."""
         return self.expected_iterations is None or self.allows(cost_j, kept_energy_j)

@@ -267,7 +267,7 @@ class Search:
                                          and self._clearly_out(probe.index))
         if n >= cfg.max_iters:
             return True
-        if n >= cfg.min_iters and not self.budget.search_allows(0.0, self._kept_j()):
+        if n >= cfg.min_iters and not self.budget.search_allows(0.0, self._rest_j()):
             return True  # the exploration share of a run of known length is spent
         if probe.purpose == "baseline":  # the reference of every comparison
             return n >= 2 * cfg.min_iters and probe.precise(cfg.baseline_rel_se)
@@ -340,7 +340,7 @@ class Search:
         """Pick the next probe along the current knob, move to the next knob, or settle."""
         while self.phase == "search" and self._knob < len(self.knobs):
             self.best = self._best_measured()
-            if not self.budget.search_allows(self._probe_cost(self.best), self._kept_j()):
+            if not self.budget.search_allows(self._probe_cost(self.best), self._rest_j()):
                 break  # the exploration share of a run of known length is spent
             line = self._line()
             nxt = None
@@ -355,6 +355,21 @@ class Search:
 
     def _kept_j(self) -> float:
         return self.probes[self.best].stats()[0]
+
+    def _rest_j(self) -> float:
+        """Energy per iteration the rest of the run is priced at, for the exploring share.
+
+        The least of any measured setting not clearly too slow, not the kept one's: a
+        revisit may yet switch to a cheaper setting, which shrinks the run the share is of.
+        """
+        cfg = self.cfg
+        out = self._kept_j()
+        for idx, probe in self.probes.items():
+            if len(probe.energy_j) >= 2:
+                slow, se = self.slowdown(idx)
+                if slow - cfg.z_verdict * se <= cfg.max_slowdown:
+                    out = min(out, probe.stats()[0])
+        return out
 
     def _probe_cost(self, index: Index, iterations: int | None = None) -> float:
         """Energy (J) of ``iterations`` more at a setting (a short probe by default)."""
@@ -416,7 +431,7 @@ class Search:
         one has more iterations than it.
         """
         cfg, kept = self.cfg, self.best
-        kept_j = self._kept_j()
+        kept_j = self._rest_j()
         for nb in self._neighbours(kept):
             if nb not in self.probes:
                 if self.budget.allows(self._probe_cost(nb), kept_j):
@@ -452,11 +467,15 @@ class Search:
                 best = (gain, measure)
         if best is None:
             return None if waiting else self._unmeasured(kept, kept_j)
+        # half as many iterations again, or what the budget has left (the last revisit
+        # would otherwise be refused whole while its part could still settle the call)
         measure = best[1]
-        target = n[measure] + max(4 * cfg.min_iters, n[measure] // 2)
-        if not self.budget.allows(self._probe_cost(measure, target - n[measure]), kept_j):
+        planned = max(4 * cfg.min_iters, n[measure] // 2)
+        more = self.budget.affordable(self.probes[measure].stats()[0], kept_j,
+                                      cfg.discard + planned) - cfg.discard
+        if more < cfg.min_iters:
             return None
-        return measure, "revisit", target
+        return measure, "revisit", n[measure] + more
 
     def _spread(self, line: list[Index]) -> tuple[Index, str] | None:
         n = len(line)
