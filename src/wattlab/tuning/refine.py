@@ -42,6 +42,21 @@ def p_within(slowdown: float, se: float, bound: float) -> float:
     return _cdf((bound - slowdown) / se)
 
 
+def p_certifiable(slowdown: float, se_now: float, se_after: float, bound: float,
+                  z: float) -> float:
+    """Probability that more iterations bring a slowdown's estimate within the bound.
+
+    Keeping a setting needs its estimate plus ``z`` standard errors within ``bound``; after
+    the iterations the budget still allows the SE is ``se_after``, and the estimate then is
+    normal about today's with the variance the new iterations resolve (preposterior).
+    """
+    spread = math.sqrt(max(se_now * se_now - se_after * se_after, 0.0))
+    room = bound - z * se_after - slowdown
+    if spread <= 0:
+        return float(room >= 0)
+    return _cdf(room / spread)
+
+
 @dataclass
 class ExploreBudget:
     """Energy spent exploring against a share of the run's energy.

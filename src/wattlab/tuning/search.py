@@ -36,7 +36,7 @@ from wattlab.analysis.models import (
 )
 from wattlab.analysis.sweep_results import SweepTable
 from wattlab.errors import UsageError
-from wattlab.tuning.refine import ExploreBudget, expected_gain, p_within
+from wattlab.tuning.refine import ExploreBudget, expected_gain, p_certifiable, p_within
 from wattlab.tuning.surfaces import objective_value
 
 Index = tuple[int, ...]
@@ -443,6 +443,7 @@ class Search:
             cfg.objective, e0, t0)
         threshold = max(cfg.refine_gain * saving, cfg.refine_min_gain)
         n = {i: len(p.energy_j) for i, p in self.probes.items()}
+        spare = self.budget.affordable(self.probes[self.default].stats()[0], kept_j, 100000)
         best: tuple[float, Index] | None = None
         waiting = False
         if kept != self.default:  # the kept setting near the bound: refine the reference
@@ -455,7 +456,8 @@ class Search:
             ratio, se_ratio = self._ratio_to_best(idx)
             p_ok = 1.0 if idx == self.default else p_within(*self.slowdown(idx),
                                                              cfg.max_slowdown)
-            gain = expected_gain(1.0 - ratio, se_ratio, p_ok)
+            p_keep = 1.0 if idx == self.default else self._p_keepable(idx, spare)
+            gain = expected_gain(1.0 - ratio, se_ratio, p_keep)
             if gain < threshold:
                 continue
             measure = (self.default if idx != self.default and 0.02 < p_ok < 0.98
@@ -476,6 +478,27 @@ class Search:
         if more < cfg.min_iters:
             return None
         return measure, "revisit", n[measure] + more
+
+    def _p_keepable(self, index: Index, spare: int) -> float:
+        """Probability that ``index`` can be kept once ``spare`` more iterations are spent.
+
+        They are split between it and the default so as to shrink its slowdown's standard
+        error the most; a challenger at the bound that no affordable measurement could
+        certify is worth nothing to revisit, however likely it is to be within the bound.
+        """
+        slow, se = self.slowdown(index)
+        n_i, n_0 = len(self.probes[index].energy_j), len(self.probes[self.default].energy_j)
+        if not math.isfinite(se) or n_i < 2:
+            return p_within(slow, se, self.cfg.max_slowdown)
+        # var ~ a / n_i + b / n_0: spend where the larger share of the variance is
+        _, _, t, se_t = self._stats(index)
+        _, _, t0, se_t0 = self._stats(self.default)
+        a, b = (se_t / t) ** 2 * n_i, (se_t0 / t0) ** 2 * n_0
+        total = n_i + n_0 + spare
+        m_i = min(max(total * math.sqrt(a) / (math.sqrt(a) + math.sqrt(b)), n_i), n_i + spare)
+        m_0 = max(n_0 + spare - (m_i - n_i), n_0)
+        se_after = (t / t0) * math.sqrt(a / m_i + b / m_0)
+        return p_certifiable(slow, se, se_after, self.cfg.max_slowdown, self.cfg.z_bound)
 
     def _spread(self, line: list[Index]) -> tuple[Index, str] | None:
         n = len(line)
