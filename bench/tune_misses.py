@@ -97,8 +97,12 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=10000)
     ap.add_argument("--noise", type=float, default=0.02)
     ap.add_argument("--max-slowdown", type=float, default=0.05)
+    ap.add_argument("--z-bound", type=float, default=SearchConfig.z_bound,
+                    help="standard errors of margin a kept setting needs (the trade-off "
+                         "between violations and savings)")
     args = ap.parse_args()
-    cfg = SearchConfig(max_slowdown=args.max_slowdown, expected_iterations=args.iterations)
+    cfg = SearchConfig(max_slowdown=args.max_slowdown, expected_iterations=args.iterations,
+                       z_bound=args.z_bound)
     misses, totals = [], {}
     for table, surfaces in public_surfaces(PUBLIC).items():
         picked = surfaces[:: max(1, len(surfaces) // 20)] if args.quick else surfaces
@@ -130,9 +134,9 @@ def main() -> None:
     print(f"all: goal {sum(t['goal_met'] for t in totals.values())}/"
           f"{sum(t['surfaces'] for t in totals.values())}, violations {classes['bound']}, "
           + ", ".join(f"{k} {v}" for k, v in sorted(classes.items())))
-    write_json(f"tune_misses_{args.iterations}", {
+    write_json(f"tune_misses_{args.iterations}_z{args.z_bound:g}", {
         "iterations": args.iterations, "noise": args.noise, "max_slowdown": args.max_slowdown,
-        "quick": args.quick, "totals": totals, "classes": dict(classes), "misses": misses})
+        "z_bound": args.z_bound, "quick": args.quick, "totals": totals, "classes": dict(classes), "misses": misses})
 
 
 if __name__ == "__main__":

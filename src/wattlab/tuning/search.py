@@ -447,8 +447,8 @@ class Search:
         best: tuple[float, Index] | None = None
         waiting = False
         if kept != self.default:  # the kept setting near the bound: refine the reference
-            p_kept = p_within(*self.slowdown(kept), cfg.max_slowdown)
-            if p_kept < 0.95 and n[self.default] < n[kept]:
+            slow, se = self.slowdown(kept)  # until its slowdown is clearly within the bound
+            if slow + cfg.z_verdict * se > cfg.max_slowdown and n[self.default] < n[kept]:
                 best = (math.inf, self.default)
         for idx in self.probes:
             if idx == kept or n[idx] < 2:
