@@ -97,6 +97,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=10000)
     ap.add_argument("--noise", type=float, default=0.02)
     ap.add_argument("--max-slowdown", type=float, default=0.05)
+    ap.add_argument("--seed-offset", type=int, default=0,
+                    help="other noise than bench/tune_sim.py's (which is offset 0)")
     ap.add_argument("--z-bound", type=float, default=SearchConfig.z_bound,
                     help="standard errors of margin a kept setting needs (the trade-off "
                          "between violations and savings)")
@@ -108,7 +110,7 @@ def main() -> None:
         picked = surfaces[:: max(1, len(surfaces) // 20)] if args.quick else surfaces
         met = 0
         for i, s in enumerate(picked):  # seeds as bench/tune_sim.py's
-            o = simulate(s, cfg, args.iterations, args.noise, seed=i)
+            o = simulate(s, cfg, args.iterations, args.noise, seed=i + args.seed_offset)
             if o.goal(cfg.max_slowdown):
                 met += 1
             else:
@@ -134,9 +136,9 @@ def main() -> None:
     print(f"all: goal {sum(t['goal_met'] for t in totals.values())}/"
           f"{sum(t['surfaces'] for t in totals.values())}, violations {classes['bound']}, "
           + ", ".join(f"{k} {v}" for k, v in sorted(classes.items())))
-    write_json(f"tune_misses_{args.iterations}_z{args.z_bound:g}", {
+    write_json(f"tune_misses_{args.iterations}_z{args.z_bound:g}_s{args.seed_offset}", {
         "iterations": args.iterations, "noise": args.noise, "max_slowdown": args.max_slowdown,
-        "z_bound": args.z_bound, "quick": args.quick, "totals": totals, "classes": dict(classes), "misses": misses})
+        "z_bound": args.z_bound, "seed_offset": args.seed_offset, "quick": args.quick, "totals": totals, "classes": dict(classes), "misses": misses})
 
 
 if __name__ == "__main__":
