@@ -26,6 +26,7 @@ tell the two settings' objectives apart at two standard errors: ``2 (2 sigma / g
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections import Counter
 from typing import Any
 
@@ -57,9 +58,9 @@ def _measured(o: SurfaceOutcome, index: tuple[int, ...]) -> int:
 def spent_by_purpose(o: SurfaceOutcome) -> dict[str, int]:
     """Iterations run for each purpose (baseline, spread, model, local, revisit, sweep)."""
     out: Counter[str] = Counter()
-    marks = o.search.decisions + [{"iteration": o.iterations, "action": "end"}]
+    marks = [*o.search.decisions, {"iteration": o.iterations, "action": "end"}]
     default = o.search.setting(o.search.default)
-    for a, b in zip(marks, marks[1:], strict=False):
+    for a, b in itertools.pairwise(marks):
         action = a["action"] + ("-default" if a["action"] == "revisit"
                                 and a["setting"] == default else "")
         out[action] += b["iteration"] - a["iteration"]
@@ -138,7 +139,8 @@ def main() -> None:
           + ", ".join(f"{k} {v}" for k, v in sorted(classes.items())))
     write_json(f"tune_misses_{args.iterations}_z{args.z_bound:g}_s{args.seed_offset}", {
         "iterations": args.iterations, "noise": args.noise, "max_slowdown": args.max_slowdown,
-        "z_bound": args.z_bound, "seed_offset": args.seed_offset, "quick": args.quick, "totals": totals, "classes": dict(classes), "misses": misses})
+        "z_bound": args.z_bound, "seed_offset": args.seed_offset, "quick": args.quick,
+        "totals": totals, "classes": dict(classes), "misses": misses})
 
 
 if __name__ == "__main__":

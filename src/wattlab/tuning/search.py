@@ -488,12 +488,12 @@ class Search:
         """
         slow, se = self.slowdown(index)
         n_i, n_0 = len(self.probes[index].energy_j), len(self.probes[self.default].energy_j)
-        if not math.isfinite(se) or n_i < 2:
-            return p_within(slow, se, self.cfg.max_slowdown)
-        # var ~ a / n_i + b / n_0: spend where the larger share of the variance is
         _, _, t, se_t = self._stats(index)
         _, _, t0, se_t0 = self._stats(self.default)
+        # var ~ a / n_i + b / n_0: spend where the larger share of the variance is
         a, b = (se_t / t) ** 2 * n_i, (se_t0 / t0) ** 2 * n_0
+        if not (math.isfinite(a + b) and a + b > 0):  # unmeasured, or no spread at all
+            return p_within(slow, se, self.cfg.max_slowdown)
         total = n_i + n_0 + spare
         m_i = min(max(total * math.sqrt(a) / (math.sqrt(a) + math.sqrt(b)), n_i), n_i + spare)
         m_0 = max(n_0 + spare - (m_i - n_i), n_0)
