@@ -25,12 +25,12 @@ tell the two settings' objectives apart at two standard errors: ``2 (2 sigma / g
 
 from __future__ import annotations
 
-import argparse
 import itertools
 from collections import Counter
 from typing import Any
 
 from common import DATA, write_json
+from tune_sim import run_parser, sample
 from wattlab.tuning.search import SearchConfig
 from wattlab.tuning.surface_run import SurfaceOutcome, simulate
 from wattlab.tuning.surfaces import Surface, public_surfaces
@@ -93,11 +93,7 @@ def miss_row(table: str, surface: Surface, o: SurfaceOutcome, cfg: SearchConfig,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--iterations", type=int, default=10000)
-    ap.add_argument("--noise", type=float, default=0.02)
-    ap.add_argument("--max-slowdown", type=float, default=0.05)
+    ap = run_parser(__doc__)
     ap.add_argument("--seed-offset", type=int, default=0,
                     help="other noise than bench/tune_sim.py's (which is offset 0)")
     ap.add_argument("--z-bound", type=float, default=SearchConfig.z_bound,
@@ -108,7 +104,7 @@ def main() -> None:
                        z_bound=args.z_bound)
     misses, totals = [], {}
     for table, surfaces in public_surfaces(PUBLIC).items():
-        picked = surfaces[:: max(1, len(surfaces) // 20)] if args.quick else surfaces
+        picked = sample(surfaces, args.quick)
         met = 0
         for i, s in enumerate(picked):  # seeds as bench/tune_sim.py's
             o = simulate(s, cfg, args.iterations, args.noise, seed=i + args.seed_offset)
