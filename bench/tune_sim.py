@@ -22,18 +22,29 @@ import numpy as np
 from common import DATA, write_json
 from wattlab.tuning.search import SearchConfig
 from wattlab.tuning.surface_run import simulate
-from wattlab.tuning.surfaces import public_surfaces
+from wattlab.tuning.surfaces import Surface, public_surfaces
 
 PUBLIC = DATA / "public"
 GPOEO = {"energy_saving": 0.162, "slowdown": 0.051, "gpu": "RTX 3080 Ti", "workloads": 71}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of the simulated runs (bench/tune_misses.py reruns the same ones)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--iterations", type=int, default=10000)
     ap.add_argument("--noise", type=float, default=0.02)
     ap.add_argument("--max-slowdown", type=float, default=0.05)
+    return ap
+
+
+def sample(surfaces: list[Surface], quick: bool) -> list[Surface]:
+    """Every surface, or at most 20 spread over the table (``--quick``)."""
+    return surfaces[:: max(1, len(surfaces) // 20)] if quick else surfaces
+
+
+def main() -> None:
+    ap = run_parser(__doc__)
     ap.add_argument("--objective", default="energy")
     args = ap.parse_args()
     cfg = SearchConfig(objective=args.objective, max_slowdown=args.max_slowdown,
@@ -43,13 +54,12 @@ def main() -> None:
           f"{'oracle':>6s} {'steps':>5s} {'gap%':>5s} {'expl it':>7s} {'expl E%':>7s} "
           f"{'run save':>8s} {'slow':>6s}")
     for table, surfaces in public_surfaces(PUBLIC).items():
-        picked = surfaces[:: max(1, len(surfaces) // 20)] if args.quick else surfaces
+        picked = sample(surfaces, args.quick)
         outs = [simulate(s, cfg, args.iterations, args.noise, seed=i)
                 for i, s in enumerate(picked)]
-        within = [o.settled_slowdown <= args.max_slowdown + 1e-9 for o in outs]
-        saving = [o.settled_saving >= 0.95 * o.oracle_saving - 1e-9 for o in outs]
-        cheap = [o.explore_energy_frac <= 0.05 for o in outs]
-        goal = [a and b and c for a, b, c in zip(within, saving, cheap, strict=True)]
+        within = [o.within_bound(args.max_slowdown) for o in outs]
+        cheap = [o.cheap() for o in outs]
+        goal = [o.goal(args.max_slowdown) for o in outs]
         row = {"table": table, "surfaces": len(outs), "goal_met": int(sum(goal)),
                "within_bound": int(sum(within)), "explore_le_5pct": int(sum(cheap)),
                "mean_saving": float(np.mean([o.settled_saving for o in outs])),

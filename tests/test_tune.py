@@ -21,6 +21,7 @@ from wattlab.cli import main
 from wattlab.commands.tune import simulated_training
 from wattlab.tuning import online
 from wattlab.tuning.online import TunePlan, run_tune
+from wattlab.tuning.refine import ExploreBudget, p_certifiable, p_within
 from wattlab.tuning.run_record import read_tuning
 from wattlab.tuning.search import Search, SearchConfig
 from wattlab.tuning.surface_run import simulate
@@ -71,6 +72,31 @@ def test_exploring_keeps_to_its_share_of_a_run_of_known_length(surfaces):
     free = [simulate(s, SearchConfig(), 2000, 0.02, seed=i) for i, s in enumerate(picked)]
     assert max(o.explore_energy_frac for o in capped) <= 0.05
     assert max(o.explore_energy_frac for o in free) > 0.05
+
+
+def test_the_budget_left_is_what_a_last_revisit_may_take():
+    budget = ExploreBudget(0.05, expected_iterations=1000)
+    for _ in range(100):
+        budget.add(10.0, exploring=False)
+    for _ in range(30):
+        budget.add(10.0, exploring=True)
+    # 300 J spent exploring of a run priced at 1000 x 10 J: 200 J (20 iterations) left
+    assert budget.affordable(10.0, 10.0, 1000) == 20
+    assert budget.affordable(10.0, 10.0, 5) == 5
+    # priced at a cheaper setting for the rest of the run, less is left
+    assert budget.affordable(10.0, 8.0, 1000) < 20
+
+
+def test_a_challenger_the_budget_cannot_certify_is_not_worth_revisiting():
+    # 4.9 % +- 0.2 %: likely within 5 %, but a budget that takes its SE only to 0.18 %
+    # leaves little chance that its estimate plus one SE comes within the bound
+    assert p_within(0.049, 0.002, 0.05) > 0.6
+    assert p_certifiable(0.049, 0.002, 0.0018, 0.05, 1.0) < 0.3
+    # 4.0 % +- 0.3 % is certified by the same budget almost surely
+    assert p_certifiable(0.040, 0.003, 0.0015, 0.05, 1.0) > 0.99
+    # no budget left: today's verdict stands
+    assert p_certifiable(0.045, 0.002, 0.002, 0.05, 1.0) == 1.0
+    assert p_certifiable(0.049, 0.002, 0.002, 0.05, 1.0) == 0.0
 
 
 def test_the_kept_setting_is_rechecked_and_left_once_too_slow():

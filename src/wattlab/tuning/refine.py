@@ -42,6 +42,21 @@ def p_within(slowdown: float, se: float, bound: float) -> float:
     return _cdf((bound - slowdown) / se)
 
 
+def p_certifiable(slowdown: float, se_now: float, se_after: float, bound: float,
+                  z: float) -> float:
+    """Probability that more iterations bring a slowdown's estimate within the bound.
+
+    Keeping a setting needs its estimate plus ``z`` standard errors within ``bound``; after
+    the iterations the budget still allows the SE is ``se_after``, and the estimate then is
+    normal about today's with the variance the new iterations resolve (preposterior).
+    """
+    spread = math.sqrt(max(se_now * se_now - se_after * se_after, 0.0))
+    room = bound - z * se_after - slowdown
+    if spread <= 0:
+        return float(room >= 0)
+    return _cdf(room / spread)
+
+
 @dataclass
 class ExploreBudget:
     """Energy spent exploring against a share of the run's energy.
@@ -70,6 +85,20 @@ class ExploreBudget:
             rest = max(self.expected_iterations - self.iterations, 0)
             run_j = max(run_j, self.total_j + rest * kept_energy_j)
         return self.explore_j + cost_j <= self.share * run_j
+
+    def affordable(self, iteration_j: float, kept_energy_j: float, most: int) -> int:
+        """The most iterations (up to ``most``) of ``iteration_j`` each the share still allows.
+
+        Exploring grows faster than the run it is a share of, so the answer is a threshold.
+        """
+        lo, hi = 0, most
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.allows(mid * iteration_j, kept_energy_j):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def search_allows(self, cost_j: float, kept_energy_j: float) -> bool:
         """The first search is capped only when the run's length is known."""

@@ -36,7 +36,7 @@ from wattlab.analysis.models import (
 )
 from wattlab.analysis.sweep_results import SweepTable
 from wattlab.errors import UsageError
-from wattlab.tuning.refine import ExploreBudget, expected_gain, p_within
+from wattlab.tuning.refine import ExploreBudget, expected_gain, p_certifiable, p_within
 from wattlab.tuning.surfaces import objective_value
 
 Index = tuple[int, ...]
@@ -267,7 +267,7 @@ class Search:
                                          and self._clearly_out(probe.index))
         if n >= cfg.max_iters:
             return True
-        if n >= cfg.min_iters and not self.budget.search_allows(0.0, self._kept_j()):
+        if n >= cfg.min_iters and not self.budget.search_allows(0.0, self._rest_j()):
             return True  # the exploration share of a run of known length is spent
         if probe.purpose == "baseline":  # the reference of every comparison
             return n >= 2 * cfg.min_iters and probe.precise(cfg.baseline_rel_se)
@@ -277,7 +277,7 @@ class Search:
             return True
         if self._clearly_out(probe.index):
             return True
-        slow, se_slow = self._slowdown(probe.index)
+        slow, se_slow = self.slowdown(probe.index)
         ratio, se_ratio = self._ratio_to_best(probe.index)
         bound_clear = cfg.max_slowdown - slow > cfg.z_verdict * se_slow
         best_clear = abs(ratio - 1.0) > cfg.z_verdict * se_ratio
@@ -286,7 +286,7 @@ class Search:
     def _clearly_out(self, index: Index) -> bool:
         """Clearly too slow, or clearly worse than the best measured setting."""
         cfg = self.cfg
-        slow, se_slow = self._slowdown(index)
+        slow, se_slow = self.slowdown(index)
         if slow - cfg.z_verdict * se_slow > cfg.max_slowdown:
             return True
         ratio, se_ratio = self._ratio_to_best(index)
@@ -299,7 +299,7 @@ class Search:
     def _stats(self, index: Index) -> tuple[float, float, float, float]:
         return self.probes[index].stats(self._floor())
 
-    def _slowdown(self, index: Index) -> tuple[float, float]:
+    def slowdown(self, index: Index) -> tuple[float, float]:
         """(time / default's time - 1, its standard error)."""
         _, _, t, se_t = self._stats(index)
         _, _, t0, se_t0 = self._stats(self.default)
@@ -320,7 +320,7 @@ class Search:
         """The objective at a measured setting if it keeps (with its SE) within the bound."""
         if len(self.probes[index].energy_j) < 2:
             return None  # abandoned or not measured
-        slow, se_slow = self._slowdown(index)
+        slow, se_slow = self.slowdown(index)
         if index != self.default and slow + self.cfg.z_bound * se_slow > self.cfg.max_slowdown:
             return None
         e, _, t, _ = self.probes[index].stats()
@@ -340,7 +340,7 @@ class Search:
         """Pick the next probe along the current knob, move to the next knob, or settle."""
         while self.phase == "search" and self._knob < len(self.knobs):
             self.best = self._best_measured()
-            if not self.budget.search_allows(self._probe_cost(self.best), self._kept_j()):
+            if not self.budget.search_allows(self._probe_cost(self.best), self._rest_j()):
                 break  # the exploration share of a run of known length is spent
             line = self._line()
             nxt = None
@@ -355,6 +355,21 @@ class Search:
 
     def _kept_j(self) -> float:
         return self.probes[self.best].stats()[0]
+
+    def _rest_j(self) -> float:
+        """Energy per iteration the rest of the run is priced at, for the exploring share.
+
+        The least of any measured setting not clearly too slow, not the kept one's: a
+        revisit may yet switch to a cheaper setting, which shrinks the run the share is of.
+        """
+        cfg = self.cfg
+        out = self._kept_j()
+        for idx, probe in self.probes.items():
+            if len(probe.energy_j) >= 2:
+                slow, se = self.slowdown(idx)
+                if slow - cfg.z_verdict * se <= cfg.max_slowdown:
+                    out = min(out, probe.stats()[0])
+        return out
 
     def _probe_cost(self, index: Index, iterations: int | None = None) -> float:
         """Energy (J) of ``iterations`` more at a setting (a short probe by default)."""
@@ -416,7 +431,7 @@ class Search:
         one has more iterations than it.
         """
         cfg, kept = self.cfg, self.best
-        kept_j = self._kept_j()
+        kept_j = self._rest_j()
         for nb in self._neighbours(kept):
             if nb not in self.probes:
                 if self.budget.allows(self._probe_cost(nb), kept_j):
@@ -428,19 +443,21 @@ class Search:
             cfg.objective, e0, t0)
         threshold = max(cfg.refine_gain * saving, cfg.refine_min_gain)
         n = {i: len(p.energy_j) for i, p in self.probes.items()}
+        spare = self.budget.affordable(self.probes[self.default].stats()[0], kept_j, 100000)
         best: tuple[float, Index] | None = None
         waiting = False
         if kept != self.default:  # the kept setting near the bound: refine the reference
-            p_kept = p_within(*self._slowdown(kept), cfg.max_slowdown)
-            if p_kept < 0.95 and n[self.default] < n[kept]:
+            slow, se = self.slowdown(kept)  # until its slowdown is clearly within the bound
+            if slow + cfg.z_verdict * se > cfg.max_slowdown and n[self.default] < n[kept]:
                 best = (math.inf, self.default)
         for idx in self.probes:
             if idx == kept or n[idx] < 2:
                 continue
             ratio, se_ratio = self._ratio_to_best(idx)
-            p_ok = 1.0 if idx == self.default else p_within(*self._slowdown(idx),
+            p_ok = 1.0 if idx == self.default else p_within(*self.slowdown(idx),
                                                              cfg.max_slowdown)
-            gain = expected_gain(1.0 - ratio, se_ratio, p_ok)
+            p_keep = 1.0 if idx == self.default else self._p_keepable(idx, spare)
+            gain = expected_gain(1.0 - ratio, se_ratio, p_keep)
             if gain < threshold:
                 continue
             measure = (self.default if idx != self.default and 0.02 < p_ok < 0.98
@@ -452,11 +469,36 @@ class Search:
                 best = (gain, measure)
         if best is None:
             return None if waiting else self._unmeasured(kept, kept_j)
+        # half as many iterations again, or what the budget has left (the last revisit
+        # would otherwise be refused whole while its part could still settle the call)
         measure = best[1]
-        target = n[measure] + max(4 * cfg.min_iters, n[measure] // 2)
-        if not self.budget.allows(self._probe_cost(measure, target - n[measure]), kept_j):
+        planned = max(4 * cfg.min_iters, n[measure] // 2)
+        more = self.budget.affordable(self.probes[measure].stats()[0], kept_j,
+                                      cfg.discard + planned) - cfg.discard
+        if more < cfg.min_iters:
             return None
-        return measure, "revisit", target
+        return measure, "revisit", n[measure] + more
+
+    def _p_keepable(self, index: Index, spare: int) -> float:
+        """Probability that ``index`` can be kept once ``spare`` more iterations are spent.
+
+        They are split between it and the default so as to shrink its slowdown's standard
+        error the most; a challenger at the bound that no affordable measurement could
+        certify is worth nothing to revisit, however likely it is to be within the bound.
+        """
+        slow, se = self.slowdown(index)
+        n_i, n_0 = len(self.probes[index].energy_j), len(self.probes[self.default].energy_j)
+        _, _, t, se_t = self._stats(index)
+        _, _, t0, se_t0 = self._stats(self.default)
+        # var ~ a / n_i + b / n_0: spend where the larger share of the variance is
+        a, b = (se_t / t) ** 2 * n_i, (se_t0 / t0) ** 2 * n_0
+        if not (math.isfinite(a + b) and a + b > 0):  # unmeasured, or no spread at all
+            return p_within(slow, se, self.cfg.max_slowdown)
+        total = n_i + n_0 + spare
+        m_i = min(max(total * math.sqrt(a) / (math.sqrt(a) + math.sqrt(b)), n_i), n_i + spare)
+        m_0 = max(n_0 + spare - (m_i - n_i), n_0)
+        se_after = (t / t0) * math.sqrt(a / m_i + b / m_0)
+        return p_certifiable(slow, se, se_after, self.cfg.max_slowdown, self.cfg.z_bound)
 
     def _spread(self, line: list[Index]) -> tuple[Index, str] | None:
         n = len(line)

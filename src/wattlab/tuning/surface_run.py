@@ -7,7 +7,7 @@ standard deviation, like the jitter of real steps), and the search decides as it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +31,24 @@ class SurfaceOutcome:
     steps_from_oracle: int
     energy_gap_pct: float  # chosen vs oracle objective, % of the oracle's
     probes: int
+    chosen: tuple[int, ...]
+    oracle: tuple[int, ...]
+    settled_at: int | None  # the iteration of the latest settling (None: never settled)
+    search: Search = field(repr=False, compare=False)  # its probes, for the misses' analysis
+
+    def within_bound(self, max_slowdown: float) -> bool:
+        return self.settled_slowdown <= max_slowdown + 1e-9
+
+    def saving_kept(self) -> bool:
+        """At least 95 % of the oracle's saving (the goal of issue 19)."""
+        return self.settled_saving >= 0.95 * self.oracle_saving - 1e-9
+
+    def cheap(self) -> bool:
+        """At most 5 % of the run's energy spent exploring."""
+        return self.explore_energy_frac <= 0.05
+
+    def goal(self, max_slowdown: float) -> bool:
+        return self.within_bound(max_slowdown) and self.saving_kept() and self.cheap()
 
 
 def simulate(surface: Surface, config: SearchConfig, iterations: int, noise: float,
@@ -63,4 +81,6 @@ def simulate(surface: Surface, config: SearchConfig, iterations: int, noise: flo
         1.0 - obj(chosen) / obj(d), float(surface.time_s[chosen] / surface.time_s[d] - 1.0),
         1.0 - obj(oracle) / obj(d), float(surface.time_s[oracle] / surface.time_s[d] - 1.0),
         int(sum(abs(a - b) for a, b in zip(chosen, oracle, strict=True))),
-        100.0 * (obj(chosen) / obj(oracle) - 1.0), len(search.order))
+        100.0 * (obj(chosen) / obj(oracle) - 1.0), len(search.order), chosen, oracle,
+        search.settled_at,
+        search)
