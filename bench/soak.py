@@ -1,7 +1,7 @@
 """Soak: a long recording of the whole virtual bench, every source in its own process.
 
     python bench/soak.py                 # 10 minutes
-    python bench/soak.py --quick         # 30 s: what CI runs (bench/run_all --quick)
+    python bench/soak.py --quick         # 15 s: what CI runs (bench/run_all --quick)
     python bench/soak.py --seconds 60 --keep run.h5
 
 The emulated PowerSensor3 (20 kHz, pty) and the emulated WT310E (TCP, pyvisa-py), both
@@ -141,13 +141,13 @@ def soak(seconds: float, folder: str, keep: str = "") -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=600.0)
-    parser.add_argument("--quick", action="store_true", help="30 s (CI)")
+    parser.add_argument("--quick", action="store_true", help="15 s (CI)")
     parser.add_argument("--keep", default="", help="copy the run file here")
     parser.add_argument("--max-rss-growth-mb", type=float, default=25.0,
                         help="per process, after the warm-up")
     args = parser.parse_args()
     if args.quick:
-        args.seconds = 30.0
+        args.seconds = 15.0
     with tempfile.TemporaryDirectory(prefix="wattlab-soak-") as folder:
         result = soak(args.seconds, folder, args.keep)
     print(f"soak: {args.seconds:g} s of PowerSensor3 (20 kHz) + WT310E + simulated NVML, "
