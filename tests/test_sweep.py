@@ -70,9 +70,14 @@ def test_sweep_records_each_setting(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert 2.0 < t.runtime_s[0] / t.runtime_s[1] < 3.4
     assert t.sm_clock_mhz[0] == pytest.approx(600.0)
     assert 600.0 < t.sm_clock_mhz[1] <= 1980.0  # a 0.36 s run has its clock readings too
-    for source in ("nvml_energy", "nvml_samples"):  # NVML agrees with the true energy
-        np.testing.assert_allclose(t.energies_j[source], t.energies_j["true"], rtol=0.05,
-                                   err_msg=source)
+    true_j = np.asarray(t.energies_j["true"])
+    # NVML agrees with the true energy: the samples to 5 %; the counter moves every 100 ms,
+    # and a read late at a setting's edge (a busy machine) can put one update on the wrong
+    # side: 5 % plus one update's energy at the setting's mean power
+    np.testing.assert_allclose(t.energies_j["nvml_samples"], true_j, rtol=0.05)
+    update_j = 0.1 * true_j / np.asarray(t.runtime_s)
+    assert np.all(np.abs(np.asarray(t.energies_j["nvml_energy"]) - true_j)
+                  <= 0.05 * true_j + update_j), (t.energies_j["nvml_energy"], true_j)
     runs = sorted((tmp_path / "s.runs").iterdir())
     assert [p.name for p in runs] == ["sm_clock_mhz-1980-r0.h5", "sm_clock_mhz-600-r0.h5"]
     assert measure_run(str(runs[1]), 0, None)[0] > t.runtime_s[0]  # to the end marker
