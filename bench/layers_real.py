@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import RESULTS, write_json
 
+from wattlab.layers.capture import PLAIN_SECONDS
+
 CASES = (("resnet50", 32), ("resnet50", 128), ("vgg16", 16), ("vgg16", 64))
 
 
@@ -85,7 +87,7 @@ def main() -> None:
     ap.add_argument("--from-captures", metavar="DIR", help="analyse saved captures only")
     ap.add_argument("--captures", default=str(RESULTS / "layers_captures"), metavar="DIR",
                     help="where a live run writes its captures")
-    ap.add_argument("--seconds", type=float, default=15.0, help="plain run per case (s)")
+    ap.add_argument("--seconds", type=float, default=PLAIN_SECONDS, help="plain run per case (s)")
     args = ap.parse_args()
     folder = Path(args.from_captures or args.captures)
     if not args.from_captures:

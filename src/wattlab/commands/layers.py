@@ -9,6 +9,8 @@ import sys
 from typing import Any
 
 from wattlab.errors import UsageError
+from wattlab.layers.capture import PLAIN_SECONDS
+from wattlab.layers.equivalent_time import DELAY_S
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -37,12 +39,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--whole-window", type=float, default=3.0, metavar="S",
                    help="simulated GPU: seconds the whole pass runs for its energy "
                         "(default 3.0)")
-    p.add_argument("--seconds", type=float, default=15.0, metavar="S",
+    p.add_argument("--seconds", type=float, default=PLAIN_SECONDS, metavar="S",
                    help="real GPU: seconds of plain steps whose power samples are folded "
-                        "onto the step (default 15)")
-    p.add_argument("--sample-delay-ms", type=float, default=25.0, metavar="MS",
+                        f"onto the step (default {PLAIN_SECONDS:g})")
+    p.add_argument("--sample-delay-ms", type=float, default=1e3 * DELAY_S, metavar="MS",
                    help="real GPU: how far NVML's 50 Hz samples lag the power they stand "
-                        "for (default 25)")
+                        f"for (default {1e3 * DELAY_S:g})")
     p.add_argument("--keep-captures", metavar="DIR",
                    help="real GPU: keep the profiler traces and samples in DIR")
     p.add_argument("--plan", action="store_true",

@@ -36,6 +36,7 @@ from wattlab.errors import UsageError
 HOOKED_STEPS = 10
 PLAIN_STEPS = 12
 WARMUP = 5
+PLAIN_SECONDS = 15.0  # plain steps whose samples are folded: ~750 samples at 50 Hz
 Step = Callable[[], Any]
 
 
@@ -160,8 +161,9 @@ def plain_run(step: Step, driver: Any, gpu: int, seconds: float) -> PlainRun:
     return PlainRun(starts, np.concatenate(stamps) / 1e6, np.concatenate(powers), (e0, e1))
 
 
-def capture(model: Any, x: Any, out: Path, name: str, *, gpu: int = 0, seconds: float = 15.0,
-            train: bool = True, driver: Any = None) -> dict[str, float]:
+def capture(model: Any, x: Any, out: Path, name: str, *, gpu: int = 0,
+            seconds: float = PLAIN_SECONDS, train: bool = True, driver: Any = None
+            ) -> dict[str, float]:
     """All three captures of ``model``'s step (training or forward) on ``x``, under ``out``."""
     import torch
 

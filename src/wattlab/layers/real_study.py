@@ -22,7 +22,7 @@ NAME = "step"
 
 
 def measure_real(record: dict[str, Any], model: Any, count: LayerCount, *, gpu: int,
-                 seconds: float = 15.0, delay_s: float = DELAY_S,
+                 seconds: float = capture.PLAIN_SECONDS, delay_s: float = DELAY_S,
                  keep: str | Path | None = None,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Capture ``model``'s step on CUDA device ``gpu`` and measure every row inside it.
