@@ -123,11 +123,6 @@ def known_gaps_ns(run: Run, source_id: str) -> list[tuple[int, int]]:
             and g.time_last_ns is not None]
 
 
-def known_gaps_s(run: Run, source_id: str) -> list[tuple[float, float]]:
-    """Gaps the recorder wrote for a source, as (first, last) session seconds, where known."""
-    return [(a / 1e9, b / 1e9) for a, b in known_gaps_ns(run, source_id)]
-
-
 @dataclass
 class Cumulative:
     """A stream's running integral and uncovered time, evaluated at query times.
