@@ -31,6 +31,7 @@ import numpy as np
 from wattlab.errors import WattlabError
 
 BETWEEN = "between layers"
+HOST_BOUND = 0.05  # an instrumented step this much slower than the plain one: host-bound
 Mark = tuple[str, str, float]
 
 

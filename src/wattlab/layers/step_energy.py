@@ -21,7 +21,7 @@ from typing import Any
 
 from wattlab.layers.capture import Captured
 from wattlab.layers.equivalent_time import DELAY_S, Folded, fold
-from wattlab.layers.in_step import BETWEEN
+from wattlab.layers.in_step import BETWEEN, HOST_BOUND
 from wattlab.layers.kernel_trace import (
     IDLE,
     LayerTimes,
@@ -79,9 +79,6 @@ def analyse(c: Captured, *, delay_s: float = DELAY_S) -> dict[str, Any]:
     return {"rows": rows, "check": {**check(times, plain, folded, c.plain_step_s, note),
                                     "outside_rows": outside,
                                     "between": outside.get(BETWEEN, EMPTY_ROW)}}
-
-
-HOST_BOUND = 0.05  # an instrumented step this much slower than the plain one: host-bound
 
 
 def host_bound_warning(plain_step_s: float, profiled_s: float | None, run_step_s: float

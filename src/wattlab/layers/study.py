@@ -14,7 +14,7 @@ import numpy as np
 
 from wattlab.hardware.simulated_layer_gpu import LayerPhysics, SimulatedLayerGpu
 from wattlab.layers.counting import LayerCount, LayerRow
-from wattlab.layers.in_step import BETWEEN, InStep, Mark, summarise
+from wattlab.layers.in_step import BETWEEN, HOST_BOUND, InStep, Mark, summarise
 from wattlab.layers.measure import Backend, Measured, measure
 from wattlab.layers.plan import Surface, best_within, evaluate, heuristic
 from wattlab.layers.plan_hooks import call_key, traced_step, without_marks
@@ -105,9 +105,6 @@ def sum_check(rows: Sequence[dict[str, Any]], between: dict[str, Any],
             "layers_energy_j": e, "layers_energy_se_j": e_se, "steps": in_step.steps,
             "between": between, "whole": whole.to_json(), "time_error": t / whole.time_s - 1,
             "energy_error": e / whole.energy_j - 1, "warning": host_bound_warning(t, whole)}
-
-
-HOST_BOUND = 0.05  # hooked steps this much slower than plain ones: the host set the pace
 
 
 def host_bound_warning(hooked_s: float, whole: Measured) -> str | None:
