@@ -127,7 +127,8 @@ def test_random_frames_over_the_socket_then_a_real_session(tmp_path):
         control.close()
     finally:
         hostile.close()
-        thread.join(20)
+        rec.request_stop()  # a no-op after the stop above; on a failure it ends the thread,
+        thread.join(20)  # which otherwise keeps the test process alive at exit
     assert reply["rejected"] == 300  # every hostile message, none of the real ones
     with wattlab.open(path) as run:
         assert len(run.source("meter")) == 50
