@@ -119,6 +119,66 @@ def test_the_kept_setting_is_rechecked_and_left_once_too_slow():
     assert len(search.probes[kept].energy_j) > n_settled  # measured after settling
 
 
+def _near_bound_run(seed: int, slowdown_on_trial: float | None = None) -> tuple[Search, float]:
+    """A knob whose best setting is 4.7 % slower than the default (bound 5 %), saving 30 %.
+
+    ``slowdown_on_trial``: the job's slowdown at a setting while it runs on trial (a
+    challenger that turns out too slow). Returns the search and the energy run on trial.
+    """
+    time_s = {(0,): 0.30, (1,): 0.2094, (2,): 0.20, (3,): 0.20}
+    energy_j = {(0,): 60.0, (1,): 70.0, (2,): 95.0, (3,): 100.0}
+    search = Search({"sm_clock": (900.0, 1200.0, 1500.0, 1800.0)},
+                    SearchConfig(expected_iterations=20000))
+    rng = np.random.default_rng(seed)
+    on_trial_j = 0.0
+    for _ in range(20000):
+        idx = search.current
+        t = time_s[idx]
+        if search.phase == "trial" and slowdown_on_trial is not None:
+            t = 0.20 * (1.0 + slowdown_on_trial)
+        e = energy_j[idx] * rng.lognormal(0, 0.02)
+        on_trial_j += e if search.phase == "trial" else 0.0
+        search.observe(e, t * rng.lognormal(0, 0.02))
+    return search, on_trial_j
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_challenger_near_the_bound_runs_on_trial_until_certified(seed):
+    search, _ = _near_bound_run(seed)
+    assert search.trials and search.trials[-1]["outcome"] == "kept", search.trials
+    assert search.best == (1,)
+    assert search.budget.pending_j == 0.0  # a kept trial's iterations were refunded
+    assert search.budget.explore_j <= 0.05 * search.budget.total_j
+    summary = search.summary()
+    assert summary["trial"] is None and summary["trials"] == search.trials
+
+
+def test_a_refuted_trial_is_charged_to_the_exploring_budget():
+    search, on_trial_j = _near_bound_run(0, slowdown_on_trial=0.10)
+    assert [t["outcome"] for t in search.trials] == ["refuted"]
+    assert search.best == (2,) and search.current == (2,)
+    assert search.trials[0]["energy_j"] == pytest.approx(on_trial_j)
+    assert search.budget.explore_j >= on_trial_j and search.budget.pending_j == 0.0
+    assert search.budget.explore_j <= 0.05 * search.budget.total_j
+    assert any(d["action"] == "trial refuted" for d in search.decisions)
+
+
+def test_a_pending_trial_counts_against_the_share_until_resolved():
+    budget = ExploreBudget(0.05, expected_iterations=100)
+    for _ in range(90):
+        budget.add(10.0, exploring=False)
+    for _ in range(4):
+        budget.add(10.0, exploring=False, pending=True)
+    # 40 J pending of a 1000 J run whose share is 50 J: one more iteration, not two
+    assert budget.affordable(10.0, 10.0, 10) == 1
+    budget.resolve_pending(kept=True)
+    assert budget.explore_j == 0.0 and budget.affordable(10.0, 10.0, 10) == 5
+    for _ in range(4):
+        budget.add(10.0, exploring=False, pending=True)
+    budget.resolve_pending(kept=False)
+    assert budget.explore_j == 40.0 and budget.pending_j == 0.0
+
+
 def test_search_abandons_a_setting_it_cannot_measure():
     search = Search({"sm_clock": (500.0, 1000.0, 1500.0, 2000.0)}, FAST)
     for _ in range(10):
@@ -167,6 +227,25 @@ def test_report_shows_the_search(tuned, tmp_path):
     page = Path(result.html_path).read_text()
     assert "Tuning search" in page and "<th>sm_clock</th>" in page and "baseline" in page
     assert any(p.endswith("_tuning.png") for p in result.png_paths)
+
+
+def test_report_lists_the_trials(tuned, tmp_path):
+    """A run whose search ran trials (those of a near-bound search) lists each one."""
+    import shutil
+
+    from wattlab.analysis.report import build_report
+
+    search, _ = _near_bound_run(0)
+    run = tmp_path / "trials.h5"
+    shutil.copy(tuned[0], run)
+    with h5py.File(run, "r+") as f:
+        g = f["analysis/tuning"]
+        g.attrs["summary_json"] = json.dumps(json.loads(g.attrs["summary_json"])
+                                             | {"trials": search.trials})
+    page = Path(build_report(str(run), str(tmp_path / "r.html")).html_path).read_text()
+    assert "Trials:" in page
+    assert page.count("sm_clock&quot;: 1200.0}: iterations") == len(search.trials)
+    assert f"{search.trials[-1]['end']}, kept</li>" in page
 
 
 def test_cli_tunes_and_restores(tmp_path, capsys):

@@ -47,10 +47,16 @@ def tuning_panel(path: str) -> tuple[object, str, str] | None:
               "default</th><th>time vs default</th></tr>")
     verdict = ("dry run: nothing changed" if s["dry_run"] else
                f"kept {html.escape(json.dumps(s['chosen']))}")
+    trials = "".join(  # challengers run in the kept setting's place (docs/tune.md, 7.)
+        f"<li>{html.escape(json.dumps(t['setting']))}: iterations {t['start']}-"
+        f"{t['end'] if t['end'] is not None else 'end'}, {html.escape(t['outcome'])}</li>"
+        for t in s.get("trials", []))
     table = (f"<h3>Tuning ({html.escape(s['objective'])}, max slowdown "
              f"{s['max_slowdown']:.1%}, iterations from "
              f"{html.escape(s['iteration_source'])})</h3><p>{verdict}; "
-             f"{len(record['models'])} model fits</p><table>{head}{rows}</table>")
+             f"{len(record['models'])} model fits</p>"
+             + (f"<p>Trials:</p><ul>{trials}</ul>" if trials else "")
+             + f"<table>{head}{rows}</table>")
     caption = ("Energy of every iteration the tuner detected, coloured by the setting in "
                "force (hollow: not counted). The table lists each setting measured: mean and "
                "standard error per iteration, against the default.")

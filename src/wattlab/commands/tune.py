@@ -130,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
           f"measured energy {-s['energy_saving_measured']:+.1%}, "
           f"time {s['slowdown_measured']:+.1%} per iteration"
           + ("" if s["settled"] else " - the search had not finished when the run ended"))
+    if s["trial"] is not None:
+        print(f"on trial when the run ended: {json.dumps(s['trial'])} (ran in place of the "
+              "kept setting; its slowdown was not yet certified within the bound)")
     if not outcome.dry_run:
         print(f"restored: {json.dumps(outcome.restored)}")
     return exit_status(outcome.session)

@@ -64,19 +64,30 @@ class ExploreBudget:
     With the run's length known (``expected_iterations``) the share is of the whole run,
     its rest priced at the kept setting's energy; without it, of the energy so far, so a
     longer run earns more revisits as it goes and the share holds whenever it ends.
+    ``pending_j``: energy of a trial under way, exploring unless the trial ends kept; it is
+    counted against the share until then, so a failed trial never overruns it.
     """
 
     share: float
     expected_iterations: int | None = None
     total_j: float = 0.0
     explore_j: float = 0.0
+    pending_j: float = 0.0
     iterations: int = 0
 
-    def add(self, energy_j: float, exploring: bool) -> None:
+    def add(self, energy_j: float, exploring: bool, pending: bool = False) -> None:
         self.iterations += 1
         self.total_j += energy_j
         if exploring:
             self.explore_j += energy_j
+        elif pending:
+            self.pending_j += energy_j
+
+    def resolve_pending(self, kept: bool) -> None:
+        """A trial ended: its energy was the kept setting's (refunded), or exploring."""
+        if not kept:
+            self.explore_j += self.pending_j
+        self.pending_j = 0.0
 
     def allows(self, cost_j: float, kept_energy_j: float) -> bool:
         """Whether ``cost_j`` more exploring keeps within the share of the run."""
@@ -84,7 +95,7 @@ class ExploreBudget:
         if self.expected_iterations is not None:
             rest = max(self.expected_iterations - self.iterations, 0)
             run_j = max(run_j, self.total_j + rest * kept_energy_j)
-        return self.explore_j + cost_j <= self.share * run_j
+        return self.explore_j + self.pending_j + cost_j <= self.share * run_j
 
     def affordable(self, iteration_j: float, kept_energy_j: float, most: int) -> int:
         """The most iterations (up to ``most``) of ``iteration_j`` each the share still allows.

@@ -42,6 +42,7 @@ from wattlab.tuning.surfaces import objective_value
 Index = tuple[int, ...]
 OBJECTIVES = ("energy", "edp")
 SPREAD = (0.3, 0.65)  # first probes along a knob, as fractions of its range from the bottom
+MOST_ITERATIONS = 10**7  # the most iterations a budget question asks about (a bound only)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,13 @@ class SearchConfig:
     refine_gain: float = 0.01
     refine_min_gain: float = 2e-4
     monitor_every: int = 25  # iterations at the kept setting between two re-decisions
+    # a trial: a challenger whose measured gain over the kept setting is at least this share
+    # of the kept setting's saving, and that the budget left would certify with at least
+    # trial_p_keep, is run in the kept one's place until certified or refuted; its
+    # iterations count as exploring unless it ends kept (None: no trials)
+    trial_gain: float | None = 0.05
+    trial_p_keep: float = 0.5
+    trial_give_up: float = 0.1  # a trial whose chance of certification falls below this ends
 
     def check(self) -> None:
         """Bad values are usage errors that name the option."""
@@ -171,7 +179,10 @@ class Search:
         self.settled_at: int | None = None  # the latest settling
         self.best: Index = self.default
         self.budget = ExploreBudget(config.explore_share, config.expected_iterations)
-        self.phase = "search"  # then "kept" (running the kept setting) or "revisit"
+        # then "kept" (running the kept setting), "revisit" or "trial" (running a challenger)
+        self.phase = "search"
+        self.trial: Index | None = None  # the challenger on trial, if any
+        self.trials: list[dict[str, Any]] = []  # every trial: setting, start, end, outcome
         self.reason = "baseline"  # why the current setting runs
         self._knob = 0
         self._knob_probes = 0
@@ -185,8 +196,11 @@ class Search:
 
     @property
     def settled(self) -> bool:
-        """Running the kept setting (exploring is over, or paused between revisits)."""
-        return self.phase == "kept"
+        """Running the kept setting or a trial (exploring is over, or paused between revisits).
+
+        A trial's iterations are exploring if it fails (``ExploreBudget.pending_j``).
+        """
+        return self.phase in ("kept", "trial")
 
     def setting(self, index: Index) -> dict[str, float]:
         return {k: self.axes[k][i] for k, i in zip(self.knobs, index, strict=True)}
@@ -196,7 +210,7 @@ class Search:
         self.iteration += 1
         if not (energy_j > 0 and time_s > 0):
             return None
-        self.budget.add(energy_j, exploring=not self.settled)
+        self.budget.add(energy_j, exploring=not self.settled, pending=self.phase == "trial")
         probe = self.probes[self.current]
         if self._since_change < self.cfg.discard:
             self._since_change += 1
@@ -237,6 +251,8 @@ class Search:
                 "chosen": self.setting(self.best), "settled": self.settled_at is not None,
                 "settled_at_iteration": self.settled_at, "probes": len(self.order),
                 "baseline": list(base),
+                "trial": None if self.trial is None else self.setting(self.trial),
+                "trials": self.trials,
                 "energy_saving_measured": 1.0 - best[0] / base[0],
                 "slowdown_measured": best[2] / base[2] - 1.0,
                 "config": asdict(self.cfg)}
@@ -378,20 +394,96 @@ class Search:
         return n * (e if math.isfinite(e) else self._kept_j())
 
     def _settle(self) -> None:
-        """Keep the best measured setting, or first revisit what may still beat it."""
+        """Keep the best measured setting (or run a trial), first revisiting what may beat it."""
         self._kept_seen = 0
         self._target = None
         self.best = self._best_measured()
+        if self.trial is not None:
+            self._judge_trial()
+        if self.trial is None:
+            self._begin_trial()
         revisit = self._revisit()
         if revisit is not None:
             self.phase = "revisit"
             self._target = revisit[2]
             self._start(revisit[0], revisit[1])
             return
-        if self.phase != "kept":
+        if self.phase not in ("kept", "trial"):
             self.settled_at = self.iteration
-        self.phase = "kept"
-        self._start(self.best, "settle")
+        if self.trial is not None:
+            self.phase = "trial"
+            self._start(self.trial, "trial")
+        else:
+            self.phase = "kept"
+            self._start(self.best, "settle")
+
+    def _spare(self) -> int:
+        """Iterations of the default the exploring budget still allows."""
+        return self.budget.affordable(self.probes[self.default].stats()[0], self._rest_j(),
+                                      MOST_ITERATIONS)
+
+    def _begin_trial(self) -> None:
+        """Run on trial the challenger most worth it, if any (``SearchConfig.trial_gain``).
+
+        Why: certifying a setting near the bound takes hundreds of its iterations; run in
+        the kept setting's place, they cost the budget nothing once it is certified, which
+        leaves the budget for the default's measurement and for later revisits.
+        """
+        cfg, kept = self.cfg, self.best
+        if cfg.trial_gain is None:
+            return
+        threshold = max(cfg.trial_gain * self._saving(kept), cfg.refine_min_gain)
+        # a failed trial is not run again; one kept and later stepped back from may be
+        failed = {tuple(t["index"]) for t in self.trials if t["outcome"] != "kept"}
+        spare, best = self._spare(), None
+        for idx, probe in self.probes.items():
+            if idx in (kept, self.default) or idx in failed or len(probe.energy_j) < 2:
+                continue
+            gain = 1.0 - self._ratio_to_best(idx)[0]
+            p_keep = self._p_keepable(idx, spare)
+            if gain >= threshold and p_keep >= cfg.trial_p_keep and (
+                    best is None or gain * p_keep > best[0]):
+                best = (gain * p_keep, idx)
+        if best is not None:
+            self.trial = best[1]
+            self.trials.append({"index": list(best[1]), "setting": self.setting(best[1]),
+                                "start": self.iteration, "end": None,
+                                "outcome": "running"})
+
+    def _judge_trial(self) -> None:
+        """End the trial once certified (kept), refuted, or beyond certifying in its budget.
+
+        A trial that ends unkept is charged to the exploring budget, whole; it ends before
+        another stretch of it could overrun the budget's share.
+        """
+        trial = self.trial
+        assert trial is not None
+        stretch = self._probe_cost(trial, self.cfg.monitor_every)
+        if trial == self.best:
+            outcome = "kept"
+        elif self._clearly_out(trial):
+            outcome = "refuted"
+        elif self._feasible_value(trial) is not None:
+            outcome = "not better"  # certified within the bound, yet not below the kept one
+        elif not self.budget.allows(stretch, self._rest_j()):
+            outcome = "out of budget"
+        elif self._p_keepable(trial, self._spare()) < self.cfg.trial_give_up:
+            outcome = "cannot certify"
+        else:
+            return
+        energy_j = self.budget.pending_j
+        self.budget.resolve_pending(kept=outcome == "kept")
+        self.trials[-1].update(end=self.iteration, outcome=outcome, energy_j=energy_j)
+        self.decisions.append({"iteration": self.iteration, "action": "trial " + outcome,
+                               "setting": self.setting(trial)})
+        self.trial = None
+
+    def _saving(self, index: Index) -> float:
+        """Measured relative saving of the objective at ``index`` against the default."""
+        e0, _, t0, _ = self.probes[self.default].stats()
+        e, _, t, _ = self.probes[index].stats()
+        return 1.0 - objective_value(self.cfg.objective, e, t) / objective_value(
+            self.cfg.objective, e0, t0)
 
     def _neighbours(self, index: Index) -> list[Index]:
         out = []
@@ -437,21 +529,19 @@ class Search:
                 if self.budget.allows(self._probe_cost(nb), kept_j):
                     return nb, "local", None
                 return None
-        e0, _, t0, _ = self.probes[self.default].stats()
-        ek, _, tk, _ = self.probes[kept].stats()
-        saving = 1.0 - objective_value(cfg.objective, ek, tk) / objective_value(
-            cfg.objective, e0, t0)
-        threshold = max(cfg.refine_gain * saving, cfg.refine_min_gain)
+        threshold = max(cfg.refine_gain * self._saving(kept), cfg.refine_min_gain)
         n = {i: len(p.energy_j) for i, p in self.probes.items()}
-        spare = self.budget.affordable(self.probes[self.default].stats()[0], kept_j, 100000)
+        spare = self._spare()
         best: tuple[float, Index] | None = None
         waiting = False
-        if kept != self.default:  # the kept setting near the bound: refine the reference
-            slow, se = self.slowdown(kept)  # until its slowdown is clearly within the bound
-            if slow + cfg.z_verdict * se > cfg.max_slowdown and n[self.default] < n[kept]:
+        for run in [i for i in (kept, self.trial) if i is not None and i != self.default]:
+            # the setting run near the bound: refine the reference until its slowdown is
+            # clearly within the bound (a trial's own iterations come free, as the kept's)
+            slow, se = self.slowdown(run)
+            if slow + cfg.z_verdict * se > cfg.max_slowdown and n[self.default] < n[run]:
                 best = (math.inf, self.default)
         for idx in self.probes:
-            if idx == kept or n[idx] < 2:
+            if idx in (kept, self.trial) or n[idx] < 2:
                 continue
             ratio, se_ratio = self._ratio_to_best(idx)
             p_ok = 1.0 if idx == self.default else p_within(*self.slowdown(idx),

@@ -59,15 +59,27 @@ def simulate(surface: Surface, config: SearchConfig, iterations: int, noise: flo
     factors = np.exp(rng.normal(0.0, noise, size=(iterations, 2)) - noise**2 / 2)
     total = explore = 0.0
     explore_iters = 0
+    trial_j: list[float] = []  # true energy and iterations of each trial, charged if it fails
+    trial_iters: list[int] = []
     for i in range(iterations):
         idx = search.current
         e = float(surface.energy_j[idx]) * factors[i, 0]
         t = float(surface.time_s[idx]) * factors[i, 1]
         total += float(surface.energy_j[idx])
-        if not search.settled:
+        if search.phase == "trial":
+            k = len(search.trials) - 1
+            trial_j += [0.0] * (k + 1 - len(trial_j))
+            trial_iters += [0] * (k + 1 - len(trial_iters))
+            trial_j[k] += float(surface.energy_j[idx])
+            trial_iters[k] += 1
+        elif not search.settled:
             explore += float(surface.energy_j[idx])
             explore_iters += 1
         search.observe(e, t)
+    for k, trial in enumerate(search.trials[:len(trial_j)]):
+        if trial["outcome"] != "kept":  # failed, or still running at the end: exploring
+            explore += trial_j[k]
+            explore_iters += trial_iters[k]
     d = surface.default
     chosen = search.best
     oracle = surface.oracle(config.objective, config.max_slowdown)
