@@ -19,6 +19,7 @@ from tests.data_files import PUBLIC
 from wattlab.acquisition.sweep import open_driver
 from wattlab.cli import main
 from wattlab.commands.tune import simulated_training
+from wattlab.errors import UsageError
 from wattlab.tuning import online
 from wattlab.tuning.online import TunePlan, run_tune
 from wattlab.tuning.refine import ExploreBudget, p_certifiable, p_within
@@ -119,7 +120,8 @@ def test_the_kept_setting_is_rechecked_and_left_once_too_slow():
     assert len(search.probes[kept].energy_j) > n_settled  # measured after settling
 
 
-def _near_bound_run(seed: int, slowdown_on_trial: float | None = None) -> tuple[Search, float]:
+def _near_bound_run(seed: int, slowdown_on_trial: float | None = None,
+                    config: SearchConfig | None = None) -> tuple[Search, float]:
     """A knob whose best setting is 4.7 % slower than the default (bound 5 %), saving 30 %.
 
     ``slowdown_on_trial``: the job's slowdown at a setting while it runs on trial (a
@@ -128,7 +130,7 @@ def _near_bound_run(seed: int, slowdown_on_trial: float | None = None) -> tuple[
     time_s = {(0,): 0.30, (1,): 0.2094, (2,): 0.20, (3,): 0.20}
     energy_j = {(0,): 60.0, (1,): 70.0, (2,): 95.0, (3,): 100.0}
     search = Search({"sm_clock": (900.0, 1200.0, 1500.0, 1800.0)},
-                    SearchConfig(expected_iterations=20000))
+                    config or SearchConfig(expected_iterations=20000))
     rng = np.random.default_rng(seed)
     on_trial_j = 0.0
     for _ in range(20000):
@@ -161,6 +163,16 @@ def test_a_refuted_trial_is_charged_to_the_exploring_budget():
     assert search.budget.explore_j >= on_trial_j and search.budget.pending_j == 0.0
     assert search.budget.explore_j <= 0.05 * search.budget.total_j
     assert any(d["action"] == "trial refuted" for d in search.decisions)
+
+
+def test_no_trials_when_told_and_bad_trial_settings_are_refused():
+    search, on_trial_j = _near_bound_run(0, config=SearchConfig(expected_iterations=20000,
+                                                                 trial_gain=None))
+    assert search.trials == [] and on_trial_j == 0.0
+    with pytest.raises(UsageError, match="trial_gain must be >= 0"):
+        SearchConfig(trial_gain=-0.1).check()
+    with pytest.raises(UsageError, match="trial_give_up < trial_p_keep"):
+        SearchConfig(trial_p_keep=0.05).check()
 
 
 def test_a_pending_trial_counts_against_the_share_until_resolved():
@@ -251,12 +263,14 @@ def test_report_lists_the_trials(tuned, tmp_path):
 def test_cli_tunes_and_restores(tmp_path, capsys):
     out = tmp_path / "c.h5"
     code = main(["tune", "--simulate", "--duration", "6", "--knobs", "sm_clock",
-                 "--min-iters", "3", "--max-iters", "5", "--objective", "edp", "-o", str(out)])
+                 "--min-iters", "3", "--max-iters", "5", "--objective", "edp", "--no-trials",
+                 "-o", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert 'restored: {"sm_clocks": "reset"}' in captured.out and "kept:" in captured.out
     record = read_tuning(str(out))
     assert record is not None and record["summary"]["objective"] == "edp"
+    assert record["summary"]["config"]["trial_gain"] is None
 
 
 def test_restored_after_an_exception_in_the_controller(tmp_path, monkeypatch):

@@ -43,6 +43,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--expected-iterations", type=int, metavar="N",
                    help="the run's length in iterations, if known: exploring is capped at "
                         "4.8 %% of the whole run's energy (without it, of the energy so far)")
+    p.add_argument("--no-trials", action="store_true",
+                   help="never run a not yet certified challenger in the kept setting's "
+                        "place (trials, docs/tune.md)")
     p.add_argument("--step-marker", metavar="NAME",
                    help="take iterations from the workload's markers of this name (begin or "
                         "point, e.g. from wattlab.mark) instead of the power samples")
@@ -71,7 +74,8 @@ def plan_of(args: argparse.Namespace) -> TunePlan:
         raise UsageError(f"--gpu must be >= 0, got {args.gpu}")
     config = SearchConfig(objective=args.objective, max_slowdown=args.max_slowdown,
                           min_iters=args.min_iters, max_iters=args.max_iters,
-                          expected_iterations=args.expected_iterations)
+                          expected_iterations=args.expected_iterations,
+                          trial_gain=None if args.no_trials else SearchConfig.trial_gain)
     config.check()
     command = command_of(args) or None
     if command is None and args.duration is None:

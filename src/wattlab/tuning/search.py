@@ -94,6 +94,12 @@ class SearchConfig:
         if self.expected_iterations is not None and self.expected_iterations < 1:
             raise UsageError(f"--expected-iterations must be >= 1, got "
                              f"{self.expected_iterations}")
+        if self.trial_gain is not None and not self.trial_gain >= 0.0:
+            raise UsageError(f"trial_gain must be >= 0 (or None: no trials), got "
+                             f"{self.trial_gain}")
+        if not 0.0 <= self.trial_give_up < self.trial_p_keep <= 1.0:
+            raise UsageError(f"need 0 <= trial_give_up < trial_p_keep <= 1, got "
+                             f"{self.trial_give_up} and {self.trial_p_keep}")
         if not 0.0 < self.explore_share <= 1.0:
             raise UsageError(f"--explore-share is a fraction in (0, 1], got "
                              f"{self.explore_share}")
