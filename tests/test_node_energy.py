@@ -90,8 +90,11 @@ def test_node_report_adds_gpus_cpu_and_dram_once_and_falls_back_with_a_reason(tm
     assert parts["gpu1"]["streams"] == ["gpu1.samples:power_w"]
     assert "not supported" in parts["gpu1"]["how"] and parts["gpu1"]["energy_j"] > 100
     seconds = report["span_s"][1] - report["span_s"][0]
-    assert parts["cpu"]["energy_j"] / seconds == pytest.approx(100.0, rel=0.02)
-    assert parts["dram"]["energy_j"] / seconds == pytest.approx(15.0, rel=0.02)
+    # 5 %: the emulator's thread writes the counters every 1 ms, but a busy test process can
+    # hold it back by tens of ms, which a 2 s run sees as a few % (a CI run read DRAM at
+    # 14.35 W); a zone counted twice or missed would be off by 15-60 %
+    assert parts["cpu"]["energy_j"] / seconds == pytest.approx(100.0, rel=0.05)
+    assert parts["dram"]["energy_j"] / seconds == pytest.approx(15.0, rel=0.05)
     total = sum(parts[k]["energy_j"] for k in ("gpu0", "gpu1", "cpu", "dram"))
     assert node["measured_j"] == pytest.approx(total)
     assert node["unmeasured"] is None and "no wall meter" in node["missing"][0]
