@@ -433,11 +433,12 @@ class Search:
 
         Why: certifying a setting near the bound takes hundreds of its iterations; run in
         the kept setting's place, they cost the budget nothing once it is certified, which
-        leaves the budget for the default's measurement and for later revisits.
+        leaves the budget for the default's measurement and for later revisits. Not while
+        the default is kept: its own iterations, the reference, would then cost instead.
         """
         cfg, kept = self.cfg, self.best
-        if cfg.trial_gain is None:
-            return
+        if cfg.trial_gain is None or kept == self.default:
+            return  # the default kept: the reference comes free, revisits certify cheaper
         threshold = max(cfg.trial_gain * self._saving(kept), cfg.refine_min_gain)
         # a failed trial is not run again; one kept and later stepped back from may be
         failed = {tuple(t["index"]) for t in self.trials if t["outcome"] != "kept"}
