@@ -63,10 +63,18 @@ def tmpfs(folder: Path, size: str) -> Iterator[Path]:
 
 
 def fill(folder: Path) -> None:
-    """Take every free byte of the file system, the way another writer would."""
-    stat = os.statvfs(folder)
-    with open(folder / "filler", "wb") as f, contextlib.suppress(OSError):
-        os.posix_fallocate(f.fileno(), 0, stat.f_bavail * stat.f_frsize)  # or what it can
+    """Take every free byte of the file system, the way another writer would.
+
+    By writes until ENOSPC, not one ``posix_fallocate`` of the free space: on tmpfs that
+    is all or nothing, and the recorder writing in between made it allocate nothing
+    (the recorder then never saw a full disk, ~1 run in 10).
+    """
+    with open(folder / "filler", "wb", buffering=0) as f:
+        for size in (1 << 20, 4096):  # whole MiB, then what pages are left
+            block = bytes(size)
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(block)
 
 
 def fsize_limit(limit_bytes: int) -> Callable[[], None]:
