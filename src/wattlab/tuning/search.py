@@ -414,7 +414,7 @@ class Search:
             self._target = revisit[2]
             self._start(revisit[0], revisit[1])
             return
-        if self.phase not in ("kept", "trial"):
+        if not self.settled:
             self.settled_at = self.iteration
         if self.trial is not None:
             self.phase = "trial"
@@ -465,14 +465,14 @@ class Search:
         """
         trial = self.trial
         assert trial is not None
-        stretch = self._probe_cost(trial, self.cfg.monitor_every)
         if trial == self.best:
             outcome = "kept"
         elif self._clearly_out(trial):
             outcome = "refuted"
         elif self._feasible_value(trial) is not None:
             outcome = "not better"  # certified within the bound, yet not below the kept one
-        elif not self.budget.allows(stretch, self._rest_j()):
+        elif not self.budget.allows(self._probe_cost(trial, self.cfg.monitor_every),
+                                    self._rest_j()):
             outcome = "out of budget"
         elif self._p_keepable(trial, self._spare()) < self.cfg.trial_give_up:
             outcome = "cannot certify"

@@ -59,8 +59,8 @@ def simulate(surface: Surface, config: SearchConfig, iterations: int, noise: flo
     factors = np.exp(rng.normal(0.0, noise, size=(iterations, 2)) - noise**2 / 2)
     total = explore = 0.0
     explore_iters = 0
-    trial_j: list[float] = []  # true energy and iterations of each trial, charged if it fails
-    trial_iters: list[int] = []
+    trial_j: dict[int, float] = {}  # true energy and iterations of each trial (by number),
+    trial_iters: dict[int, int] = {}  # charged as exploring if it fails
     for i in range(iterations):
         idx = search.current
         e = float(surface.energy_j[idx]) * factors[i, 0]
@@ -68,18 +68,16 @@ def simulate(surface: Surface, config: SearchConfig, iterations: int, noise: flo
         total += float(surface.energy_j[idx])
         if search.phase == "trial":
             k = len(search.trials) - 1
-            trial_j += [0.0] * (k + 1 - len(trial_j))
-            trial_iters += [0] * (k + 1 - len(trial_iters))
-            trial_j[k] += float(surface.energy_j[idx])
-            trial_iters[k] += 1
+            trial_j[k] = trial_j.get(k, 0.0) + float(surface.energy_j[idx])
+            trial_iters[k] = trial_iters.get(k, 0) + 1
         elif not search.settled:
             explore += float(surface.energy_j[idx])
             explore_iters += 1
         search.observe(e, t)
-    for k, trial in enumerate(search.trials[:len(trial_j)]):
+    for k, trial in enumerate(search.trials):
         if trial["outcome"] != "kept":  # failed, or still running at the end: exploring
-            explore += trial_j[k]
-            explore_iters += trial_iters[k]
+            explore += trial_j.get(k, 0.0)
+            explore_iters += trial_iters.get(k, 0)
     d = surface.default
     chosen = search.best
     oracle = surface.oracle(config.objective, config.max_slowdown)
