@@ -10,56 +10,15 @@ import pytest
 
 import wattlab
 from tests.data_files import H100_CAPTURE as H100
-from wattlab.acquisition.simulated_phases import schedule_phases
+from tests.sim_runs import sim_descriptor, write_sim_run
 from wattlab.analysis import calibration
 from wattlab.analysis.calibration import calibrate, load_from_run, load_record, store_in_run
 from wattlab.analysis.energy import energy_report
 from wattlab.analysis.importers import import_files
 from wattlab.cli import main
-from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule
-from wattlab.samples import Channel, Marker, SourceDescriptor
 from wattlab.sync.run_writer import RunFileWriter
 
 MS = 1_000_000
-
-
-def _desc(sid: str, kind: str, channels: list[tuple[str, str]], **config: object):
-    return SourceDescriptor(sid, kind, "Simulated H100 80GB HBM3" if kind == "nvml" else "meter",
-                            tuple(Channel(n, "W", m) for n, m in channels),
-                            firmware="580.1", config={"driver_version": "580.1", **config})
-
-
-def write_sim_run(path: Path, seed: int = 3, duration_s: float = 40.0, gain: float = 1.07,
-                  offset_w: float = 5.0) -> SimulatedGpu:
-    """A run whose truth is known: reference = true power at 1 kHz, NVML views polled at 50 Hz.
-
-    ``gpu0.power`` holds the simulator's instant and average readings as polled;
-    ``gpu0.scaled`` is the average reading with a known gain and offset applied.
-    """
-    gpu = SimulatedGpu(0, seed, WorkloadSchedule.random(seed, duration_s), clock_ns=lambda: 0,
-                       start_ns=0, unix_offset_ns=0)
-    writer = RunFileWriter(str(path), {"created": "test"}, 0)
-    writer.add_source(_desc("meter", "meter", [("power_w", "true power")]))
-    writer.add_source(_desc("gpu0.power", "nvml",
-                            [("instant_power_w", "NVML_FI_DEV_POWER_INSTANT"),
-                             ("average_power_w", "nvmlDeviceGetPowerUsage")]))
-    writer.add_source(_desc("gpu0.scaled", "nvml", [("average_power_w", "scaled average")]))
-    t_ref = np.arange(0, int(duration_s * 1000)) * MS
-    p_ref = gpu.true_power_w_array(t_ref)
-    writer.append("meter", t_ref, t_ref, p_ref.reshape(-1, 1), np.zeros(t_ref.size, np.uint8))
-    t_poll = np.arange(5, int(duration_s * 50)) * 20 * MS + 3 * MS
-    inst = np.array([gpu.instant_power_mw(int(t)) for t in t_poll]) / 1e3
-    avg = np.array([gpu.average_power_mw(int(t)) for t in t_poll]) / 1e3
-    zeros = np.zeros(t_poll.size, np.uint8)
-    writer.append("gpu0.power", t_poll, t_poll, np.column_stack([inst, avg]), zeros)
-    writer.append("gpu0.scaled", t_poll, t_poll, (gain * avg + offset_w).reshape(-1, 1), zeros)
-    markers = []
-    for a, b, name in schedule_phases(gpu):
-        markers += [Marker(round(a * 1e9), name, "begin", "schedule"),
-                    Marker(round(b * 1e9), name, "end", "schedule")]
-    writer.add_markers(markers)
-    writer.close()
-    return gpu
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +63,8 @@ def _lti_run(path: Path, quiet_s: tuple[float, float] | None = None) -> dict:
     box = (np.interp(t_tgt - tau, edges_s, cum) - np.interp(t_tgt - tau - w, edges_s, cum)) / w
     y = LTI["g"] * box + LTI["c"] + rng.normal(0, 1.0, t_tgt.size)
     writer = RunFileWriter(str(path), {}, 0)
-    writer.add_source(_desc("ref", "meter", [("power_w", "")]))
-    writer.add_source(_desc("tgt", "nvml", [("power_w", "field")]))
+    writer.add_source(sim_descriptor("ref", "meter", [("power_w", "")]))
+    writer.add_source(sim_descriptor("tgt", "nvml", [("power_w", "field")]))
     writer.append("ref", t_ref, t_ref, p_ref.reshape(-1, 1), np.zeros(t_ref.size, np.uint8))
     t_tgt_ns = np.round(t_tgt * 1e9).astype(np.int64)
     writer.append("tgt", t_tgt_ns, t_tgt_ns, y.reshape(-1, 1), np.zeros(y.size, np.uint8))

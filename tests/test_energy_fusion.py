@@ -144,14 +144,14 @@ def test_unidentifiable_record_is_refused_unless_forced(torch_long) -> None:
 
 def test_readings_off_any_lattice_are_refused(torch_long, tmp_path: Path) -> None:
     """A stream whose every poll saw a new value at random times has no update lattice."""
-    from tests.test_calibration import _desc
+    from tests.sim_runs import sim_descriptor
     from wattlab.sync.run_writer import RunFileWriter
 
     rng = np.random.default_rng(3)
     t_ns = np.cumsum(rng.integers(40, 160, 400)) * 1_000_000
     path = tmp_path / "jitter.h5"
     writer = RunFileWriter(str(path), {}, 0)
-    writer.add_source(_desc("gpu0.power", "nvml", [("average_power_w", "field")]))
+    writer.add_source(sim_descriptor("gpu0.power", "nvml", [("average_power_w", "field")]))
     writer.append("gpu0.power", t_ns, t_ns, rng.uniform(60, 700, (t_ns.size, 1)),
                   np.zeros(t_ns.size, np.uint8))
     writer.close()
