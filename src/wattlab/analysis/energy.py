@@ -161,7 +161,7 @@ def integrate_power(
         rows: list[EnergyRow] = []
         for i, p in enumerate(phases):
             a, b = p.t0_s, p.t1_s
-            measured = (at(b, cum.integral) - at(a, cum.integral)) * (1 + 1e-5)
+            measured = at(b, cum.integral) - at(a, cum.integral)
             unc = at(b, cum.uncovered_s) - at(a, cum.uncovered_s) + outside_s(a, b)
             bridged = at(b, cum.bridge) - at(a, cum.bridge)
             at_mean = at(b, cum.unbridged_s) - at(a, cum.unbridged_s) + outside_s(a, b)
