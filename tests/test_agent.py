@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 import wattlab
+from tests.conftest import free_port
 from wattlab.acquisition.agent import SKEW_ENV, ClockSkew, HostAcquirer, run_agent
 from wattlab.acquisition.source import Chunk
 from wattlab.cli import main
@@ -60,17 +60,6 @@ def agent_main() -> None:
     result = run_agent(endpoint, security.keys.name, [("ramp", Ramp())], security,
                        skew=ClockSkew.from_env())
     sys.exit(0 if result.finished_by_recorder else 1)
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("keys")
-    assert main(["keys", "recorder", "node1", "node2", "-d", str(folder)]) == 0
-    allowed = folder / "allowed"
-    allowed.mkdir()
-    for name in ("node1", "node2"):
-        (allowed / f"{name}.key").write_bytes((folder / f"{name}.key").read_bytes())
-    return folder
 
 
 def start_agent(listen: str, keys: Path, name: str, skew: ClockSkew) -> subprocess.Popen[str]:
@@ -161,13 +150,13 @@ def test_host_acquirer_prefixes_every_stream_and_skews_every_time():
     assert acq.flush() == []
 
 
-def test_agent_needs_tcp_and_something_to_send(keys, monkeypatch):
+def test_agent_needs_tcp_and_something_to_send(keys, monkeypatch, tmp_path):
     security = ClientSecurity(load_keypair(keys / "node1.key_secret"),
                               load_public_key(keys / "recorder.key"))
     with pytest.raises(UsageError, match="tcp://"):
-        run_agent("ipc:///tmp/x", "node1", [("r", Ramp())], security)
+        run_agent(f"ipc://{tmp_path / 'bus.sock'}", "node1", [("r", Ramp())], security)
     with pytest.raises(UsageError, match="nothing to publish"):
-        run_agent("tcp://127.0.0.1:1", "node1", [], security)
+        run_agent(f"tcp://127.0.0.1:{free_port()}", "node1", [], security)
     monkeypatch.setenv(SKEW_ENV, "nonsense")
     with pytest.raises(UsageError, match="OFFSET_NS:DRIFT_PPM"):
         ClockSkew.from_env()
@@ -223,9 +212,7 @@ def test_an_agent_with_the_wrong_server_key_says_so(listening, keys):
 
 
 def test_an_agent_with_nothing_listening_exits_1_in_bounded_time(keys, capsys):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # free once closed: nothing listens there
+    port = free_port()
     started = time.monotonic()
     code = main(["agent", "--connect", f"tcp://127.0.0.1:{port}", "--key",
                  str(keys / "node1.key_secret"), "--server-key", str(keys / "recorder.key"),
@@ -239,7 +226,7 @@ def test_an_agent_with_nothing_listening_exits_1_in_bounded_time(keys, capsys):
 
 
 def test_agent_refuses_bad_nvml_intervals_before_connecting(keys, capsys):
-    assert main(["agent", "--connect", "tcp://127.0.0.1:1", "--key",
+    assert main(["agent", "--connect", f"tcp://127.0.0.1:{free_port()}", "--key",
                  str(keys / "node1.key_secret"), "--server-key", str(keys / "recorder.key"),
                  "--simulate", "--nvml-intervals", "drain=9"]) == 2
     assert "drain=9 s is longer than 2.0 s" in capsys.readouterr().err
@@ -248,10 +235,7 @@ def test_agent_refuses_bad_nvml_intervals_before_connecting(keys, capsys):
 def test_record_listen_and_agent_commands_end_to_end(tmp_path, keys):
     """`wattlab record --listen ... --agent node1` waits for `wattlab agent`, then records."""
     out = tmp_path / "bench.h5"
-    probe = subprocess.run([sys.executable, "-c", "import socket; s=socket.socket(); "
-                            "s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"],
-                           capture_output=True, text=True, check=True)
-    listen = f"tcp://127.0.0.1:{probe.stdout.strip()}"
+    listen = f"tcp://127.0.0.1:{free_port()}"
     agent = subprocess.Popen(
         [*WATTLAB, "agent", "--connect", listen, "--key", str(keys / "node1.key_secret"),
          "--server-key", str(keys / "recorder.key"), "--simulate", "--nvml-intervals",

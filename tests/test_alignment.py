@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import wattlab
-from tests.data_files import H100_CAPTURE as H100
 from wattlab.analysis.alignment import (
     Cumulative,
     StreamIntegral,
@@ -17,7 +16,6 @@ from wattlab.analysis.alignment import (
     json_safe,
     parse_spec,
 )
-from wattlab.analysis.importers import import_files
 from wattlab.errors import UsageError
 from wattlab.samples import Channel, Gap, SourceDescriptor
 from wattlab.sync.run_writer import RunFileWriter
@@ -71,15 +69,8 @@ def test_spec_parsing():
         parse_spec(":x")
 
 
-@pytest.fixture(scope="module")
-def h100(tmp_path_factory):
-    path = tmp_path_factory.mktemp("h100") / "h100.h5"
-    import_files("nvml-npz", [str(H100)], str(path), names=["h100"])
-    return path
-
-
-def test_h100_views_lag_the_sample_buffer_as_measured(h100):
-    with wattlab.open(str(h100)) as run:
+def test_h100_views_lag_the_sample_buffer_as_measured(h100_run):
+    with wattlab.open(str(h100_run)) as run:
         al = aligned(run, 200.0, "h100.samples", "h100.instant", "h100.average", hold=True)
     ref = al.values["h100.samples"]
     inst = estimate_lag(ref, al.values["h100.instant"], 200.0, max_lag_s=2.0)
@@ -90,10 +81,10 @@ def test_h100_views_lag_the_sample_buffer_as_measured(h100):
         assert np.nanmean(al.values[view]) / np.nanmean(ref) == pytest.approx(1.0, abs=0.01)
 
 
-def test_h100_views_lag_the_load_schedule_as_the_data_readme_states(h100):
+def test_h100_views_lag_the_load_schedule_as_the_data_readme_states(h100_run):
     """Issue 5: against the load edges themselves, ~25 ms, ~55-75 ms and ~550 ms."""
     rate_hz = 200.0
-    with wattlab.open(str(h100)) as run:
+    with wattlab.open(str(h100_run)) as run:
         al = aligned(run, rate_hz, "h100.samples", "h100.instant", "h100.average", hold=True)
         edges = sorted((m.time_ns, m.payload["level"]) for m in run.markers
                        if m.kind == "begin" and m.source == "load")

@@ -9,18 +9,9 @@ from typing import Any
 import pytest
 
 import wattlab
-from tests.data_files import H100_CAPTURE as H100
 from wattlab.analysis.calibration import calibrate
 from wattlab.analysis.energy import energy_report
-from wattlab.analysis.importers import import_files
 from wattlab.cli import main
-
-
-@pytest.fixture(scope="module")
-def h100_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("api") / "h100.h5"
-    import_files("nvml-npz", [str(H100)], str(path), names=["h100"])
-    return path
 
 
 def _cli_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Any:

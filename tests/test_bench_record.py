@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import wattlab
+from tests.conftest import running
 from wattlab.analysis.alignment import power_channel
 from wattlab.bench_config import (
     check_bench,
@@ -54,7 +55,7 @@ gpu = 0
 
 @pytest.fixture
 def ps3() -> Iterator[PowerSensor3Emulator]:
-    with PowerSensor3Emulator(lambda t: BOARD_W) as device:
+    with running(PowerSensor3Emulator(lambda t: BOARD_W)) as device:
         yield device
 
 
@@ -228,7 +229,7 @@ def test_bench_check_names_a_rail_the_device_does_not_measure(tmp_path: Path) ->
     """Pair 3 switched off in the sensor's configuration: the rail on it is an error."""
     config = [s if i < 6 else EmulatedSensor(s.type, s.pair_name, s.vref_v, s.sensitivity, False)
               for i, s in enumerate(ps3_default_config())]
-    with PowerSensor3Emulator(lambda t: BOARD_W, config=config) as device:
+    with running(PowerSensor3Emulator(lambda t: BOARD_W, config=config)) as device:
         bench = tmp_path / "bench.toml"
         bench.write_text(riser_bench(device.path))
         results = {r.name: r for r in check_bench(load_bench(str(bench)))}

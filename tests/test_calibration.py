@@ -9,12 +9,10 @@ import numpy as np
 import pytest
 
 import wattlab
-from tests.data_files import H100_CAPTURE as H100
 from tests.sim_runs import sim_descriptor, write_sim_run
 from wattlab.analysis import calibration
 from wattlab.analysis.calibration import calibrate, load_from_run, load_record, store_in_run
 from wattlab.analysis.energy import energy_report
-from wattlab.analysis.importers import import_files
 from wattlab.cli import main
 from wattlab.sync.run_writer import RunFileWriter
 
@@ -25,13 +23,6 @@ MS = 1_000_000
 def sim_run(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cal") / "sim.h5"
     write_sim_run(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def h100_run(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("h100") / "h100.h5"
-    import_files("nvml-npz", [str(H100)], str(path), names=["h100"])
     return path
 
 

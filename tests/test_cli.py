@@ -206,10 +206,8 @@ def test_missing_nvml_library_is_a_clear_error(tmp_path, monkeypatch):
     assert not (tmp_path / "x.h5").exists()
 
 
-def test_info_describes_a_run_and_rejects_bad_files(tmp_path, capsys):
-    out = tmp_path / "run.h5"
-    assert run_cli("record", "--simulate", "--duration", "1", "-o", str(out)).returncode == 0
-    assert main(["info", str(out), "--json"]) == 0
+def test_info_describes_a_run_and_rejects_bad_files(simulated_run, tmp_path, capsys):
+    assert main(["info", str(simulated_run), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["sources"]["gpu0.samples"]["channels"] == [{"name": "power_w", "unit": "W"}]
     summary = {s["source_id"]: s for s in info["summary"]}
@@ -240,14 +238,12 @@ def _has_rows(path: os.PathLike[str], source: str) -> bool:
         return False
 
 
-def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(tmp_path):
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(simulated_run):
     """`wattlab info RUN | head -1`: the output stops quietly, as cat's does."""
-    out = tmp_path / "run.h5"
-    assert run_cli("record", "--simulate", "--duration", "1", "-o", str(out)).returncode == 0
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader has gone before the first line: every write fails
     try:
-        done = subprocess.run([*WATTLAB, "info", str(out)], stdout=write_end,
+        done = subprocess.run([*WATTLAB, "info", str(simulated_run)], stdout=write_end,
                               stderr=subprocess.PIPE, text=True, timeout=90, check=False)
     finally:
         os.close(write_end)

@@ -19,7 +19,7 @@ from wattlab.sync.clock_service import (
     probe_weights,
 )
 from wattlab.sync.recorder import Recorder, RecorderConfig
-from wattlab.sync.security import ClientSecurity, create_keypair, load_keypair, load_public_key
+from wattlab.sync.security import ClientSecurity, load_keypair, load_public_key
 
 
 def simulated_probes(skew: ClockSkew, seconds: float, rate_hz: float = 10, seed: int = 0,
@@ -125,18 +125,12 @@ def test_pinger_accepts_only_the_reply_to_its_own_probe():
     assert pinger.trackers["node1"].probes == 1
 
 
-def test_recorder_tracks_a_skewed_responder_over_real_curve_sockets(tmp_path):
-    keys = tmp_path / "keys"
-    create_keypair(keys, "recorder")
-    create_keypair(keys, "node1")
-    allowed = tmp_path / "allowed"
-    allowed.mkdir()
-    (allowed / "node1.key").write_bytes((keys / "node1.key").read_bytes())
+def test_recorder_tracks_a_skewed_responder_over_real_curve_sockets(tmp_path, keys):
     endpoint = local_endpoint()
     recorder = Recorder(RecorderConfig(
         endpoint=endpoint, output=str(tmp_path / "run.h5"), session_start_ns=0,
         listen="tcp://127.0.0.1:0", server_key=str(keys / "recorder.key_secret"),
-        allowed_keys=str(allowed), clock_interval_s=0.02, clock_window_s=0.25))
+        allowed_keys=str(keys / "allowed"), clock_interval_s=0.02, clock_window_s=0.25))
     thread = threading.Thread(target=recorder.run)
     thread.start()
     skew = ClockSkew(offset_ns=7_000_000_000, drift_ppm=-60.0)

@@ -6,7 +6,7 @@ its stamp (effective delay 25 ms), the instant reading covers only the last 25 m
 100 ms period, all with gain 1 and no offset. The PowerSensor3 emulator measures the true
 power through its own 10-bit sensors and the serial stream, so the recovery is checked
 within the figures' own uncertainties plus what the emulated meter's time base allows.
-One ~27 s demo recording serves the whole module.
+One ~27 s demo recording (tests/conftest.py's ``demo_run``) serves the whole session.
 """
 
 from __future__ import annotations
@@ -25,13 +25,6 @@ from wattlab.hardware.simulated_gpu import GpuModel
 
 REF = "ps3:power_total_w"
 TRUTH = GpuModel()
-
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("demo") / "demo24.h5"
-    assert main(["demo", "--duration", "24", "-o", str(path)]) in (0, 1)  # 1: a meter gap
-    return path
 
 
 @pytest.fixture(scope="module")

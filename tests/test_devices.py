@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 
+from tests.conftest import running
 from wattlab.acquisition.discovery import identify_serial
 from wattlab.cli import main
 from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
 
 
 def test_probe_recognises_an_emulated_powersensor3(capsys):
-    with PowerSensor3Emulator(lambda t: 100.0) as emu:
+    with running(PowerSensor3Emulator(lambda t: 100.0)) as emu:
         assert main(["devices", "--probe", emu.path, "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
     ps3 = [d for d in found if d["address"] == emu.path]

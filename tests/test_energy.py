@@ -121,10 +121,8 @@ def test_cli_energy_json_and_table(gap_run, capsys):
     assert "meter:power_w" in out and "err %" in out
 
 
-def test_energy_of_a_demo_run_has_every_nvml_view(tmp_path):
-    out = tmp_path / "demo.h5"
-    assert main(["demo", "--duration", "2", "-o", str(out)]) == 0
-    with wattlab.open(str(out)) as run:
+def test_energy_of_a_demo_run_has_every_nvml_view(demo_run):
+    with wattlab.open(str(demo_run)) as run:
         rep = energy_report(run, by_marker=True)
     streams = {(r["source"], r["channel"]) for r in rep["rows"] if r["phase"] == "run"}
     assert {("gpu0.samples", "power_w"), ("gpu0.power", "average_power_w"),

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import wattlab
+from tests.conftest import free_port
 from tests.data_files import data_file
 from wattlab.acquisition import gpu_marks
 from wattlab.acquisition.gpu_clock import GpuClock
@@ -81,7 +82,7 @@ def test_resolver_queues_without_waiting_and_sends_both_times() -> None:
 
 
 def test_gpu_true_without_cuda_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WATTLAB_BUS", "tcp://127.0.0.1:9")
+    monkeypatch.setenv("WATTLAB_BUS", f"tcp://127.0.0.1:{free_port()}")
     monkeypatch.setattr(gpu_marks, "_active", None)
     monkeypatch.setattr(gpu_marks, "_cuda_ready", lambda: False)
     with pytest.raises(UsageError, match="gpu=True"):

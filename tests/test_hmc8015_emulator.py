@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import pyvisa
 
+from tests.conftest import running
 from wattlab.acquisition.scpi_sources import Hmc8015Acquirer
 from wattlab.acquisition.source import Chunk
 from wattlab.drivers.hmc8015 import Hmc8015
@@ -22,19 +22,9 @@ def steady_w(t_ns: int) -> float:
 
 
 @pytest.fixture
-def rm() -> Iterator[Any]:
-    manager = pyvisa.ResourceManager("@py")
-    yield manager
-    manager.close()
-
-
-@pytest.fixture
 def emu() -> Iterator[Hmc8015Emulator]:
-    device = Hmc8015Emulator(steady_w)
-    device.start()
-    yield device
-    device.close()
-    assert device.handler_errors == []
+    with running(Hmc8015Emulator(steady_w)) as device:
+        yield device
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 import wattlab
+from tests.conftest import running
 from wattlab.cli import main
 from wattlab.drivers.hmc8015 import Hmc8015
 from wattlab.drivers.scpi import ScpiTransport
@@ -14,7 +15,7 @@ from wattlab.hardware.hmc8015_emulator import Hmc8015Emulator
 
 
 def test_on_device_log_imports_into_a_run_file(tmp_path, capsys):
-    with Hmc8015Emulator(lambda t: 300.0) as emu:
+    with running(Hmc8015Emulator(lambda t: 300.0)) as emu:
         meter = Hmc8015(ScpiTransport(emu.resource))
         try:
             meter.connect()

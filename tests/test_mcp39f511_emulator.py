@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import wattlab
+from tests.conftest import running
 from wattlab.acquisition.mcp39f511_source import Mcp39f511Acquirer
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.analysis.energy import energy_report
@@ -30,7 +31,7 @@ def wave_w(t_ns: np.ndarray) -> np.ndarray:
 
 @pytest.fixture
 def emu() -> Iterator[Mcp39f511Emulator]:
-    with Mcp39f511Emulator(wave_w, seed=3, shares=(0.75, 0.25)) as e:
+    with running(Mcp39f511Emulator(wave_w, seed=3, shares=(0.75, 0.25))) as e:
         yield e
 
 
@@ -108,7 +109,7 @@ def test_a_stall_loses_updates_but_not_energy(emu: Mcp39f511Emulator) -> None:
 
 
 def test_sixty_hertz_mains_updates_every_two_cycles() -> None:
-    with Mcp39f511Emulator(lambda t: 150.0, line_hz=60.0) as emu:
+    with running(Mcp39f511Emulator(lambda t: 150.0, line_hz=60.0)) as emu:
         acq = Mcp39f511Acquirer(emu.path)
         (desc,) = acq.open()
         assert desc.config["update_interval_s"] == pytest.approx(2 / 60)

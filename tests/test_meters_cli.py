@@ -13,6 +13,7 @@ import pynvml
 import pytest
 
 import wattlab
+from tests.conftest import running
 from wattlab.acquisition.meters import meter_acquirers, parse_meter_spec
 from wattlab.cli import main
 from wattlab.errors import UsageError
@@ -45,7 +46,8 @@ def test_duplicate_stream_ids_are_refused():
 
 def test_record_with_emulated_meters_keeps_every_stream(tmp_path):
     out = tmp_path / "bench.h5"
-    with PowerSensor3Emulator(lambda t: 300.0) as ps3, Wt300eEmulator("WT310E") as wall:
+    with running(PowerSensor3Emulator(lambda t: 300.0)) as ps3, \
+            running(Wt300eEmulator("WT310E")) as wall:
         code = main(["record", "--simulate", "--duration", "1.5", "-o", str(out),
                      "--meter", f"ps3:{ps3.path}", "--meter", f"wall=wt310e:{wall.resource}"])
     assert code == 0
@@ -61,7 +63,7 @@ def test_record_with_emulated_meters_keeps_every_stream(tmp_path):
 
 def test_meter_unplugged_mid_run_leaves_a_gap_and_the_rest_records(tmp_path, capsys):
     out = tmp_path / "unplugged.h5"
-    with PowerSensor3Emulator(lambda t: 200.0) as ps3:
+    with running(PowerSensor3Emulator(lambda t: 200.0)) as ps3:
         threading.Timer(1.0, ps3.disconnect).start()
         code = main(["record", "--simulate", "--duration", "2.5", "-o", str(out),
                      "--meter", f"ps3:{ps3.path}"])
@@ -94,7 +96,7 @@ def no_nvidia_driver(monkeypatch):
 def test_meters_record_without_a_gpu_driver_by_default(tmp_path, capsys, no_nvidia_driver,
                                                        mode):
     out = tmp_path / "meters.h5"
-    with PowerSensor3Emulator(lambda t: 120.0) as ps3:
+    with running(PowerSensor3Emulator(lambda t: 120.0)) as ps3:
         code = main(["record", *mode, "--meter", f"ps3:{ps3.path}", "--duration", "1",
                      "--no-live", "-o", str(out)])
     err = capsys.readouterr().err
@@ -107,7 +109,7 @@ def test_meters_record_without_a_gpu_driver_by_default(tmp_path, capsys, no_nvid
 
 
 def test_gpus_named_or_nothing_else_still_need_the_driver(tmp_path, capsys, no_nvidia_driver):
-    with PowerSensor3Emulator(lambda t: 120.0) as ps3:
+    with running(PowerSensor3Emulator(lambda t: 120.0)) as ps3:
         assert main(["record", "--nvml", "0", "--meter", f"ps3:{ps3.path}", "--duration", "1",
                      "--no-live", "-o", str(tmp_path / "a.h5")]) == 2
     assert "NVML library not found" in capsys.readouterr().err

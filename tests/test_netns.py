@@ -1,7 +1,8 @@
 """Recorder and agent on two network namespaces joined by a veth pair: real addresses.
 
 Needs root (``ip netns add``); skipped with the reason otherwise. Each namespace is new and
-private, so the fixed port cannot collide with anything.
+private (its own addresses and ports), so the fixed port cannot collide with anything; the
+names of the namespaces and veth links are global, so they carry this process's whole pid.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _ip(*args: str) -> subprocess.CompletedProcess[str]:
 def namespaces() -> Iterator[tuple[str, str]]:
     if shutil.which("ip") is None:
         pytest.skip("iproute2 (ip) is not installed")
-    tag = f"wl{os.getpid() % 100000}"
+    tag = f"wl{os.getpid()}"  # a link name is at most 15 bytes: wl + 7 digits + a/b
     rec, agt = f"{tag}rec", f"{tag}agt"
     made = _ip("netns", "add", rec)
     if made.returncode != 0:

@@ -111,18 +111,15 @@ def test_a_module_counter_is_not_added_to_the_cpu_again(tmp_path):
     assert node["measured_j"] == pytest.approx(parts["module0"]["energy_j"] + 0.0)
 
 
-def test_wall_and_unmeasured_through_the_cli(tmp_path, capsys):
-    out = tmp_path / "demo.h5"
-    assert main(["demo", "-o", str(out), "--duration", "3"]) == 0
-    capsys.readouterr()
-    assert main(["energy", str(out), "--node", "--json"]) == 0
+def test_wall_and_unmeasured_through_the_cli(demo_run, capsys):
+    assert main(["energy", str(demo_run), "--node", "--json"]) == 0
     import json
 
     (node,) = json.loads(capsys.readouterr().out)["nodes"]
     wall = next(p for p in node["parts"] if p["part"] == "wall")
     assert node["unmeasured"]["energy_j"] == pytest.approx(wall["energy_j"] - node["measured_j"])
     assert 0 < node["unmeasured"]["energy_j"] < wall["energy_j"]
-    assert main(["energy", str(out), "--wall", "wall"]) == 2  # --wall needs --node
+    assert main(["energy", str(demo_run), "--wall", "wall"]) == 2  # --wall needs --node
 
 
 def _free_port() -> int:

@@ -7,12 +7,13 @@ import json
 import numpy as np
 
 import wattlab
+from tests.conftest import running
 from wattlab.cli import main
 from wattlab.hardware.pmd_emulator import PmdEmulator
 
 
 def test_devices_recognises_an_emulated_pmd(capsys):
-    with PmdEmulator(lambda t: 150.0) as emu:
+    with running(PmdEmulator(lambda t: 150.0)) as emu:
         assert main(["devices", "--probe", emu.path, "--json"]) == 0
     found = [d for d in json.loads(capsys.readouterr().out) if d["address"] == emu.path]
     assert found[0]["kind"] == "pmd"
@@ -21,7 +22,7 @@ def test_devices_recognises_an_emulated_pmd(capsys):
 
 def test_record_with_an_emulated_pmd(tmp_path):
     out = tmp_path / "pmd.h5"
-    with PmdEmulator(lambda t: 240.0) as emu:
+    with running(PmdEmulator(lambda t: 240.0)) as emu:
         assert main(["record", "--nvml", "none", "--duration", "1.5", "-o", str(out),
                      "--meter", f"pmd:{emu.path}"]) == 0
     with wattlab.open(str(out)) as run:

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from tests.conftest import running
 from wattlab.acquisition.pmd_source import PmdAcquirer
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.pmd import PmdUsb
@@ -30,9 +31,8 @@ def wave_w(t_ns: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
 
 @pytest.fixture
 def emu() -> Iterator[PmdEmulator]:
-    with PmdEmulator(wave_w, seed=5) as e:
+    with running(PmdEmulator(wave_w, seed=5)) as e:
         yield e
-    assert e.error is None
 
 
 def open_driver(path: str) -> tuple[PmdUsb, SerialTransport]:
@@ -55,8 +55,8 @@ def chunks(readings: list[Reading]) -> list[Chunk]:
 
 @pytest.mark.parametrize("firmware", [5, 6])
 def test_identify_product_and_config(firmware: int) -> None:
-    with PmdEmulator(wave_w, firmware=firmware, welcome_extra=b"\0" if firmware == 5 else b""
-                     ) as emu:
+    with running(PmdEmulator(wave_w, firmware=firmware,
+                             welcome_extra=b"\0" if firmware == 5 else b"")) as emu:
         pmd, transport = open_driver(emu.path)
         try:
             info = pmd.connect()
@@ -67,7 +67,6 @@ def test_identify_product_and_config(firmware: int) -> None:
             assert pmd.identify() == "ElmorLabs PMD-USB"  # the trailing byte was not left over
         finally:
             transport.close()
-        assert emu.error is None
 
 
 def test_polled_readings_match_the_waveform(emu: PmdEmulator) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from tests.conftest import running
 from wattlab.acquisition.powersensor3_source import PowerSensor3Acquirer
 from wattlab.acquisition.source import Chunk
 from wattlab.drivers.powersensor3 import PowerSensor3, SensorConfig, StreamBlock
@@ -30,9 +31,8 @@ def wave_w(t_ns: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
 
 @pytest.fixture
 def emu() -> Iterator[PowerSensor3Emulator]:
-    with PowerSensor3Emulator(wave_w, seed=7) as e:
+    with running(PowerSensor3Emulator(wave_w, seed=7)) as e:
         yield e
-    assert e.error is None
 
 
 @pytest.fixture
@@ -180,7 +180,7 @@ def test_disconnect_raises_meter_error_naming_port(emu: PowerSensor3Emulator) ->
 
 
 def test_config_exchange_stall_resets_device() -> None:
-    with PowerSensor3Emulator(wave_w, config_timeout_s=0.1) as emu:
+    with running(PowerSensor3Emulator(wave_w, config_timeout_s=0.1)) as emu:
         t = SerialTransport(emu.path, timeout_s=1.0)
         try:
             t.write(b"R")

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import wattlab
-from tests.test_agent import SKEW_ENV, keys  # noqa: F401 (a fixture)
+from tests.conftest import free_port
+from tests.test_agent import SKEW_ENV
 from wattlab.analysis.energy import energy_report
 from wattlab.cli import main
 
@@ -27,12 +28,6 @@ parser = pytest.importorskip("prometheus_client.parser",
 
 WATTLAB = [sys.executable, "-m", "wattlab.cli"]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(url: str) -> Samples:
@@ -142,7 +137,7 @@ def test_gaps_count_as_the_file_records_them(tmp_path):
     assert pick(scrapes[-1], "wattlab_gaps_total", source="gpu0.samples") == in_file
 
 
-def test_agent_and_recorder_expose_streams_and_the_clock_offset(tmp_path, keys):  # noqa: F811
+def test_agent_and_recorder_expose_streams_and_the_clock_offset(tmp_path, keys):
     """The agent serves its own streams; the recorder adds the agent host's clock offset."""
     out = tmp_path / "bench.h5"
     listen = f"tcp://127.0.0.1:{free_port()}"

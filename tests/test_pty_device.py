@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from tests.conftest import running
 from wattlab.drivers.transport import SerialTransport
 from wattlab.errors import MeterError, WattlabError
 from wattlab.hardware.pty_device import PtyDevice
@@ -98,3 +99,18 @@ def test_exclusive_lock_refuses_second_open() -> None:
                 SerialTransport(dev.path)
         finally:
             t.close()
+
+
+class DiesOnTick(PtyDevice):
+    """A device whose thread fails at its first tick."""
+
+    def tick(self, now_ns: int) -> None:
+        raise RuntimeError("device thread bug")
+
+
+def test_running_fails_when_the_device_thread_died() -> None:
+    with pytest.raises(AssertionError, match="device thread bug"), \
+            running(DiesOnTick("dies")) as dev:
+        deadline = time.monotonic() + 5
+        while dev.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)

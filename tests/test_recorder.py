@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 import wattlab
+from tests.conftest import free_port
 from wattlab.errors import RunFileError, UsageError
 from wattlab.samples import Channel, Gap, Marker, SampleBatch, SampleFlag, SourceDescriptor
 from wattlab.sync import message
@@ -116,7 +117,7 @@ def test_source_that_never_ends_is_reported(tmp_path):
 
 def test_publisher_that_starts_before_the_recorder_loses_nothing(tmp_path):
     """Slow joiner: everything sent before the recorder bound is delivered in order."""
-    port = _free_port()
+    port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     pub = BusPublisher(endpoint)
     pub.announce(descriptor())
@@ -294,11 +295,3 @@ def _wait_until(predicate, timeout_s: float = 5.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.05)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

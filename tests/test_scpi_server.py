@@ -6,21 +6,13 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import pyvisa
 
+from tests.conftest import running
 from wattlab.drivers.scpi import ScpiTransport
-from wattlab.hardware.scpi_server import ScpiCommand, ScpiTcpServer, WallLoad
-
-
-@pytest.fixture
-def rm() -> Iterator[Any]:
-    manager = pyvisa.ResourceManager("@py")
-    yield manager
-    manager.close()
+from wattlab.hardware.scpi_server import ScpiCommand, ScpiDevice, ScpiTcpServer, WallLoad
 
 
 def echo(cmd: ScpiCommand) -> str | bytes | None:
@@ -105,3 +97,26 @@ def test_emulate_cli_rejects_unknown_model(capsys: pytest.CaptureFixture[str]) -
 
     assert run_emulator_cli("wt9000") == 2
     assert "unknown analyser" in capsys.readouterr().err
+
+
+class Faulty(ScpiDevice):
+    """An emulator with a bug in one command's handler."""
+
+    COMMAND_PATTERNS = (("BOOM", "_boom"),)
+
+    def __init__(self) -> None:
+        super().__init__("TEST,FAULTY,0,0")
+
+    def _boom(self, cmd: ScpiCommand, sfx: tuple[int, ...]) -> None:
+        raise RuntimeError("handler bug")
+
+
+def test_a_handler_failure_outlives_close_and_fails_running() -> None:
+    """``running`` reads the record after the close, where it was once dropped (the check
+    could not fail); the client never sees the failure, only the record has it."""
+    with pytest.raises(AssertionError, match="handler bug"), running(Faulty()) as device:
+        port = int(device.resource.split("::")[2])
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(b"BOOM;*IDN?\n")
+            assert client.recv(100) == b"TEST,FAULTY,0,0\n"
+    assert len(device.handler_errors) == 1 and "handler bug" in device.handler_errors[0]

@@ -30,17 +30,6 @@ from wattlab.sync.security import (
 )
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("keys")
-    assert main(["keys", "recorder", "node1", "node2", "intruder", "-d", str(folder)]) == 0
-    allowed = folder / "allowed"
-    allowed.mkdir()
-    for name in ("node1", "node2"):
-        (allowed / f"{name}.key").write_bytes((folder / f"{name}.key").read_bytes())
-    return folder
-
-
 def client(keys: Path, name: str, server: str = "recorder") -> ClientSecurity:
     return ClientSecurity(load_keypair(keys / f"{name}.key_secret"),
                           load_public_key(keys / f"{server}.key"))
@@ -112,7 +101,8 @@ def test_listening_needs_keys_and_tcp(tmp_path, keys):
         Recorder(RecorderConfig(output=str(tmp_path / "a.h5"), listen="tcp://127.0.0.1:0",
                                 **base))
     with pytest.raises(UsageError, match="tcp://"):
-        Recorder(RecorderConfig(output=str(tmp_path / "b.h5"), listen="ipc:///tmp/x",
+        Recorder(RecorderConfig(output=str(tmp_path / "b.h5"),
+                                listen=f"ipc://{tmp_path / 'bus.sock'}",
                                 server_key=str(keys / "recorder.key_secret"),
                                 allowed_keys=str(keys / "allowed"), **base))
     assert not (tmp_path / "a.h5").exists()

@@ -14,6 +14,7 @@ from pathlib import Path
 import h5py
 import pytest
 
+from tests.conftest import free_port
 from wattlab.cli import main
 
 WATTLAB = [sys.executable, "-m", "wattlab.cli"]
@@ -73,12 +74,6 @@ def test_outside_a_slurm_step_it_says_so(tmp_path, monkeypatch, capsys):
         monkeypatch.delenv(key, raising=False)
     assert main(["slurm", "-o", str(tmp_path / "j.h5"), "--simulate", "--duration", "1"]) == 2
     assert "not a task of a Slurm job step" in capsys.readouterr().err
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(predicate, timeout_s: float) -> bool:

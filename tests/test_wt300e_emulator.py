@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import pyvisa
 
+from tests.conftest import running
 from wattlab.acquisition.scpi_sources import Wt300eAcquirer
 from wattlab.acquisition.source import Chunk
 from wattlab.drivers.scpi import ScpiError, ScpiTransport
@@ -23,19 +23,9 @@ def ramp_w(t_ns: int) -> float:
 
 
 @pytest.fixture
-def rm() -> Iterator[Any]:
-    manager = pyvisa.ResourceManager("@py")
-    yield manager
-    manager.close()
-
-
-@pytest.fixture
 def emu() -> Iterator[Wt300eEmulator]:
-    device = Wt300eEmulator("WT310E", ramp_w)
-    device.start()
-    yield device
-    device.close()
-    assert device.handler_errors == []
+    with running(Wt300eEmulator("WT310E", ramp_w)) as device:
+        yield device
 
 
 @pytest.fixture
@@ -208,7 +198,7 @@ def test_cannot_open_missing_resource(rm: Any) -> None:
 
 
 def test_sample_rate_alias_and_three_element_model(rm: Any) -> None:
-    with Wt300eEmulator("WT333E", ramp_w) as emu:
+    with running(Wt300eEmulator("WT333E", ramp_w)) as emu:
         t = ScpiTransport(emu.resource, rm)
         try:
             meter = Wt300e(t)
@@ -226,15 +216,15 @@ def test_sample_rate_alias_and_three_element_model(rm: Any) -> None:
 def test_close_releases_a_connection_held_in_wait() -> None:
     import socket
 
-    emu = Wt300eEmulator("WT310E", ramp_w).start()
-    client = socket.create_connection(("127.0.0.1", int(emu.resource.split("::")[2])))
-    try:
-        client.sendall(b":STAT:FILT1 FALL;:RATE 5;:STAT:EESR?\n")
-        assert client.recv(100).strip().isdigit()
-        client.sendall(b":COMM:WAIT 1\n")
-        time.sleep(0.05)
-        t0 = time.monotonic()
-        emu.close()
-        assert time.monotonic() - t0 < 0.5
-    finally:
-        client.close()
+    with running(Wt300eEmulator("WT310E", ramp_w)) as emu:
+        client = socket.create_connection(("127.0.0.1", int(emu.resource.split("::")[2])))
+        try:
+            client.sendall(b":STAT:FILT1 FALL;:RATE 5;:STAT:EESR?\n")
+            assert client.recv(100).strip().isdigit()
+            client.sendall(b":COMM:WAIT 1\n")
+            time.sleep(0.05)
+            t0 = time.monotonic()
+            emu.close()
+            assert time.monotonic() - t0 < 0.5
+        finally:
+            client.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -184,12 +185,13 @@ def hf_job(args: argparse.Namespace) -> None:
             torch.cuda.synchronize()
             wattlab.mark("truth_step", "end")
 
-    targs = TrainingArguments(output_dir="/tmp/hf-out", per_device_train_batch_size=1,
-                              num_train_epochs=1, report_to=[], save_strategy="no",
-                              logging_strategy="no", dataloader_num_workers=0,
-                              remove_unused_columns=False, disable_tqdm=True)
-    Trainer(model=Net().cuda(), args=targs, train_dataset=Rows(), data_collator=collate,
-            callbacks=[Truth()]).train()
+    with tempfile.TemporaryDirectory() as out:  # the Trainer wants a folder; saves nothing
+        targs = TrainingArguments(output_dir=out, per_device_train_batch_size=1,
+                                  num_train_epochs=1, report_to=[], save_strategy="no",
+                                  logging_strategy="no", dataloader_num_workers=0,
+                                  remove_unused_columns=False, disable_tqdm=True)
+        Trainer(model=Net().cuda(), args=targs, train_dataset=Rows(), data_collator=collate,
+                callbacks=[Truth()]).train()
     time.sleep(1.0)
 
 

@@ -232,6 +232,7 @@ class ScpiDevice:
         self._stall_s = 0.0
         self._table = [(Pattern(p), getattr(self, name)) for p, name in self.COMMAND_PATTERNS]
         self._server: ScpiTcpServer | None = None
+        self._handler_errors: list[str] = []
         self.stopping = threading.Event()
 
     # -- serving -------------------------------------------------------------------------
@@ -239,6 +240,7 @@ class ScpiDevice:
         """Listen on a random port of 127.0.0.1."""
         if self._server is None:
             self._server = ScpiTcpServer(self.handle)
+            self._handler_errors = self._server.handler_errors
         return self
 
     @property
@@ -250,8 +252,8 @@ class ScpiDevice:
 
     @property
     def handler_errors(self) -> list[str]:
-        """Exceptions inside command handlers (tests assert this stays empty)."""
-        return [] if self._server is None else self._server.handler_errors
+        """Exceptions inside command handlers; kept after ``close`` for the tests' check."""
+        return self._handler_errors
 
     def close(self) -> None:
         """Stop serving; interrupts waits and stalls."""

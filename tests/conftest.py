@@ -1,0 +1,115 @@
+"""Fixtures and helpers shared by the test modules, each written once.
+
+Plain helpers (``running``, ``free_port``) are imported as ``from tests.conftest import ...``;
+fixtures are found by pytest. Session-scoped artefacts are read-only: a test that writes
+into one works on its own copy.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import pyvisa
+
+from tests.data_files import H100_CAPTURE
+from wattlab.analysis.importers import import_files
+from wattlab.cli import main
+from wattlab.hardware.pty_device import PtyDevice
+from wattlab.hardware.scpi_server import ScpiDevice
+
+Emulator = TypeVar("Emulator", bound=ScpiDevice | PtyDevice)
+
+
+def emulator_failures(device: ScpiDevice | PtyDevice) -> list[str]:
+    """What went wrong on the emulator's own threads, which the driver under test may never
+    see (a dead device thread only stops answering)."""
+    if isinstance(device, ScpiDevice):
+        return list(device.handler_errors)
+    return [] if device.error is None else [repr(device.error)]
+
+
+@contextmanager
+def running(device: Emulator) -> Iterator[Emulator]:
+    """Start an emulator, yield it, stop it, then fail if its own threads failed.
+
+    Every emulator test goes through here so that the check after the close cannot be
+    forgotten. A test that provokes a handler failure on purpose asserts on
+    ``handler_errors`` itself and does not use this.
+    """
+    with device:
+        yield device
+    failures = emulator_failures(device)
+    assert failures == [], f"the emulator's own threads failed: {failures}"
+
+
+def free_port() -> int:
+    """A loopback TCP port the OS just handed out and took back.
+
+    Nothing listens there until someone binds it, so it serves both as "nothing listens
+    here" (unlike a fixed :1 or :9, which a service on the machine may own) and as a port
+    for a subprocess to listen on.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def rm() -> Iterator[Any]:
+    """A pyvisa-py resource manager (the driver's real VISA layer), closed after the test."""
+    manager = pyvisa.ResourceManager("@py")
+    yield manager
+    manager.close()
+
+
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """CurveZMQ key pairs made by ``wattlab keys``: recorder, node1, node2 and intruder;
+    ``allowed/`` holds the public keys of node1 and node2 only."""
+    folder = tmp_path_factory.mktemp("keys")
+    assert main(["keys", "recorder", "node1", "node2", "intruder", "-d", str(folder)]) == 0
+    allowed = folder / "allowed"
+    allowed.mkdir()
+    for name in ("node1", "node2"):
+        (allowed / f"{name}.key").write_bytes((folder / f"{name}.key").read_bytes())
+    return folder
+
+
+@pytest.fixture(scope="session")
+def h100_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The H100 capture in tests/data imported as a run file (source prefix ``h100``)."""
+    path = tmp_path_factory.mktemp("h100") / "h100.h5"
+    import_files("nvml-npz", [str(H100_CAPTURE)], str(path), names=["h100"])
+    return path
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 24 s ``wattlab demo`` recording (simulated GPU, emulated PowerSensor3 and wall
+    meter) for every test that only reads a demo run; long enough to calibrate the views.
+
+    Exit status 1 is a meter gap (the emulated serial stream can lose data under load);
+    test_cli's demo test records its own run and checks the status is 0 and no gap.
+    """
+    path = tmp_path_factory.mktemp("demo") / "demo24.h5"
+    assert main(["demo", "--duration", "24", "-o", str(path)]) in (0, 1)
+    return path
+
+
+@pytest.fixture(scope="session")
+def simulated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1 s ``wattlab record --simulate`` recording made by the command in its own process,
+    for tests that only read a plain recording."""
+    path = tmp_path_factory.mktemp("simulated") / "run.h5"
+    done = subprocess.run([sys.executable, "-m", "wattlab.cli", "record", "--simulate",
+                           "--duration", "1", "-o", str(path)],
+                          capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stderr
+    return path
