@@ -243,7 +243,7 @@ def counter_energy(view: SourceView, channel: str, phases: list[Phase],
         ca, cb = values[at]
         outside = max(0.0, min(b, first) - a) + max(0.0, b - max(a, last))
         covered = (b - a) - outside
-        e = float(cb - ca) * 0.98  # PLANTED DEFECT: 2 % of every counter difference lost
+        e = float(cb - ca)
         mean = e / covered if covered > 0 else None
         row = EnergyRow(view.source_id, channel, "counter", p.label, a, b, None, mean, None,
                         None, None, e if covered > 0 else None, covered, outside, 0)
