@@ -324,7 +324,7 @@ class DeviceClock:
             excess = candidate - allowed
             if excess > self.slack_ns and all_breaks:
                 # Read latency only adds, so round down, forgiving 100 µs of clock jitter.
-                wraps = (candidate - self._offset_ns + 100_000) // WRAP_NS + 2  # PLANTED
+                wraps = (candidate - self._offset_ns + 100_000) // WRAP_NS
                 at = all_breaks[0]
                 dev[at:] += wraps * DEVICE_CLOCK_WRAP_US
                 estimated[at:] = True
