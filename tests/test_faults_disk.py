@@ -118,12 +118,22 @@ class Stopped:
 
 def record_until_full(path: Path, preexec: Callable[[], None] | None = None,
                       filler: Path | None = None) -> Stopped:
-    """Send ~40 k rows/s until the recorder stops."""
+    """Send ~40 k rows/s until the recorder stops.
+
+    With ``filler``, after 1 s the sending pauses until the recorder has every row on disk,
+    the filler takes the free space, and the sending resumes: the recorder, idle meanwhile,
+    meets the full disk at its next write, always after the fill. Filling while it wrote
+    left the outcome to the scheduler (a quick failure ~1 run in 30, message not kept):
+    whether anything was confirmed before the fill, and whether the recorder met ENOSPC
+    mid-fill and freed its reserve for the still-running filler to take.
+    """
     endpoint = local_endpoint()
     from wattlab.sync.recorder import RecorderConfig
 
+    # with a filler, SWMR from the first flush: its switch later would be a write mid-fill
     cfg = RecorderConfig(endpoint=endpoint, output=str(path), session_start_ns=0,
-                         root_attrs={"command": "[]"}, flush_interval_s=0.2)
+                         root_attrs={"command": "[]"}, flush_interval_s=0.2,
+                         swmr_after_s=0.0 if filler is not None else RecorderConfig.swmr_after_s)
     recorder = subprocess.Popen([sys.executable, "-m", "wattlab.sync.recorder", cfg.to_json()],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 preexec_fn=preexec)
@@ -139,6 +149,7 @@ def record_until_full(path: Path, preexec: Callable[[], None] | None = None,
             pub.flush()
             seq += 1
             if filler is not None and time.monotonic() - started > 1.0:
+                assert pub.wait_durable(20), "the recorder confirmed nothing for 20 s"
                 fill(filler)
                 filler = None
             time.sleep(0.005)

@@ -124,6 +124,7 @@ class PowerSensor3Emulator(PtyDevice):
         self.conversions = 0
         self.frames_sent = 0
         self.frames_lost = 0
+        self.losses: list[tuple[int, int]] = []  # (due time of the first lost frame, frames)
         self.resets = 0
         self._marker_pending = False
         self._corrupt_pending = 0
@@ -294,6 +295,8 @@ class PowerSensor3Emulator(PtyDevice):
         if now_ns - self._next_frame_ns > MAX_BACKLOG_FRAMES_NS:
             lost = (now_ns - MAX_BACKLOG_FRAMES_NS - self._next_frame_ns) // self.period_ns
             self.frames_lost += int(lost)
+            if lost:
+                self.losses.append((self._next_frame_ns, int(lost)))
             self.conversions += int(lost)
             self._next_frame_ns += int(lost) * self.period_ns
         n = (now_ns - self._next_frame_ns) // self.period_ns + 1
