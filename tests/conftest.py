@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 import pyvisa
 
-from tests.data_files import H100_CAPTURE
+from tests.data_files import H100_CAPTURE, data_file
 from wattlab.analysis.importers import import_files
 from wattlab.cli import main
 from wattlab.hardware.pty_device import PtyDevice
@@ -91,16 +91,16 @@ def h100_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One 24 s ``wattlab demo`` recording (simulated GPU, emulated PowerSensor3 and wall
-    meter) for every test that only reads a demo run; long enough to calibrate the views.
+def demo_run() -> Path:
+    """A 24 s ``wattlab demo`` recording (simulated GPU, emulated PowerSensor3 and wall
+    meter), recorded once on a quiet machine and shipped in tests/data/demo (its README).
 
-    Exit status 1 is a meter gap (the emulated serial stream can lose data under load);
-    test_cli's demo test records its own run and checks the status is 0 and no gap.
+    Why shipped: the analysis of a demo run (calibration, energy by phase, the node's wall
+    share) must not depend on how loaded the test machine is; a live demo under load loses
+    meter frames and the calibration then fits another run. test_cli's demo test still
+    records a live one and checks what it reports against what happened.
     """
-    path = tmp_path_factory.mktemp("demo") / "demo24.h5"
-    assert main(["demo", "--duration", "24", "-o", str(path)]) in (0, 1)
-    return path
+    return data_file("demo/demo24.h5")
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 Why: a refactor that moves files, or a speed-up, must not move a number. Each case is a run
 file whose bytes do not depend on the machine (seeded simulated runs written offline, and
-every real trace in ``tests/data/``); for each, the JSON of ``info``, ``energy``,
+every real trace and the demo recording in ``tests/data/``); for each, the JSON of ``info``, ``energy``,
 ``energy --by-marker``, ``calibrate`` and ``iterations`` is kept in
 ``tests/data/golden/<case>.json.gz`` (gzip: the largest holds 2000 training steps' phases).
 ``tests/test_golden.py`` compares today's output with it: every key kept must still be there
@@ -89,9 +89,11 @@ def _imported_capture(scratch: Path) -> Path:
 
 
 def cases() -> list[Case]:
-    """Every golden case: the seeded simulated runs, then every real trace in tests/data."""
+    """Every golden case: the seeded simulated runs, then every recording in tests/data."""
     out = [Case(f"sim-seed{seed}", _sim(seed), "meter:power_w", "gpu0.power:average_power_w",
                 "meter:power_w") for seed in SIM_SEEDS]
+    out.append(Case("demo24", _trace(DATA / "demo" / "demo24.h5"), "ps3:power_total_w",
+                    "gpu0.power:average_power_w", "gpu0.samples:power_w"))
     out.append(Case("h100_nvml_seed11", _imported_capture, "h100.samples:power_w",
                     "h100.average:average_power_w", "h100.samples:power_w"))
     out += [Case(path.stem, _trace(path), "gpu0.samples:power_w", "gpu0.power:average_power_w",

@@ -6,7 +6,8 @@ its stamp (effective delay 25 ms), the instant reading covers only the last 25 m
 100 ms period, all with gain 1 and no offset. The PowerSensor3 emulator measures the true
 power through its own 10-bit sensors and the serial stream, so the recovery is checked
 within the figures' own uncertainties plus what the emulated meter's time base allows.
-One ~27 s demo recording (tests/conftest.py's ``demo_run``) serves the whole session.
+One 24 s demo recording, shipped in tests/data/demo (tests/conftest.py's ``demo_run``),
+serves the whole session.
 """
 
 from __future__ import annotations
