@@ -147,3 +147,22 @@ def test_signal_stops_a_process_session_cleanly(tmp_path, signum):
     with wattlab.open(str(path)) as run:
         assert run.gaps == [], run.gaps  # every source said "end"
         assert len(run.source("gpu1.power")) > 10
+
+
+@pytest.mark.parametrize("stop", ["ends", "fails"])
+def test_a_session_leaves_no_folder_behind(tmp_path: Path, monkeypatch, stop: str) -> None:
+    """Each session's bus lives in a private temp folder: it goes when the session ends,
+    also when the session fails (here: a command that cannot start)."""
+    import tempfile
+
+    from wattlab.cli import main
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    argv = ["record", "--simulate", "--duration", "0.3", "--no-live", "-o", str(tmp_path / "r.h5")]
+    if stop == "fails":
+        argv += ["--", str(tmp_path / "no-such-program")]
+    code = main(argv)
+    assert code == (0 if stop == "ends" else 2)
+    assert list(scratch.iterdir()) == []

@@ -44,7 +44,7 @@ from wattlab.exit_watch import ExitWatch
 from wattlab.integrations.auto_markers import auto_marker_env
 from wattlab.runtime_env import workload_environ
 from wattlab.samples import Marker
-from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
+from wattlab.sync.bus import BusPublisher, ControlClient, private_endpoint
 from wattlab.sync.disk_full import DISK_FULL_EXIT, DiskFullReport, read_report
 from wattlab.sync.recorder import RecorderConfig, hosts_ready
 
@@ -151,7 +151,10 @@ class Session:
 
     def run(self) -> SessionResult:
         self._check_output()
-        endpoint = local_endpoint()
+        with private_endpoint() as endpoint:
+            return self._run_on(endpoint)
+
+    def _run_on(self, endpoint: str) -> SessionResult:
         t0_ns = time.monotonic_ns()
         window, backlog = self.window_bytes, self.backlog_bytes
         runners: list[Runner] = [

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +61,19 @@ def local_endpoint() -> str:
     """A fresh local endpoint (ipc in a private temp dir) so sessions never collide."""
     folder = tempfile.mkdtemp(prefix="wattlab-")
     return f"ipc://{os.path.join(folder, 'bus.sock')}"
+
+
+@contextlib.contextmanager
+def private_endpoint() -> Iterator[str]:
+    """A local endpoint whose folder is removed at the end.
+
+    A lab machine that records all day must not collect a folder in /tmp per session.
+    """
+    endpoint = local_endpoint()
+    try:
+        yield endpoint
+    finally:
+        shutil.rmtree(os.path.dirname(endpoint.removeprefix("ipc://")), ignore_errors=True)
 
 
 @dataclass
