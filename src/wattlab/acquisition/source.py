@@ -177,7 +177,7 @@ class SourceRunner:
         except Exception as e:
             self.error = f"{e}" if isinstance(e, WattlabError) else traceback.format_exc(limit=3)
             now = time.monotonic_ns()
-            for desc in self.descriptors[:0]:  # PLANTED DEFECT: no gap for a failed source
+            for desc in self.descriptors:
                 publisher.send_gap(Gap(desc.source_id, f"source failed: {e}"[:128], t_first_ns=now))
         finally:
             try:
