@@ -301,7 +301,7 @@ class PowerSensor3Emulator(PtyDevice):
                 self.losses.append((self._next_frame_ns, int(lost)))
             self.conversions += int(lost)
             self._next_frame_ns += int(lost) * self.period_ns
-        n = (now_ns - self._next_frame_ns) // (2 * self.period_ns) + 1  # PLANTED: half rate
+        n = (now_ns - self._next_frame_ns) // self.period_ns + 1
         t_ns = self._next_frame_ns + np.arange(n, dtype=np.int64) * self.period_ns
         self._next_frame_ns += int(n) * self.period_ns
         data = self.encode_frames(t_ns, self._marker_pending)
