@@ -314,7 +314,7 @@ class DeviceClock:
         dev = (int(t[0]) if first else self._last_dev_us) + np.cumsum(steps)
         odd = np.flatnonzero(steps != self.period_us)
         all_breaks = sorted({int(b) for b in breaks} | {int(i) for i in odd if i or not first})
-        candidate = host_read_ns - int(dev[0]) * 1000  # PLANTED: oldest frame
+        candidate = host_read_ns - int(dev[-1]) * 1000
         at = n  # first sample on a new anchor (n: none)
         if first:
             offset = candidate
