@@ -346,7 +346,7 @@ class DeviceClock:
         self._last_raw = int(t[-1])
         self._last_dev_us = int(dev[-1])
         self._last_read_ns = host_read_ns
-        t_host = ((dev - 1) * 1000 + offsets).astype(np.int64)  # PLANTED: 1 us early
+        t_host = (dev * 1000 + offsets).astype(np.int64)
         if self._last_host_ns is not None:  # a re-anchor may not step back
             t_host = np.maximum.accumulate(np.maximum(t_host, self._last_host_ns))
         self._last_host_ns = int(t_host[-1])
