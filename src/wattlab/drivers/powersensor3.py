@@ -322,7 +322,7 @@ class DeviceClock:
             elapsed = max(0, host_read_ns - self._last_read_ns)
             allowed = self._offset_ns + int(elapsed * self.drift_ppm * 1e-6)
             excess = candidate - allowed
-            if excess > self.slack_ns and all_breaks and False:  # PLANTED: never re-anchor
+            if excess > self.slack_ns and all_breaks:
                 # Read latency only adds, so round down, forgiving 100 µs of clock jitter.
                 wraps = (candidate - self._offset_ns + 100_000) // WRAP_NS
                 at = all_breaks[0]
