@@ -61,19 +61,41 @@ def test_record_with_emulated_meters_keeps_every_stream(tmp_path):
         assert run.gaps == []
 
 
+def unplug_once_streaming(ps3: PowerSensor3Emulator, done: threading.Event) -> threading.Thread:
+    """Pull the cable once the recording streams from the meter (the emulator has sent it
+    frames), not at a fixed time: under load the recording may not have opened the port
+    1 s in, and a cable pulled before the open is a failed open, not a gap."""
+    def wait_then_unplug() -> None:
+        while ps3.frames_sent == 0:
+            if done.wait(0.01):
+                return
+        ps3.disconnect()
+
+    thread = threading.Thread(target=wait_then_unplug, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_meter_unplugged_mid_run_leaves_a_gap_and_the_rest_records(tmp_path, capsys):
     out = tmp_path / "unplugged.h5"
+    done = threading.Event()
     with running(PowerSensor3Emulator(lambda t: 200.0)) as ps3:
-        threading.Timer(1.0, ps3.disconnect).start()
-        code = main(["record", "--simulate", "--duration", "2.5", "-o", str(out),
-                     "--meter", f"ps3:{ps3.path}"])
+        unplug = unplug_once_streaming(ps3, done)
+        try:
+            code = main(["record", "--simulate", "--duration", "2.5", "-o", str(out),
+                         "--meter", f"ps3:{ps3.path}"])
+        finally:
+            done.set()
+            unplug.join()
+    assert ps3.frames_sent > 0, "the recording never streamed from the meter"
     assert code == 1
     assert ps3.path in capsys.readouterr().err
     with wattlab.open(str(out)) as run:
-        reasons = [g.reason for g in run.gaps if g.source == "ps3"]
-        assert any(r.startswith("source failed") for r in reasons)
+        failed = [g for g in run.gaps if g.source == "ps3" and g.reason.startswith("source failed")]
+        assert failed, run.gaps
         samples = run.source("gpu0.samples")
         assert np.ptp(samples.time_ns) / 1e9 > 2.0, "NVML kept recording after the meter died"
+        assert samples.time_ns.max() > failed[0].time_first_ns, "NVML recorded after the fault"
 
 
 @pytest.fixture

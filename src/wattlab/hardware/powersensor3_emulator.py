@@ -102,6 +102,7 @@ class PowerSensor3Emulator(PtyDevice):
         seed: int = 0,
         voltage_noise_v: float = 0.0,
         config_timeout_s: float = 2.0,
+        max_backlog_ns: int = MAX_BACKLOG_FRAMES_NS,
     ) -> None:
         super().__init__("powersensor3")
         self.power_fn = power_w
@@ -111,6 +112,7 @@ class PowerSensor3Emulator(PtyDevice):
         self.firmware = firmware
         self.voltage_noise_v = voltage_noise_v
         self.config_timeout_s = config_timeout_s
+        self.max_backlog_ns = max_backlog_ns  # the device's buffer: older frames are lost
         self._rng = np.random.default_rng(seed)
         self.clock_offset_us = int(self._rng.integers(0, 1 << 30))
         self._vectorised: bool | None = None
@@ -292,8 +294,8 @@ class PowerSensor3Emulator(PtyDevice):
         """Generate every frame due by ``now_ns`` as one vectorised block."""
         if not self._streaming or now_ns < self._next_frame_ns:
             return
-        if now_ns - self._next_frame_ns > MAX_BACKLOG_FRAMES_NS:
-            lost = (now_ns - MAX_BACKLOG_FRAMES_NS - self._next_frame_ns) // self.period_ns
+        if now_ns - self._next_frame_ns > self.max_backlog_ns:
+            lost = (now_ns - self.max_backlog_ns - self._next_frame_ns) // self.period_ns
             self.frames_lost += int(lost)
             if lost:
                 self.losses.append((self._next_frame_ns, int(lost)))
