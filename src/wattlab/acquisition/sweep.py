@@ -388,7 +388,7 @@ def _one_run(plan: SweepPlan, driver: NvmlDriver, folder: Path, x: float, rep: i
     # a fixed amount of simulated work ends a run only where there is no command: a command's
     # run ends with the command (ended by the work, a slow start was killed as "failed")
     work = (_SimulatedWork(sim_gpu, plan.sim_work_s)
-            if sim_gpu is not None else None)
+            if sim_gpu is not None and plan.command is None else None)
     setting = {"knob": plan.knob, "x_name": plan.x_name, "x": x, "repeat": rep, "gpu": plan.gpu}
     acquirer = NvmlAcquirer(driver, plan.gpu, intervals_s={"energy": SWEEP_ENERGY_S,
                                                          "state": SWEEP_STATE_S})
