@@ -199,7 +199,7 @@ class GpuModel:
     sample_delay_s: float = 0.015  # window ends this long before the stamp: ~25 ms lag as on H100
     sample_jitter_s: float = 0.003
     sample_buffer_len: int = 120  # a real H100 (driver 580) returned 119 samples, ~2.4 s
-    update_period_s: float = 0.1001
+    update_period_s: float = 0.100
     instant_window_s: float = 0.025  # "part-time": only 25 ms of each 100 ms period
     average_window_s: float = 1.0
     ambient_c: float = 30.0
