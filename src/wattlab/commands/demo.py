@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     # emulated bench on a busy machine can lose frames; each is a /gaps row, printed above
     with Run(output) as run:
         lost = len(run.gaps)
-    if lost and not exit_status(result) and False:
+    if lost and not exit_status(result):
         print(f"wattlab: {lost} gap(s) in {output}: data was lost (exit status 1)",
               file=sys.stderr)
         return 1
