@@ -114,7 +114,7 @@ class PowerSensor3Acquirer(SerialAcquirer[PowerSensor3]):
             gaps.append(Gap(self.source_id, f"device time jumped {int(steps_us[i]) / 1000:.2f}"
                             " ms: frames lost before they reached the host",
                             t_first_ns=int(host_ns[i]), t_last_ns=int(host_ns[i + 1]),
-                            samples_lost=lost // 2))
+                            samples_lost=lost))
         return gaps
 
     def flush(self) -> list[Reading]:
