@@ -26,7 +26,7 @@ from functools import partial
 import h5py
 import numpy as np
 
-from common import write_json
+from common import GOALS_MISSED, write_json
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
 from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
 from wattlab.sync.recorder import RecorderConfig
@@ -202,7 +202,7 @@ def main() -> int:
         "all_floor": floors, "all_floor_direct": directs, "all_bus": buses,
     })
     lossless = all(b["rows_in_file"] == b["rows_expected"] and b["gaps"] == 0 for b in buses)
-    return 0 if lossless else 1
+    return 0 if lossless else GOALS_MISSED
 
 
 if __name__ == "__main__":

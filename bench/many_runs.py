@@ -77,9 +77,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         demo = Path(args.keep or Path(tmp) / "demo.h5")
         if not demo.exists():
-            subprocess.run([sys.executable, "-m", "wattlab.cli", "demo", "-o", str(demo),
-                            *(["--duration", "5"] if args.quick else [])],
-                           check=True, stdout=subprocess.DEVNULL)
+            made = subprocess.run([sys.executable, "-m", "wattlab.cli", "demo", "-o",
+                                   str(demo), *(["--duration", "5"] if args.quick else [])],
+                                  check=False, stdout=subprocess.DEVNULL)
+            # 1: frames lost on a busy machine, each a gap row: the file is whole, and a
+            # file with gaps is as good an input to time the analysis on
+            if made.returncode not in (0, 1) or not demo.exists():
+                raise SystemExit(f"wattlab demo failed: exit status {made.returncode}")
         if args.per_file:
             per_file_cpu(demo, args.per_file)
             return

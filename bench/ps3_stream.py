@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import write_json
+from common import GOALS_MISSED, write_json
 from wattlab.acquisition.powersensor3_source import PowerSensor3Acquirer
 from wattlab.acquisition.session import Session
 from wattlab.analysis.run_file import Run
@@ -67,7 +67,7 @@ def main() -> int:
                               "emulator_frames_lost": lost_in_emulator,
                               "source_cpu_pct_of_core": cpu_pct,
                               "recorder": result.recorder_status.get("sources", {})})
-    return 0 if lost == 0 and gaps == 0 else 1
+    return 0 if lost == 0 and gaps == 0 else GOALS_MISSED
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from common import write_json
+from common import GOALS_MISSED, write_json
 from wattlab.acquisition.scpi_sources import Wt300eAcquirer
 from wattlab.acquisition.source import Chunk
 from wattlab.drivers.scpi import ScpiTransport
@@ -85,7 +85,7 @@ def main() -> int:
     write_json("visa", {"benchmark": "visa", "quick": args.quick, "rates": rows,
                         "round_trip": rtt})
     ok = all(r["fraction"] == 1.0 and r["repeated"] + r["too_close"] == 0 for r in rows)
-    return 0 if ok else 1
+    return 0 if ok else GOALS_MISSED
 
 
 if __name__ == "__main__":

@@ -25,28 +25,49 @@ def run_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]
 
 
 def test_demo_records_a_simulated_bench_with_phases(tmp_path):
+    # the demo runs emulated meters in real time: a busy machine may lose frames. What must
+    # hold is that every loss is reported (a /gaps row with its reason, printed) and that
+    # the exit status is never 0 after one
     out = tmp_path / "demo.h5"
     result = run_cli("demo", "-o", str(out), "--duration", "3")
-    assert result.returncode == 0, result.stderr
     assert "gpu0.samples" in result.stdout
     with wattlab.open(str(out)) as run:
         assert set(run.sources) == {"gpu0.samples", "gpu0.power", "gpu0.energy", "gpu0.state",
                                     "ps3", "wall"}
+        gaps = run.gaps
+        assert result.returncode == (1 if gaps else 0), result.stderr
+        printed = [line for line in result.stdout.splitlines() if line.startswith("  gap in ")]
+        assert [line.split(" (from ")[0] for line in printed] == [
+            f"  gap in {g.source}: {g.reason}" for g in gaps]
         riser = run.source("ps3")
-        assert 19_000 < (len(riser) - 1) / (np.ptp(riser.time_ns) / 1e9) < 21_000
-        # the riser sees the GPU's board power; the wall sees more (PSU loss, rest of node)
-        riser_w = float(np.mean(riser.channel("power_total_w")))
-        nvml_w = float(np.mean(run.source("gpu0.samples").channel("power_w")))
-        assert abs(riser_w - nvml_w) / nvml_w < 0.1
-        assert float(np.mean(run.source("wall").channel("power_w"))) > riser_w
+        # the PowerSensor3's own clock (µs, one frame every 50 µs; across a hole longer than
+        # its 1024 µs wrap, re-anchored on the host clock) says what the host missed: every
+        # frame missing between two rows is counted in a ps3 gap row
+        steps_us = np.diff(riser.time_raw.astype(np.int64))
+        assert np.all(steps_us > 0)
+        holes_us = steps_us[steps_us > 75]  # over 1.5 frames
+        missing = int(np.sum(np.round(holes_us / 50) - 1))
+        assert missing == sum(g.samples_lost for g in gaps
+                              if g.source == "ps3" and g.samples_lost > 0)
+        frames_per_s = (len(riser) - 1 + missing) / (np.ptp(riser.time_raw) / 1e6)
+        assert 19_000 < frames_per_s < 21_000  # on the device's clock, lost frames counted
+        # the riser sees the GPU's board power; the wall sees more (PSU loss, rest of node).
+        # Compared where the riser lost nothing: after a hole its times are re-anchored
+        # estimates (ESTIMATED_TIME), and whole-run means over different spans differ
         samples = run.source("gpu0.samples")
+        if not any(g.source == "ps3" for g in gaps):
+            riser_w = float(np.mean(riser.channel("power_total_w")))
+            nvml_w = float(np.mean(samples.channel("power_w")))
+            assert abs(riser_w - nvml_w) / nvml_w < 0.1
+            assert float(np.mean(run.source("wall").channel("power_w"))) > riser_w
+        # the driver's own sample times: 50 Hz, none duplicated (a late drain loses none of
+        # them while the 2.4 s buffer holds them, and any it lost is a gap row)
         rate = (len(samples) - 1) / (np.ptp(samples.time_ns) / 1e9)
         assert 45 < rate < 55
         assert np.all(np.diff(samples.time_raw) > 0), "no duplicated driver samples"
         kinds = {(m.name, m.kind) for m in run.markers}
         assert ("session", "begin") in kinds and ("session", "end") in kinds
         assert ("full", "begin") in kinds
-        assert run.gaps == []
 
 
 def test_record_runs_a_command_and_keeps_its_markers_and_exit_status(tmp_path):

@@ -139,6 +139,16 @@ def test_a_command_run_keeps_recording_past_its_end(tmp_path: Path) -> None:
     assert in_step[-1] > end_ns + 0.1e9
 
 
+def test_a_command_run_ends_with_the_command_not_the_simulated_work(tmp_path: Path) -> None:
+    """--sim-work is the run's length only without a command: a command slower than the
+    simulated work (a slow start on a busy machine) was killed by SIGTERM as "failed"."""
+    out = str(tmp_path / "w.h5")
+    assert main(["sweep", "--simulate", "--sim-work", "0.1", "--power-limits", "700", "-o",
+                 out, "--", sys.executable, "-c", "import time; time.sleep(1.0)"]) == 0
+    t = read_sweep(out)
+    assert t.status == ["ok"] and t.runtime_s[0] >= 1.0
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_mid_sweep_restores(tmp_path: Path, signum: int) -> None:
     out = str(tmp_path / "sig.h5")

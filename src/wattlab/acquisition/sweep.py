@@ -385,7 +385,10 @@ def _one_run(plan: SweepPlan, driver: NvmlDriver, folder: Path, x: float, rep: i
              sim_gpu: Any, stop: threading.Event,
              current: list[_SweepSession | None], measure: Measure) -> RunResult:
     path = str(folder / f"{plan.x_name}-{x:g}-r{rep}.h5")
-    work = _SimulatedWork(sim_gpu, plan.sim_work_s) if sim_gpu is not None else None
+    # a fixed amount of simulated work ends a run only where there is no command: a command's
+    # run ends with the command (ended by the work, a slow start was killed as "failed")
+    work = (_SimulatedWork(sim_gpu, plan.sim_work_s)
+            if sim_gpu is not None and plan.command is None else None)
     setting = {"knob": plan.knob, "x_name": plan.x_name, "x": x, "repeat": rep, "gpu": plan.gpu}
     acquirer = NvmlAcquirer(driver, plan.gpu, intervals_s={"energy": SWEEP_ENERGY_S,
                                                          "state": SWEEP_STATE_S})
@@ -404,11 +407,11 @@ def _one_run(plan: SweepPlan, driver: NvmlDriver, folder: Path, x: float, rep: i
     runtime: float | None = None
     true_j: float | None = None
     if work is not None:
-        if plan.command is None and work.finish_ns is not None and work.begin_ns is not None:
+        if work.finish_ns is not None and work.begin_ns is not None:
             runtime = (work.finish_ns - work.begin_ns) / 1e9
             true_j = float(sim_gpu.true_energy_j(work.begin_ns, work.finish_ns))
         sim_gpu.hold_history_from(None)  # the run is over: its past may go
-        if plan.command is None and runtime is None:
+        if runtime is None:
             return RunResult(x, rep, "interrupted", math.nan, {}, math.nan, math.nan, math.nan,
                              path, None)
     status = "ok"
