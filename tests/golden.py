@@ -2,8 +2,8 @@
 
 Why: a refactor that moves files, or a speed-up, must not move a number. Each case is a run
 file whose bytes do not depend on the machine (seeded simulated runs written offline, and
-every real trace and the demo recording in ``tests/data/``); for each, the JSON of ``info``, ``energy``,
-``energy --by-marker``, ``calibrate`` and ``iterations`` is kept in
+every real trace and the demo recording in ``tests/data/``); for each, the JSON of
+``info``, ``energy``, ``energy --by-marker``, ``calibrate`` and ``iterations`` is kept in
 ``tests/data/golden/<case>.json.gz`` (gzip: the largest holds 2000 training steps' phases).
 ``tests/test_golden.py`` compares today's output with it: every key kept must still be there
 (new keys are free), strings and integers equal, floats within ``REL_TOL``. A change that
