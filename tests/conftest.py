@@ -7,6 +7,7 @@ into one works on its own copy.
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +26,18 @@ from wattlab.hardware.pty_device import PtyDevice
 from wattlab.hardware.scpi_server import ScpiDevice
 
 Emulator = TypeVar("Emulator", bound=ScpiDevice | PtyDevice)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Run as from a terminal: Ctrl-C (SIGINT) at Python's default, not ignored.
+
+    A shell starts a background job (``bash .ci/run &``, nohup) with SIGINT ignored, every
+    child inherits that, and a Python started so never raises KeyboardInterrupt: each test
+    that stops an emulator or a recording with Ctrl-C then hangs until its timeout (seen:
+    six such tests in one CI run started in the background).
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def emulator_failures(device: ScpiDevice | PtyDevice) -> list[str]:
