@@ -7,6 +7,7 @@ into one works on its own copy.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -60,6 +61,32 @@ def running(device: Emulator) -> Iterator[Emulator]:
         yield device
     failures = emulator_failures(device)
     assert failures == [], f"the emulator's own threads failed: {failures}"
+
+
+@contextmanager
+def emulator_cli(argv: list[str]) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """An emulator's command line as a person runs it: yields the process and the first line
+    it prints (its port or VISA resource).
+
+    However the test ends, the process is gone and its pipes closed afterwards: a process
+    left running is a ResourceWarning in some later test, which ``filterwarnings = error``
+    makes that test fail instead of this one.
+    """
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        yield proc, proc.stdout.readline()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()  # reaps it and closes its pipes
+
+
+def ctrl_c(proc: subprocess.Popen[str], timeout_s: float) -> int:
+    """Press Ctrl-C on ``proc``; its exit status (a hang past ``timeout_s`` fails)."""
+    proc.send_signal(signal.SIGINT)
+    return proc.wait(timeout_s)
 
 
 def free_port() -> int:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -13,7 +11,7 @@ import numpy as np
 import pytest
 
 import wattlab
-from tests.conftest import running
+from tests.conftest import ctrl_c, emulator_cli, running
 from wattlab.acquisition.mcp39f511_source import Mcp39f511Acquirer
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.analysis.energy import energy_report
@@ -164,18 +162,13 @@ def test_bench_file_errors_name_the_key(tmp_path, capsys: pytest.CaptureFixture[
 
 
 def test_emulate_serves_the_board_until_ctrl_c() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "wattlab.cli", "emulate", "mcp39f511"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        path = proc.stdout.readline().strip()
+    with emulator_cli([sys.executable, "-m", "wattlab.cli", "emulate", "mcp39f511"]) as (
+            proc, line):
+        path = line.strip()
         assert path.startswith("/dev/pts/")
         transport = SerialTransport(path, timeout_s=2.0)
         try:
             assert Mcp39f511(transport).system_version() == 0x5A15
         finally:
             transport.close()
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=20)
-    assert proc.returncode == 0
+        assert ctrl_c(proc, 20) == 0

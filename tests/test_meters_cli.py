@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pynvml
 import pytest
 
 import wattlab
-from tests.conftest import running
+from tests.conftest import ctrl_c, emulator_cli, running
 from wattlab.acquisition.meters import meter_acquirers, parse_meter_spec
 from wattlab.cli import main
 from wattlab.errors import UsageError
@@ -148,24 +145,19 @@ def test_wrong_port_is_a_clear_error_naming_it(tmp_path, capsys):
 
 
 def test_emulate_prints_a_port_that_a_driver_can_open_and_stops_on_ctrl_c():
-    proc = subprocess.Popen([sys.executable, "-m", "wattlab.cli", "emulate", "powersensor3"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        path = proc.stdout.readline().strip()
-        assert path.startswith("/dev/pts/")
-        from wattlab.drivers.powersensor3 import PowerSensor3
-        from wattlab.drivers.transport import SerialTransport
+    from wattlab.drivers.powersensor3 import PowerSensor3
+    from wattlab.drivers.transport import SerialTransport
 
+    with emulator_cli([sys.executable, "-m", "wattlab.cli", "emulate", "powersensor3"]) as (
+            proc, line):
+        path = line.strip()
+        assert path.startswith("/dev/pts/")
         transport = SerialTransport(path, timeout_s=2.0)
         try:
             assert PowerSensor3(transport).read_version().startswith("F411")
         finally:
             transport.close()
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=20)
-    assert proc.returncode == 0
+        assert ctrl_c(proc, 20) == 0
 
 
 def test_emulate_unknown_instrument_is_a_usage_error(capsys):
@@ -174,24 +166,15 @@ def test_emulate_unknown_instrument_is_a_usage_error(capsys):
 
 
 def test_emulated_analyser_serves_visa(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "wattlab.cli", "emulate", "wt310e"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
+    from wattlab.drivers.scpi import ScpiTransport
+
+    with emulator_cli([sys.executable, "-m", "wattlab.cli", "emulate", "wt310e"]) as (
+            proc, line):
         resource = line.split()[-1]
         assert resource.startswith("TCPIP::127.0.0.1::")
-        from wattlab.drivers.scpi import ScpiTransport
-
         transport = ScpiTransport(resource)
         try:
             assert "WT310E" in transport.query("*IDN?")
         finally:
             transport.close()
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=20)
-    deadline = time.monotonic() + 1
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert proc.returncode == 0
+        assert ctrl_c(proc, 20) == 0

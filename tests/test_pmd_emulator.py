@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -13,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.conftest import running
+from tests.conftest import ctrl_c, emulator_cli, running
 from wattlab.acquisition.pmd_source import PmdAcquirer
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.pmd import PmdUsb
@@ -187,10 +184,8 @@ def test_close_stops_continuous_mode(emu: PmdEmulator) -> None:
 
 def test_emulator_cli_prints_port_and_stops_on_ctrl_c() -> None:
     code = "from wattlab.hardware.pmd_emulator import main; raise SystemExit(main([]))"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        path = proc.stdout.readline().strip()
+    with emulator_cli([sys.executable, "-c", code]) as (proc, line):
+        path = line.strip()
         assert path.startswith("/dev/pts/")
         t = SerialTransport(path, timeout_s=2.0)
         try:
@@ -198,11 +193,4 @@ def test_emulator_cli_prints_port_and_stops_on_ctrl_c() -> None:
             assert t.read(17) == b"ElmorLabs PMD-USB"
         finally:
             t.close()
-        os.kill(proc.pid, signal.SIGINT)
-        assert proc.wait(5) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        assert ctrl_c(proc, 5) == 0

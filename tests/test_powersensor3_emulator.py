@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -15,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.conftest import running
+from tests.conftest import ctrl_c, emulator_cli, running
 from wattlab.acquisition.powersensor3_source import PowerSensor3Acquirer
 from wattlab.acquisition.source import Chunk, Reading
 from wattlab.drivers.powersensor3 import PowerSensor3, SensorConfig, StreamBlock
@@ -285,10 +282,8 @@ def test_config_exchange_stall_resets_device() -> None:
 
 def test_emulator_cli_prints_port_and_stops_on_ctrl_c() -> None:
     code = "from wattlab.hardware.powersensor3_emulator import main; raise SystemExit(main([]))"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        path = proc.stdout.readline().strip()
+    with emulator_cli([sys.executable, "-c", code]) as (proc, line):
+        path = line.strip()
         assert path.startswith("/dev/pts/")
         t = SerialTransport(path, timeout_s=2.0)
         try:
@@ -296,14 +291,7 @@ def test_emulator_cli_prints_port_and_stops_on_ctrl_c() -> None:
             assert t.read(12) == b"F411-1.6.1\r\n"
         finally:
             t.close()
-        os.kill(proc.pid, signal.SIGINT)
-        assert proc.wait(5) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        assert ctrl_c(proc, 5) == 0
 
 
 def test_acquirer_reports_frames_lost_at_the_device_as_a_gap(emu: PowerSensor3Emulator) -> None:

@@ -1,16 +1,13 @@
 """The reusable SCPI TCP server and the ``wattlab emulate`` entry point."""
 
-import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 from typing import Any
 
 import pytest
 
-from tests.conftest import running
+from tests.conftest import ctrl_c, emulator_cli, running
 from wattlab.drivers.scpi import ScpiTransport
 from wattlab.hardware.scpi_server import ScpiCommand, ScpiDevice, ScpiTcpServer, WallLoad
 
@@ -67,13 +64,7 @@ def test_wall_load_efficiency_curve() -> None:
 def test_emulate_cli_serves_until_interrupted(rm: Any) -> None:
     code = "from wattlab.hardware.scpi_server import run_emulator_cli as r; " \
            "raise SystemExit(r('wt310e'))"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
+    with emulator_cli([sys.executable, "-c", code]) as (proc, line):
         resource = line.split(": ", 1)[1].strip()
         assert resource.startswith("TCPIP::127.0.0.1::") and resource.endswith("::SOCKET")
         t = ScpiTransport(resource, rm)
@@ -81,15 +72,7 @@ def test_emulate_cli_serves_until_interrupted(rm: Any) -> None:
             assert t.query("*IDN?").startswith("YOKOGAWA,WT310E,")
         finally:
             t.close()
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(5) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        assert ctrl_c(proc, 5) == 0
 
 
 def test_emulate_cli_rejects_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
