@@ -8,7 +8,8 @@ machine and zero failures in five consecutive runs beside two CPU-burning proces
 are properties of a fresh clone as CI makes it, so this bench clones the repository's HEAD
 into a temporary folder, runs `.ci/run` there with CI=true and no standard input, and
 appends {commit, burners, seconds, exit status, pytest's closing line, slowest tests} to
-`suite_runs.json` (a log over days: the five may be spread out). The slowest tests come
+`suite_runs.json` (a log over days: the five may be spread out), the whole output beside
+it. The slowest tests come
 from the `--durations=25` the suite always prints.
 """
 
@@ -55,10 +56,13 @@ def run_once(repo: Path, burners: int) -> dict[str, Any]:
     summary = _SUMMARY.findall(out)
     slowest = [{"s": float(s), "when": when, "test": test}
                for s, when, test in _DURATION.findall(out)][:25]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    log = RESULTS / f"suite_run_{commit}_{time.strftime('%Y%m%dT%H%M%S')}.log"
+    log.write_text(out)  # the failures' reasons: a run under load is too dear to repeat
     return {**machine(), "commit": commit, "burners": burners, "seconds": round(seconds, 1),
             "exit": done.returncode, "summary": summary[-1] if summary else "",
             "failed": re.findall(r"^FAILED (\S+)", out, re.M), "slowest": slowest,
-            "tail": out[-2000:] if done.returncode else ""}
+            "log": str(log)}
 
 
 def main() -> int:
@@ -72,7 +76,6 @@ def main() -> int:
     log = RESULTS / "suite_runs.json"
     runs = json.loads(log.read_text()) if log.exists() else []
     runs.append(row)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     log.write_text(json.dumps(runs, indent=1) + "\n")
     print("commit   burners  seconds  exit  result")
     for r in runs:
