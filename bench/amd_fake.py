@@ -26,9 +26,9 @@ from common import write_json
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import wattlab
-from wattlab.acquisition.nvml_source import NvmlAcquirer
-from wattlab.acquisition.session import Session
-from wattlab.analysis.node_energy import node_report
+from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
+from wattlab.acquisition.session.supervisor import Session
+from wattlab.analysis.energy.node_energy import node_report
 from wattlab.drivers.amdsmi import AmdSmiDriver
 from wattlab.hardware.fake_amdsmi import MI300X, RESOLUTION_UJ, FakeAmdSmi
 from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule

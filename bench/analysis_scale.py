@@ -30,8 +30,8 @@ import numpy as np
 
 from common import median, write_json
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
-from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
-from wattlab.sync.recorder import RecorderConfig
+from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
+from wattlab.sync.recorder.process import RecorderConfig
 
 RATE_HZ = 20_000
 ROWS = 1000

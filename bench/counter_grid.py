@@ -2,7 +2,7 @@
 
     python bench/counter_grid.py [--seconds 20] [--simulate]
 
-``analysis/counter_ticks.py`` puts each counter read at the update it shows, once the reads
+``analysis/energy/counter_ticks.py`` puts each counter read at the update it shows, once the reads
 pin the update grid. Its premise came from the H100 capture in ``tests/data``; this checks
 it on the GPU at hand, read-only:
 
@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from common import open_nvml, write_json
-from wattlab.analysis.counter_ticks import COUNTER_UPDATE_S, at_updates, update_phase_s
+from wattlab.analysis.energy.counter_ticks import COUNTER_UPDATE_S, at_updates, update_phase_s
 from wattlab.drivers.nvml import NvmlDriver
 
 FloatArray = npt.NDArray[np.float64]

@@ -32,12 +32,12 @@ import numpy as np
 
 import wattlab
 from common import DATA, machine, write_json
-from wattlab.analysis.calibration import calibrate
-from wattlab.analysis.energy import Phase, energy_report, phases_from_markers
-from wattlab.analysis.energy_fusion import fuse_records, mark_breaks, windows_from_record
-from wattlab.analysis.importers import import_files
-from wattlab.analysis.run_file import Run
+from wattlab.analysis.calibration.calibrate import calibrate
+from wattlab.analysis.energy.nvml_fusion import fuse_records, mark_breaks, windows_from_record
+from wattlab.analysis.energy.source_energy import Phase, energy_report, phases_from_markers
 from wattlab.errors import UsageError
+from wattlab.importers.power_logs import import_files
+from wattlab.runfile.reader import Run
 
 LONG_S = 2.0
 WHOLE = ("session", "fit", "epoch")  # phases that hold the others

@@ -32,7 +32,7 @@ def one_run(folder: Path, seed: int, duration_s: float) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"excite seed {seed} failed: {done.stderr}")
     summary = json.loads(done.stdout)
-    from wattlab.analysis.calibration import load_from_run
+    from wattlab.analysis.calibration.calibrate import load_from_run
 
     records = {r["target"]["channel"]: r for r in load_from_run(str(out))}
     for view in summary["views"]:

@@ -27,10 +27,10 @@ import h5py
 import numpy as np
 
 from common import GOALS_MISSED, write_json
+from wattlab.runfile.writer import _ChunkColumn, _growable
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
-from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
-from wattlab.sync.recorder import RecorderConfig
-from wattlab.sync.run_writer import _ChunkColumn, _growable
+from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
+from wattlab.sync.recorder.process import RecorderConfig
 
 CHANNELS = 8
 

@@ -62,7 +62,8 @@ def timed(setup: Callable[[Any], Callable[[], None]]) -> float:
 def main() -> None:
     import torch
 
-    from wattlab.acquisition import gpu_marks, markers
+    from wattlab.acquisition.markers import gpu_marks
+    from wattlab.acquisition.markers import program_markers as markers
     from wattlab.hardware.fake_cuda_events import FakeCudaEvents
     from wattlab.integrations.layer_hooks import hook_leaves
     from wattlab.integrations.layer_marks import mark_layers

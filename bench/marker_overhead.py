@@ -30,9 +30,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median, write_json
-from wattlab.acquisition import gpu_marks, markers
+from wattlab.acquisition.markers import gpu_marks
+from wattlab.acquisition.markers import program_markers as markers
 from wattlab.integrations import PhaseEmitter
-from wattlab.sync.bus import local_endpoint
+from wattlab.sync.bus.publisher import local_endpoint
 
 Step = Callable[[], None]
 

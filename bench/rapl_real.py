@@ -27,7 +27,7 @@ from common import write_json
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import wattlab
-from wattlab.acquisition.rapl_source import powercap_readable
+from wattlab.acquisition.acquirers.rapl_acquirer import powercap_readable
 from wattlab.drivers.powercap import discover, read_uj
 from wattlab.errors import MeterError
 

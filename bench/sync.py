@@ -26,18 +26,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_json
-from wattlab.acquisition.agent import SKEW_ENV, ClockSkew, run_agent
-from wattlab.acquisition.source import Chunk
+from wattlab.acquisition.session.agent import SKEW_ENV, ClockSkew, run_agent
+from wattlab.acquisition.session.source_runner import Chunk
+from wattlab.device_models.clock_fit import fit_lower_envelope
 from wattlab.samples import Channel, SourceDescriptor
-from wattlab.sync.bus import ControlClient, local_endpoint
-from wattlab.sync.clock_fit import fit_lower_envelope
-from wattlab.sync.recorder import Recorder, RecorderConfig, hosts_ready
-from wattlab.sync.security import (
+from wattlab.sync.bus.publisher import ControlClient, local_endpoint
+from wattlab.sync.bus.security import (
     ClientSecurity,
     create_keypair,
     load_keypair,
     load_public_key,
 )
+from wattlab.sync.recorder.process import Recorder, RecorderConfig, hosts_ready
 
 SKEWS = {
     "node1": ClockSkew(0, 0.0),

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from common import DATA, write_json
-from wattlab.analysis.models import (
+from wattlab.analysis.models.energy_models import (
     FAMILIES,
     MAX_BOOST_HOLDOUT,
     FitReport,
@@ -29,8 +29,8 @@ from wattlab.analysis.models import (
     recommend,
     unseen_workload_picks,
 )
-from wattlab.analysis.power_model import power_model_report, titan_x_files
-from wattlab.analysis.sweep_results import SweepTable, load_table
+from wattlab.analysis.models.power_model import power_model_report, titan_x_files
+from wattlab.analysis.models.sweep_results import SweepTable, load_table
 
 PUBLIC = DATA / "public"
 TRACE = PUBLIC / "zeus/examples/research_reproducibility/zeus_nsdi23/trace"

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 import wattlab
-from wattlab.analysis.energy import energy_report, phases_from_markers
+from wattlab.analysis.energy.source_energy import energy_report, phases_from_markers
 
 SAMPLES = "gpu0.samples"
 FLOOR_QUANTILE = 5  # idle: the 5th percentile of the run's samples (the jobs idle 2 s first)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from wattlab.acquisition.simulated_phases import schedule_phases
+from wattlab.acquisition.markers.simulated_phases import schedule_phases
 from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Marker, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
 
 MS = 1_000_000
 

@@ -15,14 +15,14 @@ import pytest
 
 import wattlab
 from tests.conftest import free_port
-from wattlab.acquisition.agent import SKEW_ENV, ClockSkew, HostAcquirer, run_agent
-from wattlab.acquisition.source import Chunk
+from wattlab.acquisition.session.agent import SKEW_ENV, ClockSkew, HostAcquirer, run_agent
+from wattlab.acquisition.session.source_runner import Chunk
 from wattlab.cli import main
 from wattlab.errors import BusError, UsageError
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
-from wattlab.sync.bus import ControlClient, local_endpoint
-from wattlab.sync.recorder import Recorder, RecorderConfig, hosts_ready
-from wattlab.sync.security import ClientSecurity, load_keypair, load_public_key
+from wattlab.sync.bus.publisher import ControlClient, local_endpoint
+from wattlab.sync.bus.security import ClientSecurity, load_keypair, load_public_key
+from wattlab.sync.recorder.process import Recorder, RecorderConfig, hosts_ready
 
 REPO = Path(__file__).resolve().parents[1]
 WATTLAB = [sys.executable, "-m", "wattlab.cli"]

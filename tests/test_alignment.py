@@ -17,8 +17,8 @@ from wattlab.analysis.alignment import (
     parse_spec,
 )
 from wattlab.errors import UsageError
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
 
 
 def test_lag_of_a_shifted_random_load_is_found_to_a_millisecond():

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.acquisition.nvml_source import NvmlAcquirer
-from wattlab.acquisition.session import Session
-from wattlab.analysis.node_energy import format_node_report, node_report
+from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
+from wattlab.acquisition.session.supervisor import Session
+from wattlab.analysis.energy.node_energy import format_node_report, node_report
 from wattlab.cli import main
 from wattlab.drivers.amdsmi import AmdSmiDriver
 from wattlab.errors import NvmlMissingError

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import wattlab
-from wattlab.analysis.calibration import calibrate
-from wattlab.analysis.energy import energy_report
+from wattlab.analysis.calibration.calibrate import calibrate
+from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
 
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from wattlab.analysis.batch_means import linear_information, weighted_batch_se
+from wattlab.analysis.calibration.batch_means import linear_information, weighted_batch_se
 
 
 def test_information_is_the_inverse_of_the_normal_matrix_diagonal() -> None:

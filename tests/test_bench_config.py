@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from wattlab.bench_config import (
+from wattlab.acquisition.meters.bench_file import (
     TEMPLATE,
     NvmlChoice,
     bench_acquirers,

@@ -15,14 +15,14 @@ import pytest
 
 import wattlab
 from tests.conftest import running
-from wattlab.analysis.alignment import power_channel
-from wattlab.bench_config import (
+from wattlab.acquisition.meters.bench_file import (
     check_bench,
     check_gpus_exist,
     load_bench,
     parse_bench,
     record_bench,
 )
+from wattlab.analysis.alignment import power_channel
 from wattlab.cli import main
 from wattlab.errors import UsageError
 from wattlab.hardware.hmc8015_emulator import Hmc8015Emulator

@@ -10,11 +10,16 @@ import pytest
 
 import wattlab
 from tests.sim_runs import sim_descriptor, write_sim_run
-from wattlab.analysis import calibration
-from wattlab.analysis.calibration import calibrate, load_from_run, load_record, store_in_run
-from wattlab.analysis.energy import energy_report
+from wattlab.analysis.calibration import calibrate as calibration
+from wattlab.analysis.calibration.calibrate import (
+    calibrate,
+    load_from_run,
+    load_record,
+    store_in_run,
+)
+from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
-from wattlab.sync.run_writer import RunFileWriter
+from wattlab.runfile.writer import RunFileWriter
 
 MS = 1_000_000
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wattlab.device_models.clock_fit import EnvelopeAccumulator, fit_lower_envelope, lower_hull
 from wattlab.errors import UsageError
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, SourceDescriptor
-from wattlab.sync.clock_fit import EnvelopeAccumulator, fit_lower_envelope, lower_hull
-from wattlab.sync.run_writer import RunFileWriter
 
 
 def jittered(n: int, drift_ppm: float, seed: int = 0, rate_hz: float = 20_000.0):

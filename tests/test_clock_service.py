@@ -8,9 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from wattlab.acquisition.agent import ClockSkew
+from wattlab.acquisition.session.agent import ClockSkew
 from wattlab.errors import BusError, MalformedMessageError
-from wattlab.sync.bus import ControlClient, local_endpoint
+from wattlab.sync.bus.publisher import ControlClient, local_endpoint
+from wattlab.sync.bus.security import ClientSecurity, load_keypair, load_public_key
 from wattlab.sync.clock_service import (
     ClockPinger,
     ClockProbe,
@@ -18,8 +19,7 @@ from wattlab.sync.clock_service import (
     ClockTracker,
     probe_weights,
 )
-from wattlab.sync.recorder import Recorder, RecorderConfig
-from wattlab.sync.security import ClientSecurity, load_keypair, load_public_key
+from wattlab.sync.recorder.process import Recorder, RecorderConfig
 
 
 def simulated_probes(skew: ClockSkew, seconds: float, rate_hz: float = 10, seed: int = 0,

@@ -9,9 +9,9 @@ import wattlab
 from tests.test_recorder import RunningRecorder, batch, descriptor
 from wattlab.errors import MalformedMessageError, UsageError
 from wattlab.samples import SampleBatch
-from wattlab.sync import message
-from wattlab.sync.bus import BusPublisher
-from wattlab.sync.coalesce import Coalescer
+from wattlab.sync.bus import message
+from wattlab.sync.bus.coalesce import Coalescer
+from wattlab.sync.bus.publisher import BusPublisher
 
 
 def test_consecutive_batches_join_up_to_the_row_limit():

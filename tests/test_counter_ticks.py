@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.analysis.counter_ticks import at_updates, update_phase_s
-from wattlab.analysis.energy import energy_report
-from wattlab.analysis.sweep_results import measure_phases
+from wattlab.analysis.energy.counter_ticks import at_updates, update_phase_s
+from wattlab.analysis.energy.source_energy import energy_report
+from wattlab.analysis.models.sweep_results import measure_phases
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Marker, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
 
 POWER_W = 700.0
 

@@ -6,7 +6,7 @@ import json
 import os
 
 from tests.conftest import running
-from wattlab.acquisition.discovery import identify_serial
+from wattlab.acquisition.meters.discovery import identify_serial
 from wattlab.cli import main
 from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
 

@@ -9,7 +9,7 @@ import pytest
 
 import wattlab
 from wattlab.analysis.alignment import StreamIntegral, bin_means, cumulative_at
-from wattlab.analysis.energy import (
+from wattlab.analysis.energy.source_energy import (
     COUNTER_UPDATE_S,
     counter_edge_s,
     energy_report,
@@ -17,8 +17,8 @@ from wattlab.analysis.energy import (
 )
 from wattlab.cli import main
 from wattlab.errors import RunFileError, UsageError
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
 
 MS = 1_000_000
 
@@ -104,7 +104,7 @@ def test_bin_means_are_nan_across_a_hole():
 
 
 def test_phases_pair_begin_and_end_per_name_with_repeats():
-    rows = [wattlab.analysis.run_file.MarkerRow(t, n, k, "w", {}) for t, n, k in [
+    rows = [wattlab.runfile.reader.MarkerRow(t, n, k, "w", {}) for t, n, k in [
         (0, "x", "begin"), (10, "y", "begin"), (20, "y", "end"), (30, "x", "end"),
         (40, "x", "begin"), (50, "x", "end"), (60, "z", "begin")]]
     phases = phases_from_markers(rows)

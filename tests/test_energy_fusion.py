@@ -14,9 +14,9 @@ import pytest
 
 import wattlab
 from tests.data_files import DATA
-from wattlab.analysis.calibration import calibrate
-from wattlab.analysis.energy import energy_report, phases_from_markers
-from wattlab.analysis.energy_fusion import Windows, fuse, fuse_records, mark_breaks
+from wattlab.analysis.calibration.calibrate import calibrate
+from wattlab.analysis.energy.nvml_fusion import Windows, fuse, fuse_records, mark_breaks
+from wattlab.analysis.energy.source_energy import energy_report, phases_from_markers
 from wattlab.errors import UsageError
 
 TRACE = DATA / "traces" / "h100_torch-long.h5"
@@ -145,7 +145,7 @@ def test_unidentifiable_record_is_refused_unless_forced(torch_long) -> None:
 def test_readings_off_any_lattice_are_refused(torch_long, tmp_path: Path) -> None:
     """A stream whose every poll saw a new value at random times has no update lattice."""
     from tests.sim_runs import sim_descriptor
-    from wattlab.sync.run_writer import RunFileWriter
+    from wattlab.runfile.writer import RunFileWriter
 
     rng = np.random.default_rng(3)
     t_ns = np.cumsum(rng.integers(40, 160, 400)) * 1_000_000

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.acquisition.excitation import seconds_for, telegraph
-from wattlab.analysis.identifiability import repeating_share
+from wattlab.acquisition.experiments.telegraph_schedule import seconds_for, telegraph
+from wattlab.analysis.calibration.identifiability import repeating_share
 from wattlab.errors import UsageError
 
 WATTLAB = [sys.executable, "-m", "wattlab.cli"]

@@ -19,16 +19,16 @@ import pytest
 
 import wattlab
 from wattlab import exit_watch
-from wattlab.acquisition.nvml_source import NvmlAcquirer
-from wattlab.acquisition.session import Session
+from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
+from wattlab.acquisition.session.supervisor import Session
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.exit_watch import POLL_FALLBACK_S, ExitWatch
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.simulated_gpu import SimulatedGpu
-from wattlab.sync import recorder as recorder_module
-from wattlab.sync.bus import local_endpoint
-from wattlab.sync.hdf5_repair import crash_flags
-from wattlab.sync.recorder import RecorderConfig
+from wattlab.runfile.crash_flags import crash_flags
+from wattlab.sync.bus.publisher import local_endpoint
+from wattlab.sync.recorder import process as recorder_module
+from wattlab.sync.recorder.process import RecorderConfig
 
 from .test_faults_session import child_pid, children, finish, record, wait_for_rows
 from .test_recorder import RunningRecorder
@@ -298,7 +298,7 @@ def test_a_source_process_sleeps_until_stopped_or_orphaned(tmp_path):
     """Its main thread once looked 5 times a second for a stop, its runner and its parent."""
     path = tmp_path / "processes.h5"
     session = record(path, "--source-processes", duration_s=60.0)
-    source = child_pid(session, "-m wattlab.acquisition.source_process")  # not the recorder
+    source = child_pid(session, "-m wattlab.acquisition.session.source_process")  # not the recorder
     wait_for_rows(path)  # opened and running
     idle = wakes_while(source, 2.0, pid=source)  # its main thread: tid = pid
     session.send_signal(signal.SIGTERM)  # then the stop wakes it at once

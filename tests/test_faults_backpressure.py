@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.sync.bus import ControlClient, local_endpoint
-from wattlab.sync.recorder import RecorderConfig
+from wattlab.sync.bus.publisher import ControlClient, local_endpoint
+from wattlab.sync.recorder.process import RecorderConfig
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 
@@ -21,7 +21,7 @@ FLOOD = r"""
 import json, sys, time
 import numpy as np
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
-from wattlab.sync.bus import BusPublisher
+from wattlab.sync.bus.publisher import BusPublisher
 
 endpoint, seconds = sys.argv[1], float(sys.argv[2])
 rows = 2000

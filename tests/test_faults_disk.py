@@ -26,12 +26,12 @@ import pytest
 
 from tests.test_faults_recorder import ROWS, batch, descriptor
 from tests.test_faults_session import wait_for_rows
-from wattlab.acquisition.disk_budget import DataRate, estimate, judge, nvml_streams
-from wattlab.acquisition.live import SpaceWatch, space_note
+from wattlab.acquisition.meters.disk_budget import DataRate, estimate, judge, nvml_streams
+from wattlab.acquisition.session.live import SpaceWatch, space_note
 from wattlab.cli import main
 from wattlab.hardware.virtual_bench import VirtualBench
-from wattlab.sync.bus import BusPublisher, local_endpoint
-from wattlab.sync.disk_full import (
+from wattlab.sync.bus.publisher import BusPublisher, local_endpoint
+from wattlab.sync.recorder.disk_full import (
     DISK_FULL_EXIT,
     DiskFullReport,
     disk_full_error,
@@ -128,7 +128,7 @@ def record_until_full(path: Path, preexec: Callable[[], None] | None = None,
     mid-fill and freed its reserve for the still-running filler to take.
     """
     endpoint = local_endpoint()
-    from wattlab.sync.recorder import RecorderConfig
+    from wattlab.sync.recorder.process import RecorderConfig
 
     # with a filler, SWMR from the first flush: its switch later would be a write mid-fill
     cfg = RecorderConfig(endpoint=endpoint, output=str(path), session_start_ns=0,

@@ -16,11 +16,11 @@ import h5py
 import numpy as np
 import pytest
 
-from wattlab.analysis.run_check import check_run_file
 from wattlab.cli import main
 from wattlab.errors import RunFileError
+from wattlab.runfile.layout_check import check_run_file
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Marker, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
 
 
 def good_run(path: Path) -> None:
@@ -167,8 +167,8 @@ def test_every_reader_opens_the_same_way_while_a_run_is_open(files: dict[str, Pa
                                                              tmp_path: Path) -> None:
     """HDF5 refuses a second handle whose locking flag differs; the report once hit that."""
     import wattlab
-    from wattlab.analysis.calibration import load_from_run
-    from wattlab.analysis.report import build_report
+    from wattlab.analysis.calibration.calibrate import load_from_run
+    from wattlab.analysis.report.html_report import build_report
 
     with wattlab.open(str(files["good"])) as run:
         assert load_from_run(str(files["good"])) == []

@@ -16,11 +16,11 @@ import pytest
 
 import wattlab
 from wattlab.errors import RunFileError
+from wattlab.runfile.crash_flags import clear_crash_flags, crash_flags, lookup3
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
-from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
-from wattlab.sync.hdf5_repair import clear_crash_flags, crash_flags, lookup3
-from wattlab.sync.recorder import RecorderConfig
-from wattlab.sync.run_writer import RunFileWriter
+from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
+from wattlab.sync.recorder.process import RecorderConfig
 
 ROWS = 200  # rows per batch; a batch every ~5 ms: 40 k rows/s
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import wattlab
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
-from wattlab.sync import message
-from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
-from wattlab.sync.recorder import Recorder, RecorderConfig
+from wattlab.sync.bus import message
+from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
+from wattlab.sync.recorder.process import Recorder, RecorderConfig
 
 KEYS = ["v", "type", "source", "seq", "seq_last", "n", "buffers", "body", "command", "rid",
         "last_seq", "ack", "describe", "resend", "from_seq", "durable", "seq_next", "source_id",

@@ -21,15 +21,15 @@ import pytest
 import wattlab
 from tests.conftest import free_port
 from tests.data_files import data_file
-from wattlab.acquisition import gpu_marks
-from wattlab.acquisition.gpu_clock import GpuClock
-from wattlab.acquisition.gpu_marks import GpuMarkResolver, Stamp
-from wattlab.analysis.energy import energy_report, phases_from_markers
+from wattlab.acquisition.markers import gpu_marks
+from wattlab.acquisition.markers.gpu_marks import GpuMarkResolver, Stamp
+from wattlab.acquisition.markers.gpu_timebase import GpuClock
+from wattlab.analysis.energy.source_energy import energy_report, phases_from_markers
 from wattlab.errors import UsageError
 from wattlab.hardware.fake_cuda_events import FakeCudaEvents
 from wattlab.integrations import PhaseEmitter
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Marker, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
 
 MS = 1_000_000
 SAMPLES_STREAM = ("gpu0.samples", "power_w")
@@ -192,7 +192,8 @@ def test_host_only_markers_write_unknown_gpu_time(tmp_path: Path) -> None:
 CHILD = textwrap.dedent("""
     import time
     import wattlab
-    from wattlab.acquisition import gpu_marks, markers
+    from wattlab.acquisition.markers import gpu_marks
+    from wattlab.acquisition.markers import program_markers as markers
     from wattlab.hardware.fake_cuda_events import FakeCudaEvents
     from wattlab.integrations.torch_helper import steps
 
@@ -279,7 +280,7 @@ def test_sparse_short_steps_are_not_summed_and_the_reason_is_said(tmp_path: Path
 
 def test_report_draws_energy_per_instance_from_streams_that_resolve_it(
         tmp_path: Path) -> None:
-    from wattlab.analysis.report import build_report
+    from wattlab.analysis.report.html_report import build_report
 
     resolved, short = tmp_path / "resolved.h5", tmp_path / "short.h5"
     _power_run(resolved, _steps(5, lag_ns=100 * MS), [(1100 * MS, 3100 * MS)])
@@ -301,7 +302,7 @@ def test_report_draws_energy_per_instance_from_streams_that_resolve_it(
 def test_bus_messages_carry_the_gpu_time_and_older_senders_still_decode() -> None:
     import json as _json
 
-    from wattlab.sync import message
+    from wattlab.sync.bus import message
 
     sent = Marker(5, "step", "end", "pid7", {"step": 3}, 9_000, 40)
     frames = message.encode_marker(sent)

@@ -15,8 +15,8 @@ import pytest
 
 import wattlab
 from tests.data_files import DATA
-from wattlab.analysis.calibration import calibrate, load_record
-from wattlab.analysis.identifiability import Profile, effective_points, judge
+from wattlab.analysis.calibration.calibrate import calibrate, load_record
+from wattlab.analysis.calibration.identifiability import Profile, effective_points, judge
 from wattlab.errors import UsageError
 
 TRACES = DATA / "traces"
@@ -123,7 +123,7 @@ def test_effective_points_shrink_with_autocorrelation():
 
 
 def test_calibration_reports_the_energy_error_by_phase_length_and_the_report_shows_it():
-    from wattlab.analysis.report import calibration_caveats
+    from wattlab.analysis.report.html_report import calibration_caveats
 
     rec = record_of("torch-long")
     rows = {r["length_s"]: r for r in rec["energy"]["by_length"]}

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import wattlab
-import wattlab.analysis.energy
+import wattlab.analysis.energy.source_energy
 from tests.data_files import H100_CAPTURE as H100
 from tests.data_files import PMT_LOG as PMT
-from wattlab.analysis.importers import import_files
 from wattlab.cli import main
 from wattlab.errors import RunFileError, UsageError
+from wattlab.importers.power_logs import import_files
 
 
 def test_nvml_npz_capture_imports_every_view_and_the_load_markers(tmp_path):
@@ -169,7 +169,7 @@ def test_psrun_dump_imports_pairs_markers_and_raw_device_time(tmp_path):
         assert marks[0] == ("A", "point", 500 * 50)  # the frame the device marked
         assert marks[1:] == [("gemm kernel", "begin", 1000 * 50),
                              ("gemm kernel", "end", 1999 * 50)]
-        report = wattlab.analysis.energy.energy_report(run, by_marker=True)
+        report = wattlab.analysis.energy.source_energy.energy_report(run, by_marker=True)
     gemm = next(r for r in report["rows"] if r["phase"] == "gemm kernel"
                 and r["channel"] == "power_total_w")
     assert gemm["mean_power_w"] == pytest.approx(8.5 * 12 + 16.5 * 11.9, rel=1e-6)

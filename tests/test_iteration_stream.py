@@ -8,9 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from wattlab.analysis.burst_edges import BinMeans
-from wattlab.analysis.iteration_stream import DetectedIteration, IterationStream
-from wattlab.analysis.power_segments import segment
+from wattlab.analysis.iterations.burst_edges import BinMeans
+from wattlab.analysis.iterations.iteration_stream import DetectedIteration, IterationStream
+from wattlab.analysis.iterations.power_segments import segment
 from wattlab.hardware.training_schedule import TrainingLoop, simulated_training
 
 

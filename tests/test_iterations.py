@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.analysis.iteration_stream import DetectedIteration
-from wattlab.analysis.iterations import iterations
-from wattlab.analysis.period_autocorr import detect_period
-from wattlab.analysis.power_segments import merge_inside
-from wattlab.analysis.run_file import MarkerRow
-from wattlab.analysis.step_markers import step_marks
+from wattlab.analysis.iterations.iteration_stream import DetectedIteration
+from wattlab.analysis.iterations.marker_steps import step_marks
+from wattlab.analysis.iterations.period_autocorr import detect_period
+from wattlab.analysis.iterations.power_segments import merge_inside
+from wattlab.analysis.iterations.run_iterations import iterations
 from wattlab.cli import main
+from wattlab.runfile.reader import MarkerRow
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Marker, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
 
 
 def periodic(period_s=0.37, rate=1000.0, duration=20.0, noise=30.0, seed=1):

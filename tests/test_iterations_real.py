@@ -18,8 +18,8 @@ import pytest
 
 import wattlab
 from tests.data_files import data_file
-from wattlab.analysis.iterations import iterations
-from wattlab.analysis.power_segments import segment
+from wattlab.analysis.iterations.power_segments import segment
+from wattlab.analysis.iterations.run_iterations import iterations
 from wattlab.cli import main
 
 SRC = "gpu0.samples"

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch", reason="layer markers need PyTorch")
 
 import wattlab  # noqa: E402
 from tests.layer_models import small_cnn  # noqa: E402
-from wattlab.analysis.energy import phases_from_markers  # noqa: E402
+from wattlab.analysis.energy.source_energy import phases_from_markers  # noqa: E402
 from wattlab.integrations import PhaseEmitter  # noqa: E402
 from wattlab.integrations.layer_marks import mark_layers  # noqa: E402
 
@@ -55,7 +55,8 @@ def test_phases_per_layer_on_every_nth_step() -> None:
 
 CHILD = textwrap.dedent("""
     import torch
-    from wattlab.acquisition import gpu_marks, markers
+    from wattlab.acquisition.markers import gpu_marks
+    from wattlab.acquisition.markers import program_markers as markers
     from wattlab.hardware.fake_cuda_events import FakeCudaEvents
     from tests.layer_models import small_cnn
 

@@ -89,11 +89,11 @@ def test_simulated_in_step_times_are_the_true_costs() -> None:
 
 
 def test_plan_clocks_from_nvml_or_a_stated_fallback() -> None:
+    from wattlab.device_models.roofline import Roofline
     from wattlab.drivers.nvml import NvmlDriver
     from wattlab.hardware.fake_nvml import FakeNvml
     from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
-    from wattlab.layers.gpu_clocks import physics_for_gpu
-    from wattlab.layers.roofline import Roofline
+    from wattlab.layers.clock_pairs import physics_for_gpu
 
     base = LayerPhysics.simulated_h100()
     roofline = Roofline(50e12, 2e12, "measured")

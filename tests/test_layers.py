@@ -107,7 +107,7 @@ def test_simulated_measurement_matches_true_cost() -> None:
 
 def test_cli_measure_plan_store_report(tmp_path: Path) -> None:
     from tests.test_report import write_synthetic_run
-    from wattlab.analysis.report import build_report
+    from wattlab.analysis.report.html_report import build_report
 
     run_path = tmp_path / "run.h5"
     write_synthetic_run(run_path)

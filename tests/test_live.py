@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from wattlab.acquisition.live import RunFollower, follow, live_panel, sparkline
-from wattlab.analysis.run_file import Run
-from wattlab.analysis.summary import summarise
+from wattlab.acquisition.session.live import RunFollower, follow, live_panel, sparkline
+from wattlab.analysis.energy.run_summary import summarise
 from wattlab.cli import main
+from wattlab.runfile.reader import Run
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
 
 T0 = 5_000_000_000
 S = 1_000_000_000

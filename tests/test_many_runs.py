@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.data_files import DATA
-from wattlab.analysis.energy import energy_report
+from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.analysis.many_runs import expand_runs, json_item, json_list, map_runs
-from wattlab.analysis.run_file import Run
-from wattlab.analysis.sweep_results import concat, load_table
+from wattlab.analysis.models.sweep_results import concat, load_table
 from wattlab.cli import main
 from wattlab.errors import UsageError
+from wattlab.runfile.reader import Run
 
 WATTLAB = [sys.executable, "-m", "wattlab.cli"]
 PROFILES = DATA / "public" / "zeus" / "tests" / "profile_data"

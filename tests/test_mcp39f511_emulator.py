@@ -12,9 +12,9 @@ import pytest
 
 import wattlab
 from tests.conftest import ctrl_c, emulator_cli, running
-from wattlab.acquisition.mcp39f511_source import Mcp39f511Acquirer
-from wattlab.acquisition.source import Chunk, Reading
-from wattlab.analysis.energy import energy_report
+from wattlab.acquisition.acquirers.mcp39f511_acquirer import Mcp39f511Acquirer
+from wattlab.acquisition.session.source_runner import Chunk, Reading
+from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
 from wattlab.drivers.mcp39f511 import Mcp39f511
 from wattlab.drivers.transport import SerialTransport

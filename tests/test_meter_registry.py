@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from wattlab.acquisition.discovery import PROBE_KINDS, USB_CANDIDATES
-from wattlab.acquisition.meter_registry import MeterKind, meter_kinds, register
-from wattlab.acquisition.meters import ALIASES, METER_KINDS, parse_meter_spec
-from wattlab.bench_config import KINDS, TEMPLATE
+from wattlab.acquisition.meters.bench_file import KINDS, TEMPLATE
+from wattlab.acquisition.meters.discovery import PROBE_KINDS, USB_CANDIDATES
+from wattlab.acquisition.meters.meter_kinds import MeterKind, meter_kinds, register
+from wattlab.acquisition.meters.meter_specs import ALIASES, METER_KINDS, parse_meter_spec
 from wattlab.commands.emulate import emulated_kinds
 
 SIMULATED_IN_PROCESS = {"amd"}  # a GPU library: faked inside the process (--simulate)

@@ -11,7 +11,7 @@ import pytest
 
 import wattlab
 from tests.conftest import ctrl_c, emulator_cli, running
-from wattlab.acquisition.meters import meter_acquirers, parse_meter_spec
+from wattlab.acquisition.meters.meter_specs import meter_acquirers, parse_meter_spec
 from wattlab.cli import main
 from wattlab.errors import UsageError
 from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize, minimize_scalar
 
-from wattlab.analysis.minimise import golden_section, nelder_mead
+from wattlab.analysis.calibration.minimise import golden_section, nelder_mead
 
 
 def _rosenbrock(p: np.ndarray) -> float:

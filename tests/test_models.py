@@ -9,13 +9,13 @@ from tests.data_files import KT_A100
 from tests.data_files import PS3_TUNING as PS3
 from tests.data_files import ZEUS_PROFILE as PROFILE
 from tests.data_files import ZEUS_TRACE as TRACE
-from wattlab.analysis.models import (
+from wattlab.analysis.models.energy_models import (
     CURVE_FITS,
     _pava,
     fit_sweep,
     loo_predictions,
 )
-from wattlab.analysis.sweep_results import SweepTable, load_table
+from wattlab.analysis.models.sweep_results import SweepTable, load_table
 from wattlab.cli import main
 from wattlab.errors import UsageError
 

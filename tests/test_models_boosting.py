@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tests.test_models import synthetic
-from wattlab.analysis.boosting import BoostedCurves
-from wattlab.analysis.models import fit_sweep, unseen_workload_picks
-from wattlab.analysis.sweep_results import SweepTable
+from wattlab.analysis.models.boosting import BoostedCurves
+from wattlab.analysis.models.energy_models import fit_sweep, unseen_workload_picks
+from wattlab.analysis.models.sweep_results import SweepTable
 
 
 def curves(noise: float, seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

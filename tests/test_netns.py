@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.test_agent import GOAL_MEDIAN_NS, GOAL_P99_NS, truth_error_ns
-from wattlab.acquisition.agent import SKEW_ENV, ClockSkew
+from wattlab.acquisition.session.agent import SKEW_ENV, ClockSkew
 from wattlab.cli import main
 
 RECORDER_ADDR = "10.213.7.1"

@@ -7,16 +7,16 @@ import pynvml
 import pytest
 
 import wattlab
-from wattlab.acquisition.nvml_source import NvmlAcquirer
-from wattlab.acquisition.rapl_source import RaplAcquirer
-from wattlab.acquisition.session import Session
-from wattlab.analysis.node_energy import format_node_report, node_report
-from wattlab.analysis.run_file import Run
+from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
+from wattlab.acquisition.acquirers.rapl_acquirer import RaplAcquirer
+from wattlab.acquisition.session.supervisor import Session
+from wattlab.analysis.energy.node_energy import format_node_report, node_report
 from wattlab.cli import main
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.powercap_emulator import PowercapEmulator, Zone, intel_server
 from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu, WorkloadSchedule
+from wattlab.runfile.reader import Run
 
 PRE_VOLTA = ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetMigMode",
              "NVML_FI_DEV_POWER_INSTANT")

@@ -11,10 +11,10 @@ import pynvml
 import pytest
 
 from tests.data_files import H100_CAPTURE as REAL_DATA
-from wattlab.acquisition.nvml_cadence import parse_intervals
-from wattlab.acquisition.nvml_source import NvmlAcquirer, parse_streams
-from wattlab.acquisition.source import Chunk, Reading
-from wattlab.analysis.calibration import update_lattice
+from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer, parse_streams
+from wattlab.acquisition.acquirers.nvml_cadence import parse_intervals
+from wattlab.acquisition.session.source_runner import Chunk, Reading
+from wattlab.analysis.calibration.calibrate import update_lattice
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError
 from wattlab.hardware.fake_nvml import FakeNvml

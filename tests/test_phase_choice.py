@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.analysis.phase_choice import choose_per_phase, format_phase_report
-from wattlab.analysis.sweep_results import PhaseTable, SweepTable, read_sweep, write_sweep
+from wattlab.analysis.models.phase_choice import choose_per_phase, format_phase_report
+from wattlab.analysis.models.sweep_results import PhaseTable, SweepTable, read_sweep, write_sweep
 from wattlab.cli import main
 from wattlab.errors import UsageError
 

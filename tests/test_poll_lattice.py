@@ -8,7 +8,7 @@ import pytest
 
 import wattlab
 from tests.data_files import DATA
-from wattlab.analysis.poll_lattice import fit_poll_lattice
+from wattlab.analysis.calibration.poll_lattice import fit_poll_lattice
 
 
 def polled(update_s: float, poll_s: float, seconds: float, *, jitter_s: float = 0.0,
@@ -66,7 +66,7 @@ def test_real_h100_average_updates_every_100_ms_under_90_ms_polls(trace):
 def test_binomial_tail_matches_scipy():
     from scipy.stats import binom
 
-    from wattlab.analysis.poll_lattice import binomial_tail
+    from wattlab.analysis.calibration.poll_lattice import binomial_tail
 
     for k, n, p in [(5, 6, 0.15), (30, 33, 0.1), (3, 40, 0.02), (10, 10, 0.5), (1, 1, 0.3)]:
         assert binomial_tail(k, n, p) == pytest.approx(binom.sf(k - 1, n, p), rel=1e-9)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.data_files import PUBLIC
 from tests.data_files import ULISBOA as GPM
-from wattlab.analysis.power_model import (
+from wattlab.analysis.models.power_model import (
     LinearPowerModel,
     ScaledPowerModel,
     leave_one_benchmark_out,

@@ -20,7 +20,7 @@ import pytest
 import wattlab
 from tests.conftest import free_port
 from tests.test_agent import SKEW_ENV
-from wattlab.analysis.energy import energy_report
+from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
 
 parser = pytest.importorskip("prometheus_client.parser",

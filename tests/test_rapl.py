@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.acquisition.rapl_source import RaplAcquirer
+from wattlab.acquisition.acquirers.rapl_acquirer import RaplAcquirer
 from wattlab.cli import main
 from wattlab.drivers.powercap import discover
 from wattlab.errors import MeterError

@@ -14,9 +14,9 @@ import wattlab
 from tests.conftest import free_port
 from wattlab.errors import RunFileError, UsageError
 from wattlab.samples import Channel, Gap, Marker, SampleBatch, SampleFlag, SourceDescriptor
-from wattlab.sync import message
-from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
-from wattlab.sync.recorder import Recorder, RecorderConfig
+from wattlab.sync.bus import message
+from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
+from wattlab.sync.recorder.process import Recorder, RecorderConfig
 
 
 def descriptor(source_id: str = "meter", width: int = 2, dtype: str = "<f4") -> SourceDescriptor:

@@ -16,10 +16,10 @@ import pytest
 import wattlab
 from wattlab.cli import main
 from wattlab.errors import UsageError
-from wattlab.sync.hdf5_repair import clear_crash_flags, crash_flags
-from wattlab.sync.run_repair import CUT_OFF_REASON, REPAIR_ATTR, repair_run, writer_status
-from wattlab.sync.run_writer import RunFileWriter
-from wattlab.sync.writer_identity import WRITER_ATTR
+from wattlab.runfile.crash_flags import clear_crash_flags, crash_flags
+from wattlab.runfile.repair import CUT_OFF_REASON, REPAIR_ATTR, repair_run, writer_status
+from wattlab.runfile.writer import RunFileWriter
+from wattlab.runfile.writer_identity import WRITER_ATTR
 
 REPO = Path(__file__).resolve().parents[1]
 CHUNK_ROWS = 32768  # rows of a 512 KiB chunk of 16-byte rows (the test source's values)
@@ -28,7 +28,7 @@ CHILD_HEAD = """
 import os, sys
 import numpy as np
 from wattlab.samples import Channel, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
+from wattlab.runfile.writer import RunFileWriter
 
 path = sys.argv[1]
 desc = SourceDescriptor("meter", "test", "Crash 1", (Channel("power_w", "W"),
@@ -209,7 +209,7 @@ def test_a_killed_writer_not_yet_reaped_counts_as_gone():
     import signal
     import time
 
-    from wattlab.sync import writer_identity
+    from wattlab.runfile import writer_identity
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

@@ -30,8 +30,8 @@ import pytest
 import wattlab
 from wattlab.cli import main
 from wattlab.errors import WattlabError
-from wattlab.sync.hdf5_repair import crash_flags
-from wattlab.sync.run_repair import repair_run
+from wattlab.runfile.crash_flags import crash_flags
+from wattlab.runfile.repair import repair_run
 
 TRIALS = 20
 AT_ONCE = 4  # sessions recording side by side: they mostly wait, so 2 cores keep up

@@ -18,19 +18,19 @@ import h5py
 import numpy as np
 import pytest
 
-from wattlab.analysis.models import fit_sweep
-from wattlab.analysis.report import (
+from wattlab.analysis.models.energy_models import fit_sweep
+from wattlab.analysis.models.sweep_results import SweepTable, read_sweep, write_sweep
+from wattlab.analysis.report.html_report import (
     ReportOptions,
     build_report,
     family_curves,
     phase_marks,
     row_at,
 )
-from wattlab.analysis.run_file import MarkerRow, Run
-from wattlab.analysis.sweep_results import SweepTable, read_sweep, write_sweep
 from wattlab.cli import main
+from wattlab.runfile.reader import MarkerRow, Run
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
 
 T0 = 1_000_000_000_000
 S = 1_000_000_000

@@ -12,10 +12,10 @@ import h5py
 import numpy as np
 import pytest
 
-from wattlab.analysis import run_file
-from wattlab.analysis.run_file import Run
+from wattlab.runfile import reader as run_file
+from wattlab.runfile.reader import Run
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
 
 T0 = 1_000_000_000_000
 ROWS = 50_000

@@ -11,8 +11,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
-from wattlab.sync.run_writer import RunFileWriter
 
 
 def desc(source_id: str) -> SourceDescriptor:

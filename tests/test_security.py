@@ -18,16 +18,16 @@ import wattlab
 from wattlab.cli import main
 from wattlab.errors import BusError, UsageError
 from wattlab.samples import Channel, Marker, SampleBatch, SourceDescriptor
-from wattlab.sync import message
-from wattlab.sync.bus import BusPublisher, ControlClient, local_endpoint
-from wattlab.sync.clock_service import ClockResponder
-from wattlab.sync.recorder import Recorder, RecorderConfig
-from wattlab.sync.security import (
+from wattlab.sync.bus import message
+from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
+from wattlab.sync.bus.security import (
     ClientSecurity,
     load_allowed_keys,
     load_keypair,
     load_public_key,
 )
+from wattlab.sync.clock_service import ClockResponder
+from wattlab.sync.recorder.process import Recorder, RecorderConfig
 
 
 def client(keys: Path, name: str, server: str = "recorder") -> ClientSecurity:

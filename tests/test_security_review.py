@@ -14,8 +14,8 @@ import pytest
 
 from wattlab.commands.record import DEFAULT_LISTEN
 from wattlab.errors import UsageError
-from wattlab.sync.bus import local_endpoint
-from wattlab.sync.recorder import Recorder, RecorderConfig
+from wattlab.sync.bus.publisher import local_endpoint
+from wattlab.sync.recorder.process import Recorder, RecorderConfig
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "wattlab"
 UNSAFE_MODULES = {"pickle", "cPickle", "dill", "marshal", "shelve", "cloudpickle", "joblib"}
@@ -111,7 +111,7 @@ def test_run_files_are_created_exclusively(tmp_path: Path) -> None:
         assert 'h5py.File(path, "w"' not in text and "mode=\"w\"" not in text, path
     target = tmp_path / "taken.h5"
     target.write_bytes(b"precious")
-    from wattlab.sync.run_writer import RunFileWriter
+    from wattlab.runfile.writer import RunFileWriter
 
     with pytest.raises(UsageError, match="never overwrites"):
         RunFileWriter(str(target), {}, 0)

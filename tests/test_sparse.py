@@ -10,8 +10,8 @@ import pytest
 
 from tests.data_files import ZEUS_TRACE
 from tests.test_models import synthetic
-from wattlab.analysis.sparse import evaluate_sparse, measured_positions
-from wattlab.analysis.sweep_results import SweepTable, load_table
+from wattlab.analysis.models.sparse_sweep import evaluate_sparse, measured_positions
+from wattlab.analysis.models.sweep_results import SweepTable, load_table
 from wattlab.cli import main
 
 A40_TRACE = ZEUS_TRACE / "summary_power_a40.csv"

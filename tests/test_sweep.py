@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.acquisition.sweep import (
+from wattlab.acquisition.experiments.sweep_runner import (
     SweepPlan,
     open_driver,
     parse_settings,
     run_sweep,
 )
-from wattlab.analysis.sweep_results import measure_run, read_sweep
+from wattlab.analysis.models.sweep_results import measure_run, read_sweep
 from wattlab.cli import main
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError

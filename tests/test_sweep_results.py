@@ -12,7 +12,7 @@ import pytest
 from tests.data_files import KT_A100, ZEUS_TRACE
 from tests.data_files import PS3_TUNING as PS3
 from tests.data_files import ZEUS_PROFILE as PROFILE
-from wattlab.analysis.sweep_results import (
+from wattlab.analysis.models.sweep_results import (
     SweepTable,
     load_table,
     load_zeus_trace,

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 import wattlab
-from wattlab.analysis.node_energy import node_report
+from wattlab.analysis.energy.node_energy import node_report
 from wattlab.cli import main
 from wattlab.errors import UsageError
 from wattlab.integrations.trackers import Metric, energy_metrics, log_tensorboard, log_wandb
 
 WORKLOAD = textwrap.dedent("""
     import sys, time
-    from wattlab.acquisition.markers import mark
+    from wattlab.acquisition.markers.program_markers import mark
     from wattlab.integrations.trackers import announce_trackers
     {setup}
     announce_trackers({tensorboard!r})

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 from tests.data_files import PUBLIC
-from wattlab.acquisition.sweep import open_driver
+from wattlab.acquisition.experiments.sweep_runner import open_driver
 from wattlab.cli import main
 from wattlab.commands.tune import simulated_training
 from wattlab.errors import UsageError
+from wattlab.runfile.tuning_record import read_tuning
 from wattlab.tuning import online
 from wattlab.tuning.online import TunePlan, run_tune
 from wattlab.tuning.refine import ExploreBudget, p_certifiable, p_within
-from wattlab.tuning.run_record import read_tuning
 from wattlab.tuning.search import Search, SearchConfig
 from wattlab.tuning.surface_run import simulate
 from wattlab.tuning.surfaces import public_surfaces
@@ -232,7 +232,7 @@ def test_api_tunes_the_simulated_gpu_and_records_the_search(tuned):
 
 
 def test_report_shows_the_search(tuned, tmp_path):
-    from wattlab.analysis.report import build_report
+    from wattlab.analysis.report.html_report import build_report
 
     out, _, _ = tuned
     result = build_report(str(out), str(tmp_path / "r.html"))
@@ -245,7 +245,7 @@ def test_report_lists_the_trials(tuned, tmp_path):
     """A run whose search ran trials (those of a near-bound search) lists each one."""
     import shutil
 
-    from wattlab.analysis.report import build_report
+    from wattlab.analysis.report.html_report import build_report
 
     search, _ = _near_bound_run(0)
     run = tmp_path / "trials.h5"

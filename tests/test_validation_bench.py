@@ -9,7 +9,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from wattlab.analysis.sweep_results import SweepTable
+from wattlab.analysis.models.sweep_results import SweepTable
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 LIMITS = np.array([100.0, 125.0, 150.0, 175.0])

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from wattlab.acquisition.sweep import open_driver
+from wattlab.acquisition.experiments.sweep_runner import open_driver
 from wattlab.commands.tune import simulated_training
 from wattlab.tuning.online import TunePlan, run_tune
 from wattlab.tuning.search import SearchConfig

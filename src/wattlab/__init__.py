@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from wattlab.acquisition.markers import mark, phase
-    from wattlab.analysis.run_file import Run
+    from wattlab.acquisition.markers.program_markers import mark, phase
+    from wattlab.runfile.reader import Run
 
 __version__ = "0.1.0"
 
 
 def open(path: str) -> Run:  # mirrors h5py.File, shadows builtins.open on purpose
     """Open a run file (also one still being written) for reading."""
-    from wattlab.analysis.run_file import Run
+    from wattlab.runfile.reader import Run
 
     return Run(path)
 
@@ -21,7 +21,7 @@ def open(path: str) -> Run:  # mirrors h5py.File, shadows builtins.open on purpo
 def __getattr__(name: str) -> Any:
     """``mark`` and ``phase`` load the bus (pyzmq) only when used, not on ``import wattlab``."""
     if name in ("mark", "phase"):
-        from wattlab.acquisition import markers
+        from wattlab.acquisition.markers import program_markers as markers
 
         return getattr(markers, name)
     raise AttributeError(f"module 'wattlab' has no attribute {name!r}")

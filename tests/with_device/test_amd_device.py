@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import wattlab
-from wattlab.analysis.node_energy import node_report
+from wattlab.analysis.energy.node_energy import node_report
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",

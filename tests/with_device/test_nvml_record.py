@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.acquisition.nvml_cadence import FRUGAL_INTERVALS
+from wattlab.acquisition.acquirers.nvml_cadence import FRUGAL_INTERVALS
 
 pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
                                 reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1")

@@ -19,8 +19,8 @@ import h5py
 import numpy as np
 import pytest
 
-from wattlab.analysis.run_file import Run
-from wattlab.tuning.run_record import read_tuning
+from wattlab.runfile.reader import Run
+from wattlab.runfile.tuning_record import read_tuning
 
 pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
                                 reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1")

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.analysis.run_file import Run, SourceView
 from wattlab.errors import RunFileError, UsageError
+from wattlab.runfile.reader import Run, SourceView
 
 FloatArray = npt.NDArray[np.float64]
 GAP_FACTOR = 5.0

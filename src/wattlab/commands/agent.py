@@ -9,15 +9,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from wattlab.acquisition.agent import (
+from wattlab.acquisition.acquirers.amd_acquirer import amd_acquirers, amd_options
+from wattlab.acquisition.meters.bench_file import NvmlChoice
+from wattlab.acquisition.meters.meter_specs import meter_acquirers
+from wattlab.acquisition.session.agent import (
     DEFAULT_CONNECT_TIMEOUT_S,
     WARN_AFTER_S,
     ClockSkew,
     run_agent,
 )
-from wattlab.acquisition.amd_source import amd_acquirers, amd_options
-from wattlab.acquisition.meters import meter_acquirers
-from wattlab.bench_config import NvmlChoice
 from wattlab.commands.record import (
     NVML_INTERVALS_HELP,
     NVML_STREAMS_HELP,
@@ -25,11 +25,11 @@ from wattlab.commands.record import (
     nvml_acquirers,
 )
 from wattlab.errors import UsageError
-from wattlab.sync.security import ClientSecurity, load_keypair, load_public_key
-from wattlab.sync.stream_metrics import StreamMetrics
+from wattlab.sync.bus.security import ClientSecurity, load_keypair, load_public_key
+from wattlab.sync.recorder.stream_metrics import StreamMetrics
 
 if TYPE_CHECKING:
-    from wattlab.sync.prometheus import Exporter
+    from wattlab.sync.recorder.prometheus import Exporter
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5560"
 
@@ -78,7 +78,7 @@ def start_exporter(address: str | None, skew: ClockSkew | None
     """The node's streams for Prometheus (``--prometheus``), times on its own clock."""
     if not address:
         return None, None
-    from wattlab.sync.prometheus import Exporter
+    from wattlab.sync.recorder.prometheus import Exporter
 
     clock_ns = time.monotonic_ns() if skew is None else skew.now_ns()
     metrics = StreamMetrics(time.time_ns() - clock_ns)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from wattlab.acquisition.meter_registry import MeterKind, meter_kinds
+from wattlab.acquisition.meters.meter_kinds import MeterKind, meter_kinds
 from wattlab.errors import UsageError
 
 

@@ -1,7 +1,8 @@
 """`wattlab excite`: a calibration load built to identify the driver's kernel, then calibrate.
 
-Records the GPU under a random telegraph of work (``acquisition/excitation.py``), marking
-every hold, and calibrates each NVML power view against the 50 Hz sample buffer at the end.
+Records the GPU under a random telegraph of work
+(``acquisition/experiments/telegraph_schedule.py``), marking every hold, and calibrates each
+NVML power view against the 50 Hz sample buffer at the end.
 """
 
 from __future__ import annotations
@@ -45,22 +46,23 @@ def _ms(value: dict[str, float | None]) -> str:
 
 
 def _load_command(args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "wattlab.acquisition.excite_load", "--gpu", str(args.gpu),
+    return [sys.executable, "-m", "wattlab.acquisition.experiments.telegraph_on_gpu",
+            "--gpu", str(args.gpu),
             "--seed", str(args.seed), "--duration", str(args.duration),
             "--min-hold", str(args.min_hold), "--max-hold", str(args.max_hold)]
 
 
 def _record(args: argparse.Namespace, output: str) -> Any:
     """The recorded session: the simulated GPU under the telegraph, or a real one running it."""
-    from wattlab.acquisition.excitation import telegraph
-    from wattlab.acquisition.session import Session
-    from wattlab.acquisition.source import Acquirer
+    from wattlab.acquisition.experiments.telegraph_schedule import telegraph
+    from wattlab.acquisition.session.source_runner import Acquirer
+    from wattlab.acquisition.session.supervisor import Session
 
     schedule = telegraph(args.seed, args.duration, min_hold_s=args.min_hold,
                          max_hold_s=args.max_hold)  # bad holds fail before anything starts
     if args.simulate:
-        from wattlab.acquisition.nvml_source import NvmlAcquirer
-        from wattlab.acquisition.simulated_phases import SchedulePhaseMarkers
+        from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
+        from wattlab.acquisition.markers.simulated_phases import SchedulePhaseMarkers
         from wattlab.drivers.nvml import NvmlDriver
         from wattlab.hardware.fake_nvml import FakeNvml
         from wattlab.hardware.simulated_gpu import SimulatedGpu
@@ -71,8 +73,8 @@ def _record(args: argparse.Namespace, output: str) -> Any:
             ("phases", SchedulePhaseMarkers(gpu))]
         return Session(output, acquirers, duration_s=args.duration + 0.5,
                        root_attrs={"excite_seed": args.seed}).run()
-    from wattlab.acquisition.meters import nvml_acquirers
-    from wattlab.bench_config import NvmlChoice
+    from wattlab.acquisition.meters.bench_file import NvmlChoice
+    from wattlab.acquisition.meters.meter_specs import nvml_acquirers
 
     with nvml_acquirers(NvmlChoice(gpus=str(args.gpu))) as acquirers:
         return Session(output, acquirers, command=_load_command(args),
@@ -80,10 +82,10 @@ def _record(args: argparse.Namespace, output: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wattlab.acquisition.excitation import seconds_for
-    from wattlab.analysis.calibration import calibrate, store_in_run
-    from wattlab.analysis.run_file import Run
+    from wattlab.acquisition.experiments.telegraph_schedule import seconds_for
+    from wattlab.analysis.calibration.calibrate import calibrate, store_in_run
     from wattlab.commands.record import default_output, exit_status
+    from wattlab.runfile.reader import Run
 
     if args.target_se_ms <= 0:
         raise UsageError(f"--target-se-ms must be > 0, got {args.target_se_ms}")

@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from wattlab.acquisition.hmc_log_import import read_hmc8015_log
-from wattlab.analysis.importers import READERS, import_files
 from wattlab.errors import UsageError
+from wattlab.importers.hmc8015_log import read_hmc8015_log
+from wattlab.importers.power_logs import READERS, import_files
 
 FORMATS = {**READERS, "hmc8015-log": read_hmc8015_log}
 

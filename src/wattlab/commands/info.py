@@ -8,10 +8,10 @@ import json
 from contextlib import redirect_stdout
 from typing import Any
 
+from wattlab.analysis.energy.run_summary import format_table, summarise
 from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
-from wattlab.analysis.run_file import MarkerRow, Run
-from wattlab.analysis.summary import format_table, summarise
-from wattlab.sync.run_repair import REPAIR_ATTR, writer_status
+from wattlab.runfile.reader import MarkerRow, Run
+from wattlab.runfile.repair import REPAIR_ATTR, writer_status
 
 
 def describe(run: Run) -> dict[str, Any]:

@@ -6,9 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from wattlab.analysis.iteration_result import IterationResult
-from wattlab.analysis.iterations import iterations
-from wattlab.analysis.run_file import Run
+from wattlab.analysis.iterations.iteration_result import IterationResult
+from wattlab.analysis.iterations.run_iterations import iterations
+from wattlab.runfile.reader import Run
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

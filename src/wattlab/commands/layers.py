@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         with open(args.output, "x", encoding="utf-8") as f:
             json.dump(record, f, indent=2)
     if args.store:
-        from wattlab.layers.run_record import write_layers
+        from wattlab.runfile.layers_record import write_layers
 
         write_layers(args.store, record)
     if args.json:
@@ -176,9 +176,9 @@ def _simulated(args: argparse.Namespace) -> bool:
 
 
 def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
+    from wattlab.device_models.roofline import measure_roofline
     from wattlab.hardware.simulated_layer_gpu import LayerPhysics
     from wattlab.layers import study
-    from wattlab.layers.roofline import measure_roofline
 
     simulated = _simulated(args)
     physics = LayerPhysics.simulated_h100(args.dtype, args.switch_ms / 1e3)
@@ -201,7 +201,7 @@ def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
         clocks: dict[str, Any] = {"source": "simulated H100 list"}
         if not simulated:
             # the simulated GPU's power model on this GPU's clocks and roofline: a prediction
-            from wattlab.layers.gpu_clocks import physics_for_gpu
+            from wattlab.layers.clock_pairs import physics_for_gpu
 
             physics, clocks = physics_for_gpu(physics, roofline, args.gpu)
         from wattlab.layers.plan_hooks import call_sequence

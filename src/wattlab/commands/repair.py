@@ -1,6 +1,6 @@
 """`wattlab repair RUN [--force] [--json]`: a crash-left run file, readable by any HDF5 tool.
 
-The work is ``sync/run_repair.py``'s; a cleanly closed file is left as it is.
+The work is ``runfile/repair.py``'s; a cleanly closed file is left as it is.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import json
 from typing import Any
 
-from wattlab.sync.run_repair import repair_run
+from wattlab.runfile.repair import repair_run
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -7,10 +7,10 @@ import os
 import shutil
 from typing import Any
 
-from wattlab.acquisition.agent import HostAcquirer, run_agent
-from wattlab.acquisition.meters import meter_acquirers
-from wattlab.acquisition.session import Session
-from wattlab.acquisition.slurm_job import (
+from wattlab.acquisition.meters.bench_file import NvmlChoice
+from wattlab.acquisition.meters.meter_specs import meter_acquirers
+from wattlab.acquisition.session.agent import HostAcquirer, run_agent
+from wattlab.acquisition.session.slurm_job import (
     SlurmTask,
     await_endpoint,
     free_port,
@@ -19,8 +19,8 @@ from wattlab.acquisition.slurm_job import (
     publish,
     rendezvous_dir,
 )
-from wattlab.acquisition.source import Acquirer
-from wattlab.bench_config import NvmlChoice
+from wattlab.acquisition.session.source_runner import Acquirer
+from wattlab.acquisition.session.supervisor import Session
 from wattlab.commands.record import (
     NVML_STREAMS_HELP,
     command_of,
@@ -29,7 +29,7 @@ from wattlab.commands.record import (
     report,
 )
 from wattlab.errors import UsageError
-from wattlab.sync.security import ClientSecurity, load_keypair, load_public_key
+from wattlab.sync.bus.security import ClientSecurity, load_keypair, load_public_key
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from wattlab.acquisition.sweep import open_driver
+from wattlab.acquisition.experiments.sweep_runner import open_driver
 from wattlab.commands.record import command_of, default_output, exit_status, report
 from wattlab.errors import UsageError
 from wattlab.tuning.guards import KNOBS

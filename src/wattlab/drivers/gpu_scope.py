@@ -4,7 +4,7 @@ Why: the same NVML call means different things on different machines. Under MIG 
 whole physical GPU, never one instance; in a vGPU guest it is the physical card shared with
 other VMs (when the driver answers at all); on a GH200-style module the readings cover the
 Grace CPU, the GPU and the memory together. Writing that into every stream's descriptor is
-what lets a node total add each joule exactly once (``analysis/node_energy.py``).
+what lets a node total add each joule exactly once (``analysis/energy/node_energy.py``).
 """
 
 from __future__ import annotations

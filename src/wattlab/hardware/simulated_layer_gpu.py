@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from wattlab.device_models.roofline import Roofline, simulated_roofline
 from wattlab.errors import UsageError
 from wattlab.hardware.simulated_gpu import GpuModel
-from wattlab.layers.roofline import Roofline, simulated_roofline
 
 FloatArray = npt.NDArray[np.float64]
 

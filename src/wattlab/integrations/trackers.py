@@ -55,8 +55,8 @@ def energy_metrics(run: Any) -> list[Metric]:
     run has none of those (a meter alone), the stream the energy report chose for it. A
     phase some counted stream has no number for is left out, never logged as a partial sum.
     """
-    from wattlab.analysis.energy import energy_report
-    from wattlab.analysis.node_energy import node_report
+    from wattlab.analysis.energy.node_energy import node_report
+    from wattlab.analysis.energy.source_energy import energy_report
 
     nodes = node_report(run)
     report = energy_report(run, by_marker=True)

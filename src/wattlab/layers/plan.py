@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from wattlab.device_models.roofline import Roofline
 from wattlab.errors import UsageError
-from wattlab.layers.roofline import Roofline
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from wattlab.device_models.roofline import Roofline
 from wattlab.hardware.simulated_layer_gpu import LayerPhysics, SimulatedLayerGpu
 from wattlab.layers.counting import LayerCount, LayerRow
 from wattlab.layers.in_step import BETWEEN, HOST_BOUND, InStep, Mark, summarise
 from wattlab.layers.measure import Backend, Measured, measure
 from wattlab.layers.plan import Surface, best_within, evaluate, heuristic
 from wattlab.layers.plan_hooks import call_key, traced_step, without_marks
-from wattlab.layers.roofline import Roofline
 from wattlab.layers.sim_backend import SimBackend
 
 SLOWDOWNS = (0.0, 0.02, 0.05, 0.10, 0.20)

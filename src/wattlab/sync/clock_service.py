@@ -26,8 +26,8 @@ import numpy.typing as npt
 import zmq
 
 from wattlab.errors import BusError, MalformedMessageError
-from wattlab.sync import message
-from wattlab.sync.link_monitor import CONNECTING, LinkMonitor
+from wattlab.sync.bus import message
+from wattlab.sync.bus.link_monitor import CONNECTING, LinkMonitor
 
 SYNC_DTYPE = np.dtype(
     [
@@ -305,7 +305,7 @@ class ClockResponder:
     A dedicated thread keeps the turnaround short and independent of the sources' polling.
     The recorder's ``finish`` is exposed as ``finish_requested``; its first message (the
     handshake: it knows us) as ``contacted``; until then ``link_state`` says, from the
-    socket's monitor, why it has not come (``sync/link_monitor.py``).
+    socket's monitor, why it has not come (``sync/bus/link_monitor.py``).
     """
 
     def __init__(self, endpoint: str, host: str, clock_ns: Callable[[], int] = time.monotonic_ns,

@@ -1,7 +1,7 @@
 """Several knobs of one GPU changed together, each restored by its own ``SettingsGuard``.
 
-Why a wrapper and not a new guard: ``SettingsGuard`` (acquisition/sweep.py) already reads
-the original, checks a setting against the GPU's range before anything changes and
+Why a wrapper and not a new guard: ``SettingsGuard`` (acquisition/experiments/sweep_runner.py)
+already reads the original, checks a setting against the GPU's range before anything changes and
 restores exactly once; the tuner changes up to three knobs, so it holds one per knob and
 restores them all, each even if another's restore failed.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from wattlab.acquisition.sweep import SettingsGuard
+from wattlab.acquisition.experiments.sweep_runner import SettingsGuard
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError
 

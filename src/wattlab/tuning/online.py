@@ -22,18 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from wattlab.acquisition.nvml_source import NvmlAcquirer
-from wattlab.acquisition.session import Session, SessionResult
-from wattlab.acquisition.source import Acquirer, Chunk, Reading
-from wattlab.analysis.iteration_stream import DetectedIteration, IterationStream
+from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
+from wattlab.acquisition.session.source_runner import Acquirer, Chunk, Reading
+from wattlab.acquisition.session.supervisor import Session, SessionResult
+from wattlab.analysis.iterations.iteration_stream import DetectedIteration, IterationStream
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError
+from wattlab.runfile.tuning_record import write_tuning
 from wattlab.samples import Marker, SourceDescriptor
 from wattlab.tuning import watchdog
 from wattlab.tuning.guards import KnobGuards
-from wattlab.tuning.run_record import write_tuning
+from wattlab.tuning.marker_iterations import EnergyTrack, StepMarkers
 from wattlab.tuning.search import Search, SearchConfig
-from wattlab.tuning.step_markers import EnergyTrack, StepMarkers
 
 # the tuner reacts to what the recorder gets: drain and emit the samples every 0.5 s
 TUNE_INTERVALS_S = {"drain": 0.5, "emit": 0.5}

@@ -1,0 +1,1 @@
+"""Acquirers: one driver (or GPU library) wrapped to yield chunks, gaps and markers."""

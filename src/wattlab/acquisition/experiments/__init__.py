@@ -1,0 +1,1 @@
+"""Runs that drive the GPU on purpose: sweeps over settings, the calibration telegraph load."""

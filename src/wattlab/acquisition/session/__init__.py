@@ -1,0 +1,1 @@
+"""A recording: the supervisor, source runners (threads or processes), remote agents, live view."""

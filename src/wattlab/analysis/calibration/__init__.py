@@ -1,0 +1,1 @@
+"""How the driver's power reading relates to a reference: the fit and what it can tell."""

@@ -1,0 +1,1 @@
+"""Energy of a run: per stream and phase, fused NVML, counters, node split, summaries."""

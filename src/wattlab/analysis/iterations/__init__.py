@@ -1,0 +1,1 @@
+"""Training iterations of a run: bursts, markers, periods, per-iteration energy."""

@@ -1,0 +1,1 @@
+"""Models over settings: energy/time/EDP fits, power models, sweeps, sparse prediction."""

@@ -1,0 +1,140 @@
+"""``wattlab repair``: turn a run file its recorder died with into a closed one.
+
+What a crash leaves: the superblock still says "open for writing" (plain HDF5 readers
+refuse the file), a dataset of a source may be longer than its siblings or end in rows
+sized but never written, the run-wide tables may end in blank rows, and nothing that the
+recorder does at a clean close happened. Repair checks every source's datasets against
+``/progress`` (the recorder's record of what each flush left whole), keeps every row that
+all of a source's datasets hold whole (also rows written after the last progress record:
+nothing will resend them), trims the torn rest, adds the gap that says where the
+recording was cut off, fits device clocks as a close does, and records all of it in the
+``repair_json`` attribute. It reuses the recorder's own resume and close, so a repaired
+file has exactly the layout of a cleanly closed one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from wattlab.errors import RunFileError, UsageError
+from wattlab.runfile.crash_flags import crash_flags
+from wattlab.runfile.h5_read import open_read_only
+from wattlab.runfile.layout_check import check_not_truncated
+from wattlab.runfile.writer import ResumePoint, RunFileWriter
+from wattlab.runfile.writer_identity import recorded_writer, writer_alive
+from wattlab.samples import Gap
+
+REPAIR_ATTR = "repair_json"
+CUT_OFF_REASON = "recording cut off by a crash (file repaired)"
+
+
+@dataclass(frozen=True)
+class WriterStatus:
+    """Whether a run file is still open for writing, and by a process that still runs."""
+
+    flags: int  # the superblock's consistency flags; 0: closed cleanly
+    writer: dict[str, Any]  # host, pid, ... as the recorder stamped them ({}: older file)
+    alive: bool | None  # None: cannot tell (another host, or no stamp)
+
+    @property
+    def needs_repair(self) -> bool:
+        """Left open by a writer that is gone (or may be): `wattlab repair` makes it whole."""
+        return self.flags != 0 and self.alive is not True
+
+    def describe(self, path: str) -> str:
+        """One line for `wattlab info` and repair's refusals."""
+        who = (f"pid {self.writer.get('pid')} on {self.writer.get('host')}" if self.writer
+               else "a recorder that did not record its process")
+        if self.flags == 0:
+            return f"{path}: closed cleanly"
+        if self.alive:
+            return f"{path}: being recorded now by {who}"
+        if self.alive is False:
+            return (f"{path}: left open by a recorder that is gone ({who}); HDF5 tools other "
+                    f"than wattlab refuse it until `wattlab repair {path}`")
+        return (f"{path}: open for writing by {who}, or left so by a crash; if no recording "
+                f"is running, `wattlab repair --force {path}` makes it readable everywhere")
+
+
+def writer_status(path: str) -> WriterStatus:
+    """The superblock's flags and, if set, whether the process that set them still runs."""
+    flags = crash_flags(path)
+    if flags == 0:
+        return WriterStatus(0, {}, None)
+    with open_read_only(path) as f:
+        writer = recorded_writer(f.attrs)
+    return WriterStatus(flags, writer, writer_alive(writer) if writer else None)
+
+
+@dataclass
+class RepairReport:
+    """What repair found and did (also stored, as JSON, in the file's ``repair_json``)."""
+
+    path: str
+    repaired: bool  # False: the file was closed cleanly; nothing was changed
+    crash_flags: int = 0
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
+    tables_trimmed: dict[str, int] = field(default_factory=dict)
+    gaps_added: list[str] = field(default_factory=list)
+
+    @property
+    def rows_trimmed(self) -> int:
+        return sum(s["rows_trimmed"] for s in self.sources.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def repair_run(path: str, *, force: bool = False) -> RepairReport:
+    """Repair ``path`` in place; refuses while its recorder runs (``force``: when unknown)."""
+    if not os.path.isfile(path):
+        raise RunFileError(f"{path}: no such file")
+    check_not_truncated(path)
+    status = writer_status(path)
+    if status.flags == 0:
+        return RepairReport(path, repaired=False)
+    if status.alive:
+        raise UsageError(f"{status.describe(path)}: repair it once the recording has ended")
+    if status.alive is None and not force:
+        raise UsageError(f"{status.describe(path)} (repair changes the file: it asks for "
+                         "--force where it cannot check)")
+    with open_read_only(path) as f:
+        if "session_start_monotonic_ns" not in f.attrs or "progress" not in f:
+            raise RunFileError(f"{path}: not a wattlab run file with /progress; only run "
+                               "files written by `wattlab record` can be repaired")
+        session_start_ns = int(f.attrs["session_start_monotonic_ns"])
+    writer, points = RunFileWriter.resume(path, session_start_ns, keep_unconfirmed=True)
+    report = RepairReport(path, True, status.flags,
+                          {sid: _source_record(p) for sid, p in points.items()},
+                          dict(writer.tables_dropped))
+    try:
+        last_ns = writer.last_time_ns()
+        cut = [Gap(sid, CUT_OFF_REASON, p.seq_next if not p.rows_unconfirmed else -1,
+                   t_first_ns=-1 if (t := last_ns.get(sid)) is None else session_start_ns + t)
+               for sid, p in points.items() if not p.ended]
+        if cut:
+            writer.add_gaps(cut)
+        report.gaps_added = [g.source for g in cut]
+        end_ns = max((t for t in last_ns.values() if t is not None), default=None)
+        record = {**report.to_json(), "repaired_at": dt.datetime.now(dt.UTC).isoformat(),
+                  "writer": status.writer,
+                  "session_end": "the last row kept: when the crash came is unknown"}
+        final: dict[str, Any] = {REPAIR_ATTR: json.dumps(record, sort_keys=True)}
+        if end_ns is not None:
+            final["session_end_monotonic_ns"] = session_start_ns + end_ns
+    except BaseException:
+        writer.close(fit_device_clocks=False)
+        raise
+    writer.close(final)
+    return report
+
+
+def _source_record(point: ResumePoint) -> dict[str, int]:
+    return {"rows_kept": point.rows + point.rows_unconfirmed,
+            "rows_confirmed": point.rows,
+            "rows_unconfirmed_kept": point.rows_unconfirmed,
+            "rows_trimmed": point.rows_dropped}

@@ -1,0 +1,1 @@
+"""The bus: message format, the sources' publisher (DEALER), coalescing, CurveZMQ, link health."""

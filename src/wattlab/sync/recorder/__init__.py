@@ -1,0 +1,1 @@
+"""The recorder process: receives every stream, writes the run file, reports and exports."""

@@ -1,0 +1,159 @@
+"""Prometheus exposition of a recording: ``--prometheus HOST:PORT`` on `record` and `agent`.
+
+The exporter is a thread in the process that already holds the rows (the recorder, or an
+agent), fed by :class:`~wattlab.sync.recorder.stream_metrics.StreamMetrics`. It computes nothing
+between scrapes and sleeps in one ``select`` until a scraper connects (no polling
+interval), so an unscraped exporter costs nothing and a scrape costs one snapshot.
+``prometheus-client`` is an optional dependency (``pip install -e '.[prometheus]'``).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from wattlab.errors import UsageError
+from wattlab.sync.recorder.stream_metrics import MetricsSnapshot, StreamMetrics
+
+LOOPBACK = "127.0.0.1"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT``, ``:PORT`` or ``PORT`` (loopback unless a host is given)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        host, port_text = "", text
+    host = host.strip("[]") or LOOPBACK
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--prometheus {text!r}: expected HOST:PORT with a port from 0 to "
+                         "65535, e.g. 127.0.0.1:9464")
+    return host, port
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def check_free(text: str) -> None:
+    """Fail early, before a recording starts, if the exporter's address cannot be bound."""
+    host, port = parse_address(text)
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise UsageError(f"--prometheus {text}: cannot listen there: {e.strerror}") from e
+
+
+def require_client() -> None:
+    """A clear usage error where the optional dependency is missing."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as e:
+        raise UsageError("--prometheus needs the prometheus-client package: "
+                         "pip install 'wattlab[prometheus]'") from e
+
+
+class WattlabCollector:
+    """Turns a metrics snapshot into Prometheus metric families at each scrape."""
+
+    def __init__(self, metrics: StreamMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        return iter(families(self.metrics.snapshot(), CounterMetricFamily, GaugeMetricFamily))
+
+
+def families(snap: MetricsSnapshot, counter: Any, gauge: Any) -> list[Any]:
+    """The wattlab metric families of one snapshot."""
+    power = gauge("wattlab_power_watts", "Last power reading of a stream's channel",
+                  labels=["source", "channel"])
+    energy = counter("wattlab_energy_joules", "Energy integrated over the stream's samples "
+                     "(trapezoids, as wattlab energy)", labels=["source", "channel"])
+    samples = counter("wattlab_samples", "Samples received", labels=["source"])
+    gaps = counter("wattlab_gaps", "Gaps recorded (lost or missing data)", labels=["source"])
+    last = gauge("wattlab_last_sample_timestamp_seconds",
+                 "Wall time of the stream's newest sample (unix s)", labels=["source"])
+    for s in snap.streams:
+        for ch, p_w, e_j in zip(s.channels, s.power_w, s.energy_j, strict=True):
+            power.add_metric([s.source, ch], p_w)
+            energy.add_metric([s.source, ch], e_j)
+        samples.add_metric([s.source], s.samples)
+        gaps.add_metric([s.source], s.gaps)
+        if s.last_unix_s is not None:
+            last.add_metric([s.source], s.last_unix_s)
+    offset = gauge("wattlab_clock_offset_seconds",
+                   "Agent host's clock minus the recorder's (clock service)", labels=["host"])
+    for host, offset_s in sorted(snap.clock_offsets_s.items()):
+        offset.add_metric([host], offset_s)
+    keys = ["source", "kind", "model", "driver", "firmware", "serial", "host"]
+    info = gauge("wattlab_info", "The instrument behind each stream: GPU or meter model, "
+                 "driver version", labels=keys)
+    for labels in snap.info:
+        info.add_metric([labels.get(k, "") for k in keys], 1)
+    return [power, energy, samples, gaps, last, offset, info]
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not news."""
+
+
+class Exporter:
+    """The HTTP endpoint (``/metrics``, any path) in a daemon thread; ``close()`` ends it."""
+
+    def __init__(self, address: str, metrics: StreamMetrics) -> None:
+        require_client()
+        from prometheus_client import CollectorRegistry, make_wsgi_app
+        from prometheus_client.exposition import ThreadingWSGIServer
+
+        host, port = parse_address(address)
+
+        class Server(ThreadingWSGIServer):
+            address_family = _family(host)
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(WattlabCollector(metrics))
+        try:
+            self._httpd = make_server(host, port, make_wsgi_app(registry), Server,
+                                      handler_class=_Quiet)
+        except OSError as e:
+            raise UsageError(f"--prometheus {address}: cannot listen there: {e.strerror}") from e
+        self.host = host
+        self.port = int(self._httpd.server_address[1])
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._serve, name="prometheus", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._httpd.socket, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                for key, _ in sel.select():
+                    if key.fileobj == self._wake_r:
+                        return
+                    self._httpd.handle_request()
+
+    def close(self) -> None:
+        os.write(self._wake_w, b"x")
+        self._thread.join(5)
+        self._httpd.server_close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
