@@ -29,9 +29,10 @@ import wattlab
 from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
 from wattlab.acquisition.session.supervisor import Session
 from wattlab.analysis.energy.node_energy import node_report
+from wattlab.device_models.workload_schedule import WorkloadSchedule
 from wattlab.drivers.amdsmi import AmdSmiDriver
 from wattlab.hardware.fake_amdsmi import MI300X, RESOLUTION_UJ, FakeAmdSmi
-from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule
+from wattlab.hardware.simulated_gpu import SimulatedGpu
 
 
 def record(folder: Path, name: str, seconds: float, **fake: Any) -> tuple[str, SimulatedGpu]:

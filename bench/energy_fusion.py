@@ -33,7 +33,11 @@ import numpy as np
 import wattlab
 from common import DATA, machine, write_json
 from wattlab.analysis.calibration.calibrate import calibrate
-from wattlab.analysis.energy.nvml_fusion import fuse_records, mark_breaks, windows_from_record
+from wattlab.analysis.calibration.deconvolved_energy import (
+    fuse_records,
+    mark_breaks,
+    windows_from_record,
+)
 from wattlab.analysis.energy.source_energy import Phase, energy_report, phases_from_markers
 from wattlab.errors import UsageError
 from wattlab.importers.power_logs import import_files

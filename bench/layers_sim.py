@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import write_json
 from tests.layer_models import small_cnn
 
-from wattlab.hardware.simulated_layer_gpu import LayerPhysics
+from wattlab.hardware.simulated_layer_gpu import simulated_h100_physics
 from wattlab.layers import study
 from wattlab.layers.counting import count_layers
 from wattlab.layers.plan_hooks import call_sequence
@@ -50,7 +50,7 @@ def main() -> None:
         count = count_layers(net, shape, train=train)
         calls = call_sequence(net, count)
         for sw in SWITCH_MS:
-            physics = LayerPhysics.simulated_h100(switch_s=sw / 1e3)
+            physics = simulated_h100_physics(switch_s=sw / 1e3)
             rec = study.plan_record(physics, count, calls=calls)["scopes"][scope]
             for e in rec["plans"]:
                 ex, he = e["exhaustive"], e["heuristic"]

@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_json
+from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.session.agent import SKEW_ENV, ClockSkew, run_agent
-from wattlab.acquisition.session.source_runner import Chunk
 from wattlab.device_models.clock_fit import fit_lower_envelope
 from wattlab.samples import Channel, SourceDescriptor
 from wattlab.sync.bus.publisher import ControlClient, local_endpoint

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from wattlab.acquisition.markers.simulated_phases import schedule_phases
-from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule
+from wattlab.device_models.workload_schedule import WorkloadSchedule
+from wattlab.hardware.simulated_gpu import SimulatedGpu
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Marker, SourceDescriptor
 

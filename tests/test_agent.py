@@ -15,8 +15,8 @@ import pytest
 
 import wattlab
 from tests.conftest import free_port
+from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.session.agent import SKEW_ENV, ClockSkew, HostAcquirer, run_agent
-from wattlab.acquisition.session.source_runner import Chunk
 from wattlab.cli import main
 from wattlab.errors import BusError, UsageError
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor

@@ -13,10 +13,11 @@ from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
 from wattlab.acquisition.session.supervisor import Session
 from wattlab.analysis.energy.node_energy import format_node_report, node_report
 from wattlab.cli import main
+from wattlab.device_models.workload_schedule import WorkloadSchedule
 from wattlab.drivers.amdsmi import AmdSmiDriver
 from wattlab.errors import NvmlMissingError
 from wattlab.hardware.fake_amdsmi import MI300A, MI300X, RESOLUTION_UJ, FakeAmdSmi
-from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule
+from wattlab.hardware.simulated_gpu import SimulatedGpu
 
 WRAP_UNITS = 2**32
 

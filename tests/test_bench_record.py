@@ -20,8 +20,8 @@ from wattlab.acquisition.meters.bench_file import (
     check_gpus_exist,
     load_bench,
     parse_bench,
-    record_bench,
 )
+from wattlab.acquisition.session.supervisor import record_bench
 from wattlab.analysis.alignment import power_channel
 from wattlab.cli import main
 from wattlab.errors import UsageError

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import running
+from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.scpi_acquirers import Hmc8015Acquirer
-from wattlab.acquisition.session.source_runner import Chunk
 from wattlab.drivers.hmc8015 import Hmc8015
 from wattlab.drivers.scpi import ScpiError, ScpiTransport
 from wattlab.errors import MeterError, MeterTimeoutError

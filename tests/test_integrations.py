@@ -15,7 +15,7 @@ import pytest
 
 from wattlab.errors import UsageError
 from wattlab.integrations import PhaseEmitter
-from wattlab.integrations.auto_markers import AUTO_ENV, SITE_DIR, auto_marker_env
+from wattlab.runtime_env import AUTO_ENV, SITE_DIR, auto_marker_env
 
 third_party_noise = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning",

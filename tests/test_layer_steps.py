@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch", reason="wattlab layers needs PyTorch (extra
 nn = torch.nn
 
 from tests.layer_models import small_cnn  # noqa: E402
-from wattlab.hardware.simulated_layer_gpu import LayerPhysics, SimulatedLayerGpu  # noqa: E402
+from wattlab.hardware.simulated_layer_gpu import SimulatedLayerGpu, simulated_h100_physics  # noqa: E402
 from wattlab.integrations.layer_hooks import hook_leaves  # noqa: E402
 from wattlab.layers import study  # noqa: E402
 from wattlab.layers.counting import count_layers  # noqa: E402
@@ -74,7 +74,7 @@ def test_hooks_see_every_boundary_and_change_nothing() -> None:
 
 def test_simulated_in_step_times_are_the_true_costs() -> None:
     """GPU-bound layers: in-step time = the simulator's cost; tiny layers: alone = host-bound."""
-    physics = LayerPhysics.simulated_h100()
+    physics = simulated_h100_physics()
     model = small_cnn()
     count = count_layers(model, (256, 3, 128, 128), train=True)
     backend = SimBackend(SimulatedLayerGpu(physics, 1))
@@ -95,7 +95,7 @@ def test_plan_clocks_from_nvml_or_a_stated_fallback() -> None:
     from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
     from wattlab.layers.clock_pairs import physics_for_gpu
 
-    base = LayerPhysics.simulated_h100()
+    base = simulated_h100_physics()
     roofline = Roofline(50e12, 2e12, "measured")
     model = GpuModel(sm_clocks_mhz=(1410, 1200, 900), mem_clocks_mhz=(1593, 1215))
     driver = NvmlDriver(FakeNvml([SimulatedGpu(model=model, seed=2)]))
@@ -119,7 +119,7 @@ def test_plan_clocks_from_nvml_or_a_stated_fallback() -> None:
 def test_heuristic_moves_only_the_slack_knob_within_each_layers_bound(switch_ms: float) -> None:
     from wattlab.layers.plan import evaluate, heuristic
 
-    physics = LayerPhysics.simulated_h100(switch_s=switch_ms / 1e3)
+    physics = simulated_h100_physics(switch_s=switch_ms / 1e3)
     count = count_layers(small_cnn(), (1, 3, 224, 224))
     surface = study.surface_of(physics, count.rows)
     work = np.array([r.work_flops for r in count.rows], float)
@@ -154,7 +154,7 @@ def test_a_reused_module_is_a_plan_row_per_call() -> None:
                    ("4:forward", 0)]
     bwd = [c for c in calls if c[0].endswith(":backward")]
     assert bwd[:2] == [("4:backward", 0), ("1:backward", 1)]
-    physics = LayerPhysics.simulated_h100(switch_s=1e-5)
+    physics = simulated_h100_physics(switch_s=1e-5)
     rec = study.plan_record(physics, count, (0.2,), calls=calls)["scopes"]["training step"]
     assert "1:forward#1" in rec["keys"] and len(rec["keys"]) == len(calls)
     plan = rec["plans"][0]["exhaustive"]

@@ -14,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="wattlab layers needs PyTorch (extra 'layers')")
 
 from tests.layer_models import small_cnn, tiny_mlp  # noqa: E402
-from wattlab.hardware.simulated_layer_gpu import LayerPhysics, SimulatedLayerGpu  # noqa: E402
+from wattlab.device_models.layer_physics import LayerPhysics  # noqa: E402
+from wattlab.hardware.simulated_layer_gpu import SimulatedLayerGpu, simulated_h100_physics  # noqa: E402
 from wattlab.layers import study  # noqa: E402
 from wattlab.layers.counting import count_layers  # noqa: E402
 from wattlab.layers.measure import measure  # noqa: E402
@@ -74,7 +75,7 @@ def test_torchvision_totals_within_3_percent() -> None:
 
 
 def small_physics() -> LayerPhysics:
-    full = LayerPhysics.simulated_h100()
+    full = simulated_h100_physics()
     return LayerPhysics(full.roofline, (1980, 1500, 1005, 510), (2619, 1593), switch_s=2e-5)
 
 
@@ -96,7 +97,7 @@ def test_exhaustive_plan_is_the_brute_force_optimum() -> None:
 
 
 def test_simulated_measurement_matches_true_cost() -> None:
-    physics = LayerPhysics.simulated_h100()
+    physics = simulated_h100_physics()
     job = [("run", 4e9, 30e6), ("run", 1e6, 60e6)]
     m = measure(SimBackend(SimulatedLayerGpu(physics, 3)), job, 1.0)
     t, p = physics.cost([4e9, 1e6], [30e6, 60e6], *physics.default_pair)

@@ -12,8 +12,8 @@ import pytest
 
 import wattlab
 from tests.conftest import ctrl_c, emulator_cli, running
+from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.mcp39f511_acquirer import Mcp39f511Acquirer
-from wattlab.acquisition.session.source_runner import Chunk, Reading
 from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
 from wattlab.drivers.mcp39f511 import Mcp39f511

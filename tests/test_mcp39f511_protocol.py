@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tests.protocol import ExpectedProtocol
+from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.mcp39f511_acquirer import Mcp39f511Acquirer, stream_channels
-from wattlab.acquisition.session.source_runner import Chunk
 from wattlab.drivers.mcp39f511 import Mcp39f511, read_frame, write_frame
 from wattlab.errors import MeterProtocolError, MeterTimeoutError, UsageError
 

@@ -12,10 +12,11 @@ from wattlab.acquisition.acquirers.rapl_acquirer import RaplAcquirer
 from wattlab.acquisition.session.supervisor import Session
 from wattlab.analysis.energy.node_energy import format_node_report, node_report
 from wattlab.cli import main
+from wattlab.device_models.workload_schedule import WorkloadSchedule
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.powercap_emulator import PowercapEmulator, Zone, intel_server
-from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu, WorkloadSchedule
+from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
 from wattlab.runfile.reader import Run
 
 PRE_VOLTA = ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetMigMode",

@@ -9,10 +9,11 @@ import numpy as np
 import pynvml
 import pytest
 
+from wattlab.device_models.workload_schedule import WorkloadSchedule
 from wattlab.drivers.nvml import NO_LIBRARY_MESSAGE, NVML_CALLS, STATE_READINGS, NvmlDriver
 from wattlab.errors import NvmlError, UsageError
 from wattlab.hardware.fake_nvml import FakeNvml
-from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule
+from wattlab.hardware.simulated_gpu import SimulatedGpu
 
 S = 1_000_000_000
 UNIX0 = 1_700_000_000 * S

@@ -11,14 +11,15 @@ import pynvml
 import pytest
 
 from tests.data_files import H100_CAPTURE as REAL_DATA
+from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer, parse_streams
 from wattlab.acquisition.acquirers.nvml_cadence import parse_intervals
-from wattlab.acquisition.session.source_runner import Chunk, Reading
 from wattlab.analysis.calibration.calibrate import update_lattice
+from wattlab.device_models.workload_schedule import WorkloadSchedule
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError
 from wattlab.hardware.fake_nvml import FakeNvml
-from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu, WorkloadSchedule
+from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
 from wattlab.samples import Gap, SampleFlag
 
 S = 1_000_000_000

@@ -11,8 +11,8 @@ import numpy.typing as npt
 import pytest
 
 from tests.conftest import ctrl_c, emulator_cli, running
+from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.pmd_acquirer import PmdAcquirer
-from wattlab.acquisition.session.source_runner import Chunk, Reading
 from wattlab.drivers.pmd import PmdUsb
 from wattlab.drivers.transport import SerialTransport
 from wattlab.errors import MeterError

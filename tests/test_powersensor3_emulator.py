@@ -13,8 +13,8 @@ import numpy.typing as npt
 import pytest
 
 from tests.conftest import ctrl_c, emulator_cli, running
+from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.powersensor3_acquirer import PowerSensor3Acquirer
-from wattlab.acquisition.session.source_runner import Chunk, Reading
 from wattlab.drivers.powersensor3 import PowerSensor3, SensorConfig, StreamBlock
 from wattlab.drivers.transport import SerialTransport
 from wattlab.errors import MeterError

@@ -8,14 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from wattlab.device_models.workload_schedule import Segment, WorkloadSchedule
 from wattlab.errors import UsageError
-from wattlab.hardware.simulated_gpu import (
-    GpuModel,
-    Segment,
-    SimulatedGpu,
-    WorkloadSchedule,
-    simulated_gpus,
-)
+from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu, simulated_gpus
 
 S = 1_000_000_000
 UNIX0 = 1_700_000_000 * S

@@ -26,10 +26,11 @@ from wattlab.acquisition.experiments.sweep_runner import (
 )
 from wattlab.analysis.models.sweep_results import measure_run, read_sweep
 from wattlab.cli import main
+from wattlab.device_models.workload_schedule import WorkloadSchedule
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError
 from wattlab.hardware.fake_nvml import FakeNvml
-from wattlab.hardware.simulated_gpu import SimulatedGpu, WorkloadSchedule
+from wattlab.hardware.simulated_gpu import SimulatedGpu
 
 
 def test_parse_settings() -> None:

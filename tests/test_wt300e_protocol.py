@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from tests.scpi_protocol import Reply, ScriptedTextTransport
+from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.scpi_acquirers import Wt300eAcquirer
-from wattlab.acquisition.session.source_runner import Chunk
 from wattlab.drivers.scpi import ScpiError
 from wattlab.drivers.yokogawa_wt300e import Wt300e
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError, UsageError

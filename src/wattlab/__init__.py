@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     from wattlab.acquisition.markers.program_markers import mark, phase
     from wattlab.runfile.reader import Run
 
-__version__ = "0.1.0"
+from wattlab.version import __version__
 
 
 def open(path: str) -> Run:  # mirrors h5py.File, shadows builtins.open on purpose

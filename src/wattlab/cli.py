@@ -34,7 +34,8 @@ def build_parser(verb: str | None = None) -> _Parser:
     import importlib
     import pkgutil
 
-    from wattlab import __version__, commands
+    from wattlab import commands
+    from wattlab.version import __version__
 
     parser = _Parser(prog="wattlab", description="Measure how much energy GPU work really takes.")
     parser.add_argument("--version", action="version", version=f"wattlab {__version__}")

@@ -9,9 +9,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from wattlab.acquisition.acquirers.amd_acquirer import amd_acquirers, amd_options
+from wattlab.acquisition.acquirers.amd_acquirer import amd_options
 from wattlab.acquisition.meters.bench_file import NvmlChoice
-from wattlab.acquisition.meters.meter_specs import meter_acquirers
+from wattlab.acquisition.meters.meter_specs import amd_acquirers, meter_acquirers
 from wattlab.acquisition.session.agent import (
     DEFAULT_CONNECT_TIMEOUT_S,
     WARN_AFTER_S,

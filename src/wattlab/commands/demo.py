@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
+from wattlab.acquisition.acquirers.acquirer import Acquirer
 from wattlab.acquisition.markers.simulated_phases import SchedulePhaseMarkers
 from wattlab.acquisition.meters.disk_budget import check_room, nvml_streams
-from wattlab.acquisition.session.source_runner import Acquirer
 from wattlab.acquisition.session.supervisor import Session
 from wattlab.commands.record import add_min_free_option, default_output, exit_status, report
 from wattlab.errors import UsageError

@@ -80,7 +80,7 @@ def report_of(path: str, options: dict[str, Any], records: list[dict[str, Any]],
     with Run(path) as run_file:
         fusion = None
         if deconvolve:
-            from wattlab.analysis.energy.nvml_fusion import fuse_records, mark_breaks
+            from wattlab.analysis.calibration.deconvolved_energy import fuse_records, mark_breaks
 
             fusion = fuse_records(run_file, records, force=force,
                                   breaks_s=mark_breaks(run_file) if steps_at_marks else ())

@@ -54,8 +54,8 @@ def _load_command(args: argparse.Namespace) -> list[str]:
 
 def _record(args: argparse.Namespace, output: str) -> Any:
     """The recorded session: the simulated GPU under the telegraph, or a real one running it."""
+    from wattlab.acquisition.acquirers.acquirer import Acquirer
     from wattlab.acquisition.experiments.telegraph_schedule import telegraph
-    from wattlab.acquisition.session.source_runner import Acquirer
     from wattlab.acquisition.session.supervisor import Session
 
     schedule = telegraph(args.seed, args.duration, min_hold_s=args.min_hold,

@@ -177,11 +177,11 @@ def _simulated(args: argparse.Namespace) -> bool:
 
 def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
     from wattlab.device_models.roofline import measure_roofline
-    from wattlab.hardware.simulated_layer_gpu import LayerPhysics
+    from wattlab.hardware.simulated_layer_gpu import simulated_h100_physics
     from wattlab.layers import study
 
     simulated = _simulated(args)
-    physics = LayerPhysics.simulated_h100(args.dtype, args.switch_ms / 1e3)
+    physics = simulated_h100_physics(args.dtype, args.switch_ms / 1e3)
     roofline = physics.roofline if simulated else measure_roofline(args.dtype)
     record = study.count_record(count, roofline)
     record["device"] = "simulated H100" if simulated else f"GPU {args.gpu}"

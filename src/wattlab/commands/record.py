@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from wattlab.acquisition.acquirers.amd_acquirer import amd_acquirers, amd_devices, amd_options
+from wattlab.acquisition.acquirers.amd_acquirer import amd_devices, amd_options
 from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
 from wattlab.acquisition.acquirers.nvml_cadence import (
     DEFAULT_INTERVALS_S,
@@ -32,6 +32,7 @@ from wattlab.acquisition.meters.bench_file import (
 )
 from wattlab.acquisition.meters.disk_budget import check_room, nvml_streams
 from wattlab.acquisition.meters.meter_specs import (
+    amd_acquirers,
     check_unique_ids,
     meter_acquirers,
     nvml_acquirers,

@@ -7,6 +7,7 @@ import os
 import shutil
 from typing import Any
 
+from wattlab.acquisition.acquirers.acquirer import Acquirer
 from wattlab.acquisition.meters.bench_file import NvmlChoice
 from wattlab.acquisition.meters.meter_specs import meter_acquirers
 from wattlab.acquisition.session.agent import HostAcquirer, run_agent
@@ -19,7 +20,6 @@ from wattlab.acquisition.session.slurm_job import (
     publish,
     rendezvous_dir,
 )
-from wattlab.acquisition.session.source_runner import Acquirer
 from wattlab.acquisition.session.supervisor import Session
 from wattlab.commands.record import (
     NVML_STREAMS_HELP,

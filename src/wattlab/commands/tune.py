@@ -91,7 +91,7 @@ def plan_of(args: argparse.Namespace) -> TunePlan:
 
 def simulated_training(seed: int) -> Any:
     """Steps of 150 ms busy then 50 ms of data loading, repeated: a training loop's power."""
-    from wattlab.hardware.simulated_gpu import Segment, WorkloadSchedule
+    from wattlab.device_models.workload_schedule import Segment, WorkloadSchedule
 
     return WorkloadSchedule([Segment(0.15, 1.0, "step"), Segment(0.05, 0.05, "load")],
                             repeat=True)

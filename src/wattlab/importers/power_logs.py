@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wattlab import __version__
 from wattlab.errors import RunFileError, UsageError
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Marker, SampleFlag, SourceDescriptor, check_source_id
+from wattlab.version import __version__
 
 TIME_UNITS_NS = {"s": 1e9, "ms": 1e6, "us": 1e3, "ns": 1.0}
 UNIT_SUFFIXES = {"w": "W", "j": "J", "v": "V", "a": "A", "mw": "mW", "kw": "kW", "mj": "mJ"}

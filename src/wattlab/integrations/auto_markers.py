@@ -1,9 +1,9 @@
 """Phase markers in unmodified training code: `wattlab record --auto-markers -- python train.py`.
 
 The session puts a folder holding a ``sitecustomize.py`` first on the workload's
-PYTHONPATH (``auto_marker_env``). Python imports it at start-up; it calls ``install()``,
-which adds an import hook: when the program itself imports Keras, Lightning, the
-Hugging Face Trainer or torch, the hook adds wattlab's callback (to ``Model.fit``, the
+PYTHONPATH (``wattlab.runtime_env.auto_marker_env``). Python imports it at start-up; it
+calls ``install()``, which adds an import hook: when the program itself imports Keras, Lightning,
+the Hugging Face Trainer or torch, the hook adds wattlab's callback (to ``Model.fit``, the
 ``Trainer`` constructor) or a global optimizer-step hook. Nothing is imported that the
 program does not import, and a failure here prints one warning and never stops the
 program. A user's own ``sitecustomize`` still runs (it is chained).
@@ -17,28 +17,13 @@ import importlib.machinery
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-AUTO_ENV = "WATTLAB_AUTO_MARKERS"
-LAYERS_ENV = "WATTLAB_AUTO_LAYERS"  # also a phase per leaf module (--auto-markers=layers)
-SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+from wattlab.runtime_env import LAYERS_ENV
 
 Hook = Callable[[ModuleType], None]
-
-
-def auto_marker_env(env: Mapping[str, str], mode: str = "steps") -> dict[str, str]:
-    """Environment additions that make a Python workload install auto-markers.
-
-    ``mode`` "layers" adds a phase per leaf module (integrations.layer_marks) in torch.
-    """
-    existing = env.get("PYTHONPATH", "")
-    path = SITE_DIR if not existing else SITE_DIR + os.pathsep + existing
-    extra = {"PYTHONPATH": path, AUTO_ENV: "1"}
-    if mode == "layers":
-        extra[LAYERS_ENV] = "1"
-    return extra
 
 
 class _State:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from wattlab.device_models.layer_physics import LayerPhysics
 from wattlab.device_models.roofline import Roofline
 from wattlab.errors import WattlabError
-from wattlab.hardware.simulated_layer_gpu import LayerPhysics
 
 
 def physics_for_gpu(base: LayerPhysics, roofline: Roofline, gpu: int, driver: Any = None

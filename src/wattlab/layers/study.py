@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from wattlab.device_models.layer_physics import LayerPhysics
 from wattlab.device_models.roofline import Roofline
-from wattlab.hardware.simulated_layer_gpu import LayerPhysics, SimulatedLayerGpu
 from wattlab.layers.counting import LayerCount, LayerRow
 from wattlab.layers.in_step import BETWEEN, HOST_BOUND, InStep, Mark, summarise
 from wattlab.layers.measure import Backend, Measured, measure
 from wattlab.layers.plan import Surface, best_within, evaluate, heuristic
 from wattlab.layers.plan_hooks import call_key, traced_step, without_marks
-from wattlab.layers.sim_backend import SimBackend
+
+if TYPE_CHECKING:
+    from wattlab.layers.sim_backend import SimBackend
 
 SLOWDOWNS = (0.0, 0.02, 0.05, 0.10, 0.20)
 WHOLE_WINDOW_S = 3.0  # the whole step's window: its energy to about 1 %
@@ -169,12 +171,20 @@ def joined(jobs: list[list[tuple[str, float, float]]]) -> list[tuple[str, float,
     return [op for job in jobs for op in job]
 
 
+def _simulated_backend(physics: LayerPhysics, seed: int) -> SimBackend:
+    """The simulated layer GPU as a backend; imported here, on the simulate path only."""
+    from wattlab.hardware.simulated_layer_gpu import SimulatedLayerGpu
+    from wattlab.layers.sim_backend import SimBackend
+
+    return SimBackend(SimulatedLayerGpu(physics, seed))
+
+
 def measure_simulated(record: dict[str, Any], model: Any, count: LayerCount,
                       physics: LayerPhysics, *, seed: int, n_groups: int, window_s: float,
                       whole_window_s: float = WHOLE_WINDOW_S,
                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`measure_record` on the simulated GPU: the traced step with marks, as on a real GPU."""
-    backend = SimBackend(SimulatedLayerGpu(physics, seed))
+    backend = _simulated_backend(physics, seed)
     step = traced_step(model, count, {}, physics.default_pair, marks=True)
     return measure_record(record, count, backend, jobs_of=sim_jobs, combine=joined,
                           whole_job=without_marks(step),
@@ -250,5 +260,5 @@ def execute_plan(model: Any, count: LayerCount, physics: LayerPhysics, plan: dic
     pairs = {k: (sm, mem) for k, sm, mem in zip(keys, plan["sm_mhz"], plan["mem_mhz"],
                                                 strict=True)}
     ops = traced_step(model, count, pairs, physics.default_pair)
-    return measure(SimBackend(SimulatedLayerGpu(physics, seed)), ops, min_window_s)
+    return measure(_simulated_backend(physics, seed), ops, min_window_s)
 

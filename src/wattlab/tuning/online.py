@@ -21,14 +21,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from wattlab.acquisition.acquirers.acquirer import Acquirer, Chunk, Reading
 from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
-from wattlab.acquisition.session.source_runner import Acquirer, Chunk, Reading
 from wattlab.acquisition.session.supervisor import Session, SessionResult
 from wattlab.analysis.iterations.iteration_stream import DetectedIteration, IterationStream
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError
-from wattlab.runfile.tuning_record import write_tuning
+from wattlab.runfile.tuning_record import TuningRecord, write_tuning
 from wattlab.samples import Marker, SourceDescriptor
 from wattlab.tuning import watchdog
 from wattlab.tuning.guards import KnobGuards
@@ -250,5 +251,28 @@ def run_tune(plan: TunePlan, driver: NvmlDriver, output: str, *, simulate: bool 
                                       "would_apply_next": controller.would_apply,
                                       "controller_cpu_s": controller.cpu_ns / 1e9}
         if os.path.exists(output):
-            write_tuning(output, search, controller, summary)
+            write_tuning(output, tuning_record(search, controller, summary))
     return TuneOutcome(result, summary, restored, plan.dry_run, len(controller.iterations))
+
+
+def tuning_record(search: Search, controller: Controller,
+                  summary: dict[str, Any]) -> TuningRecord:
+    """The record of a finished tune: every probe in search order, every iteration."""
+    probes = [search.probes[i] for i in search.order]
+    stats = np.array([pr.stats() for pr in probes]).reshape(-1, 4)
+    columns: dict[str, npt.NDArray[Any]] = {
+        k: np.array([pr.setting[k] for pr in probes]) for k in search.knobs}
+    for j, name in enumerate(("energy_j", "energy_se_j", "time_s", "time_se_s")):
+        columns[name] = stats[:, j]
+    columns["iterations"] = np.array([len(pr.energy_j) for pr in probes], dtype=np.int64)
+    columns["purpose"] = np.array([pr.purpose for pr in probes], dtype=object)
+    its = controller.iterations
+    iterations = {
+        "start_ns": np.array([it.start_ns for it, _, _ in its], dtype=np.int64),
+        "end_ns": np.array([it.end_ns for it, _, _ in its], dtype=np.int64),
+        "energy_j": np.array([it.energy_j for it, _, _ in its], dtype=np.float64),
+        "probe": np.array([p for _, p, _ in its], dtype=np.int64),
+        "used": np.array([u for _, _, u in its], dtype=bool)}
+    return TuningRecord(summary, search.models, search.decisions, list(search.knobs), columns,
+                        iterations, list(controller.changes))
+

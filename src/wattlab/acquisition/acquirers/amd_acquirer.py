@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from wattlab.acquisition.meters.meter_kinds import MeterKind, register
+from wattlab.acquisition.acquirers.meter_kinds import MeterKind, register
 from wattlab.errors import NvmlError, UsageError
 from wattlab.option_checks import bool_check, non_negative_int, positive_int
 
@@ -119,13 +119,3 @@ def amd_options(simulate: bool, simulated_gpus: int | None, seed: int | None,
     """The amd entries' options from ``record``'s or ``agent``'s flags."""
     return {"simulate": bool(simulate), "simulated_gpus": simulated_gpus or 1,
             "seed": seed or 0, "streams": streams or "all", "intervals": intervals or ""}
-
-
-def amd_acquirers(spec: str | None, options: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """One GPU reader per AMD GPU of ``--amd`` (none without it)."""
-    if not spec or spec.strip().lower() == "none":
-        return []
-    from wattlab.acquisition.meters.meter_specs import build_meter
-
-    return [(sid, build_meter("amd", address, sid, options))
-            for sid, address in amd_devices(spec, options)]

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from wattlab.acquisition.acquirers.acquirer import Chunk, Reading, sleep_until_due
+from wattlab.acquisition.acquirers.meter_kinds import MeterKind, input_rails, needs_rails, register
 from wattlab.acquisition.acquirers.serial_acquirer import SerialAcquirer
-from wattlab.acquisition.meters.meter_kinds import MeterKind, input_rails, needs_rails, register
-from wattlab.acquisition.session.source_runner import Chunk, Reading, sleep_until_due
 from wattlab.drivers.mcp39f511 import (
     DEFAULT_ENERGY_UNIT_J,
     ENERGY_ENABLE,

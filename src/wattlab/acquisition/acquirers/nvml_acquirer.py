@@ -48,8 +48,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.nvml_cadence import DEFAULT_INTERVALS_S
-from wattlab.acquisition.session.source_runner import Chunk, Reading
 from wattlab.drivers.gpu_scope import GpuScope
 from wattlab.drivers.nvml import NVML_CALLS, DeviceInfo
 from wattlab.errors import NvmlError, UsageError

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
+from wattlab.acquisition.acquirers.meter_kinds import MeterKind, input_rails, needs_rails, register
 from wattlab.acquisition.acquirers.serial_acquirer import SerialAcquirer
-from wattlab.acquisition.meters.meter_kinds import MeterKind, input_rails, needs_rails, register
-from wattlab.acquisition.session.source_runner import Chunk, Reading
 from wattlab.drivers.pmd import BAUD_SETTLE_S, RAILS, PmdUsb, StreamBlock, stream_channels
 from wattlab.drivers.transport import ByteTransport, open_serial
 from wattlab.errors import MeterError

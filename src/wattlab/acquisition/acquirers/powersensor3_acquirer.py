@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
+from wattlab.acquisition.acquirers.meter_kinds import MeterKind, input_rails, needs_rails, register
 from wattlab.acquisition.acquirers.serial_acquirer import SerialAcquirer
-from wattlab.acquisition.meters.meter_kinds import MeterKind, input_rails, needs_rails, register
-from wattlab.acquisition.session.source_runner import Chunk, Reading
 from wattlab.drivers.powersensor3 import N_PAIRS, PowerSensor3, StreamBlock
 from wattlab.drivers.transport import ByteTransport, open_serial
 from wattlab.errors import MeterError

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from wattlab.acquisition.meters.meter_kinds import MeterKind, register
-from wattlab.acquisition.session.source_runner import Chunk, Reading, sleep_until_due
+from wattlab.acquisition.acquirers.acquirer import Chunk, Reading, sleep_until_due
+from wattlab.acquisition.acquirers.meter_kinds import MeterKind, register
 from wattlab.drivers.powercap import DEFAULT_ROOT, PowercapZone, Unwrapper, discover, read_uj
 from wattlab.errors import MeterError, UsageError
 from wattlab.option_checks import positive_number

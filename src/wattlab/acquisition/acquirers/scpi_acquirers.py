@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from wattlab.acquisition.meters.meter_kinds import MeterKind, Rail, register
-from wattlab.acquisition.session.source_runner import Chunk, Reading, sleep_until_due
+from wattlab.acquisition.acquirers.acquirer import Chunk, Reading, sleep_until_due
+from wattlab.acquisition.acquirers.meter_kinds import MeterKind, Rail, register
 from wattlab.drivers.hmc8015 import Hmc8015
 from wattlab.drivers.scpi import ScpiTransport, TextTransport
 from wattlab.drivers.yokogawa_wt300e import Wt300e

@@ -304,8 +304,9 @@ def open_driver(simulate: bool, gpu: int, seed: int = 0, sim_utilisation: float 
             if not str(e).startswith(NO_LIBRARY_MESSAGE):
                 raise
             note = "no NVIDIA driver found: running against the simulated GPU"
+    from wattlab.device_models.workload_schedule import Segment, WorkloadSchedule
     from wattlab.hardware.fake_nvml import FakeNvml
-    from wattlab.hardware.simulated_gpu import Segment, SimulatedGpu, WorkloadSchedule
+    from wattlab.hardware.simulated_gpu import SimulatedGpu
 
     if not 0.0 < sim_utilisation <= 1.0:
         raise UsageError(f"simulated utilisation must be within (0, 1], got {sim_utilisation}")

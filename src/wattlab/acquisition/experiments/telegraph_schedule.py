@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
+from wattlab.device_models.workload_schedule import Segment, WorkloadSchedule
 from wattlab.errors import UsageError
-from wattlab.hardware.simulated_gpu import Segment, WorkloadSchedule
 
 LEVELS = (0.0, 0.5, 1.0)
 """Idle, half and full: the three regimes a calibration needs (and a gain needs two)."""

@@ -6,7 +6,7 @@ precisely: file, line and key. tomllib gives no line numbers for keys, so they a
 by scanning the text for the table headers and ``key =`` lines.
 
 Layout: an optional ``[bench]`` table (name, description) and one ``[[device]]`` table per
-device with a ``kind``: nvml, or a meter kind of :mod:`wattlab.acquisition.meters.meter_kinds`
+device with a ``kind``: nvml, or a meter kind of :mod:`wattlab.acquisition.acquirers.meter_kinds`
 (powersensor3, pmd, wt300e, hmc8015, mcp39f511), whose keys come from its registration.
 """
 
@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from wattlab.acquisition.acquirers.meter_kinds import MeterKind, meter_kinds
 from wattlab.acquisition.acquirers.nvml_cadence import parse_intervals
-from wattlab.acquisition.meters.meter_kinds import MeterKind, meter_kinds
 from wattlab.errors import UsageError, WattlabError
 from wattlab.option_checks import Check
 from wattlab.option_checks import bool_check as _bool
@@ -397,22 +397,6 @@ def bench_acquirers(config: BenchConfig) -> Iterator[list[tuple[str, Any]]]:
         yield gpus + [(d.id, meter_acquirer(d)) for d in config.meters]
 
 
-def record_bench(bench: str | BenchConfig, output: str, *, command: list[str] | None = None,
-                 duration_s: float | None = None, **session_options: Any) -> Any:
-    """``wattlab record --bench`` from Python: every device of the bench into one new run.
-
-    Returns the :class:`~wattlab.acquisition.session.supervisor.SessionResult`; the run's root
-    attribute ``bench_config`` holds the validated bench as JSON.
-    """
-    from wattlab.acquisition.session.supervisor import Session
-
-    config = load_bench(bench) if isinstance(bench, str) else bench
-    with bench_acquirers(config) as acquirers:
-        session = Session(output, acquirers, command=command, duration_s=duration_s,
-                          bench_config=config.to_json(), **session_options)
-        return session.run()
-
-
 # ----------------------------------------------------------------------------- check
 
 
@@ -433,7 +417,7 @@ class DeviceCheck:
 
 
 def _first_values(acquirer: Any, descriptors: list[Any], timeout_s: float) -> dict[str, float]:
-    from wattlab.acquisition.session.source_runner import Chunk
+    from wattlab.acquisition.acquirers.acquirer import Chunk
 
     names = {d.source_id: d.channel_names for d in descriptors}
     deadline = time.monotonic() + timeout_s

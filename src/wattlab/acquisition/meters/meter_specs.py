@@ -1,7 +1,7 @@
 """External meters, named on the command line (``--meter``) or in a bench file, and GPUs.
 
 ``--meter [ID=]KIND:ADDRESS``: KIND is a registered meter kind (see
-:mod:`wattlab.acquisition.meters.meter_kinds`): ``powersensor3`` (alias ``ps3``), ``pmd``,
+:mod:`wattlab.acquisition.acquirers.meter_kinds`): ``powersensor3`` (alias ``ps3``), ``pmd``,
 ``wt300e`` (aliases ``wt310e``, ``wt332e``, ``wt333e``), ``hmc8015``, ``mcp39f511``
 (aliases ``mcp39f511n``, ``mcp``); ADDRESS is a
 serial port or a VISA resource string (which contains colons itself, so only the first
@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from wattlab.acquisition.acquirers.acquirer import Acquirer, Chunk, Reading
+from wattlab.acquisition.acquirers.amd_acquirer import amd_devices
+from wattlab.acquisition.acquirers.meter_kinds import Rail, meter_kinds
 from wattlab.acquisition.meters.bench_file import NvmlChoice
-from wattlab.acquisition.meters.meter_kinds import Rail, meter_kinds
-from wattlab.acquisition.session.source_runner import Acquirer, Chunk, Reading
 from wattlab.errors import NvmlError, NvmlMissingError, UsageError, WattlabError
 from wattlab.samples import Channel, SourceDescriptor, check_source_id
 
@@ -254,3 +255,11 @@ def nvml_acquirers(choice: NvmlChoice, *, other_sources: bool = False
                                         intervals_s=intervals_s)) for i in indices]
     finally:
         driver.close()
+
+
+def amd_acquirers(spec: str | None, options: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """One GPU reader per AMD GPU of ``--amd`` (none without it)."""
+    if not spec or spec.strip().lower() == "none":
+        return []
+    return [(sid, build_meter("amd", address, sid, options))
+            for sid, address in amd_devices(spec, options)]

@@ -19,13 +19,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.acquisition.session.source_runner import (
-    Acquirer,
-    Chunk,
-    Flushable,
-    Reading,
-    SourceRunner,
-)
+from wattlab.acquisition.acquirers.acquirer import Acquirer, Chunk, Flushable, Reading
+from wattlab.acquisition.session.source_runner import SourceRunner
 from wattlab.errors import BusError, UsageError, WattlabError
 from wattlab.samples import Gap, Marker, SourceDescriptor
 from wattlab.sync.bus.link_monitor import explain

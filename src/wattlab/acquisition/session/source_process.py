@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from wattlab.acquisition.acquirers.acquirer import Acquirer
 from wattlab.acquisition.session.source_runner import (
     SOURCE_BACKLOG_BYTES,
     SOURCE_WINDOW_BYTES,
-    Acquirer,
     SourceRunner,
 )
 from wattlab.errors import UsageError, WattlabError

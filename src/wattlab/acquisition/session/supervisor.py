@@ -24,8 +24,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from wattlab.acquisition.acquirers.acquirer import Acquirer
 from wattlab.acquisition.markers.program_markers import BUS_ENV
 from wattlab.acquisition.session.source_process import (
     ABANDON_WAIT_S,
@@ -36,13 +37,11 @@ from wattlab.acquisition.session.source_process import (
 from wattlab.acquisition.session.source_runner import (
     SOURCE_BACKLOG_BYTES,
     SOURCE_WINDOW_BYTES,
-    Acquirer,
     SourceRunner,
 )
 from wattlab.errors import BusError, UsageError, WattlabError
 from wattlab.exit_watch import ExitWatch
-from wattlab.integrations.auto_markers import auto_marker_env
-from wattlab.runtime_env import workload_environ
+from wattlab.runtime_env import auto_marker_env, workload_environ
 from wattlab.samples import Marker
 from wattlab.sync.bus.publisher import BusPublisher, ControlClient, private_endpoint
 from wattlab.sync.recorder.disk_full import DISK_FULL_EXIT, DiskFullReport, read_report
@@ -52,6 +51,9 @@ RECORDER_START_TIMEOUT_S = 20.0
 HANDSHAKE_TIMEOUT_S = 15.0
 PROGRESS_TICK_S = 0.05
 Runner = SourceRunner | ProcessSourceRunner
+
+if TYPE_CHECKING:
+    from wattlab.acquisition.meters.bench_file import BenchConfig
 
 
 @dataclass
@@ -415,6 +417,21 @@ def _signals_stop(session: Session) -> Iterator[None]:
 
 
 def _version() -> str:
-    from wattlab import __version__
+    from wattlab.version import __version__
 
     return __version__
+
+
+def record_bench(bench: str | BenchConfig, output: str, *, command: list[str] | None = None,
+                 duration_s: float | None = None, **session_options: Any) -> SessionResult:
+    """``wattlab record --bench`` from Python: every device of the bench into one new run.
+
+    Returns the session's result; the root attribute ``bench_config`` holds the bench as JSON.
+    """
+    from wattlab.acquisition.meters.bench_file import bench_acquirers, load_bench
+
+    config = load_bench(bench) if isinstance(bench, str) else bench
+    with bench_acquirers(config) as acquirers:
+        session = Session(output, acquirers, command=command, duration_s=duration_s,
+                          bench_config=config.to_json(), **session_options)
+        return session.run()

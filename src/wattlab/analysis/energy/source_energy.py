@@ -36,7 +36,7 @@ from wattlab.errors import UsageError
 from wattlab.runfile.reader import MarkerRow, Run, SourceView
 
 if TYPE_CHECKING:  # energy_fusion imports calibration, which imports this module
-    from wattlab.analysis.energy.nvml_fusion import Fusion
+    from wattlab.analysis.calibration.deconvolved_energy import Fusion
 
 FloatArray = npt.NDArray[np.float64]
 
