@@ -77,7 +77,7 @@ class GapRow:
 class SourceView:
     """One stream of a run: descriptor, channels, and its datasets.
 
-    ``layout``: what ``run_check.check_source`` already read of the group (else read here).
+    ``layout``: what ``layout_check.check_source`` already read of the group (else read here).
     Values derived from the data (``memo``) are kept until ``refresh``: every h5py lookup
     costs ~0.1 ms, and an analysis asks for a stream's length and span many times.
     """

@@ -1,6 +1,6 @@
 """The report's view of ``/analysis/layers``: per-layer time, energy, intensity, clocks.
 
-Why separate from report.py: it only reads what `wattlab layers --store` wrote and draws it.
+Why separate from html_report.py: it only reads what `wattlab layers --store` wrote and draws it.
 """
 
 from __future__ import annotations

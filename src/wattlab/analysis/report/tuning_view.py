@@ -1,6 +1,6 @@
 """The report's view of a ``wattlab tune`` run: the search as a figure and a table.
 
-Why separate from report.py: it only reads ``/analysis/tuning`` (what the tuner wrote) and
+Why separate from html_report.py: it only reads ``/analysis/tuning`` (what the tuner wrote) and
 draws it; the page builder adds the panel when a run has one.
 """
 
