@@ -16,7 +16,7 @@ from rich.console import Console
 from wattlab.acquisition.session.live import RunFollower, follow, live_panel, sparkline
 from wattlab.analysis.energy.run_summary import summarise
 from wattlab.cli import main
-from wattlab.runfile.reader import Run
+from wattlab.runfile.reader import Run, SourceView
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, SourceDescriptor
 
@@ -58,6 +58,29 @@ def test_follower_on_a_finished_file(tmp_path: Path) -> None:
     assert (meter.gaps, meter.samples_lost) == (1, 120)
     assert statuses["gpu0.energy"].energy_j == pytest.approx(480.0)
     assert statuses["gpu0.energy"].power_w is None
+
+
+def test_a_stale_handle_is_reopened_and_its_rows_read_then(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """HDF5's "addr overflow" on a live file (its writer reopened it) skips no row."""
+    path = tmp_path / "run.h5"
+    write_run(path)
+    real_slice = SourceView.time_slice
+    failures = iter([OSError("Can't synchronously read data (addr overflow)")])
+
+    def stale_once(view: SourceView, start: int, stop: int) -> np.ndarray:
+        if (error := next(failures, None)) is not None:
+            raise error
+        return real_slice(view, start, stop)
+
+    monkeypatch.setattr(SourceView, "time_slice", stale_once)
+    with RunFollower(str(path)) as follower:
+        first = {s.source_id: s for s in follower.poll()}
+        again = {s.source_id: s for s in follower.poll()}
+    assert all(status.samples == 0 for status in first.values())  # none from the stale handle
+    assert again["meter"].samples == 2000
+    assert again["meter"].energy_j == pytest.approx(250.0 * 1.999)
 
 
 def test_follow_stops_on_event_and_waits_for_the_file(tmp_path: Path) -> None:

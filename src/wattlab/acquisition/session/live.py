@@ -10,6 +10,7 @@ see new sources and the ``session_end_monotonic_ns`` attribute written at close.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -225,8 +226,15 @@ class RunFollower:
             tracker = self._tracker(view)
             n = len(view)
             if tracker.channel is not None and n > tracker.rows:
-                t_ns = view.time_slice(tracker.rows, n)
-                values = view.column_slice(tracker.channel, tracker.rows, n)
+                try:
+                    t_ns = view.time_slice(tracker.rows, n)
+                    values = view.column_slice(tracker.channel, tracker.rows, n)
+                except OSError:
+                    # The writer closed and reopened the file (a stream added after SWMR
+                    # began): this handle's end of file is stale. Reopen on the next poll
+                    # and read these rows then; nothing is skipped.
+                    self._opened_at = -math.inf
+                    return self.statuses({})
                 tracker.feed(t_ns, values)
             tracker.rows = n
         lost: dict[str, tuple[int, int]] = {}
