@@ -147,7 +147,7 @@ def test_recorder_tracks_a_skewed_responder_over_real_curve_sockets(tmp_path, ke
             if clock.get("windows", 0) >= 8:
                 break
             time.sleep(0.1)
-        tracker = recorder._pinger.trackers["node1"]
+        tracker = recorder._clocks.pinger.trackers["node1"]
         now = time.monotonic_ns()
         local = now + np.arange(-2 * 10**9, 0, 10**7, dtype=np.int64)
         err = tracker.to_local_ns(skew.array(local)) - local

@@ -174,11 +174,12 @@ def test_an_agent_can_only_speak_for_its_own_streams(tmp_path, keys):
             message.encode_clock("node1", hello=True, sources=["node2.meter"]),
         ]
         for frames in attacks:
-            node1._send(frames)
+            node1._socket.send(frames)
         bad = message.encode_batch(batch("node1.meter", 0))
         bad[3] = b"\x00" * 3  # values buffer shorter than the header says
-        node1._send(bad)
-        local._send(message.encode_batch(batch("node1.meter", 5)))  # local peer, remote stream
+        node1._socket.send(bad)
+        # a local peer sending a remote stream
+        local._socket.send(message.encode_batch(batch("node1.meter", 5)))
         status = rec.wait(lambda s: s["rejected"] >= rejected_before + len(attacks) + 2)
         assert "hosts" in status and status["sources"]["node1.meter"]["rows"] == 0
         for seq in range(2):
