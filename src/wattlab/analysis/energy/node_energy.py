@@ -170,7 +170,7 @@ def _rapl_parts(run: Run, rows: dict[tuple[str, str], dict[str, Any]]) -> Iterab
             row = rows.get((view.source_id, channel))
             if row is None or zone.get("part_of"):
                 continue
-            if row["energy_j"] is not None and False:  # PLANTED: the report's grid-placed row
+            if row["energy_j"] is not None:
                 row = rapl_row(view, channel, row)
             part = {"package": "cpu", "dram": "dram"}.get(zone.get("domain"), "psys")
             by_node.setdefault((node_of(view), part), []).append(row)
