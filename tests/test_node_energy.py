@@ -7,10 +7,12 @@ import pynvml
 import pytest
 
 import wattlab
+from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
 from wattlab.acquisition.acquirers.rapl_acquirer import RaplAcquirer
 from wattlab.acquisition.session.supervisor import Session
 from wattlab.analysis.energy.node_energy import format_node_report, node_report
+from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
 from wattlab.device_models.workload_schedule import WorkloadSchedule
 from wattlab.drivers.nvml import NvmlDriver
@@ -18,6 +20,7 @@ from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.powercap_emulator import PowercapEmulator, Zone, intel_server
 from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
 from wattlab.runfile.reader import Run
+from wattlab.runfile.writer import RunFileWriter
 
 PRE_VOLTA = ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetMigMode",
              "NVML_FI_DEV_POWER_INSTANT")
@@ -133,6 +136,79 @@ def test_node_report_adds_gpus_cpu_and_dram_once_and_falls_back_with_a_reason(tm
     assert node["measured_j"] == pytest.approx(total)
     assert node["unmeasured"] is None and "no wall meter" in node["missing"][0]
     assert "core" not in text and "no wall meter" in text
+
+
+def record_stepped(tmp_path, zones: list[Zone], late_ms: list[float], flush_ms: float) -> str:
+    """RAPL alone on an injected clock: one poll per entry of ``late_ms``, each woken that
+    many ms after it was due (a loaded host), then the flush ``flush_ms`` after the last.
+
+    The emulator writes at every read's clock time, so each zone's power is exactly its
+    profile's: no writer lag to correct for.
+    """
+    now = [1_000_000_000]
+    emulator = PowercapEmulator(tmp_path / "powercap", zones, clock_ns=lambda: now[0])
+    wakes = iter(late_ms)
+
+    def sleep(due_ns: int, step_s: float) -> bool:
+        now[0] = max(now[0], due_ns) + round(next(wakes) * 1e6)
+        emulator.update()
+        return True
+
+    rapl = RaplAcquirer(str(tmp_path / "powercap"), clock_ns=lambda: now[0], sleep=sleep)
+    descriptors = rapl.open()
+    readings = [r for _ in late_ms for r in rapl.poll()]
+    now[0] += round(flush_ms * 1e6)
+    emulator.update()
+    readings += rapl.flush()
+    out = str(tmp_path / "run.h5")
+    writer = RunFileWriter(out, {}, 1_000_000_000)
+    for d in descriptors:
+        writer.add_source(d)
+    for r in readings:
+        assert isinstance(r, Chunk)
+        writer.append(r.source_id, r.t_host_ns, r.t_host_ns, r.values,
+                      np.zeros(r.t_host_ns.size, np.uint8))
+    writer.close()
+    return out
+
+
+# a loaded host: wake-ups a few ms late, two 40 and 70 ms late (reads 60 and 52 ms apart)
+LOADED_MS = [0, 3, 1, 0, 2, 40, 0, 1, 0, 1, 4, 0, 70, 2, 0, 1, 0, 0, 3, 0]
+
+
+@pytest.mark.parametrize(("late_ms", "flush_ms"), [
+    ([0] * 20, 1.0), ([0] * 20, 30.0), (LOADED_MS, 0.0)],
+    ids=["flush-1ms-after", "flush-30ms-after", "late-reads"])
+def test_rapl_power_is_exact_however_irregular_the_reads(tmp_path, late_ms, flush_ms):
+    """Reads under 100 ms apart (the flush a few ms after the last poll, with the counter
+    moved between them; reads after late ones) used to pin NVML's 100 ms update grid on
+    the RAPL reads, moving each back by up to 0.1 s: a 100 W zone read as 95 W over 2 s."""
+    out = record_stepped(tmp_path, [Zone("intel-rapl:0", "package-0", [(1.0, 100.0)],
+                                         children=[Zone("intel-rapl:0:0", "dram",
+                                                        [(1.0, 15.0)])])], late_ms, flush_ms)
+    with wattlab.open(out) as run:
+        report = node_report(run)
+    parts = {p["part"]: p for p in report["nodes"][0]["parts"]}
+    seconds = report["span_s"][1] - report["span_s"][0]
+    # energy_uj truncates to whole µJ, so a difference of two reads is off by under 1 µJ;
+    # 1 nJ more for float rounding (the emulator's µJ, the report's J: ~1e-8 µJ)
+    assert parts["cpu"]["energy_j"] == pytest.approx(100.0 * seconds, abs=1e-6 + 1e-9)
+    assert parts["dram"]["energy_j"] == pytest.approx(15.0 * seconds, abs=1e-6 + 1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "source_energy.counter_energy places every J counter's reads on NVML's 100 ms update "
+    "grid (counter_ticks.at_updates), RAPL's too, which has none; the node report differences "
+    "RAPL reads itself (node_energy.rapl_row). Fixed there: drop this mark"))
+def test_the_energy_report_gives_a_rapl_zones_power_exactly_too(tmp_path):
+    out = record_stepped(tmp_path, [Zone("intel-rapl:0", "package-0", [(1.0, 100.0)])],
+                         [0] * 20, 1.0)
+    with wattlab.open(out) as run:
+        row = next(r for r in energy_report(run, by_marker=False)["rows"]
+                   if r["channel"] == "package_energy_j" and r["phase"] == "run")
+    # as above: under 1 µJ of truncation, 1 nJ of float rounding
+    assert row["energy_j"] == pytest.approx(100.0 * (row["t1_s"] - row["t0_s"]),
+                                            abs=1e-6 + 1e-9)
 
 
 def test_a_module_counter_is_not_added_to_the_cpu_again(tmp_path):
