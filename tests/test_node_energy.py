@@ -196,10 +196,6 @@ def test_rapl_power_is_exact_however_irregular_the_reads(tmp_path, late_ms, flus
     assert parts["dram"]["energy_j"] == pytest.approx(15.0 * seconds, abs=1e-6 + 1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "source_energy.counter_energy places every J counter's reads on NVML's 100 ms update "
-    "grid (counter_ticks.at_updates), RAPL's too, which has none; the node report differences "
-    "RAPL reads itself (node_energy.rapl_row). Fixed there: drop this mark"))
 def test_the_energy_report_gives_a_rapl_zones_power_exactly_too(tmp_path):
     out = record_stepped(tmp_path, [Zone("intel-rapl:0", "package-0", [(1.0, 100.0)])],
                          [0] * 20, 1.0)

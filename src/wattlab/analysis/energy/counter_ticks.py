@@ -20,6 +20,10 @@ import numpy as np
 import numpy.typing as npt
 
 COUNTER_UPDATE_S = 0.1  # how often NVML's energy counter moves (PROTOCOLS.md §7, H100)
+# Stream kinds whose energy counter moves on that grid. Not RAPL (the kernel's counter moves
+# about every millisecond): two of its reads ms apart with the counter moved between them
+# (a poll and the flush after it) would pin a false grid and shift every read by up to 0.1 s.
+GRID_COUNTER_KINDS = frozenset({"nvml"})
 PHASE_STEP_S = 0.0005  # resolution of the update phase search
 PHASES_X_READS = 1 << 20  # phases × reads tried in one array (8 MB of float64)
 

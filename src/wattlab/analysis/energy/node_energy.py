@@ -23,11 +23,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from wattlab.analysis.alignment import json_safe, parse_spec, power_channel
 from wattlab.analysis.energy.counter_plausibility import counter_checks, describe
-from wattlab.analysis.energy.source_energy import counter_edge_s, energy_report
+from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.errors import UsageError
 from wattlab.runfile.reader import Run, SourceView
 
@@ -133,33 +131,6 @@ def _gpu_parts(run: Run, rows: dict[tuple[str, str], dict[str, Any]],
                    added=row is not None and row["energy_j"] is not None)
 
 
-def rapl_row(view: SourceView, channel: str, row: dict[str, Any]) -> dict[str, Any]:
-    """A RAPL zone's energy over ``row``'s span, its reads differenced where they were read.
-
-    Why not the energy report's own figure: it puts every energy counter's reads on NVML's
-    100 ms update grid wherever their spacing pins one (``counter_ticks.at_updates``), and
-    RAPL has no such grid (the kernel's counter moves about every millisecond). Two reads a
-    few ms apart with the counter moved between them (the reader's last poll and its flush,
-    or a read after a late one) pin a grid, every read moves back by up to 0.1 s, and a
-    2 s run's 100 W zone read as 95 W. Here, as there for an unpinned counter: the counter
-    interpolated between reads at the span's edges (clipped to the reads), the time outside
-    the reads at the mean power, each edge known as ``counter_edge_s`` says.
-    """
-    t_s = view.time_s
-    values = view.channel(channel).astype(np.float64)
-    a, b = float(row["t0_s"]), float(row["t1_s"])
-    first, last = float(t_s[0]), float(t_s[-1])
-    edges = min(max(a, first), last), max(min(b, last), first)
-    outside = max(0.0, min(b, first) - a) + max(0.0, b - max(a, last))
-    covered = (b - a) - outside
-    if t_s.size < 2 or covered <= 0:
-        return row
-    e = float(np.interp(edges[1], t_s, values) - np.interp(edges[0], t_s, values))
-    mean = e / covered
-    return row | {"energy_j": e + mean * outside,
-                  "uncertainty_j": abs(mean) * sum(counter_edge_s(t_s, x) for x in edges)}
-
-
 def _rapl_parts(run: Run, rows: dict[tuple[str, str], dict[str, Any]]) -> Iterable[Part]:
     """CPU and DRAM per node from the RAPL package and dram zones; parts of them left out."""
     by_node: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -170,8 +141,6 @@ def _rapl_parts(run: Run, rows: dict[tuple[str, str], dict[str, Any]]) -> Iterab
             row = rows.get((view.source_id, channel))
             if row is None or zone.get("part_of"):
                 continue
-            if row["energy_j"] is not None:
-                row = rapl_row(view, channel, row)
             part = {"package": "cpu", "dram": "dram"}.get(zone.get("domain"), "psys")
             by_node.setdefault((node_of(view), part), []).append(row)
     for (node, part), got in by_node.items():

@@ -31,7 +31,11 @@ from wattlab.analysis.alignment import (
 )
 from wattlab.analysis.energy import phase_resolution as resolution
 from wattlab.analysis.energy.counter_shape import ShapeSource, shape_source, shaped_edges
-from wattlab.analysis.energy.counter_ticks import COUNTER_UPDATE_S, at_updates
+from wattlab.analysis.energy.counter_ticks import (
+    COUNTER_UPDATE_S,
+    GRID_COUNTER_KINDS,
+    at_updates,
+)
 from wattlab.errors import UsageError
 from wattlab.runfile.reader import MarkerRow, Run, SourceView
 
@@ -224,11 +228,13 @@ def counter_energy(view: SourceView, channel: str, phases: list[Phase],
     as well as ``counter_edge_s`` says, or, between reads where the same GPU's samples
     cover the interval (``shape``), to the counter's update period plus the shape's part.
     A counter is read rarely, so its reads are held whole; where they pin the counter's
-    updates, each value sits at its update (``counter_ticks``).
+    updates (NVML's, on a 100 ms grid), each value sits at its update (``counter_ticks``).
     """
     parts = list(chunks_s(view, channel))
-    reads_s, reads_j = at_updates(np.concatenate([t for t, _ in parts]),
-                                  np.concatenate([v for _, v in parts]))
+    reads_s = np.concatenate([t for t, _ in parts])
+    reads_j = np.concatenate([v for _, v in parts])
+    if view.kind in GRID_COUNTER_KINDS:
+        reads_s, reads_j = at_updates(reads_s, reads_j)
     first, last = float(reads_s[0]), float(reads_s[-1])
     resets = int(np.sum(np.diff(reads_j) < 0))
     q = np.unique(np.clip([x for p in phases for x in (p.t0_s, p.t1_s)], first, last))
