@@ -186,10 +186,14 @@ SYNC_PROBES_DTYPE = np.dtype(
         (PROBES, "<i8"),
     ]
 )
-"""The clock service's window-best probes (``sync/clock_service.SYNC_DTYPE`` writes them)."""
+"""The clock service's window-best probes, one row per window.
+
+sync/clock_service.py still builds these rows with a row type of its own (``SYNC_DTYPE``);
+tests/test_runfile_schema.py holds the two equal until it imports this one.
+"""
 SYNC_ATTRS = (HOST, PROBES, "probes_rejected", "windows", "offset_ns", "drift_ppm",
               "rtt_min_ns", "rtt_median_ns", "residual_rms_ns", "window_s", "fit_span_s")
-"""The clock model's summary (``sync/clock_service.ClockTracker.summary``)."""
+"""The clock model's summary (``sync/clock_service.ClockTracker.summary``), as attributes."""
 
 # ------------------------------------------------------------ /analysis/<record>
 CALIBRATION = "calibration"
