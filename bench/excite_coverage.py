@@ -32,9 +32,9 @@ def one_run(folder: Path, seed: int, duration_s: float) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"excite seed {seed} failed: {done.stderr}")
     summary = json.loads(done.stdout)
-    from wattlab.analysis.calibration.calibrate import load_from_run
+    from wattlab.runfile.calibration_record import read_calibrations
 
-    records = {r["target"]["channel"]: r for r in load_from_run(str(out))}
+    records = {r["target"]["channel"]: r for r in read_calibrations(str(out))}
     for view in summary["views"]:
         energy = records[view["view"]]["energy"]
         view["phase_error_after_pct"] = energy["mean_abs_error_after_pct"]

@@ -11,14 +11,10 @@ import pytest
 import wattlab
 from tests.sim_runs import sim_descriptor, write_sim_run
 from wattlab.analysis.calibration import calibrate as calibration
-from wattlab.analysis.calibration.calibrate import (
-    calibrate,
-    load_from_run,
-    load_record,
-    store_in_run,
-)
+from wattlab.analysis.calibration.calibrate import calibrate, load_record, store_in_run
 from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
+from wattlab.runfile.calibration_record import read_calibrations
 from wattlab.runfile.writer import RunFileWriter
 
 MS = 1_000_000
@@ -150,7 +146,7 @@ def test_cli_calibrate_writes_and_stores_a_record_that_energy_applies(sim_run, t
     assert main(["calibrate", str(run_copy), "--reference", "meter", "--target",
                  "gpu0.scaled:average_power_w", "-o", str(cal)]) == 0
     record = load_record(str(cal))
-    assert [r["key"] for r in load_from_run(str(run_copy))] == [record["key"]]
+    assert [r["key"] for r in read_calibrations(str(run_copy))] == [record["key"]]
     assert main(["calibrate", str(run_copy), "--reference", "meter", "--target",
                  "gpu0.scaled", "-o", str(cal)]) == 2  # never overwrites
     with wattlab.open(str(run_copy)) as run:
@@ -170,7 +166,7 @@ def test_cli_calibrate_writes_and_stores_a_record_that_energy_applies(sim_run, t
     assert after < 0.6 * before
     # re-storing replaces the record of the same stream
     store_in_run(str(run_copy), record)
-    assert len(load_from_run(str(run_copy))) == 1
+    assert len(read_calibrations(str(run_copy))) == 1
 
 
 def test_calibration_json_is_strict_json(sim_run, capsys):

@@ -167,11 +167,11 @@ def test_every_reader_opens_the_same_way_while_a_run_is_open(files: dict[str, Pa
                                                              tmp_path: Path) -> None:
     """HDF5 refuses a second handle whose locking flag differs; the report once hit that."""
     import wattlab
-    from wattlab.analysis.calibration.calibrate import load_from_run
     from wattlab.analysis.report.html_report import build_report
+    from wattlab.runfile.calibration_record import read_calibrations
 
     with wattlab.open(str(files["good"])) as run:
-        assert load_from_run(str(files["good"])) == []
+        assert read_calibrations(str(files["good"])) == []
         check_run_file(str(files["good"]))
         build_report(str(files["good"]), str(tmp_path / "r.html"))
         assert len(run.source("ref")) == 1000

@@ -17,9 +17,9 @@ import wattlab
 from wattlab.cli import main
 from wattlab.errors import UsageError
 from wattlab.runfile.crash_flags import clear_crash_flags, crash_flags
-from wattlab.runfile.repair import CUT_OFF_REASON, REPAIR_ATTR, repair_run, writer_status
+from wattlab.runfile.repair import CUT_OFF_REASON, repair_run, writer_status
+from wattlab.runfile.schema import REPAIR_JSON, WRITER_JSON
 from wattlab.runfile.writer import RunFileWriter
-from wattlab.runfile.writer_identity import WRITER_ATTR
 
 REPO = Path(__file__).resolve().parents[1]
 CHUNK_ROWS = 32768  # rows of a 512 KiB chunk of 16-byte rows (the test source's values)
@@ -89,7 +89,7 @@ def test_torn_tails_are_trimmed_and_every_whole_row_kept(tmp_path):
                                                   CHUNK_ROWS)
     with h5py.File(path, "r") as f:
         index = f["sources/meter/values"][:, 1]
-        stored = json.loads(f.attrs[REPAIR_ATTR])
+        stored = json.loads(f.attrs[REPAIR_JSON])
         end_ns = int(f.attrs["session_end_monotonic_ns"])
     np.testing.assert_array_equal(index, np.arange(CHUNK_ROWS))  # whole, in order
     assert stored["sources"]["meter"] == record and stored["writer"]["pid"] > 0
@@ -172,7 +172,7 @@ def test_a_writer_that_cannot_be_checked_needs_force(tmp_path, capsys):
     assert "another-host" in capsys.readouterr().err
     assert main(["repair", "--force", str(path)]) == 0
     with h5py.File(path, "r") as f:
-        assert json.loads(f.attrs[REPAIR_ATTR])["writer"]["host"] == "another-host"
+        assert json.loads(f.attrs[REPAIR_JSON])["writer"]["host"] == "another-host"
 
 
 def test_a_clean_file_is_left_as_it_is(tmp_path, capsys):
@@ -183,7 +183,7 @@ def test_a_clean_file_is_left_as_it_is(tmp_path, capsys):
     assert "closed cleanly; nothing to repair" in capsys.readouterr().out
     assert path.read_bytes() == before
     with h5py.File(path, "r") as f:
-        assert json.loads(f.attrs[WRITER_ATTR])["pid"] > 0
+        assert json.loads(f.attrs[WRITER_JSON])["pid"] > 0
     assert main(["repair", str(tmp_path / "missing.h5")]) == 2
 
 

@@ -221,10 +221,10 @@ def test_api_tunes_the_simulated_gpu_and_records_the_search(tuned):
     out, gpu, outcome = tuned
     assert gpu.locked_clocks_mhz is None and outcome.restored == {"sm_clocks": "reset"}
     record = read_tuning(str(out))
-    assert record is not None and record["summary"]["probes"] >= 3
-    assert record["probes"]["purpose"][0] == "baseline"
+    assert record is not None and record.summary["probes"] >= 3
+    assert record.probes.purpose[0] == "baseline"
     # the simulated GPU's busy power falls with the clock and its steps do not slow down
-    assert record["summary"]["energy_saving_measured"] > 0.1
+    assert record.summary["energy_saving_measured"] > 0.1
     with h5py.File(out) as f:
         names = [n.decode() if isinstance(n, bytes) else n for n in f["markers"]["name"][()]]
     assert names.count("tune.setting") == len(json.loads(
@@ -269,8 +269,8 @@ def test_cli_tunes_and_restores(tmp_path, capsys):
     assert code == 0, captured.err
     assert 'restored: {"sm_clocks": "reset"}' in captured.out and "kept:" in captured.out
     record = read_tuning(str(out))
-    assert record is not None and record["summary"]["objective"] == "edp"
-    assert record["summary"]["config"]["trial_gain"] is None
+    assert record is not None and record.summary["objective"] == "edp"
+    assert record.summary["config"]["trial_gain"] is None
 
 
 def test_restored_after_an_exception_in_the_controller(tmp_path, monkeypatch):
@@ -288,7 +288,7 @@ def test_restored_after_an_exception_in_the_controller(tmp_path, monkeypatch):
                  str(tmp_path / "x.h5"), simulate=True)
     assert gpu.locked_clocks_mhz is None
     record = read_tuning(str(tmp_path / "x.h5"))  # the audit trail survives the error
-    assert record is not None and record["summary"]["restored"] == {"sm_clocks": "reset"}
+    assert record is not None and record.summary["restored"] == {"sm_clocks": "reset"}
 
 
 def test_dry_run_changes_nothing(tmp_path):
@@ -391,7 +391,7 @@ def test_step_markers_are_the_iteration_source_when_named(tmp_path):
     assert outcome.session.command_exit_code == 0
     record = read_tuning(str(out))
     assert record is not None
-    assert record["summary"]["iteration_source"] == "step markers 'step' (energy from " \
+    assert record.summary["iteration_source"] == "step markers 'step' (energy from " \
                                                     "gpu0.samples)"
     with h5py.File(out) as f:
         it = f["analysis/tuning/iterations"]

@@ -43,19 +43,18 @@ def test_dry_run_measures_a_training_job_and_changes_nothing(tmp_path, source):
     assert result.returncode == 0, result.stderr
     assert "dry run:" in result.stdout
     record = read_tuning(str(path))
-    assert record is not None and record["summary"]["dry_run"]
-    energy_j = record["summary"]["baseline"][0]
+    assert record is not None and record.summary["dry_run"]
+    energy_j = record.summary["baseline"][0]
     with h5py.File(path) as f:
         wall_s = (f.attrs["session_end_monotonic_ns"] - f.attrs["session_start_monotonic_ns"]) / 1e9
-    cpu_pct = 100 * record["summary"]["controller_cpu_s"] / wall_s
+    cpu_pct = 100 * record.summary["controller_cpu_s"] / wall_s
     print(json.dumps({"controller_cpu_pct_of_a_core": cpu_pct}))
     assert cpu_pct < 1.0  # the controller's own CPU: iteration detection, search
-    with h5py.File(path) as f:
-        it = f["analysis/tuning/iterations"]
-        counted = it["used"][()] & (it["probe"][()] == 0)
-        assert counted.sum() >= 10
-        # the default's measurement: its iterations' span, on the session timebase
-        span_ns = (int(it["start_ns"][()][counted][1]), int(it["end_ns"][()][counted][-1]))
+    it = record.iterations
+    counted = it.used & (it.probe == 0)
+    assert counted.sum() >= 10
+    # the default's measurement: its iterations' span, on the session timebase
+    span_ns = (int(it.start_ns[counted][1]), int(it.end_ns[counted][-1]))
     with Run(str(path)) as run:
         steps = [m for m in run.markers if m.name == "truth_step"]
         energy = run.source("gpu0.samples")

@@ -13,6 +13,7 @@ from wattlab.acquisition.session.supervisor import Session
 from wattlab.commands.record import add_min_free_option, default_output, exit_status, report
 from wattlab.errors import UsageError
 from wattlab.runfile.reader import Run
+from wattlab.runfile.schema import DEMO_SEED
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
               f"varying load, measured by NVML, an emulated PowerSensor3 ({bench.ps3_port}) "
               f"and an emulated WT310E ({bench.wall_resource}), into {output}")
         session = Session(output, acquirers, duration_s=args.duration + 0.5,
-                          root_attrs={"demo_seed": args.seed})
+                          root_attrs={DEMO_SEED: args.seed})
         result = session.run()
     report(result)
     print(f"next: wattlab info {output}")

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from wattlab.errors import UsageError
+from wattlab.runfile.schema import EXCITE_SEED
 
 VIEWS = ("average_power_w", "instant_power_w")
 
@@ -72,13 +73,13 @@ def _record(args: argparse.Namespace, output: str) -> Any:
             ("gpu0", NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0)),
             ("phases", SchedulePhaseMarkers(gpu))]
         return Session(output, acquirers, duration_s=args.duration + 0.5,
-                       root_attrs={"excite_seed": args.seed}).run()
+                       root_attrs={EXCITE_SEED: args.seed}).run()
     from wattlab.acquisition.meters.bench_file import NvmlChoice
     from wattlab.acquisition.meters.meter_specs import nvml_acquirers
 
     with nvml_acquirers(NvmlChoice(gpus=str(args.gpu))) as acquirers:
         return Session(output, acquirers, command=_load_command(args),
-                       root_attrs={"excite_seed": args.seed}).run()
+                       root_attrs={EXCITE_SEED: args.seed}).run()
 
 
 def run(args: argparse.Namespace) -> int:

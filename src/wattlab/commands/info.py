@@ -10,8 +10,9 @@ from typing import Any
 
 from wattlab.analysis.energy.run_summary import format_table, summarise
 from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
+from wattlab.runfile import schema
 from wattlab.runfile.reader import MarkerRow, Run
-from wattlab.runfile.repair import REPAIR_ATTR, writer_status
+from wattlab.runfile.repair import writer_status
 
 
 def describe(run: Run) -> dict[str, Any]:
@@ -83,15 +84,15 @@ def show(path: str, as_json: bool) -> int:
             print(json.dumps(describe(run_file), indent=2, default=str))
             return 0
         attrs = run_file.attrs
-        print(f"{run_file.path}: wattlab run format {attrs.get('format_version')}, "
-              f"created {attrs.get('created', '?')} on {attrs.get('host', '?')}")
-        print(f"command: {' '.join(json.loads(attrs.get('command', '[]'))) or '-'}")
+        print(f"{run_file.path}: wattlab run format {attrs.get(schema.FORMAT_VERSION_ATTR)}, "
+              f"created {attrs.get(schema.CREATED, '?')} on {attrs.get(schema.HOST, '?')}")
+        print(f"command: {' '.join(json.loads(attrs.get(schema.COMMAND, '[]'))) or '-'}")
         status = writer_status(run_file.path)
         if status.flags:
             print(("needs repair: " if status.needs_repair else "") + status.describe(
                 run_file.path))
-        if REPAIR_ATTR in attrs:
-            record = json.loads(attrs[REPAIR_ATTR])
+        if schema.REPAIR_JSON in attrs:
+            record = json.loads(attrs[schema.REPAIR_JSON])
             print(f"repaired {record['repaired_at']} after a crash: "
                   f"{sum(s['rows_trimmed'] for s in record['sources'].values())} torn row(s) "
                   "trimmed, every whole row kept")

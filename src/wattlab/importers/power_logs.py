@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.errors import RunFileError, UsageError
+from wattlab.runfile import schema
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Marker, SampleFlag, SourceDescriptor, check_source_id
 from wattlab.version import __version__
@@ -530,12 +531,12 @@ def import_files(fmt: str, paths: list[str], output: str, names: list[str] | Non
     if markers:
         start = min(start, *(m.t_host_ns for m in markers))
     attrs = {
-        "created": datetime.now(UTC).isoformat(),
-        "wattlab_version": __version__,
-        "command": json.dumps(command or ["wattlab", "import", fmt, *paths]),
-        "imported_from": json.dumps([str(Path(p).resolve()) for p in paths]),
-        "import_format": fmt,
-        "host": "",
+        schema.CREATED: datetime.now(UTC).isoformat(),
+        schema.WATTLAB_VERSION: __version__,
+        schema.COMMAND: json.dumps(command or ["wattlab", "import", fmt, *paths]),
+        schema.IMPORTED_FROM: json.dumps([str(Path(p).resolve()) for p in paths]),
+        schema.IMPORT_FORMAT: fmt,
+        schema.HOST: "",
     }
     writer = RunFileWriter(output, attrs, start)
     try:

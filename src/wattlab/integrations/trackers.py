@@ -26,6 +26,7 @@ from typing import Any
 
 from wattlab.errors import UsageError
 from wattlab.integrations import PhaseEmitter
+from wattlab.runfile.schema import SESSION_START_UNIX_NS
 
 TRACKER_MARKER = "tracker"
 TRACKERS = ("mlflow", "wandb", "tensorboard")
@@ -60,7 +61,7 @@ def energy_metrics(run: Any) -> list[Metric]:
 
     nodes = node_report(run)
     report = energy_report(run, by_marker=True)
-    start_ms = int(run.attrs.get("session_start_unix_ns", time.time_ns())) // 1_000_000
+    start_ms = int(run.attrs.get(SESSION_START_UNIX_NS, time.time_ns())) // 1_000_000
     counted = {s for n in nodes["nodes"] for p in n["parts"] if p["added"]
                for s in p["streams"]}
     chosen = {c["phase"]: c for c in report["chosen"]}

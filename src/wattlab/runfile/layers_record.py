@@ -11,24 +11,21 @@ from typing import Any
 
 import h5py
 
-from wattlab.errors import RunFileError
+from wattlab.runfile import schema
 from wattlab.runfile.h5_read import open_read_only
+from wattlab.runfile.records import add_record
 
 
 def write_layers(path: str, record: dict[str, Any]) -> None:
-    """Store (or replace) the record under ``/analysis/layers`` as JSON."""
-    try:
-        with h5py.File(path, "r+", locking=False) as f:
-            g = f.require_group("analysis")
-            if "layers" in g:
-                del g["layers"]
-            g.create_group("layers").attrs["record_json"] = json.dumps(record)
-    except (OSError, ValueError) as e:
-        raise RunFileError(f"{path}: cannot add /analysis/layers: {e}") from e
+    """Store (or replace) the record (the layer study's JSON document)."""
+    def fill(group: h5py.Group) -> None:
+        group.attrs[schema.RECORD_JSON] = json.dumps(record)
+
+    add_record(path, (schema.LAYERS,), fill)
 
 
 def read_layers(path: str) -> dict[str, Any] | None:
     """The stored layer record, or None."""
     with open_read_only(path) as f:
-        g = f.get("analysis/layers")
-        return None if g is None else json.loads(g.attrs["record_json"])
+        g = f.get(f"{schema.ANALYSIS}/{schema.LAYERS}")
+        return None if g is None else json.loads(g.attrs[schema.RECORD_JSON])

@@ -18,13 +18,10 @@ import h5py
 import numpy as np
 
 from wattlab.errors import RunFileError
+from wattlab.runfile import schema
 from wattlab.runfile.h5_read import open_read_only, read_attr, read_head
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
-SOURCE_DATASETS = {"time": "i", "time_raw": "iuf", "values": "iuf", "flags": "u"}
-MARKER_FIELDS = ("time", "time_raw", "kind", "source", "name", "payload")
-GAP_FIELDS = ("source", "seq_first", "seq_last", "time_first", "time_last", "samples_lost",
-              "reason")
 MAX_CHECKED_MARKERS = 100_000
 
 
@@ -87,23 +84,23 @@ class SourceLayout:
 
 def check_source(path: str, source_id: str, group: Any) -> SourceLayout:
     """One source group has its datasets with the right types, descriptor and names."""
-    where = f"/sources/{source_id}"
+    where = f"/{schema.SOURCES}/{source_id}"
     if not isinstance(group, h5py.Group):
         raise RunFileError(f"{path}: {where} is not a group")
     datasets = {}
-    for name, kinds in SOURCE_DATASETS.items():
+    for name, (kinds, ndim) in schema.STREAM_DATASET_KINDS.items():
         ds = _source_dataset(path, where, group, name)
-        _check_dataset(path, f"{where}/{name}", ds, kinds, 2 if name == "values" else 1)
+        _check_dataset(path, f"{where}/{name}", ds, kinds, ndim)
         datasets[name] = ds
-    values = datasets["values"]
+    values = datasets[schema.VALUES]
     try:
-        descriptor = json.loads(read_attr(group, "descriptor_json"))
-        names = list(read_attr(values, "channel_names"))
+        descriptor = json.loads(read_attr(group, schema.DESCRIPTOR_JSON))
+        names = list(read_attr(values, schema.CHANNEL_NAMES))
     except (KeyError, ValueError, TypeError) as e:
         raise RunFileError(f"{path}: {where}: descriptor or channel names unreadable "
                            f"({e})") from e
     if len(names) != values.shape[1]:
-        raise RunFileError(f"{path}: {where}/values has {values.shape[1]} columns "
+        raise RunFileError(f"{path}: {where}/{schema.VALUES} has {values.shape[1]} columns "
                            f"but {len(names)} channel names")
     return SourceLayout(group, datasets, descriptor, names)
 
@@ -123,22 +120,23 @@ class RunLayout:
 def check_layout(path: str, f: h5py.File) -> RunLayout:
     """Every source has its datasets with the right types; markers and gaps are tables."""
     tables = {}
-    for name, fields in (("markers", MARKER_FIELDS), ("gaps", GAP_FIELDS)):
+    for name, fields in ((schema.MARKERS, schema.MARKER_FIELDS), (schema.GAPS, schema.GAP_FIELDS)):
         table = tables[name] = f.get(name)
         if not isinstance(table, h5py.Dataset) or table.dtype.names is None or not set(
                 fields) <= set(table.dtype.names):
             raise RunFileError(f"{path}: /{name} is missing or not a table of {fields}")
-    sources = f.get("sources")
+    sources = f.get(schema.SOURCES)
     if not isinstance(sources, h5py.Group):
-        raise RunFileError(f"{path}: /sources is not a group")
+        raise RunFileError(f"{path}: /{schema.SOURCES} is not a group")
     layouts = {sid: check_source(path, sid, group) for sid, group in sources.items()}
     # whole rows: cheaper than h5py's field selection, and the other fields are small
-    payloads = read_head(tables["markers"], MAX_CHECKED_MARKERS)["payload"]
+    payloads = read_head(tables[schema.MARKERS], MAX_CHECKED_MARKERS)[schema.PAYLOAD]
     for i, raw in enumerate(np.asarray(payloads)):
         try:
             json.loads(raw.decode() if isinstance(raw, bytes) else str(raw) or "{}")
         except (ValueError, UnicodeDecodeError) as e:
-            raise RunFileError(f"{path}: /markers row {i}: payload is not JSON ({e})") from e
+            raise RunFileError(f"{path}: /{schema.MARKERS} row {i}: {schema.PAYLOAD} is not "
+                               f"JSON ({e})") from e
     return RunLayout(layouts, tables)
 
 

@@ -18,20 +18,13 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.errors import RunFileError
+from wattlab.runfile import schema
 from wattlab.runfile.h5_read import open_read_only, read_attr, read_head, read_rows
-from wattlab.runfile.layout_check import (
-    SOURCE_DATASETS,
-    SourceLayout,
-    check_layout,
-    check_not_truncated,
-)
+from wattlab.runfile.layout_check import SourceLayout, check_layout, check_not_truncated
 
-MARKER_FIELDS = ("time", "time_raw", "kind", "source", "name", "payload")
-DATASETS = tuple(SOURCE_DATASETS)
 COLUMN_READ_BYTES = 1 << 22  # whole rows read at a time for one column (``column_slice``)
 HEAD_ROWS = 10_000  # enough rows for a robust median spacing, cheap on huge files
 T = TypeVar("T")
-UNKNOWN_TIME_NS = np.iinfo(np.int64).min
 
 
 def _text(value: Any) -> str:
@@ -61,6 +54,23 @@ class MarkerRow:
         return self.time_ns if self.gpu_time_ns is None else self.gpu_time_ns
 
 
+def marker_rows(rows: npt.NDArray[Any]) -> list[MarkerRow]:
+    """``/markers`` rows as read from the file (a file from before GPU markers too)."""
+    gpu = schema.TIME_GPU in (rows.dtype.names or ())
+
+    def gpu_of(r: Any) -> tuple[int | None, int | None]:
+        if not gpu or int(r[schema.TIME_GPU]) == schema.UNKNOWN_TIME_NS:
+            return None, None
+        return int(r[schema.TIME_GPU]), int(r[schema.TIME_GPU_UNCERTAINTY])
+
+    return [
+        MarkerRow(int(r[schema.TIME]), _text(r[schema.NAME]), _text(r[schema.KIND]),
+                  _text(r[schema.SOURCE]), json.loads(_text(r[schema.PAYLOAD]) or "{}"),
+                  *gpu_of(r))
+        for r in rows
+    ]
+
+
 @dataclass(frozen=True)
 class GapRow:
     """One gap: times are ns since session start, or None where unknown."""
@@ -88,19 +98,20 @@ class SourceView:
         self._group = group
         try:
             if layout is None:
-                layout = SourceLayout(group, {name: group[name] for name in DATASETS},
-                                      json.loads(group.attrs["descriptor_json"]),
-                                      list(group["values"].attrs["channel_names"]))
+                layout = SourceLayout(
+                    group, {name: group[name] for name in schema.STREAM_DATASETS},
+                    json.loads(group.attrs[schema.DESCRIPTOR_JSON]),
+                    list(group[schema.VALUES].attrs[schema.CHANNEL_NAMES]))
             self.descriptor: dict[str, Any] = layout.descriptor
             self._ds = layout.datasets
             self.channel_names = [_text(c) for c in layout.channel_names]
-            self.units = [_text(u) for u in read_attr(self._ds["values"], "units")]
+            self.units = [_text(u) for u in read_attr(self._ds[schema.VALUES], schema.UNITS)]
         except (KeyError, json.JSONDecodeError) as e:
             raise RunFileError(f"source {source_id!r}: malformed source group ({e})") from e
         self.kind = str(self.descriptor.get("kind", ""))
         self.model = str(self.descriptor.get("model", ""))
         # fixed for the file's life (rows are only appended): asked for every slice read
-        self.values_dtype = self._ds["values"].id.dtype
+        self.values_dtype = self._ds[schema.VALUES].id.dtype
         self.row_bytes = self.values_dtype.itemsize * len(self.channel_names)
         """Bytes of one row of values (every channel)."""
         self._memo: dict[str, Any] = {}
@@ -112,19 +123,20 @@ class SourceView:
         return cast(T, self._memo[key])
 
     def __len__(self) -> int:
-        return self.memo("rows", lambda: int(self._ds["time"].id.shape[0]))
+        return self.memo("rows", lambda: int(self._ds[schema.TIME].id.shape[0]))
 
     @property
     def remote_host(self) -> str:
         """The agent that sent this stream ("" for the recorder's own host)."""
-        return str(self.descriptor.get("remote_host") or self._group.attrs.get("remote_host", ""))
+        return str(self.descriptor.get("remote_host")
+                   or self._group.attrs.get(schema.REMOTE_HOST, ""))
 
     def __repr__(self) -> str:
         return f"<SourceView {self.source_id} {self.kind} {len(self)} rows {self.channel_names}>"
 
     def refresh(self) -> None:
         """See rows appended since the file was opened (SWMR readers)."""
-        for name in DATASETS:
+        for name in schema.STREAM_DATASETS:
             self._ds[name].refresh()
         self._memo.clear()
 
@@ -155,12 +167,12 @@ class SourceView:
         start, stop, _ = slice(start, stop).indices(len(self))
         out = np.empty(max(0, stop - start), dtype=np.int64)
         if out.size:
-            read_rows(self._ds["time"], start, out)
+            read_rows(self._ds[schema.TIME], start, out)
         return out
 
     @property
     def time_ns(self) -> npt.NDArray[np.int64]:
-        return np.asarray(self._ds["time"][:], dtype=np.int64)
+        return np.asarray(self._ds[schema.TIME][:], dtype=np.int64)
 
     @property
     def time_s(self) -> npt.NDArray[np.float64]:
@@ -168,15 +180,15 @@ class SourceView:
 
     @property
     def time_raw(self) -> npt.NDArray[Any]:
-        return np.asarray(self._ds["time_raw"][:])
+        return np.asarray(self._ds[schema.TIME_RAW][:])
 
     @property
     def values(self) -> npt.NDArray[Any]:
-        return np.asarray(self._ds["values"][:])
+        return np.asarray(self._ds[schema.VALUES][:])
 
     @property
     def flags(self) -> npt.NDArray[np.uint8]:
-        return np.asarray(self._ds["flags"][:], dtype=np.uint8)
+        return np.asarray(self._ds[schema.FLAGS][:], dtype=np.uint8)
 
     def channel(self, name: str) -> npt.NDArray[Any]:
         return self.column_slice(name, 0, len(self))
@@ -188,7 +200,7 @@ class SourceView:
         selection would then be read from the file value by value.
         """
         col = self.channel_index(name)
-        values_ds = self._ds["values"]
+        values_ds = self._ds[schema.VALUES]
         start, stop, _ = slice(start, stop).indices(int(values_ds.id.shape[0]))
         out = np.empty(max(0, stop - start), dtype=self.values_dtype)
         rows = np.empty((min(max(1, out.size), COLUMN_READ_BYTES // max(1, self.row_bytes) or 1),
@@ -223,7 +235,7 @@ class SourceView:
         first starts with the row the one before ended with (one extra row read), so the
         caller sees each pair of consecutive rows inside one slice.
         """
-        time_ds, values_ds = self._ds["time"], self._ds["values"]
+        time_ds, values_ds = self._ds[schema.TIME], self._ds[schema.VALUES]
         n = len(self)
         extra = int(overlap)
         size = min(rows + extra, n)
@@ -257,8 +269,8 @@ class SourceView:
         import pandas as pd
 
         frame = pd.DataFrame(self.values, columns=self.channel_names)
-        frame.insert(0, "time_raw", self.time_raw)
-        frame["flags"] = self.flags
+        frame.insert(0, schema.TIME_RAW, self.time_raw)
+        frame[schema.FLAGS] = self.flags
         frame.index = pd.Index(self.time_s, name="time_s")
         return frame
 
@@ -271,9 +283,9 @@ class SourceView:
             name: ("time_s", values[:, i], {"units": unit})
             for i, (name, unit) in enumerate(zip(self.channel_names, self.units, strict=True))
         }
-        data_vars["time_raw"] = ("time_s", self.time_raw, {"meaning": self.descriptor.get(
+        data_vars[schema.TIME_RAW] = ("time_s", self.time_raw, {"meaning": self.descriptor.get(
             "time_raw", "")})
-        data_vars["flags"] = ("time_s", self.flags, {})
+        data_vars[schema.FLAGS] = ("time_s", self.flags, {})
         return xr.Dataset(data_vars, coords={"time_s": time_s},
                           attrs={"source_id": self.source_id, "kind": self.kind,
                                  "model": self.model})
@@ -288,7 +300,8 @@ class Run:
             raise RunFileError(f"{path}: no such file")
         check_not_truncated(path)
         self._file = open_read_only(path, chunk_cache=False)  # read in slices of whole rows
-        if "sources" not in self._file or "format_version" not in self._file.attrs:
+        if (schema.SOURCES not in self._file
+                or schema.FORMAT_VERSION_ATTR not in self._file.attrs):
             self._file.close()
             raise RunFileError(f"{path}: not a wattlab run file (no /sources or format_version)")
         try:
@@ -333,40 +346,26 @@ class Run:
 
     @property
     def markers(self) -> list[MarkerRow]:
-        if "markers" not in self._tables:
-            self._tables["markers"] = self._read_markers()
-        return list(self._tables["markers"])
-
-    def _read_markers(self) -> list[MarkerRow]:
-        rows = read_head(self._table_datasets["markers"])
-        gpu = "time_gpu" in (rows.dtype.names or ())  # older files have host time only
-
-        def gpu_of(r: Any) -> tuple[int | None, int | None]:
-            if not gpu or int(r["time_gpu"]) == UNKNOWN_TIME_NS:
-                return None, None
-            return int(r["time_gpu"]), int(r["time_gpu_uncertainty"])
-
-        return [
-            MarkerRow(int(r["time"]), _text(r["name"]), _text(r["kind"]), _text(r["source"]),
-                      json.loads(_text(r["payload"]) or "{}"), *gpu_of(r))
-            for r in rows
-        ]
+        if schema.MARKERS not in self._tables:
+            self._tables[schema.MARKERS] = marker_rows(
+                read_head(self._table_datasets[schema.MARKERS]))
+        return list(self._tables[schema.MARKERS])
 
     @property
     def gaps(self) -> list[GapRow]:
-        if "gaps" not in self._tables:
-            self._tables["gaps"] = self._read_gaps()
-        return list(self._tables["gaps"])
+        if schema.GAPS not in self._tables:
+            self._tables[schema.GAPS] = self._read_gaps()
+        return list(self._tables[schema.GAPS])
 
     def _read_gaps(self) -> list[GapRow]:
         def known(t: int) -> int | None:
-            return None if t == UNKNOWN_TIME_NS else t
+            return None if t == schema.UNKNOWN_TIME_NS else t
 
         return [
-            GapRow(_text(r["source"]), int(r["seq_first"]), int(r["seq_last"]),
-                   known(int(r["time_first"])), known(int(r["time_last"])),
-                   int(r["samples_lost"]), _text(r["reason"]))
-            for r in read_head(self._table_datasets["gaps"])
+            GapRow(_text(r[schema.SOURCE]), int(r[schema.SEQ_FIRST]), int(r[schema.SEQ_LAST]),
+                   known(int(r[schema.TIME_FIRST])), known(int(r[schema.TIME_LAST])),
+                   int(r[schema.SAMPLES_LOST]), _text(r[schema.REASON]))
+            for r in read_head(self._table_datasets[schema.GAPS])
         ]
 
     def to_pandas(self) -> dict[str, Any]:
@@ -376,3 +375,32 @@ class Run:
     def to_xarray(self) -> dict[str, Any]:
         """One xarray Dataset per source, each on its own time axis."""
         return {sid: view.to_xarray() for sid, view in self.sources.items()}
+
+
+@dataclass(frozen=True)
+class NewMarkers:
+    """Markers a run holds from some row on, and the session start they count from."""
+
+    session_start_ns: int  # host monotonic ns of session time 0
+    rows: list[MarkerRow]
+
+
+def markers_from(path: str, first_row: int) -> NewMarkers | None:
+    """``/markers`` from row ``first_row`` on, also while the run is recorded (None: no table yet).
+
+    Why not ``Run``: it checks every stream before anything is read, and a tuner following
+    a live run's step markers asks once a second for the few rows added since it last did.
+    """
+    try:
+        f = open_read_only(path)
+    except RunFileError:
+        return None  # not created yet
+    with f:
+        table = f.get(schema.MARKERS)
+        if table is None:
+            return None
+        out = np.empty(max(0, int(table.id.shape[0]) - first_row), dtype=table.id.dtype)
+        if out.size:
+            read_rows(table, first_row, out)
+        return NewMarkers(int(f.attrs.get(schema.SESSION_START_MONOTONIC_NS, 0)),
+                          marker_rows(out))

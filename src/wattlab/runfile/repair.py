@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from wattlab.errors import RunFileError, UsageError
+from wattlab.runfile import schema
 from wattlab.runfile.crash_flags import crash_flags
 from wattlab.runfile.h5_read import open_read_only
 from wattlab.runfile.layout_check import check_not_truncated
@@ -28,7 +29,6 @@ from wattlab.runfile.writer import ResumePoint, RunFileWriter
 from wattlab.runfile.writer_identity import recorded_writer, writer_alive
 from wattlab.samples import Gap
 
-REPAIR_ATTR = "repair_json"
 CUT_OFF_REASON = "recording cut off by a crash (file repaired)"
 
 
@@ -103,10 +103,10 @@ def repair_run(path: str, *, force: bool = False) -> RepairReport:
         raise UsageError(f"{status.describe(path)} (repair changes the file: it asks for "
                          "--force where it cannot check)")
     with open_read_only(path) as f:
-        if "session_start_monotonic_ns" not in f.attrs or "progress" not in f:
-            raise RunFileError(f"{path}: not a wattlab run file with /progress; only run "
-                               "files written by `wattlab record` can be repaired")
-        session_start_ns = int(f.attrs["session_start_monotonic_ns"])
+        if schema.SESSION_START_MONOTONIC_NS not in f.attrs or schema.PROGRESS not in f:
+            raise RunFileError(f"{path}: not a wattlab run file with /{schema.PROGRESS}; only "
+                               "run files written by `wattlab record` can be repaired")
+        session_start_ns = int(f.attrs[schema.SESSION_START_MONOTONIC_NS])
     writer, points = RunFileWriter.resume(path, session_start_ns, keep_unconfirmed=True)
     report = RepairReport(path, True, status.flags,
                           {sid: _source_record(p) for sid, p in points.items()},
@@ -123,9 +123,9 @@ def repair_run(path: str, *, force: bool = False) -> RepairReport:
         record = {**report.to_json(), "repaired_at": dt.datetime.now(dt.UTC).isoformat(),
                   "writer": status.writer,
                   "session_end": "the last row kept: when the crash came is unknown"}
-        final: dict[str, Any] = {REPAIR_ATTR: json.dumps(record, sort_keys=True)}
+        final: dict[str, Any] = {schema.REPAIR_JSON: json.dumps(record, sort_keys=True)}
         if end_ns is not None:
-            final["session_end_monotonic_ns"] = session_start_ns + end_ns
+            final[schema.SESSION_END_MONOTONIC_NS] = session_start_ns + end_ns
     except BaseException:
         writer.close(fit_device_clocks=False)
         raise

@@ -1,4 +1,4 @@
-"""Writes the HDF5 run file layout (see docs/run-file.md; how, in docs/design.md).
+"""Writes the HDF5 run file (the layout: runfile/schema.py, docs/run-file.md; how: docs/design.md).
 
 SWMR rules shape this file: once SWMR writing starts no object may be created and
 variable-length data is unsafe, so markers and gaps use fixed-size string fields and a
@@ -19,63 +19,16 @@ import numpy.typing as npt
 
 from wattlab.device_models.clock_fit import NOMINAL_NS_PER_UNIT, EnvelopeAccumulator
 from wattlab.errors import RunFileError, UsageError
-from wattlab.runfile.writer_identity import WRITER_ATTR, writer_identity
-from wattlab.samples import (
-    MARKER_NAME_MAX,
-    MARKER_PAYLOAD_MAX,
-    Gap,
-    Marker,
-    SourceDescriptor,
-    flag_names,
-)
+from wattlab.runfile import schema
+from wattlab.runfile.writer_identity import writer_identity
+from wattlab.samples import Gap, Marker, SourceDescriptor, flag_names
 
-FORMAT_VERSION = "1"
-UNKNOWN_TIME_NS = np.iinfo(np.int64).min
 CHUNK_BYTES = 512 * 1024
 CLOSE_PASS_ROWS = 1 << 20  # rows per read when re-timing or fitting at close
 # Oldest format that SWMR allows (superblock v3), newest objects where HDF5 needs them: a
 # low bound of "latest" would write HDF5-2.0 compound types that HDF5 1.10/1.12 tools
 # (h5dump, HDFView, MATLAB) cannot read.
 LIBVER = ("v110", "latest")
-
-MARKER_DTYPE = np.dtype(
-    [
-        ("time", "<i8"),
-        ("time_raw", "<i8"),
-        ("kind", "S5"),
-        ("source", "S64"),
-        ("name", f"S{MARKER_NAME_MAX}"),
-        ("payload", f"S{MARKER_PAYLOAD_MAX}"),
-        # when the GPU reached the marker (ns since session start; UNKNOWN_TIME_NS: none)
-        ("time_gpu", "<i8"),
-        ("time_gpu_uncertainty", "<i8"),  # ns, half-width; -1 where there is no GPU time
-    ]
-)
-GAP_DTYPE = np.dtype(
-    [
-        ("source", "S64"),
-        ("seq_first", "<i8"),
-        ("seq_last", "<i8"),
-        ("time_first", "<i8"),
-        ("time_last", "<i8"),
-        ("samples_lost", "<i8"),
-        ("reason", "S128"),
-    ]
-)
-# one row per source per flush: how far the file holds it (what a restarted recorder resumes)
-PROGRESS_DTYPE = np.dtype(
-    [
-        ("source", "S64"),
-        ("seq_next", "<i8"),
-        ("rows", "<i8"),
-        ("ended", "u1"),
-    ]
-)
-SOURCE_COLUMNS = ("time", "time_raw", "values", "flags", "time_host_raw")
-"""A source's datasets (``time_host_raw`` only for a remote host's), row for row."""
-TABLES = {"markers": MARKER_DTYPE, "gaps": GAP_DTYPE, "progress": PROGRESS_DTYPE}
-"""The run-wide tables at the file's root, appended to at every flush that has news."""
-
 
 @dataclass(frozen=True)
 class ResumePoint:
@@ -228,19 +181,20 @@ class RunFileWriter:
             raise UsageError(f"{path}: cannot create run file: {e}") from e
         for key, value in root_attrs.items():
             self._file.attrs[key] = value
-        self._file.attrs["format_version"] = FORMAT_VERSION
-        self._file.attrs["session_start_monotonic_ns"] = session_start_ns
-        self._file.attrs[WRITER_ATTR] = json.dumps(writer_identity())
-        self._file.create_group("sources")
-        for name, dtype in TABLES.items():
+        self._file.attrs[schema.FORMAT_VERSION_ATTR] = schema.FORMAT_VERSION
+        self._file.attrs[schema.SESSION_START_MONOTONIC_NS] = session_start_ns
+        self._file.attrs[schema.WRITER_JSON] = json.dumps(writer_identity())
+        self._file.create_group(schema.SOURCES)
+        for name, dtype in schema.TABLES.items():
             _growable(self._file, name, dtype, chunk_rows=64, compression="gzip",
                       compression_opts=1)
-        self._file["markers"].attrs["time_unit"] = "ns since session start"
-        self._file["markers"].attrs["time_gpu"] = (
+        markers = self._file[schema.MARKERS]
+        markers.attrs[schema.TIME_UNIT] = "ns since session start"
+        markers.attrs[schema.TIME_GPU] = (
             "when the GPU executed the marker's point of its work (a CUDA event), on the "
             "session timebase; time is when the host reached it")
-        self._file["gaps"].attrs["unknown_time"] = UNKNOWN_TIME_NS
-        self._file["progress"].attrs["meaning"] = (
+        self._file[schema.GAPS].attrs[schema.UNKNOWN_TIME] = schema.UNKNOWN_TIME_NS
+        self._file[schema.PROGRESS].attrs[schema.MEANING] = (
             "per flush: the next sequence number and row count of each source on disk; "
             "a recorder restarted after a crash resumes from the last complete row")
         self._tables = self._open_tables()
@@ -275,7 +229,7 @@ class RunFileWriter:
         except OSError as e:
             raise RunFileError(f"{path}: cannot reopen for writing: {e}") from e
         try:
-            if "progress" not in self._file or "sources" not in self._file:
+            if schema.PROGRESS not in self._file or schema.SOURCES not in self._file:
                 raise RunFileError(f"{path}: not a resumable run file (no /progress)")
             self._sources = {}
             self._descriptors = {}
@@ -283,7 +237,7 @@ class RunFileWriter:
             points = self._cut_to_progress(keep_unconfirmed)
             self._tables = self._open_tables()
             if stamp_writer:
-                self._file.attrs[WRITER_ATTR] = json.dumps(writer_identity())
+                self._file.attrs[schema.WRITER_JSON] = json.dumps(writer_identity())
         except (RunFileError, KeyError, ValueError) as e:
             self._file.close()
             if isinstance(e, RunFileError):
@@ -296,24 +250,25 @@ class RunFileWriter:
 
         Looking a dataset up by name cost about a third of a millisecond at every flush.
         """
-        return {name: self._file[name] for name in TABLES}
+        return {name: self._file[name] for name in schema.TABLES}
 
     def _drop_blank_table_rows(self) -> dict[str, int]:
         """Rows of the run-wide tables a dead writer had sized but not filled, dropped."""
-        return {name: _drop_blank_tail(self._file[name]) for name in TABLES}
+        return {name: _drop_blank_tail(self._file[name]) for name in schema.TABLES}
 
     def _cut_to_progress(self, keep_unconfirmed: bool) -> dict[str, ResumePoint]:
-        table = self._file["progress"][:]
+        table = self._file[schema.PROGRESS][:]
         points: dict[str, ResumePoint] = {}
-        for source_id, group in self._file["sources"].items():
-            desc = SourceDescriptor.from_json(json.loads(group.attrs["descriptor_json"]))
+        for source_id, group in self._file[schema.SOURCES].items():
+            desc = SourceDescriptor.from_json(json.loads(group.attrs[schema.DESCRIPTOR_JSON]))
             self._descriptors[source_id] = desc
-            parts = [group[name] for name in SOURCE_COLUMNS if name in group]
+            parts = [group[name] for name in schema.REMOTE_STREAM_DATASETS if name in group]
             whole = min(_backed_rows(p) for p in parts)
-            mine = table[table["source"] == source_id.encode()]
-            mine = mine[mine["rows"] <= whole]
+            mine = table[table[schema.SOURCE] == source_id.encode()]
+            mine = mine[mine[schema.ROWS] <= whole]
             seq_next, rows, ended = (0, 0, False) if len(mine) == 0 else (
-                int(mine["seq_next"][-1]), int(mine["rows"][-1]), bool(mine["ended"][-1]))
+                int(mine[schema.SEQ_NEXT][-1]), int(mine[schema.ROWS][-1]),
+                bool(mine[schema.ENDED][-1]))
             longest = max(int(p.shape[0]) for p in parts)
             kept = _whole_rows(group, rows, whole) if keep_unconfirmed else rows
             for p in parts:
@@ -345,7 +300,7 @@ class RunFileWriter:
 
     def remote_host(self, source_id: str) -> str:
         """The agent host a stream came from ("" for this host's own)."""
-        return str(self._file["sources"][source_id].attrs.get("remote_host", ""))
+        return str(self._file[schema.SOURCES][source_id].attrs.get(schema.REMOTE_HOST, ""))
 
     def add_source(self, desc: SourceDescriptor, remote_host: str = "") -> None:
         """Create a source's group; a remote host's source also keeps the sender's times."""
@@ -358,36 +313,37 @@ class RunFileWriter:
         was_swmr = self.swmr
         if was_swmr:
             self._reopen_for_new_objects()
-        group = self._file["sources"].create_group(desc.source_id)
-        for key in ("kind", "model", "serial", "firmware", "transport", "host", "time_raw"):
+        group = self._file[schema.SOURCES].create_group(desc.source_id)
+        for key in schema.DESCRIPTOR_ATTRS:
             group.attrs[key] = getattr(desc, key)
-        group.attrs["descriptor_json"] = json.dumps(desc.to_json(), sort_keys=True)
-        group.attrs["config_json"] = json.dumps(desc.config, sort_keys=True)
+        group.attrs[schema.DESCRIPTOR_JSON] = json.dumps(desc.to_json(), sort_keys=True)
+        group.attrs[schema.CONFIG_JSON] = json.dumps(desc.config, sort_keys=True)
         width = len(desc.channels)
-        time_ds = _growable(group, "time", "<i8")
-        time_ds.attrs["unit"] = "ns since session start (session timebase)"
-        raw_ds = _growable(group, "time_raw", desc.time_raw_dtype)
-        raw_ds.attrs["meaning"] = desc.time_raw
-        values = _growable(group, "values", desc.value_dtype, width)
-        values.attrs["channel_names"] = [c.name for c in desc.channels]
-        values.attrs["units"] = [c.unit for c in desc.channels]
-        values.attrs["meanings"] = [c.meaning or "-" for c in desc.channels]
-        flags = _growable(group, "flags", "u1")
-        flags.attrs["flag_bits"] = json.dumps(flag_names(), sort_keys=True)
+        time_ds = _growable(group, schema.TIME, schema.TIME_DTYPE)
+        time_ds.attrs[schema.UNIT] = "ns since session start (session timebase)"
+        raw_ds = _growable(group, schema.TIME_RAW, desc.time_raw_dtype)
+        raw_ds.attrs[schema.MEANING] = desc.time_raw
+        values = _growable(group, schema.VALUES, desc.value_dtype, width)
+        values.attrs[schema.CHANNEL_NAMES] = [c.name for c in desc.channels]
+        values.attrs[schema.UNITS] = [c.unit for c in desc.channels]
+        values.attrs[schema.MEANINGS] = [c.meaning or "-" for c in desc.channels]
+        flags = _growable(group, schema.FLAGS, schema.FLAGS_DTYPE)
+        flags.attrs[schema.FLAG_BITS] = json.dumps(flag_names(), sort_keys=True)
         if remote_host:
-            group.attrs["remote_host"] = remote_host
-            sender = _growable(group, "time_host_raw", "<i8")
-            sender.attrs["meaning"] = (f"monotonic ns of host {remote_host!r} when read; "
-                                       f"mapped by /sync/{remote_host} onto 'time'")
+            group.attrs[schema.REMOTE_HOST] = remote_host
+            sender = _growable(group, schema.TIME_HOST_RAW, schema.TIME_DTYPE)
+            sender.attrs[schema.MEANING] = (
+                f"monotonic ns of host {remote_host!r} when read; "
+                f"mapped by /{schema.SYNC}/{remote_host} onto '{schema.TIME}'")
         self._descriptors[desc.source_id] = desc
         self._bind(desc.source_id)
         if was_swmr:
             self.start_swmr()
 
     def _bind(self, source_id: str) -> None:
-        group = self._file["sources"][source_id]
+        group = self._file[schema.SOURCES][source_id]
         columns = [_ChunkColumn(_uncached(group, name)) if name in group else None
-                   for name in SOURCE_COLUMNS]
+                   for name in schema.REMOTE_STREAM_DATASETS]
         time_ds, raw, values, flags, sender = columns
         if time_ds is None or raw is None or values is None or flags is None:
             raise RunFileError(f"{self.path}: source {source_id!r} lacks a dataset")
@@ -430,43 +386,44 @@ class RunFileWriter:
             ds.time_host_raw.append(t_sender_ns)
 
     def add_markers(self, markers: list[Marker]) -> None:
-        table = self._tables["markers"]
+        table = self._tables[schema.MARKERS]
         rows = np.zeros(len(markers), dtype=table.dtype)  # a resumed older file: its columns
-        gpu_columns = "time_gpu" in rows.dtype.names
+        gpu_columns = schema.TIME_GPU in rows.dtype.names
         for i, m in enumerate(markers):
-            rows[i]["time"] = m.t_host_ns - self.session_start_ns
-            rows[i]["time_raw"] = m.t_host_ns
-            rows[i]["kind"] = m.kind.encode()
-            rows[i]["source"] = m.source.encode()[:64]
-            rows[i]["name"] = m.name.encode()
-            rows[i]["payload"] = m.payload_json().encode()
+            row = rows[i]
+            row[schema.TIME] = m.t_host_ns - self.session_start_ns
+            row[schema.TIME_RAW] = m.t_host_ns
+            row[schema.KIND] = m.kind.encode()
+            row[schema.SOURCE] = m.source.encode()[:schema.SOURCE_ID_BYTES]
+            row[schema.NAME] = m.name.encode()
+            row[schema.PAYLOAD] = m.payload_json().encode()
             if gpu_columns:
                 gpu = m.t_gpu_ns is not None
-                rows[i]["time_gpu"] = (m.t_gpu_ns - self.session_start_ns  # type: ignore[operator]
-                                       if gpu else UNKNOWN_TIME_NS)
-                rows[i]["time_gpu_uncertainty"] = (m.gpu_uncertainty_ns or 0) if gpu else -1
+                row[schema.TIME_GPU] = (m.t_gpu_ns - self.session_start_ns  # type: ignore[operator]
+                                        if gpu else schema.UNKNOWN_TIME_NS)
+                row[schema.TIME_GPU_UNCERTAINTY] = (m.gpu_uncertainty_ns or 0) if gpu else -1
         _append(table, rows)
 
     def add_gaps(self, gaps: list[Gap]) -> None:
-        rows = np.zeros(len(gaps), dtype=GAP_DTYPE)
+        rows = np.zeros(len(gaps), dtype=schema.GAP_DTYPE)
         for i, g in enumerate(gaps):
             rows[i] = (
-                g.source.encode()[:64],
+                g.source.encode()[:schema.SOURCE_ID_BYTES],
                 g.seq_first,
                 g.seq_last,
                 self._session_time(g.t_first_ns),
                 self._session_time(g.t_last_ns),
                 g.samples_lost,
-                g.reason.encode()[:128],
+                g.reason.encode()[:schema.REASON_BYTES],
             )
-        _append(self._tables["gaps"], rows)
+        _append(self._tables[schema.GAPS], rows)
 
     def add_progress(self, rows: list[tuple[str, int, int, bool]]) -> None:
         """(source, next sequence number, rows written, ended) after the data they cover."""
-        table = np.zeros(len(rows), dtype=PROGRESS_DTYPE)
+        table = np.zeros(len(rows), dtype=schema.PROGRESS_DTYPE)
         for i, (source_id, seq_next, count, ended) in enumerate(rows):
-            table[i] = (source_id.encode()[:64], seq_next, count, ended)
-        _append(self._tables["progress"], table)
+            table[i] = (source_id.encode()[:schema.SOURCE_ID_BYTES], seq_next, count, ended)
+        _append(self._tables[schema.PROGRESS], table)
 
     def last_time_ns(self) -> dict[str, int | None]:
         """Each source's last session time on disk (None: no rows yet)."""
@@ -477,7 +434,7 @@ class RunFileWriter:
         return out
 
     def _session_time(self, t_host_ns: int) -> int:
-        return int(UNKNOWN_TIME_NS) if t_host_ns < 0 else t_host_ns - self.session_start_ns
+        return int(schema.UNKNOWN_TIME_NS) if t_host_ns < 0 else t_host_ns - self.session_start_ns
 
     def set_attr(self, key: str, value: Any) -> None:
         """Root attributes can only be written before SWMR starts, or at close."""
@@ -517,20 +474,20 @@ class RunFileWriter:
             for key, value in (final_attrs or {}).items():
                 f.attrs[key] = value
             for host, (rows, attrs) in (sync or {}).items():
-                group = f.require_group("sync").create_group(host)
-                table = group.create_dataset("probes", data=rows)
-                table.attrs["meaning"] = ("best (smallest round-trip) probe per window: local = "
-                                          "recorder monotonic ns, remote = host's; offset = "
-                                          "remote - local")
+                group = f.require_group(schema.SYNC).create_group(host)
+                table = group.create_dataset(schema.PROBES, data=rows)
+                table.attrs[schema.MEANING] = (
+                    "best (smallest round-trip) probe per window: local = recorder monotonic "
+                    "ns, remote = host's; offset = remote - local")
                 for key, value in attrs.items():
                     group.attrs[key] = value
             for source_id, mapping in (remaps or {}).items():
-                _remap(f["sources"][source_id], mapping, self.session_start_ns)
+                _remap(f[schema.SOURCES][source_id], mapping, self.session_start_ns)
             if fit_device_clocks:
                 for source_id, desc in self._descriptors.items():
                     nominal = NOMINAL_NS_PER_UNIT.get(desc.time_raw)
                     if nominal is not None and desc.time_raw.startswith("device_"):
-                        _fit_clock(f["sources"][source_id], nominal)
+                        _fit_clock(f[schema.SOURCES][source_id], nominal)
 
 
 def _layout(desc: SourceDescriptor) -> dict[str, Any]:
@@ -580,7 +537,7 @@ def _whole_rows(group: h5py.Group, confirmed: int, held: int) -> int:
     the chunk is not allocated), or sized a partial chunk and died before writing into it
     (zeros again); values and flags may legitimately be 0, but a row's session time never is.
     """
-    parts = [group[name] for name in SOURCE_COLUMNS if name in group]
+    parts = [group[name] for name in schema.REMOTE_STREAM_DATASETS if name in group]
     rows = held
     for ds in parts:
         chunk = int(ds.chunks[0])
@@ -588,7 +545,7 @@ def _whole_rows(group: h5py.Group, confirmed: int, held: int) -> int:
             if ds.id.get_chunk_info_by_coord((start,) + (0,) * (ds.ndim - 1)).byte_offset is None:
                 rows = max(confirmed, start)
                 break
-    zero = np.flatnonzero(group["time"][confirmed:rows] == 0)
+    zero = np.flatnonzero(group[schema.TIME][confirmed:rows] == 0)
     return confirmed + int(zero[0]) if zero.size else rows
 
 
@@ -596,16 +553,17 @@ def _remap(
     group: h5py.Group, mapping: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]],
     session_start_ns: int,
 ) -> None:
-    sender, time_ds = group["time_host_raw"], group["time"]
+    sender, time_ds = group[schema.TIME_HOST_RAW], group[schema.TIME]
     for start in range(0, sender.shape[0], CLOSE_PASS_ROWS):
         stop = min(start + CLOSE_PASS_ROWS, sender.shape[0])
         time_ds[start:stop] = mapping(sender[start:stop]) - session_start_ns
-    time_ds.attrs["mapped_by"] = "final clock-service model (see /sync/<remote_host>)"
+    time_ds.attrs[schema.MAPPED_BY] = (f"final clock-service model "
+                                       f"(see /{schema.SYNC}/<{schema.REMOTE_HOST}>)")
 
 
 def _fit_clock(group: h5py.Group, nominal_ns_per_unit: float) -> None:
     """Device raw time → session time by the lower envelope, with residual statistics."""
-    raw, time_ds = group["time_raw"], group["time"]
+    raw, time_ds = group[schema.TIME_RAW], group[schema.TIME]
     n = raw.shape[0]
     if n < 2:
         return
@@ -625,7 +583,7 @@ def _fit_clock(group: h5py.Group, nominal_ns_per_unit: float) -> None:
         kept.append(r[::step])
     fit = fit.with_residuals(np.concatenate(kept))
     fit = replace(fit, residual_max_ns=worst)
-    target = group.require_group("clock_fit")
+    target = group.require_group(schema.CLOCK_FIT)
     for key, value in fit.to_attrs().items():
         target.attrs[key] = value
-    target.attrs["host_time"] = "session time (the 'time' dataset), ns"
+    target.attrs[schema.HOST_TIME] = f"session time (the '{schema.TIME}' dataset), ns"

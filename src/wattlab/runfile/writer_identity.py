@@ -16,7 +16,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-WRITER_ATTR = "writer_json"
+from wattlab.runfile.schema import WRITER_JSON
+
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
@@ -74,7 +75,7 @@ def writer_alive(identity: dict[str, Any]) -> bool | None:
 
 def recorded_writer(attrs: Any) -> dict[str, Any]:
     """The writer stamped in a file's root attributes ({} for files from before the stamp)."""
-    text = attrs.get(WRITER_ATTR)
+    text = attrs.get(WRITER_JSON)
     if text is None:
         return {}
     try:

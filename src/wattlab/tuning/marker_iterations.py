@@ -16,8 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.iterations.iteration_stream import DetectedIteration
-from wattlab.errors import RunFileError
-from wattlab.runfile.h5_read import open_read_only
+from wattlab.runfile.reader import markers_from
 
 READ_EVERY_S = 1.0
 KEEP_S = 300.0  # power kept for the energy of iterations whose markers arrive late
@@ -59,7 +58,6 @@ class StepMarkers:
         self.path = path
         self.name = name
         self.rows = 0
-        self.t0_ns: int | None = None
         self._read_at = 0.0
         self.starts: list[int] = []  # monotonic ns, not yet closed by the next start
 
@@ -78,21 +76,9 @@ class StepMarkers:
         return out
 
     def _read(self) -> None:
-        try:
-            f = open_read_only(self.path)
-        except RunFileError:
-            return  # not created yet
-        try:
-            if self.t0_ns is None:
-                self.t0_ns = int(f.attrs.get("session_start_monotonic_ns", 0))
-            if "markers" not in f:
-                return
-            rows = f["markers"][self.rows:]
-            self.rows += len(rows)
-            for r in rows:
-                name = r["name"].decode() if isinstance(r["name"], bytes) else str(r["name"])
-                kind = r["kind"].decode() if isinstance(r["kind"], bytes) else str(r["kind"])
-                if name == self.name and kind in ("begin", "point"):
-                    self.starts.append(int(r["time"]) + self.t0_ns)
-        finally:
-            f.close()
+        new = markers_from(self.path, self.rows)
+        if new is None:
+            return  # the recorder has not created the file yet
+        self.rows += len(new.rows)
+        self.starts += [m.time_ns + new.session_start_ns for m in new.rows
+                        if m.name == self.name and m.kind in ("begin", "point")]

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from wattlab.acquisition.acquirers.acquirer import Acquirer, Chunk, Reading
 from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
@@ -29,7 +28,13 @@ from wattlab.acquisition.session.supervisor import Session, SessionResult
 from wattlab.analysis.iterations.iteration_stream import DetectedIteration, IterationStream
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError
-from wattlab.runfile.tuning_record import TuningRecord, write_tuning
+from wattlab.runfile.schema import TUNE_JSON
+from wattlab.runfile.tuning_record import (
+    TuningIterations,
+    TuningProbes,
+    TuningRecord,
+    write_tuning,
+)
 from wattlab.samples import Marker, SourceDescriptor
 from wattlab.tuning import watchdog
 from wattlab.tuning.guards import KnobGuards
@@ -233,9 +238,9 @@ def run_tune(plan: TunePlan, driver: NvmlDriver, output: str, *, simulate: bool 
     session = Session(output, [(f"gpu{plan.gpu}", tap)], command=plan.command,
                       duration_s=plan.duration_s, on_progress=controller.tick,
                       auto_markers=plan.auto_markers,
-                      root_attrs={"tune_json": json.dumps({"knobs": plan.knobs,
-                                                           "dry_run": plan.dry_run,
-                                                           **asdict(plan.config)})})
+                      root_attrs={TUNE_JSON: json.dumps({"knobs": plan.knobs,
+                                                         "dry_run": plan.dry_run,
+                                                         **asdict(plan.config)})})
     restored: dict[str, Any] = {}
     summary: dict[str, Any] = {}
     try:
@@ -260,19 +265,18 @@ def tuning_record(search: Search, controller: Controller,
     """The record of a finished tune: every probe in search order, every iteration."""
     probes = [search.probes[i] for i in search.order]
     stats = np.array([pr.stats() for pr in probes]).reshape(-1, 4)
-    columns: dict[str, npt.NDArray[Any]] = {
-        k: np.array([pr.setting[k] for pr in probes]) for k in search.knobs}
-    for j, name in enumerate(("energy_j", "energy_se_j", "time_s", "time_se_s")):
-        columns[name] = stats[:, j]
-    columns["iterations"] = np.array([len(pr.energy_j) for pr in probes], dtype=np.int64)
-    columns["purpose"] = np.array([pr.purpose for pr in probes], dtype=object)
     its = controller.iterations
-    iterations = {
-        "start_ns": np.array([it.start_ns for it, _, _ in its], dtype=np.int64),
-        "end_ns": np.array([it.end_ns for it, _, _ in its], dtype=np.int64),
-        "energy_j": np.array([it.energy_j for it, _, _ in its], dtype=np.float64),
-        "probe": np.array([p for _, p, _ in its], dtype=np.int64),
-        "used": np.array([u for _, _, u in its], dtype=bool)}
-    return TuningRecord(summary, search.models, search.decisions, list(search.knobs), columns,
-                        iterations, list(controller.changes))
+    return TuningRecord(
+        summary, search.models, search.decisions, list(search.knobs),
+        TuningProbes({k: np.array([pr.setting[k] for pr in probes]) for k in search.knobs},
+                     energy_j=stats[:, 0], energy_se_j=stats[:, 1], time_s=stats[:, 2],
+                     time_se_s=stats[:, 3],
+                     iterations=np.array([len(pr.energy_j) for pr in probes], dtype=np.int64),
+                     purpose=np.array([pr.purpose for pr in probes], dtype=object)),
+        TuningIterations(start_ns=np.array([it.start_ns for it, _, _ in its], dtype=np.int64),
+                         end_ns=np.array([it.end_ns for it, _, _ in its], dtype=np.int64),
+                         energy_j=np.array([it.energy_j for it, _, _ in its], dtype=np.float64),
+                         probe=np.array([p for _, p, _ in its], dtype=np.int64),
+                         used=np.array([u for _, _, u in its], dtype=bool)),
+        list(controller.changes))
 

@@ -31,6 +31,7 @@ from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
 from wattlab.acquisition.session.supervisor import Session, SessionResult
 from wattlab.drivers.nvml import NO_LIBRARY_MESSAGE, NvmlDriver
 from wattlab.errors import NvmlError, UsageError
+from wattlab.runfile.schema import SWEEP_SETTING_JSON
 
 # (run file, GPU, runtime s or None) -> (runtime s, energy J per source, mean state)
 Measure = Callable[[str, int, "float | None"], tuple[float, dict[str, float], dict[str, float]]]
@@ -397,7 +398,7 @@ def _one_run(plan: SweepPlan, driver: NvmlDriver, folder: Path, x: float, rep: i
         path, [(f"gpu{plan.gpu}", acquirer)], command=plan.command,
         duration_s=None if plan.command else plan.sim_work_s * SIM_LIMIT_FACTOR + 5.0,
         tail_s=SIM_TAIL_S if plan.command else 0.0,
-        root_attrs={"sweep_setting_json": json.dumps(setting)},
+        root_attrs={SWEEP_SETTING_JSON: json.dumps(setting)},
         on_progress=None if work is None else (lambda s: work.check(session, s)),
         sweep_stop=stop)
     current[0] = session

@@ -25,6 +25,7 @@ from wattlab.acquisition.meters.disk_budget import duration_text, rate_text
 from wattlab.analysis.energy.run_summary import GAP_FACTOR, energy_channel, power_channel
 from wattlab.errors import RunFileError
 from wattlab.runfile.reader import Run, SourceView
+from wattlab.runfile.schema import SESSION_END_MONOTONIC_NS
 from wattlab.runfile.writer_identity import recorded_writer, writer_alive
 from wattlab.sync.recorder.disk_full import room_bytes
 
@@ -32,7 +33,6 @@ SPARK_CHARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 24
 SPARK_WINDOW_S = 12.0
 RATE_WINDOW_S = 2.0
-END_ATTR = "session_end_monotonic_ns"
 LOW_SPACE_BYTES = 512 * 1024 * 1024  # show the free space below this
 LOW_SPACE_S = 600.0  # ... or when it lasts less than this at the file's growth rate
 GROWTH_WINDOW_S = 10.0
@@ -199,7 +199,7 @@ class RunFollower:
             return None  # not created yet, or the recorder is between SWMR phases
         self._opened_at = time.monotonic()
         self.started = True
-        self.finished = END_ATTR in self._run.attrs
+        self.finished = SESSION_END_MONOTONIC_NS in self._run.attrs
         if not self.finished:
             writer = recorded_writer(self._run.attrs)
             self.abandoned = bool(writer) and writer_alive(writer) is False

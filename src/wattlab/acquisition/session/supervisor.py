@@ -41,6 +41,7 @@ from wattlab.acquisition.session.source_runner import (
 )
 from wattlab.errors import BusError, UsageError, WattlabError
 from wattlab.exit_watch import ExitWatch
+from wattlab.runfile import schema
 from wattlab.runtime_env import auto_marker_env, workload_environ
 from wattlab.samples import Marker
 from wattlab.sync.bus.publisher import BusPublisher, ControlClient, private_endpoint
@@ -116,12 +117,12 @@ class Session:
         self, endpoint: str, t0_ns: int, expected: list[str], resume: bool = False
     ) -> subprocess.Popen[bytes]:
         attrs = {
-            "wattlab_version": _version(),
-            "created": dt.datetime.now(dt.UTC).isoformat(),
-            "host": socket.gethostname(),
-            "session_start_unix_ns": time.time_ns() - (time.monotonic_ns() - t0_ns),
-            "command": json.dumps(self.command or []),
-            "bench_config": json.dumps(self.bench_config or {}),
+            schema.WATTLAB_VERSION: _version(),
+            schema.CREATED: dt.datetime.now(dt.UTC).isoformat(),
+            schema.HOST: socket.gethostname(),
+            schema.SESSION_START_UNIX_NS: time.time_ns() - (time.monotonic_ns() - t0_ns),
+            schema.COMMAND: json.dumps(self.command or []),
+            schema.BENCH_CONFIG: json.dumps(self.bench_config or {}),
             **self.root_attrs,
         }
         config = RecorderConfig(endpoint=endpoint, output=self.output, session_start_ns=t0_ns,

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-import h5py
 import numpy as np
 import numpy.typing as npt
 
@@ -63,7 +62,7 @@ from wattlab.analysis.energy.source_energy import (
 )
 from wattlab.device_models.first_order_filter import first_order_filter
 from wattlab.errors import RunFileError, UsageError
-from wattlab.runfile.h5_read import open_read_only
+from wattlab.runfile.calibration_record import StoredCalibration, write_calibration
 from wattlab.runfile.reader import Run, SourceView
 
 FloatArray = npt.NDArray[np.float64]
@@ -824,50 +823,16 @@ def calibrate(
 # --------------------------------------------------------------------------- records
 
 
-def record_path(record: dict[str, Any]) -> str:
-    """Where a record lives inside a run file."""
-    t = record["target"]
-    return f"/analysis/calibration/{t['source']}:{t['channel']}"
-
-
 def store_in_run(path: str, record: dict[str, Any]) -> str:
     """Write the record under /analysis/calibration/<source>:<channel> (raw data untouched).
 
     Needs the recorder to have closed the file; a record of the same stream is replaced.
     """
-    from wattlab.runfile.repair import writer_status
-
-    where = record_path(record)
-    status = writer_status(path)
-    if status.flags:
-        raise RunFileError(f"cannot add {where}: {status.describe(path)} (or use --no-store)")
-    try:
-        with h5py.File(path, "r+", locking=False) as f:
-            if where in f:
-                del f[where]
-            group = f.require_group(where)
-            group.attrs["record_json"] = json.dumps(record, sort_keys=True)
-            group.attrs["kernel"] = record["kernel"]
-            group.attrs["identifiable"] = bool(record.get("identifiable", True))
-            for name, value in record["params"].items():
-                if value["value"] is not None:
-                    group.attrs[name] = value["value"]
-    except OSError as e:
-        raise RunFileError(f"{path}: cannot add {where} (is it still being recorded?): {e}") \
-            from e
-    return where
-
-
-def load_from_run(path: str) -> list[dict[str, Any]]:
-    """Calibration records stored in a run file."""
-    out: list[dict[str, Any]] = []
-    with open_read_only(path) as f:
-        group = f.get("analysis/calibration")
-        if group is None:
-            return out
-        for name in group:
-            out.append(json.loads(group[name].attrs["record_json"]))
-    return out
+    target = record["target"]
+    pinned = {name: v["value"] for name, v in record["params"].items() if v["value"] is not None}
+    return write_calibration(path, StoredCalibration(
+        target["source"], target["channel"], record["kernel"],
+        bool(record.get("identifiable", True)), pinned, record), hint=" (or use --no-store)")
 
 
 def load_record(path: str, *, force: bool = False) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from wattlab.errors import UsageError
+from wattlab.runfile import schema
 
 # column -> type (pyarrow's name); every value a plain str/int/float or None
 COLUMNS: dict[str, str] = {
@@ -43,8 +44,8 @@ def tidy_rows(path: str) -> list[dict[str, Any]]:
     for r in report["rows"]:
         kind, model, remote = about[r["source"]]
         out.append({
-            "run": path, "created": str(attrs.get("created", "")),
-            "host": str(attrs.get("host", "")), "source": r["source"], "channel": r["channel"],
+            "run": path, "created": str(attrs.get(schema.CREATED, "")),
+            "host": str(attrs.get(schema.HOST, "")), "source": r["source"], "channel": r["channel"],
             "method": r["method"], "kind": kind, "model": model, "remote_host": remote,
             "phase": r["phase"], "t0_s": r["t0_s"], "t1_s": r["t1_s"],
             "duration_s": r["t1_s"] - r["t0_s"],

@@ -37,12 +37,7 @@ from wattlab.analysis.alignment import (
     resolve,
     span_s,
 )
-from wattlab.analysis.calibration.calibrate import (
-    calibrate,
-    load_from_run,
-    target_updates,
-    update_lattice,
-)
+from wattlab.analysis.calibration.calibrate import calibrate, target_updates, update_lattice
 from wattlab.analysis.energy.run_summary import summarise
 from wattlab.analysis.energy.source_energy import (
     default_reference,
@@ -65,6 +60,8 @@ from wattlab.analysis.report.tuning_view import tuning_panel
 from wattlab.device_models.first_order_filter import first_order_filter
 from wattlab.errors import RunFileError, UsageError, WattlabError
 from wattlab.output_files import create_temp
+from wattlab.runfile import schema
+from wattlab.runfile.calibration_record import read_calibrations
 from wattlab.runfile.h5_read import open_read_only
 from wattlab.runfile.reader import GapRow, MarkerRow, Run, SourceView
 
@@ -450,7 +447,7 @@ def calibration_views(run: Run, reference: str | None, targets: Sequence[str] | 
     explicit ``targets`` are always fitted. Nothing is written to the run.
     """
     notes: list[str] = []
-    stored = [] if targets else load_from_run(run.path)
+    stored = [] if targets else read_calibrations(run.path)
     records = [(r, True) for r in stored
                if r["reference"]["source"] in run.sources and r["target"]["source"] in run.sources]
     if not records:
@@ -851,12 +848,13 @@ def _run_page(run_path: str, options: ReportOptions) -> Page:
         if gaps:
             sections.append(("end", _gaps_table(gaps)))
         attrs = run.attrs
-    command = " ".join(json.loads(str(attrs.get("command", "[]")) or "[]")) or "-"
+    command = " ".join(json.loads(str(attrs.get(schema.COMMAND, "[]")) or "[]")) or "-"
     meta = (f"run file {_e(os.path.abspath(run_path))} &middot; recorded "
-            f"{_e(attrs.get('created', '?'))} on {_e(attrs.get('host', '?'))} &middot; command "
+            f"{_e(attrs.get(schema.CREATED, '?'))} on {_e(attrs.get(schema.HOST, '?'))} "
+            "&middot; command "
             f"<code>{_e(command)}</code> &middot; {len(marks.spans)} phases, "
             f"{len(marks.points)} point markers, {len(gaps)} gaps &middot; {_made()} by "
-            f"wattlab {_e(attrs.get('wattlab_version', ''))}")
+            f"wattlab {_e(attrs.get(schema.WATTLAB_VERSION, ''))}")
     return Page(f"wattlab report: {os.path.basename(run_path)}", meta, panels, notes,
                 sections, energy, cal_views)
 

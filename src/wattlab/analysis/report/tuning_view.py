@@ -1,7 +1,7 @@
 """The report's view of a ``wattlab tune`` run: the search as a figure and a table.
 
-Why separate from html_report.py: it only reads ``/analysis/tuning`` (what the tuner wrote) and
-draws it; the page builder adds the panel when a run has one.
+Why separate from html_report.py: it only draws the tuning record (what the tuner wrote, read by
+runfile/tuning_record.py); the page builder adds the panel when a run has one.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import json
 import numpy as np
 
 from wattlab.analysis.report import plots
-from wattlab.runfile.h5_read import open_read_only
 from wattlab.runfile.tuning_record import read_tuning
 
 
@@ -21,26 +20,23 @@ def tuning_panel(path: str) -> tuple[object, str, str] | None:
     record = read_tuning(path)
     if record is None:
         return None
-    with open_read_only(path) as f:  # a crash-left or live file too
-        it = f["analysis/tuning/iterations"]
-        start_ns = np.asarray(it["start_ns"][()], dtype=np.int64)
-        energy_j = np.asarray(it["energy_j"][()], dtype=np.float64)
-        probe = np.asarray(it["probe"][()], dtype=np.int64)
-        used = np.asarray(it["used"][()], dtype=bool)
-    knobs = record["knobs"]
-    p = record["probes"]
-    labels = [" ".join(f"{p[k][j]:g}" for k in knobs) + f" ({p['purpose'][j]})"
-              for j in range(len(p["purpose"]))]
-    fig = plots.tuning_figure(start_ns / 1e9, energy_j, probe, used, labels)
-    s = record["summary"]
-    base_e, base_t = p["energy_j"][0], p["time_s"][0]
+    it = record.iterations
+    knobs, p, setting = record.knobs, record.probes, record.probes.settings
+    labels = [" ".join(f"{setting[k][j]:g}" for k in knobs) + f" ({p.purpose[j]})"
+              for j in range(len(p.purpose))]
+    fig = plots.tuning_figure(np.asarray(it.start_ns, dtype=np.int64) / 1e9,
+                              np.asarray(it.energy_j, dtype=np.float64),
+                              np.asarray(it.probe, dtype=np.int64),
+                              np.asarray(it.used, dtype=bool), labels)
+    s = record.summary
+    base_e, base_t = p.energy_j[0], p.time_s[0]
     rows = "".join(
-        f"<tr><td class='l'>{j}</td><td class='l'>{html.escape(str(p['purpose'][j]))}</td>"
-        + "".join(f"<td>{p[k][j]:g}</td>" for k in knobs)
-        + f"<td>{p['iterations'][j]}</td><td>{p['energy_j'][j]:.4g} ± {p['energy_se_j'][j]:.2g}"
-          f"</td><td>{p['time_s'][j] * 1e3:.2f} ± {p['time_se_s'][j] * 1e3:.2g}</td>"
-          f"<td>{p['energy_j'][j] / base_e - 1:+.1%}</td><td>{p['time_s'][j] / base_t - 1:+.1%}"
-          "</td></tr>" for j in range(len(p["purpose"])))
+        f"<tr><td class='l'>{j}</td><td class='l'>{html.escape(str(p.purpose[j]))}</td>"
+        + "".join(f"<td>{setting[k][j]:g}</td>" for k in knobs)
+        + f"<td>{p.iterations[j]}</td><td>{p.energy_j[j]:.4g} ± {p.energy_se_j[j]:.2g}"
+          f"</td><td>{p.time_s[j] * 1e3:.2f} ± {p.time_se_s[j] * 1e3:.2g}</td>"
+          f"<td>{p.energy_j[j] / base_e - 1:+.1%}</td><td>{p.time_s[j] / base_t - 1:+.1%}"
+          "</td></tr>" for j in range(len(p.purpose)))
     head = ("<tr><th class='l'>#</th><th class='l'>why</th>"
             + "".join(f"<th>{html.escape(k)}</th>" for k in knobs)
             + "<th>iterations</th><th>energy (J)</th><th>time (ms)</th><th>energy vs "
@@ -54,7 +50,7 @@ def tuning_panel(path: str) -> tuple[object, str, str] | None:
     table = (f"<h3>Tuning ({html.escape(s['objective'])}, max slowdown "
              f"{s['max_slowdown']:.1%}, iterations from "
              f"{html.escape(s['iteration_source'])})</h3><p>{verdict}; "
-             f"{len(record['models'])} model fits</p>"
+             f"{len(record.models)} model fits</p>"
              + (f"<p>Trials:</p><ul>{trials}</ul>" if trials else "")
              + f"<table>{head}{rows}</table>")
     caption = ("Energy of every iteration the tuner detected, coloured by the setting in "
