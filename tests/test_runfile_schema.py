@@ -76,13 +76,11 @@ PATH_PARTS = frozenset(part for node in schema.LAYOUT for part in node.path.spli
 """Group, table and dataset names: found in any literal that looks like a path in a file."""
 
 BUS = "the bus messages (sync/bus): a wire format of its own that shares these words"
-PENDING_SYNC_SPLIT = ("sync/ is being split by another change (issue 35); these literals move "
-                      "to runfile.schema once it has landed")
 EXEMPT: dict[tuple[str, str], str] = {
     **dict.fromkeys([("sync/bus/message.py", n) for n in (
         "flags", "payload", "seq_first", "seq_last", "samples_lost")], BUS),
     ("sync/bus/publisher.py", "seq_next"): BUS,
-    ("sync/recorder/process.py", "samples_lost"): "a key of the recorder's status reply",
+    ("sync/recorder/status.py", "samples_lost"): "a key of the recorder's status reply",
     ("sync/recorder/process.py", "config_json"): "the recorder's command-line argument",
     ("samples.py", "time_raw"): "SourceDescriptor's field (the stream attribute copies it)",
     ("samples.py", "flags"): "a SampleBatch buffer (the dataset is named after it)",
@@ -90,14 +88,6 @@ EXEMPT: dict[tuple[str, str], str] = {
     ("commands/import_data.py", "time_unit"): "the CSV importer's option",
     ("analysis/models/sweep_results.py", "format_version"): "the sweep file's own layout",
     ("analysis/report/export_table.py", "remote_host"): "a column of the energy export",
-    **dict.fromkeys([("sync/recorder/process.py", n) for n in (
-        "session_end_monotonic_ns", "recorder_status_json", "recorder_host")],
-        PENDING_SYNC_SPLIT),
-    **dict.fromkeys([("sync/recorder/disk_full.py", n) for n in (
-        "session_end_monotonic_ns", "stopped_by", "disk_full_json")], PENDING_SYNC_SPLIT),
-    **dict.fromkeys([("sync/clock_service.py", n) for n in (
-        "local_ns", "remote_ns", "offset_ns", "rtt_ns", "fit_offset_ns", "probes_rejected",
-        "rtt_min_ns", "rtt_median_ns", "residual_rms_ns", "fit_span_s")], PENDING_SYNC_SPLIT),
 }
 """(module under src/wattlab, name): a literal that is not a run-file name there, and why."""
 

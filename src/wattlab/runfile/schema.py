@@ -176,23 +176,24 @@ TABLE_ATTRS = {MARKERS: (TIME_UNIT, TIME_GPU), GAPS: (UNKNOWN_TIME,), PROGRESS: 
 
 # ------------------------------------------------------------ /sync/<host>: a remote host's clock
 PROBES = "probes"
+LOCAL_NS, REMOTE_NS, OFFSET_NS = "local_ns", "remote_ns", "offset_ns"
+RTT_NS, FIT_OFFSET_NS = "rtt_ns", "fit_offset_ns"
 SYNC_PROBES_DTYPE = np.dtype(
     [
-        ("local_ns", "<i8"),
-        ("remote_ns", "<i8"),
-        ("offset_ns", "<f8"),
-        ("rtt_ns", "<i8"),
-        ("fit_offset_ns", "<f8"),
-        (PROBES, "<i8"),
+        (LOCAL_NS, "<i8"),  # recorder monotonic ns at the probe's midpoint
+        (REMOTE_NS, "<i8"),  # remote monotonic ns at the reply's midpoint
+        (OFFSET_NS, "<f8"),  # remote - local measured by the window's best probe
+        (RTT_NS, "<i8"),  # its round trip, less the remote's turnaround
+        (FIT_OFFSET_NS, "<f8"),  # remote - local by the final model at that instant
+        (PROBES, "<i8"),  # probes in the window
     ]
 )
-"""The clock service's window-best probes, one row per window.
-
-sync/clock_service.py still builds these rows with a row type of its own (``SYNC_DTYPE``);
-tests/test_runfile_schema.py holds the two equal until it imports this one.
-"""
-SYNC_ATTRS = (HOST, PROBES, "probes_rejected", "windows", "offset_ns", "drift_ppm",
-              "rtt_min_ns", "rtt_median_ns", "residual_rms_ns", "window_s", "fit_span_s")
+"""The clock service's window-best probes, one row per window."""
+PROBES_REJECTED, WINDOWS, DRIFT_PPM = "probes_rejected", "windows", "drift_ppm"
+RTT_MIN_NS, RTT_MEDIAN_NS, RESIDUAL_RMS_NS = "rtt_min_ns", "rtt_median_ns", "residual_rms_ns"
+WINDOW_S, FIT_SPAN_S = "window_s", "fit_span_s"
+SYNC_ATTRS = (HOST, PROBES, PROBES_REJECTED, WINDOWS, OFFSET_NS, DRIFT_PPM, RTT_MIN_NS,
+              RTT_MEDIAN_NS, RESIDUAL_RMS_NS, WINDOW_S, FIT_SPAN_S)
 """The clock model's summary (``sync/clock_service.ClockTracker.summary``), as attributes."""
 
 # ------------------------------------------------------------ /analysis/<record>

@@ -26,19 +26,24 @@ import numpy.typing as npt
 import zmq
 
 from wattlab.errors import BusError, MalformedMessageError
+from wattlab.runfile.schema import (
+    DRIFT_PPM,
+    FIT_OFFSET_NS,
+    FIT_SPAN_S,
+    HOST,
+    OFFSET_NS,
+    PROBES,
+    PROBES_REJECTED,
+    RESIDUAL_RMS_NS,
+    RTT_MEDIAN_NS,
+    RTT_MIN_NS,
+    RTT_NS,
+    SYNC_PROBES_DTYPE,
+    WINDOW_S,
+    WINDOWS,
+)
 from wattlab.sync.bus import message
 from wattlab.sync.bus.link_monitor import CONNECTING, LinkMonitor
-
-SYNC_DTYPE = np.dtype(
-    [
-        ("local_ns", "<i8"),  # recorder monotonic ns at the probe's midpoint
-        ("remote_ns", "<i8"),  # remote monotonic ns at the reply's midpoint
-        ("offset_ns", "<f8"),  # remote − local measured by the window's best probe
-        ("rtt_ns", "<i8"),  # its round trip, less the remote's turnaround
-        ("fit_offset_ns", "<f8"),  # remote − local by the final model at that instant
-        ("probes", "<i8"),  # probes in the window
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -193,7 +198,7 @@ class ClockTracker:
 
     def rows(self) -> npt.NDArray[Any]:
         """The window-best probes with the final model, for ``/sync/<host>``."""
-        out = np.zeros(len(self._windows), dtype=SYNC_DTYPE)
+        out = np.zeros(len(self._windows), dtype=SYNC_PROBES_DTYPE)
         if not self._windows:
             return out
         remote, _, _ = self._points()
@@ -206,21 +211,21 @@ class ClockTracker:
     def summary(self) -> dict[str, Any]:
         """Plain numbers for status replies and ``/sync/<host>`` attributes."""
         if not self.ready:
-            return {"host": self.host, "probes": self.probes, "windows": 0}
+            return {HOST: self.host, PROBES: self.probes, WINDOWS: 0}
         rows = self.rows()
-        resid = rows["offset_ns"] - rows["fit_offset_ns"]
+        resid = rows[OFFSET_NS] - rows[FIT_OFFSET_NS]
         return {
-            "host": self.host,
-            "probes": self.probes,
-            "probes_rejected": self.rejected,
-            "windows": len(self._windows),
-            "offset_ns": float(rows["fit_offset_ns"][-1]),
-            "drift_ppm": self.drift_ppm,
-            "rtt_min_ns": int(rows["rtt_ns"].min()),
-            "rtt_median_ns": float(np.median(rows["rtt_ns"])),
-            "residual_rms_ns": float(np.sqrt(np.mean(resid**2))),
-            "window_s": self.window_ns / 1e9,
-            "fit_span_s": self.fit_span_ns / 1e9,
+            HOST: self.host,
+            PROBES: self.probes,
+            PROBES_REJECTED: self.rejected,
+            WINDOWS: len(self._windows),
+            OFFSET_NS: float(rows[FIT_OFFSET_NS][-1]),
+            DRIFT_PPM: self.drift_ppm,
+            RTT_MIN_NS: int(rows[RTT_NS].min()),
+            RTT_MEDIAN_NS: float(np.median(rows[RTT_NS])),
+            RESIDUAL_RMS_NS: float(np.sqrt(np.mean(resid**2))),
+            WINDOW_S: self.window_ns / 1e9,
+            FIT_SPAN_S: self.fit_span_ns / 1e9,
         }
 
 

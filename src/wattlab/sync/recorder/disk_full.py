@@ -212,6 +212,7 @@ def fit_eoa_to_file(path: str) -> bool:
 
 
 def _finish(request: SealRequest, report: DiskFullReport, room: bool) -> None:
+    from wattlab.runfile.schema import DISK_FULL_JSON, SESSION_END_MONOTONIC_NS, STOPPED_BY
     from wattlab.runfile.writer import RunFileWriter
     from wattlab.samples import Gap
 
@@ -234,9 +235,9 @@ def _finish(request: SealRequest, report: DiskFullReport, room: bool) -> None:
         return
     if gaps:
         writer.add_gaps(gaps)
-    writer.close({"session_end_monotonic_ns": time.monotonic_ns(),
-                  "stopped_by": f"disk full ({request.error})",
-                  "disk_full_json": report.to_json()})
+    writer.close({SESSION_END_MONOTONIC_NS: time.monotonic_ns(),
+                  STOPPED_BY: f"disk full ({request.error})",
+                  DISK_FULL_JSON: report.to_json()})
     report.in_gaps = bool(gaps)
     report.finished = True
 

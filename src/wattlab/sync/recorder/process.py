@@ -33,6 +33,7 @@ import zmq
 
 from wattlab.errors import MalformedMessageError, WattlabError
 from wattlab.exit_watch import open_pidfd
+from wattlab.runfile.schema import RECORDER_HOST, RECORDER_STATUS_JSON, SESSION_END_MONOTONIC_NS
 from wattlab.samples import SourceDescriptor
 from wattlab.sync.bus import message
 from wattlab.sync.recorder.config import RecorderConfig
@@ -337,8 +338,8 @@ class Recorder:
         final = self.status()
         sync, remaps = self._clocks.final_models(self._sources)
         self._flusher.close({
-            "session_end_monotonic_ns": time.monotonic_ns(),
-            "recorder_status_json": json.dumps(final, sort_keys=True),
+            SESSION_END_MONOTONIC_NS: time.monotonic_ns(),
+            RECORDER_STATUS_JSON: json.dumps(final, sort_keys=True),
         }, sync, remaps)
         if self._exporter is not None:
             self._exporter.close()
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C reaches the whole process group; the session decides when the recorder stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     config = RecorderConfig(**json.loads(args.config_json))
-    config.root_attrs.setdefault("recorder_host", socket.gethostname())
+    config.root_attrs.setdefault(RECORDER_HOST, socket.gethostname())
     try:
         recorder = Recorder(config)
     except WattlabError as e:
