@@ -64,16 +64,17 @@ def running(device: Emulator) -> Iterator[Emulator]:
 
 
 @contextmanager
-def emulator_cli(argv: list[str]) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def emulator_cli(argv: list[str], env: dict[str, str] | None = None
+                 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """An emulator's command line as a person runs it: yields the process and the first line
-    it prints (its port or VISA resource).
+    it prints (its port or VISA resource). ``env`` adds to the environment (a plugin's path).
 
     However the test ends, the process is gone and its pipes closed afterwards: a process
     left running is a ResourceWarning in some later test, which ``filterwarnings = error``
     makes that test fail instead of this one.
     """
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     try:
         assert proc.stdout is not None
         yield proc, proc.stdout.readline()

@@ -36,6 +36,18 @@ def test_every_kind_reaches_meter_flag_bench_file_emulate_and_template() -> None
 def test_a_kind_cannot_be_registered_twice() -> None:
     mcp = meter_kinds()["mcp39f511"]
     assert register(mcp) is mcp  # re-importing a module registers the same object again
-    clash = MeterKind(kind="mcp39f511", default_id="x", help="", build=mcp.build)
-    with pytest.raises(ValueError, match="registered twice"):
+    clash = MeterKind(kind="mcp39f511", default_id="x", help="", build=mcp.build,
+                      stream_rate=None)
+    with pytest.raises(ValueError, match="'mcp39f511' is taken by meter kind 'mcp39f511'"):
         register(clash)
+
+
+def test_an_alias_cannot_take_another_kinds_name() -> None:
+    ps3 = meter_kinds()["powersensor3"]
+    for aliases in (("powersensor3",), ("ps3",)):
+        clash = MeterKind(kind="riser", default_id="x", help="", build=ps3.build,
+                          stream_rate=None, aliases=aliases)
+        with pytest.raises(ValueError, match=f"'{aliases[0]}' is taken by meter kind "
+                                             "'powersensor3'"):
+            register(clash)
+    assert "riser" not in meter_kinds()

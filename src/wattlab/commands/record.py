@@ -313,7 +313,7 @@ def prometheus_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def planned_streams(gpus: int, nvml: NvmlChoice, meters: list[str],
                     bench: BenchConfig | None) -> list[str]:
-    """What will be recorded, as the disk budget counts it (see disk_budget.STREAM_RATES)."""
+    """What will be recorded, as the disk budget counts it (see disk_budget.stream_rates)."""
     kinds = [d.kind for d in bench_meters(bench)] + [parse_meter_spec(t).kind for t in meters]
     return nvml_streams(gpus, nvml.streams) + kinds
 

@@ -96,7 +96,7 @@ def amd_devices(spec: str, options: Mapping[str, Any]) -> list[tuple[str, str]]:
 KIND = register(MeterKind(
     kind="amd", default_id=DEFAULT_ID, aliases=("amdsmi",), address_key="index",
     help="an AMD GPU through amdsmi (ROCm): socket power, energy counter, clocks, limits",
-    build=_build,
+    build=_build, stream_rate=None,  # not measured: the disk budget counts its chunks only
     options={"simulate": (bool_check, False), "simulated_gpus": (positive_int, 1),
              "seed": (non_negative_int, 0),
              "streams": (_checked(_streams, "must be \"all\" or a list of NVML streams"),

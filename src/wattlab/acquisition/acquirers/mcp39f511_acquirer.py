@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading, sleep_until_due
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, input_rails, needs_rails, register
+from wattlab.acquisition.acquirers.meter_kinds import (
+    MeterKind,
+    StreamRate,
+    input_rails,
+    needs_rails,
+    register,
+)
 from wattlab.acquisition.acquirers.serial_acquirer import SerialAcquirer
 from wattlab.drivers.mcp39f511 import (
     DEFAULT_ENERGY_UNIT_J,
@@ -251,6 +257,7 @@ KIND = register(MeterKind(
     kind="mcp39f511", default_id="mcp", aliases=("mcp39f511n", "mcp"),
     help="Microchip MCP39F511N power-monitor demo board (two AC outlets) on USB serial",
     build=_build,
+    stream_rate=StreamRate(30.0, 100),  # an update every 33-40 ms (2 line cycles)
     options={"rails": (rail_table(list(INPUTS), "outlet"), None),
              "accumulation_n": (int_range(0, MAX_N), MIN_USEFUL_N),
              "energy_unit_j": (positive_number, DEFAULT_ENERGY_UNIT_J)},

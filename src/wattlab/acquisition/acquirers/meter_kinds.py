@@ -1,18 +1,26 @@
 """Meter kinds that describe themselves: one registration instead of edits in five files.
 
-A meter's source module ends with ``register(MeterKind(...))``: how to build its
-acquirer, its ``--meter`` name and aliases, its bench-file options and rails, the USB ids
-and the identify query ``wattlab devices`` may use, and its emulator for ``wattlab
-emulate``. ``--meter``, bench files, ``devices`` and ``emulate`` all ask this registry, so
-adding a meter is: a driver, an emulator, a source module that registers itself, its
-tests, and the module's name in ``METER_MODULES``.
+A meter's acquirer module ends with ``register(MeterKind(...))``: how to build its
+acquirer, its ``--meter`` name and aliases, what its stream writes to disk, its bench-file
+options and rails, the USB ids and the identify query ``wattlab devices`` may use, and its
+emulator for ``wattlab emulate``. ``--meter``, bench files, ``devices``, ``emulate`` and the
+disk budget all ask this registry, so adding a meter is: a driver, an emulator, an acquirer
+module that registers itself, and one line naming that module: in ``METER_MODULES`` for a
+meter shipped with wattlab, or as an entry point of the ``wattlab.meters`` group in the
+meter's own package (docs/meters.md, "Adding a meter").
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any
 
 from wattlab.option_checks import Check
@@ -25,6 +33,20 @@ METER_MODULES = (  # in the order meters are listed (bench template, error messa
     "wattlab.acquisition.acquirers.rapl_acquirer",
     "wattlab.acquisition.acquirers.amd_acquirer",
 )
+PLUGIN_GROUP = "wattlab.meters"  # entry points naming a module that registers its kinds
+NOT_PLUGIN_FOLDERS = tuple(f"{folder}{os.sep}" for folder in  # importlib's, wattlab's
+                           (Path(importlib.__file__).parent, Path(__file__).parents[2]))
+
+
+@dataclass(frozen=True)
+class StreamRate:
+    """What one stream writes: rows per second of so many bytes (all its datasets).
+
+    Measured on a run file; the disk budget adds them up before a run starts.
+    """
+
+    rows_per_s: float
+    row_bytes: int
 
 
 @dataclass(frozen=True)
@@ -86,12 +108,15 @@ class MeterKind:
     ``--meter`` too. ``rails_of`` turns a bench entry's options into named rails and
     ``board_problem`` says what ``gpu = N`` still needs. ``emulate_as`` are the names
     ``wattlab emulate`` accepts; ``template`` is the commented bench-template section.
+    ``stream_rate`` is what its stream writes (None: not measured, and the disk budget
+    counts only the stream's first chunks).
     """
 
     kind: str
     default_id: str
     help: str
     build: Builder
+    stream_rate: StreamRate | None
     aliases: tuple[str, ...] = ()
     address_key: str = "port"
     options: Mapping[str, tuple[Check, Any]] = field(default_factory=dict)
@@ -111,24 +136,72 @@ _KINDS: dict[str, MeterKind] = {}
 
 
 def register(kind: MeterKind) -> MeterKind:
-    """Called by a meter module as it is imported; a second kind of one name is an error."""
-    known = _KINDS.get(kind.kind)
-    if known is not None and known is not kind:
-        raise ValueError(f"meter kind {kind.kind!r} registered twice")
+    """Called by a meter module as it is imported; a kind or alias already taken is an error.
+
+    Why aliases too: a meter must never silently take over another's ``--meter`` name.
+    """
+    if _KINDS.get(kind.kind) is kind:
+        return kind  # a module imported again registers the same object again
+    names = {kind.kind, *kind.aliases}
+    for known in _KINDS.values():
+        taken = sorted(names & {known.kind, *known.aliases})
+        if taken:
+            raise ValueError(f"meter kind {kind.kind!r}: {', '.join(map(repr, taken))} is "
+                             f"taken by meter kind {known.kind!r} ({known.build.__module__})")
     _KINDS[kind.kind] = kind
     return kind
 
 
 def meter_kinds() -> dict[str, MeterKind]:
-    """Every registered kind, importing the meter modules on first use.
+    """Every registered kind: the built-in meters, then the plugins' (loaded on first use).
 
-    In ``METER_MODULES`` order, whichever module a program happened to import first.
+    In ``METER_MODULES`` order, whichever module a program happened to import first; the
+    plugins' kinds follow in the order their entry points were found.
     """
     for module in METER_MODULES:
         importlib.import_module(module)  # once: later calls find it in sys.modules
+    load_plugins()
 
     def place(kind: MeterKind) -> int:
         module = kind.build.__module__
         return METER_MODULES.index(module) if module in METER_MODULES else len(METER_MODULES)
 
     return {k.kind: k for k in sorted(_KINDS.values(), key=place)}
+
+
+@cache
+def load_plugins() -> None:
+    """Import every ``wattlab.meters`` entry point, once; a plugin that fails is a warning.
+
+    Why a failure is a warning and not an error: an installed plugin that is broken, or
+    that takes a name already taken, must not stop the built-in meters (nor the other
+    plugins) from working. Whatever it registered before failing is taken back, and the
+    warning names the entry point and its distribution, so ``--meter``, bench files,
+    ``devices`` and ``emulate`` then behave as if it were not installed, after saying why.
+    """
+    for entry in entry_points(group=PLUGIN_GROUP):
+        before = dict(_KINDS)
+        try:
+            entry.load()
+        except Exception as e:  # a plugin's own bug: its kinds are left out, nothing else
+            _KINDS.clear()
+            _KINDS.update(before)
+            print(f"wattlab: warning: meter plugin {plugin_name(entry)} was not loaded: "
+                  f"{type(e).__name__}: {e}{where(e)}", file=sys.stderr)
+
+
+def plugin_name(entry: EntryPoint) -> str:
+    """``'toy = toy_meter.toy_acquirer' (wattlab.meters entry point of toy-meter 0.1)``."""
+    dist = f"{entry.dist.name} {entry.dist.version}" if entry.dist else "an unknown package"
+    return f"'{entry.name} = {entry.value}' ({PLUGIN_GROUP} entry point of {dist})"
+
+
+def where(error: Exception) -> str:
+    """`` at FILE:LINE``: the plugin's line that raised, past importlib's and wattlab's frames.
+
+    Why past wattlab's: for a name already taken ``register`` raises, and the line to fix is
+    the plugin's call to it.
+    """
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not f.filename.startswith(("<frozen ", *NOT_PLUGIN_FOLDERS))]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""

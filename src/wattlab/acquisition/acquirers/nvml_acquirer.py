@@ -49,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
+from wattlab.acquisition.acquirers.meter_kinds import StreamRate
 from wattlab.acquisition.acquirers.nvml_cadence import DEFAULT_INTERVALS_S
 from wattlab.drivers.gpu_scope import GpuScope
 from wattlab.drivers.nvml import NVML_CALLS, DeviceInfo
@@ -56,6 +57,12 @@ from wattlab.errors import NvmlError, UsageError
 from wattlab.samples import Channel, Gap, SampleFlag, SourceDescriptor
 
 NVML_STREAMS = ("samples", "power", "energy", "state")
+STREAM_RATES = {  # what each stream writes for one GPU (a `wattlab demo` run file), per name
+    "samples": StreamRate(50.0, 25),
+    "power": StreamRate(11.1, 33),
+    "energy": StreamRate(0.11, 25),
+    "state": StreamRate(1.1, 57),
+}
 SHORT_SLEEP_S = 0.1  # a stop waits at most this long for a sleep that ``wake`` cannot end
 
 STATE_UNITS = {

@@ -11,7 +11,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, input_rails, needs_rails, register
+from wattlab.acquisition.acquirers.meter_kinds import (
+    MeterKind,
+    StreamRate,
+    input_rails,
+    needs_rails,
+    register,
+)
 from wattlab.acquisition.acquirers.serial_acquirer import SerialAcquirer
 from wattlab.drivers.pmd import BAUD_SETTLE_S, RAILS, PmdUsb, StreamBlock, stream_channels
 from wattlab.drivers.transport import ByteTransport, open_serial
@@ -118,6 +124,7 @@ def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
 
 KIND = register(MeterKind(
     kind="pmd", default_id="pmd", help="ElmorLabs PMD-USB on a USB serial port", build=_build,
+    stream_rate=StreamRate(3_000.0, 100),  # 17-byte frames paced by a 500 kbaud line
     options={"baud": (positive_int, None), "rails": (rail_table(list(RAILS), "input"), None)},
     rails_of=input_rails(lambda key: key,
                          lambda key: tuple((f"{key}_{s}", s) for s in RAIL_SUFFIXES),

@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, input_rails, needs_rails, register
+from wattlab.acquisition.acquirers.meter_kinds import (
+    MeterKind,
+    StreamRate,
+    input_rails,
+    needs_rails,
+    register,
+)
 from wattlab.acquisition.acquirers.serial_acquirer import SerialAcquirer
 from wattlab.drivers.powersensor3 import N_PAIRS, PowerSensor3, StreamBlock
 from wattlab.drivers.transport import ByteTransport, open_serial
@@ -148,6 +154,7 @@ def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
 KIND = register(MeterKind(
     kind="powersensor3", default_id="ps3", aliases=("ps3",),
     help="PowerSensor3 on a USB serial port", build=_build,
+    stream_rate=StreamRate(20_000.0, 69),
     options={"rails": (rail_table([str(p) for p in range(N_PAIRS)], "pair"), None)},
     rails_of=input_rails(lambda p: f"pair {p}",
                          lambda p: ((f"current{p}_a", "current_a"),

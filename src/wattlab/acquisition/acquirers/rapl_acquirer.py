@@ -176,6 +176,7 @@ KIND = register(MeterKind(
     kind="rapl", default_id="rapl", aliases=("powercap",), address_key="path",
     help="CPU package and DRAM energy from Linux powercap (RAPL), Intel and AMD",
     build=_build, options={"interval_s": (positive_number, None)},
+    stream_rate=None,  # not measured: the disk budget counts its chunks only
     emulate=_emulate, emulate_as=("rapl",),
     template="""
 # CPU packages and DRAM through Linux powercap (RAPL; Intel and AMD). Needs energy_uj to be

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading, sleep_until_due
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, Rail, register
+from wattlab.acquisition.acquirers.meter_kinds import MeterKind, Rail, StreamRate, register
 from wattlab.drivers.hmc8015 import Hmc8015
 from wattlab.drivers.scpi import ScpiTransport, TextTransport
 from wattlab.drivers.yokogawa_wt300e import Wt300e
@@ -352,6 +352,7 @@ def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
 WT300E = register(MeterKind(
     kind="wt300e", default_id="wall", aliases=("wt310e", "wt332e", "wt333e"),
     help="Yokogawa WT300E series over VISA", build=_build_wt300e, address_key="resource",
+    stream_rate=StreamRate(10.0, 41),
     options={"elements": (_elements, [1]), "items": (string_list, ["U", "I", "P"]),
              "rate_s": (positive_number, 0.1), "model": (string, None)},
     rails_of=_wt300e_rails, board_problem=_wt300e_board,
@@ -370,7 +371,7 @@ WT300E = register(MeterKind(
 ))
 HMC8015 = register(MeterKind(
     kind="hmc8015", default_id="hmc", help="Rohde & Schwarz HMC8015 over VISA",
-    build=_build_hmc8015, address_key="resource",
+    build=_build_hmc8015, address_key="resource", stream_rate=StreamRate(10.0, 41),
     options={"functions": (string_list, ["URMS", "IRMS", "P"]),
              "rate_s": (positive_number, 0.1), "auto_range": (bool_check, True),
              "rail": (rail_name, None)},

@@ -2,9 +2,11 @@
 
 Why an estimate and not a measurement: the check has to come before anything starts (a
 refused run leaves no file). What the recorder writes is known well enough: every stream
-costs one 512 KiB chunk per dataset as soon as it has a row, then its rows. The rates
-below are what ``wattlab demo`` and the emulators wrote (rows per second and bytes per
-row, measured on a run file); a meter with more rails writes a little more per row.
+costs one 512 KiB chunk per dataset as soon as it has a row, then its rows. Each stream's
+rate is declared where the stream is made: a meter's in its registration
+(``MeterKind.stream_rate``), NVML's in ``nvml_acquirer.STREAM_RATES``; they are what
+``wattlab demo`` and the emulators wrote (rows per second and bytes per row, measured on a
+run file), and a meter with more rails writes a little more per row.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import os
 import sys
 from dataclasses import dataclass
 
+from wattlab.acquisition.acquirers.meter_kinds import StreamRate, meter_kinds
+from wattlab.acquisition.acquirers.nvml_acquirer import NVML_STREAMS
+from wattlab.acquisition.acquirers.nvml_acquirer import STREAM_RATES as NVML_RATES
 from wattlab.errors import UsageError
 from wattlab.runfile.writer import CHUNK_BYTES
 from wattlab.sync.recorder.disk_full import RESERVE_BYTES, room_bytes
@@ -20,28 +25,6 @@ from wattlab.sync.recorder.disk_full import RESERVE_BYTES, room_bytes
 MIB = 1 << 20
 MINUTE_S = 60.0
 DEFAULT_MIN_FREE_S = 300.0  # without a duration: warn below five minutes of data
-NVML_STREAMS = ("samples", "power", "energy", "state")
-
-
-@dataclass(frozen=True)
-class StreamRate:
-    """What one stream writes: rows per second of so many bytes (all its datasets)."""
-
-    rows_per_s: float
-    row_bytes: int
-
-
-STREAM_RATES: dict[str, StreamRate] = {
-    "nvml.samples": StreamRate(50.0, 25),
-    "nvml.power": StreamRate(11.1, 33),
-    "nvml.energy": StreamRate(0.11, 25),
-    "nvml.state": StreamRate(1.1, 57),
-    "powersensor3": StreamRate(20_000.0, 69),
-    "pmd": StreamRate(3_000.0, 100),  # 17-byte frames paced by a 500 kbaud line
-    "wt300e": StreamRate(10.0, 41),
-    "hmc8015": StreamRate(10.0, 41),
-    "mcp39f511": StreamRate(30.0, 100),  # an update every 33-40 ms (2 line cycles)
-}
 FIXED_BYTES_PER_STREAM = 4 * CHUNK_BYTES  # time, time_raw, values, flags
 
 
@@ -67,12 +50,20 @@ def nvml_streams(gpus: int, streams: str) -> list[str]:
     return [f"nvml.{name}" for name in names] * gpus
 
 
+def stream_rates() -> dict[str, StreamRate]:
+    """Each stream kind's rate as its acquirer declared it: ``nvml.<stream>``, meter kinds."""
+    return {**{f"nvml.{name}": rate for name, rate in NVML_RATES.items()},
+            **{k.kind: k.stream_rate for k in meter_kinds().values() if k.stream_rate}}
+
+
 def estimate(streams: list[str]) -> DataRate:
     """The data rate of these streams.
 
-    Kinds not in ``STREAM_RATES`` (an agent's, a new meter's) count only their chunks.
+    Streams without a declared rate (an agent's, a meter's not measured) count only their
+    chunks.
     """
-    rates = [STREAM_RATES[s] for s in streams if s in STREAM_RATES]
+    known = stream_rates()
+    rates = [known[s] for s in streams if s in known]
     return DataRate(sum(r.rows_per_s * r.row_bytes for r in rates),
                     FIXED_BYTES_PER_STREAM * len(streams))
 
