@@ -19,13 +19,14 @@ from wattlab.acquisition.acquirers.meter_kinds import StreamRate, meter_kinds
 from wattlab.acquisition.acquirers.nvml_acquirer import NVML_STREAMS
 from wattlab.acquisition.acquirers.nvml_acquirer import STREAM_RATES as NVML_RATES
 from wattlab.errors import UsageError
+from wattlab.runfile.schema import STREAM_DATASETS
 from wattlab.runfile.writer import CHUNK_BYTES
 from wattlab.sync.recorder.disk_full import RESERVE_BYTES, room_bytes
 
 MIB = 1 << 20
 MINUTE_S = 60.0
 DEFAULT_MIN_FREE_S = 300.0  # without a duration: warn below five minutes of data
-FIXED_BYTES_PER_STREAM = 4 * CHUNK_BYTES  # time, time_raw, values, flags
+FIXED_BYTES_PER_STREAM = len(STREAM_DATASETS) * CHUNK_BYTES  # one chunk per dataset, at once
 
 
 @dataclass(frozen=True)
