@@ -26,10 +26,10 @@ from common import write_json
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import wattlab
-from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
-from wattlab.acquisition.session.supervisor import Session
-from wattlab.analysis.energy.node_energy import node_report
-from wattlab.device_models.workload_schedule import WorkloadSchedule
+from wattlab.acquisition.acquirers import NvmlAcquirer
+from wattlab.acquisition.session import Session
+from wattlab.analysis.energy import node_report
+from wattlab.device_models import WorkloadSchedule
 from wattlab.drivers.amdsmi import AmdSmiDriver
 from wattlab.hardware.fake_amdsmi import MI300X, RESOLUTION_UJ, FakeAmdSmi
 from wattlab.hardware.simulated_gpu import SimulatedGpu

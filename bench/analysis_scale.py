@@ -30,8 +30,9 @@ import numpy as np
 
 from common import median, write_json
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
-from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
-from wattlab.sync.recorder.process import RecorderConfig
+from wattlab.sync.bus import BusPublisher, ControlClient
+from wattlab.sync.bus.publisher import local_endpoint
+from wattlab.sync.recorder import RecorderConfig
 
 RATE_HZ = 20_000
 ROWS = 1000

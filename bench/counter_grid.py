@@ -27,7 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from common import open_nvml, write_json
-from wattlab.analysis.energy.counter_ticks import COUNTER_UPDATE_S, at_updates, update_phase_s
+from wattlab.analysis.energy import COUNTER_UPDATE_S, at_updates
+from wattlab.analysis.energy.counter_ticks import update_phase_s
 from wattlab.drivers.nvml import NvmlDriver
 
 FloatArray = npt.NDArray[np.float64]

@@ -32,16 +32,12 @@ import numpy as np
 
 import wattlab
 from common import DATA, machine, write_json
-from wattlab.analysis.calibration.calibrate import calibrate
-from wattlab.analysis.calibration.deconvolved_energy import (
-    fuse_records,
-    mark_breaks,
-    windows_from_record,
-)
-from wattlab.analysis.energy.source_energy import Phase, energy_report, phases_from_markers
+from wattlab.analysis.calibration import calibrate, fuse_records, mark_breaks
+from wattlab.analysis.calibration.deconvolved_energy import windows_from_record
+from wattlab.analysis.energy import Phase, energy_report, phases_from_markers
 from wattlab.errors import UsageError
-from wattlab.importers.power_logs import import_files
-from wattlab.runfile.reader import Run
+from wattlab.importers import import_files
+from wattlab.runfile import Run
 
 LONG_S = 2.0
 WHOLE = ("session", "fit", "epoch")  # phases that hold the others

@@ -32,7 +32,7 @@ def one_run(folder: Path, seed: int, duration_s: float) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"excite seed {seed} failed: {done.stderr}")
     summary = json.loads(done.stdout)
-    from wattlab.runfile.calibration_record import read_calibrations
+    from wattlab.runfile import read_calibrations
 
     records = {r["target"]["channel"]: r for r in read_calibrations(str(out))}
     for view in summary["views"]:

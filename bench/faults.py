@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 
 from common import RESULTS, write_json
-from wattlab.runfile.reader import Run
+from wattlab.runfile import Run
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
-from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
-from wattlab.sync.recorder.process import RecorderConfig
+from wattlab.sync.bus import BusPublisher, ControlClient
+from wattlab.sync.bus.publisher import local_endpoint
+from wattlab.sync.recorder import RecorderConfig
 
 ROWS = 200
 
@@ -187,7 +188,7 @@ FLOOD = r"""
 import json, sys, time
 import numpy as np
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
-from wattlab.sync.bus.publisher import BusPublisher
+from wattlab.sync.bus import BusPublisher
 desc = SourceDescriptor("flood", "bench", "Flood", tuple(Channel(f"c{i}", "W") for i in range(8)),
                         value_dtype="<f4")
 pub = BusPublisher(sys.argv[1], linger_ms=30000, window_bytes=4 << 20, backlog_bytes=4 << 20)

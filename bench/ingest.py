@@ -29,8 +29,9 @@ import numpy as np
 from common import GOALS_MISSED, write_json
 from wattlab.runfile.writer import _ChunkColumn, _growable
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
-from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
-from wattlab.sync.recorder.process import RecorderConfig
+from wattlab.sync.bus import BusPublisher, ControlClient
+from wattlab.sync.bus.publisher import local_endpoint
+from wattlab.sync.recorder import RecorderConfig
 
 CHANNELS = 8
 

@@ -33,14 +33,13 @@ import numpy as np
 
 import wattlab
 from common import DATA, write_json
-from wattlab.analysis.iterations.iteration_result import IterationResult, steady_stats
-from wattlab.analysis.iterations.iteration_stream import IterationStream
+from wattlab.analysis.iterations import IterationResult, IterationStream, iterations
+from wattlab.analysis.iterations.iteration_result import steady_stats
 from wattlab.analysis.iterations.power_segments import (
     CONFIDENCE_COEF,
     confidence_features,
     segment,
 )
-from wattlab.analysis.iterations.run_iterations import iterations
 from wattlab.hardware.training_schedule import TrainingLoop, simulated_training
 
 TRACES = DATA / "traces"

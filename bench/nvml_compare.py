@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from common import tree_cpu_s, write_json
-from wattlab.acquisition.acquirers.nvml_cadence import FRUGAL_INTERVALS
+from wattlab.acquisition.acquirers import FRUGAL_INTERVALS
 
 HERE = Path(__file__).resolve().parent
 LOAD = HERE.parent / "tests" / "with_device" / "matmul_load.py"
@@ -111,7 +111,7 @@ def counter_window(path: Path, a_ns: int, b_ns: int, source: str = "gpu0.energy"
     """wattlab's own answer for the window: `wattlab energy --window` on its counter stream,
     edges between its reads placed by the samples; (J, ± J)."""
     import wattlab
-    from wattlab.analysis.energy.source_energy import energy_report
+    from wattlab.analysis.energy import energy_report
 
     with wattlab.open(str(path)) as run:
         unix0 = int(run.attrs["session_start_unix_ns"])

@@ -32,9 +32,13 @@ import numpy as np
 import pynvml
 
 from common import child_pids, open_nvml, tree_cpu_s, write_json
-from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer, parse_streams
-from wattlab.acquisition.acquirers.nvml_cadence import FRUGAL_INTERVALS, parse_intervals
-from wattlab.acquisition.session.supervisor import Session
+from wattlab.acquisition.acquirers import (
+    FRUGAL_INTERVALS,
+    NvmlAcquirer,
+    parse_intervals,
+    parse_streams,
+)
+from wattlab.acquisition.session import Session
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import UsageError
 

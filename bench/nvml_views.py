@@ -25,9 +25,9 @@ import numpy as np
 
 import wattlab
 from common import DATA, write_json
-from wattlab.analysis.calibration.calibrate import calibrate
+from wattlab.analysis.calibration import calibrate
 from wattlab.analysis.calibration.deconvolved_energy import windows_from_record
-from wattlab.analysis.energy.counter_ticks import at_updates
+from wattlab.analysis.energy import at_updates
 
 SPANS_S = (2.0, 4.0, 10.0)
 COUNTER_READ_MAX_S = 0.15  # counter reads at least this often pin every update

@@ -32,8 +32,7 @@ import numpy as np
 
 from common import median, tree_cpu_s, write_json
 from wattlab.samples import Channel, SourceDescriptor
-from wattlab.sync.recorder.prometheus import Exporter
-from wattlab.sync.recorder.stream_metrics import StreamMetrics
+from wattlab.sync.recorder import Exporter, StreamMetrics
 
 SCRAPE_S = 15.0
 FLUSHES_PER_S = 2.0  # the recorder's 0.5 s flush

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from common import GOALS_MISSED, write_json
-from wattlab.acquisition.acquirers.powersensor3_acquirer import PowerSensor3Acquirer
-from wattlab.acquisition.session.supervisor import Session
+from wattlab.acquisition.acquirers import PowerSensor3Acquirer
+from wattlab.acquisition.session import Session
 from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
-from wattlab.runfile.reader import Run
+from wattlab.runfile import Run
 
 
 class ThreadCpu:

@@ -33,7 +33,7 @@ from common import GOALS_MISSED, process_cpu_clock, write_json
 from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
 from wattlab.hardware.virtual_bench import VirtualBench
 from wattlab.hardware.wt300e_emulator import Wt300eEmulator
-from wattlab.runfile.reader import Run
+from wattlab.runfile import Run
 
 ROLES = {"session", "recorder", "source gpu0", "source ps3", "source wall"}
 
@@ -62,7 +62,7 @@ def tree(session_pid: int) -> dict[str, int]:
             continue
         if "wattlab.sync.recorder" in cmd:
             roles["recorder"] = int(entry.name)
-        elif "wattlab.acquisition.session.source_process" in cmd:
+        elif "wattlab.acquisition.session.source_child" in cmd:
             name = cmd.split('"name": "', 1)[1].split('"', 1)[0] if '"name": "' in cmd else "?"
             roles[f"source {name}"] = int(entry.name)
     return roles

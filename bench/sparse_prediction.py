@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 from common import write_json
-from wattlab.analysis.models.sparse_sweep import evaluate_sparse
-from wattlab.analysis.models.sweep_results import load_table
+from wattlab.analysis.models import evaluate_sparse, load_table
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = "zeus/examples/research_reproducibility/zeus_nsdi23/trace"

@@ -26,18 +26,21 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_json
-from wattlab.acquisition.acquirers.acquirer import Chunk
-from wattlab.acquisition.session.agent import SKEW_ENV, ClockSkew, run_agent
+from wattlab.acquisition.acquirers import Chunk
+from wattlab.acquisition.session import ClockSkew, run_agent
+from wattlab.acquisition.session.agent import SKEW_ENV
 from wattlab.device_models.clock_fit import fit_lower_envelope
 from wattlab.samples import Channel, SourceDescriptor
-from wattlab.sync.bus.publisher import ControlClient, local_endpoint
-from wattlab.sync.bus.security import (
+from wattlab.sync.bus import (
     ClientSecurity,
+    ControlClient,
     create_keypair,
     load_keypair,
     load_public_key,
 )
-from wattlab.sync.recorder.process import Recorder, RecorderConfig, hosts_ready
+from wattlab.sync.bus.publisher import local_endpoint
+from wattlab.sync.recorder import RecorderConfig, hosts_ready
+from wattlab.sync.recorder.process import Recorder
 
 SKEWS = {
     "node1": ClockSkew(0, 0.0),

@@ -19,18 +19,18 @@ from typing import Any
 import numpy as np
 
 from common import DATA, write_json
-from wattlab.analysis.models.energy_models import (
+from wattlab.analysis.models import (
     FAMILIES,
     MAX_BOOST_HOLDOUT,
     FitReport,
-    LooPrediction,
+    SweepTable,
     fit_sweep,
+    load_table,
     loo_predictions,
-    recommend,
-    unseen_workload_picks,
+    power_model_report,
 )
-from wattlab.analysis.models.power_model import power_model_report, titan_x_files
-from wattlab.analysis.models.sweep_results import SweepTable, load_table
+from wattlab.analysis.models.energy_models import LooPrediction, recommend, unseen_workload_picks
+from wattlab.analysis.models.power_model import titan_x_files
 
 PUBLIC = DATA / "public"
 TRACE = PUBLIC / "zeus/examples/research_reproducibility/zeus_nsdi23/trace"

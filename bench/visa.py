@@ -16,8 +16,7 @@ import time
 import numpy as np
 
 from common import GOALS_MISSED, write_json
-from wattlab.acquisition.acquirers.acquirer import Chunk
-from wattlab.acquisition.acquirers.scpi_acquirers import Wt300eAcquirer
+from wattlab.acquisition.acquirers import Chunk, Wt300eAcquirer
 from wattlab.drivers.scpi import ScpiTransport
 from wattlab.hardware.wt300e_emulator import Wt300eEmulator
 

@@ -298,7 +298,7 @@ def test_a_source_process_sleeps_until_stopped_or_orphaned(tmp_path):
     """Its main thread once looked 5 times a second for a stop, its runner and its parent."""
     path = tmp_path / "processes.h5"
     session = record(path, "--source-processes", duration_s=60.0)
-    source = child_pid(session, "-m wattlab.acquisition.session.source_process")  # not the recorder
+    source = child_pid(session, "-m wattlab.acquisition.session.source_child")  # not the recorder
     wait_for_rows(path)  # opened and running
     idle = wakes_while(source, 2.0, pid=source)  # its main thread: tid = pid
     session.send_signal(signal.SIGTERM)  # then the stop wakes it at once

@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from wattlab.acquisition.markers.program_markers import mark, phase
-    from wattlab.runfile.reader import Run
+    from wattlab.acquisition.markers import mark, phase
+    from wattlab.runfile import Run
 
 from wattlab.version import __version__
 
 
 def open(path: str) -> Run:  # mirrors h5py.File, shadows builtins.open on purpose
     """Open a run file (also one still being written) for reading."""
-    from wattlab.runfile.reader import Run
+    from wattlab.runfile import Run
 
     return Run(path)
 

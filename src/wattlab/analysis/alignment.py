@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.errors import RunFileError, UsageError
-from wattlab.runfile.reader import Run, SourceView
+from wattlab.runfile import Run, SourceView
 
 FloatArray = npt.NDArray[np.float64]
 GAP_FACTOR = 5.0

@@ -9,10 +9,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from wattlab.acquisition.acquirers.amd_acquirer import amd_options
-from wattlab.acquisition.meters.bench_file import NvmlChoice
-from wattlab.acquisition.meters.meter_specs import amd_acquirers, meter_acquirers
-from wattlab.acquisition.session.agent import (
+from wattlab.acquisition.acquirers import amd_options
+from wattlab.acquisition.meters import NvmlChoice, amd_acquirers, meter_acquirers
+from wattlab.acquisition.session import (
     DEFAULT_CONNECT_TIMEOUT_S,
     WARN_AFTER_S,
     ClockSkew,
@@ -25,11 +24,11 @@ from wattlab.commands.record import (
     nvml_acquirers,
 )
 from wattlab.errors import UsageError
-from wattlab.sync.bus.security import ClientSecurity, load_keypair, load_public_key
-from wattlab.sync.recorder.stream_metrics import StreamMetrics
+from wattlab.sync.bus import ClientSecurity, load_keypair, load_public_key
+from wattlab.sync.recorder import StreamMetrics
 
 if TYPE_CHECKING:
-    from wattlab.sync.recorder.prometheus import Exporter
+    from wattlab.sync.recorder import Exporter
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5560"
 
@@ -78,7 +77,7 @@ def start_exporter(address: str | None, skew: ClockSkew | None
     """The node's streams for Prometheus (``--prometheus``), times on its own clock."""
     if not address:
         return None, None
-    from wattlab.sync.recorder.prometheus import Exporter
+    from wattlab.sync.recorder import Exporter
 
     clock_ns = time.monotonic_ns() if skew is None else skew.now_ns()
     metrics = StreamMetrics(time.time_ns() - clock_ns)

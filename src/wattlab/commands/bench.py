@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from wattlab.acquisition.meters.bench_file import check_bench, load_bench, write_template
+from wattlab.acquisition.meters import check_bench, load_bench, write_template
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

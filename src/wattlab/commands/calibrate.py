@@ -39,8 +39,8 @@ def _fmt(obj: dict[str, Any], unit: str, scale: float = 1.0) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # imported here, not at the top: building the parser imports every verb's module
-    from wattlab.analysis.calibration.calibrate import calibrate, store_in_run
-    from wattlab.runfile.reader import Run
+    from wattlab.analysis.calibration import calibrate, store_in_run
+    from wattlab.runfile import Run
 
     if args.output and os.path.exists(args.output):
         raise UsageError(f"{args.output}: already exists; choose another -o")

@@ -6,14 +6,13 @@ import argparse
 import sys
 from typing import Any
 
-from wattlab.acquisition.acquirers.acquirer import Acquirer
+from wattlab.acquisition.acquirers import Acquirer
 from wattlab.acquisition.markers.simulated_phases import SchedulePhaseMarkers
-from wattlab.acquisition.meters.disk_budget import check_room, nvml_streams
-from wattlab.acquisition.session.supervisor import Session
+from wattlab.acquisition.meters import check_room, nvml_streams
+from wattlab.acquisition.session import Session
 from wattlab.commands.record import add_min_free_option, default_output, exit_status, report
 from wattlab.errors import UsageError
-from wattlab.runfile.reader import Run
-from wattlab.runfile.schema import DEMO_SEED
+from wattlab.runfile import DEMO_SEED, Run
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -28,9 +27,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
-    from wattlab.acquisition.acquirers.powersensor3_acquirer import PowerSensor3Acquirer
-    from wattlab.acquisition.acquirers.scpi_acquirers import Wt300eAcquirer
+    from wattlab.acquisition.acquirers import NvmlAcquirer, PowerSensor3Acquirer, Wt300eAcquirer
     from wattlab.drivers.nvml import NvmlDriver
     from wattlab.hardware.virtual_bench import VirtualBench
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from wattlab.acquisition.meters.discovery import discover
+from wattlab.acquisition.meters import discover
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, meter_kinds
+from wattlab.acquisition.acquirers import MeterKind, meter_kinds
 from wattlab.errors import UsageError
 
 

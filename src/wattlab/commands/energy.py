@@ -74,13 +74,13 @@ def report_of(path: str, options: dict[str, Any], records: list[dict[str, Any]],
     """One file's energy report (a worker's job when there are several files)."""
     # imported here: every verb's module is imported to build the parser, and its
     # dependencies (scipy) would otherwise cost every `wattlab` command their start-up time
-    from wattlab.analysis.energy.source_energy import energy_report
-    from wattlab.runfile.reader import Run
+    from wattlab.analysis.energy import energy_report
+    from wattlab.runfile import Run
 
     with Run(path) as run_file:
         fusion = None
         if deconvolve:
-            from wattlab.analysis.calibration.deconvolved_energy import fuse_records, mark_breaks
+            from wattlab.analysis.calibration import fuse_records, mark_breaks
 
             fusion = fuse_records(run_file, records, force=force,
                                   breaks_s=mark_breaks(run_file) if steps_at_marks else ())
@@ -89,7 +89,7 @@ def report_of(path: str, options: dict[str, Any], records: list[dict[str, Any]],
 
 
 def run(args: argparse.Namespace) -> int:
-    from wattlab.analysis.energy.source_energy import format_report
+    from wattlab.analysis.energy import format_report
 
     if args.node or args.wall:
         return node_run(args)
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("a second --calibration is only for --deconvolve (the instant's)")
     records = []
     if args.calibration:  # only then: its fitting modules cost every run ~15 ms to import
-        from wattlab.analysis.calibration.calibrate import load_record
+        from wattlab.analysis.calibration import load_record
 
         records = [load_record(path, force=args.force_calibration) for path in args.calibration]
     options = {"by_marker": args.by_marker, "reference": args.reference, "windows": args.window}
@@ -126,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
 
 def node_run(args: argparse.Namespace) -> int:
     """``--node``: the node split instead of the per-stream table."""
-    from wattlab.analysis.energy.node_energy import format_node_report, node_report
-    from wattlab.runfile.reader import Run
+    from wattlab.analysis.energy import format_node_report, node_report
+    from wattlab.runfile import Run
 
     if not args.node:
         raise UsageError("--wall needs --node")

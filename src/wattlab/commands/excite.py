@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from wattlab.errors import UsageError
-from wattlab.runfile.schema import EXCITE_SEED
+from wattlab.runfile import EXCITE_SEED
 
 VIEWS = ("average_power_w", "instant_power_w")
 
@@ -55,14 +55,14 @@ def _load_command(args: argparse.Namespace) -> list[str]:
 
 def _record(args: argparse.Namespace, output: str) -> Any:
     """The recorded session: the simulated GPU under the telegraph, or a real one running it."""
-    from wattlab.acquisition.acquirers.acquirer import Acquirer
-    from wattlab.acquisition.experiments.telegraph_schedule import telegraph
-    from wattlab.acquisition.session.supervisor import Session
+    from wattlab.acquisition.acquirers import Acquirer
+    from wattlab.acquisition.experiments import telegraph
+    from wattlab.acquisition.session import Session
 
     schedule = telegraph(args.seed, args.duration, min_hold_s=args.min_hold,
                          max_hold_s=args.max_hold)  # bad holds fail before anything starts
     if args.simulate:
-        from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
+        from wattlab.acquisition.acquirers import NvmlAcquirer
         from wattlab.acquisition.markers.simulated_phases import SchedulePhaseMarkers
         from wattlab.drivers.nvml import NvmlDriver
         from wattlab.hardware.fake_nvml import FakeNvml
@@ -74,8 +74,7 @@ def _record(args: argparse.Namespace, output: str) -> Any:
             ("phases", SchedulePhaseMarkers(gpu))]
         return Session(output, acquirers, duration_s=args.duration + 0.5,
                        root_attrs={EXCITE_SEED: args.seed}).run()
-    from wattlab.acquisition.meters.bench_file import NvmlChoice
-    from wattlab.acquisition.meters.meter_specs import nvml_acquirers
+    from wattlab.acquisition.meters import NvmlChoice, nvml_acquirers
 
     with nvml_acquirers(NvmlChoice(gpus=str(args.gpu))) as acquirers:
         return Session(output, acquirers, command=_load_command(args),
@@ -83,10 +82,10 @@ def _record(args: argparse.Namespace, output: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wattlab.acquisition.experiments.telegraph_schedule import seconds_for
-    from wattlab.analysis.calibration.calibrate import calibrate, store_in_run
+    from wattlab.acquisition.experiments import seconds_for
+    from wattlab.analysis.calibration import calibrate, store_in_run
     from wattlab.commands.record import default_output, exit_status
-    from wattlab.runfile.reader import Run
+    from wattlab.runfile import Run
 
     if args.target_se_ms <= 0:
         raise UsageError(f"--target-se-ms must be > 0, got {args.target_se_ms}")

@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wattlab.analysis.report.export_table import TableWriter, format_of, tidy_rows
+    from wattlab.analysis.report import TableWriter, format_of, tidy_rows
 
     fmt = format_of(args.output, args.format)
     if os.path.exists(args.output):

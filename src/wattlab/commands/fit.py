@@ -8,17 +8,23 @@ import math
 from typing import Any
 
 from wattlab.analysis.many_runs import map_runs
-from wattlab.analysis.models.energy_models import (
+from wattlab.analysis.models import (
+    CHOICES,
     FAMILIES,
     MAX_BOOST_HOLDOUT,
     OBJECTIVES,
+    X_NAMES,
     FitReport,
+    SweepTable,
+    choose_per_phase,
+    concat,
+    evaluate_sparse,
     fit_sweep,
+    format_phase_report,
+    load_table,
+    recommend_sparse,
 )
-from wattlab.analysis.models.phase_choice import choose_per_phase, format_phase_report
-from wattlab.analysis.models.sparse_sweep import CHOICES, evaluate_sparse, recommend_sparse
-from wattlab.analysis.models.sweep_results import X_NAMES, SweepTable, concat, load_table
-from wattlab.analysis.report.sparse_text import format_evaluation, format_recommendation
+from wattlab.analysis.report import format_evaluation, format_recommendation
 from wattlab.errors import UsageError, WattlabError
 
 UNITS = {"power_limit_w": "W", "sm_clock_mhz": "MHz", "mem_clock_mhz": "MHz"}

@@ -7,8 +7,7 @@ import sys
 from typing import Any
 
 from wattlab.errors import UsageError
-from wattlab.importers.hmc8015_log import read_hmc8015_log
-from wattlab.importers.power_logs import READERS, import_files
+from wattlab.importers import READERS, import_files, read_hmc8015_log
 
 FORMATS = {**READERS, "hmc8015-log": read_hmc8015_log}
 

@@ -8,11 +8,9 @@ import json
 from contextlib import redirect_stdout
 from typing import Any
 
-from wattlab.analysis.energy.run_summary import format_table, summarise
+from wattlab.analysis.energy import format_table, summarise
 from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
-from wattlab.runfile import schema
-from wattlab.runfile.reader import MarkerRow, Run
-from wattlab.runfile.repair import writer_status
+from wattlab.runfile import MarkerRow, Run, schema, writer_status
 
 
 def describe(run: Run) -> dict[str, Any]:

@@ -6,9 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from wattlab.analysis.iterations.iteration_result import IterationResult
-from wattlab.analysis.iterations.run_iterations import iterations
-from wattlab.runfile.reader import Run
+from wattlab.analysis.iterations import IterationResult, iterations
+from wattlab.runfile import Run
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from wattlab.sync.bus.security import create_keypair
+from wattlab.sync.bus import create_keypair
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         with open(args.output, "x", encoding="utf-8") as f:
             json.dump(record, f, indent=2)
     if args.store:
-        from wattlab.runfile.layers_record import write_layers
+        from wattlab.runfile import write_layers
 
         write_layers(args.store, record)
     if args.json:
@@ -176,7 +176,7 @@ def _simulated(args: argparse.Namespace) -> bool:
 
 
 def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
-    from wattlab.device_models.roofline import measure_roofline
+    from wattlab.device_models import measure_roofline
     from wattlab.hardware.simulated_layer_gpu import simulated_h100_physics
     from wattlab.layers import study
 

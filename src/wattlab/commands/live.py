@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from wattlab.acquisition.session.live import follow, plain_table
+from wattlab.acquisition.session import follow, plain_table
 from wattlab.errors import UsageError
 
 

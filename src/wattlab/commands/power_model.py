@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from wattlab.analysis.models.power_model import MODELS, format_power_report, power_model_report
+from wattlab.analysis.models import MODELS, format_power_report, power_model_report
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -13,38 +13,36 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from wattlab.acquisition.acquirers.amd_acquirer import amd_devices, amd_options
-from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
-from wattlab.acquisition.acquirers.nvml_cadence import (
+from wattlab.acquisition.acquirers import (
     DEFAULT_INTERVALS_S,
     FRUGAL_INTERVALS,
     MAX_DRAIN_S,
+    NvmlAcquirer,
+    amd_devices,
+    amd_options,
 )
-from wattlab.acquisition.meters.bench_file import (
+from wattlab.acquisition.meters import (
     BenchConfig,
     DeviceConfig,
     NvmlChoice,
+    amd_acquirers,
     bench_acquirers,
     check_gpus_exist,
-    load_bench,
-    meter_options_json,
-    nvml_selection,
-)
-from wattlab.acquisition.meters.disk_budget import check_room, nvml_streams
-from wattlab.acquisition.meters.meter_specs import (
-    amd_acquirers,
+    check_room,
     check_unique_ids,
+    load_bench,
     meter_acquirers,
+    meter_options_json,
     nvml_acquirers,
+    nvml_selection,
+    nvml_streams,
     parse_meter_spec,
 )
-from wattlab.acquisition.session.live import live_panel
-from wattlab.acquisition.session.source_process import SourceSpec
-from wattlab.acquisition.session.supervisor import Session, SessionResult
-from wattlab.analysis.energy.run_summary import format_table, summarise
+from wattlab.acquisition.session import Session, SessionResult, SourceSpec, live_panel
+from wattlab.analysis.energy import format_table, summarise
 from wattlab.errors import UsageError
-from wattlab.runfile.reader import GapRow, Run
-from wattlab.sync.recorder.disk_full import DiskFullReport
+from wattlab.runfile import GapRow, Run
+from wattlab.sync.recorder import DiskFullReport
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5560"
 NVML_STREAMS_HELP = (
@@ -304,7 +302,7 @@ def prometheus_options(args: argparse.Namespace) -> dict[str, Any]:
     """RecorderConfig's ``prometheus`` field, checked (the package, a free port) up front."""
     if not args.prometheus:
         return {}
-    from wattlab.sync.recorder.prometheus import check_free, require_client
+    from wattlab.sync.recorder import check_free, require_client
 
     require_client()
     check_free(args.prometheus)
@@ -327,7 +325,7 @@ def remote_options(args: argparse.Namespace) -> dict[str, Any]:
     if not args.server_key or not args.allow_keys:
         raise UsageError("--listen needs --server-key and --allow-keys: the remote bus is "
                          "never open to unknown peers")
-    from wattlab.sync.bus.security import load_allowed_keys, load_keypair
+    from wattlab.sync.bus import load_allowed_keys, load_keypair
 
     load_keypair(args.server_key)
     names = set(load_allowed_keys(args.allow_keys).values())

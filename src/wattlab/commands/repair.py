@@ -9,7 +9,7 @@ import argparse
 import json
 from typing import Any
 
-from wattlab.runfile.repair import repair_run
+from wattlab.runfile import repair_run
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from wattlab.analysis.models.energy_models import OBJECTIVES
-from wattlab.analysis.report.html_report import ReportOptions, build_report
+from wattlab.analysis.models import OBJECTIVES
+from wattlab.analysis.report import ReportOptions, build_report
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -7,11 +7,11 @@ import os
 import shutil
 from typing import Any
 
-from wattlab.acquisition.acquirers.acquirer import Acquirer
-from wattlab.acquisition.meters.bench_file import NvmlChoice
-from wattlab.acquisition.meters.meter_specs import meter_acquirers
-from wattlab.acquisition.session.agent import HostAcquirer, run_agent
-from wattlab.acquisition.session.slurm_job import (
+from wattlab.acquisition.acquirers import Acquirer
+from wattlab.acquisition.meters import NvmlChoice, meter_acquirers
+from wattlab.acquisition.session import (
+    HostAcquirer,
+    Session,
     SlurmTask,
     await_endpoint,
     free_port,
@@ -19,8 +19,8 @@ from wattlab.acquisition.session.slurm_job import (
     prepare,
     publish,
     rendezvous_dir,
+    run_agent,
 )
-from wattlab.acquisition.session.supervisor import Session
 from wattlab.commands.record import (
     NVML_STREAMS_HELP,
     command_of,
@@ -29,7 +29,7 @@ from wattlab.commands.record import (
     report,
 )
 from wattlab.errors import UsageError
-from wattlab.sync.bus.security import ClientSecurity, load_keypair, load_public_key
+from wattlab.sync.bus import ClientSecurity, load_keypair, load_public_key
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

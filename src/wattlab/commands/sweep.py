@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from wattlab.acquisition.experiments.sweep_runner import (
+from wattlab.acquisition.experiments import (
     KNOB_LABELS,
     RunResult,
     SweepPlan,
@@ -17,7 +17,7 @@ from wattlab.acquisition.experiments.sweep_runner import (
     run_sweep,
     runs_folder,
 )
-from wattlab.analysis.models.sweep_results import (
+from wattlab.analysis.models import (
     PhaseMeasure,
     measure_phases,
     measure_run,
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         if plan.command is None and sim_gpu is None:
             raise UsageError("sweep needs a command after '--' (or --simulate)")
         if args.dry_run:
-            from wattlab.acquisition.experiments.sweep_runner import SettingsGuard
+            from wattlab.acquisition.experiments import SettingsGuard
 
             driver.resolve_gpus(str(plan.gpu))
             guard = SettingsGuard(driver, plan.gpu, plan.knob)

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from wattlab.acquisition.experiments.sweep_runner import open_driver
+from wattlab.acquisition.experiments import open_driver
 from wattlab.commands.record import command_of, default_output, exit_status, report
 from wattlab.errors import UsageError
 from wattlab.tuning.guards import KNOBS
@@ -91,7 +91,7 @@ def plan_of(args: argparse.Namespace) -> TunePlan:
 
 def simulated_training(seed: int) -> Any:
     """Steps of 150 ms busy then 50 ms of data loading, repeated: a training loop's power."""
-    from wattlab.device_models.workload_schedule import Segment, WorkloadSchedule
+    from wattlab.device_models import Segment, WorkloadSchedule
 
     return WorkloadSchedule([Segment(0.15, 1.0, "step"), Segment(0.05, 0.05, "load")],
                             repeat=True)

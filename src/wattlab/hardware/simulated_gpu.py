@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.device_models.first_order_filter import first_order_filter
-from wattlab.device_models.workload_schedule import WorkloadSchedule
+from wattlab.device_models import WorkloadSchedule, first_order_filter
 from wattlab.errors import UsageError
 
 FloatArray = npt.NDArray[np.float64]

@@ -19,8 +19,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.device_models.layer_physics import LayerPhysics
-from wattlab.device_models.roofline import simulated_roofline
+from wattlab.device_models import LayerPhysics, simulated_roofline
 from wattlab.errors import UsageError
 from wattlab.hardware.simulated_gpu import GpuModel
 

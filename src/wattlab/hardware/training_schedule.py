@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.device_models.workload_schedule import Segment, WorkloadSchedule
+from wattlab.device_models import Segment, WorkloadSchedule
 from wattlab.hardware.simulated_gpu import SimulatedGpu
 
 FloatArray = npt.NDArray[np.float64]

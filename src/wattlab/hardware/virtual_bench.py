@@ -10,7 +10,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from types import TracebackType
 
-from wattlab.device_models.workload_schedule import WorkloadSchedule
+from wattlab.device_models import WorkloadSchedule
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.simulated_gpu import SimulatedGpu
 

@@ -23,8 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.errors import RunFileError, UsageError
-from wattlab.runfile import schema
-from wattlab.runfile.writer import RunFileWriter
+from wattlab.runfile import RunFileWriter, schema
 from wattlab.samples import Channel, Marker, SampleFlag, SourceDescriptor, check_source_id
 from wattlab.version import __version__
 

@@ -42,13 +42,13 @@ def every_from_env(default: int = 1, name: str = EVERY_ENV, least: int = 0) -> i
 
 
 def _default_mark(name: str, kind: str = "point", **payload: Any) -> None:
-    from wattlab.acquisition.markers.program_markers import mark
+    from wattlab.acquisition.markers import mark
 
     mark(name, kind, **payload)
 
 
 def _default_stamp() -> Any:
-    from wattlab.acquisition.markers.program_markers import take_stamp
+    from wattlab.acquisition.markers import take_stamp
 
     return take_stamp()
 

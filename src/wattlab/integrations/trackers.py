@@ -26,7 +26,7 @@ from typing import Any
 
 from wattlab.errors import UsageError
 from wattlab.integrations import PhaseEmitter
-from wattlab.runfile.schema import SESSION_START_UNIX_NS
+from wattlab.runfile import SESSION_START_UNIX_NS
 
 TRACKER_MARKER = "tracker"
 TRACKERS = ("mlflow", "wandb", "tensorboard")
@@ -56,8 +56,7 @@ def energy_metrics(run: Any) -> list[Metric]:
     run has none of those (a meter alone), the stream the energy report chose for it. A
     phase some counted stream has no number for is left out, never logged as a partial sum.
     """
-    from wattlab.analysis.energy.node_energy import node_report
-    from wattlab.analysis.energy.source_energy import energy_report
+    from wattlab.analysis.energy import energy_report, node_report
 
     nodes = node_report(run)
     report = energy_report(run, by_marker=True)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from wattlab.device_models.layer_physics import LayerPhysics
-from wattlab.device_models.roofline import Roofline
+from wattlab.device_models import LayerPhysics, Roofline
 from wattlab.errors import WattlabError
 
 

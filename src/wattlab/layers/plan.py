@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.device_models.roofline import Roofline
+from wattlab.device_models import Roofline
 from wattlab.errors import UsageError
 
 FloatArray = npt.NDArray[np.float64]

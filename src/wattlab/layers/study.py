@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from wattlab.device_models.layer_physics import LayerPhysics
-from wattlab.device_models.roofline import Roofline
+from wattlab.device_models import LayerPhysics, Roofline
 from wattlab.layers.counting import LayerCount, LayerRow
 from wattlab.layers.in_step import BETWEEN, HOST_BOUND, InStep, Mark, summarise
 from wattlab.layers.measure import Backend, Measured, measure

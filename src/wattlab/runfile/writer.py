@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.device_models.clock_fit import NOMINAL_NS_PER_UNIT, EnvelopeAccumulator
+from wattlab.device_models import NOMINAL_NS_PER_UNIT, EnvelopeAccumulator
 from wattlab.errors import RunFileError, UsageError
 from wattlab.runfile import schema
 from wattlab.runfile.writer_identity import writer_identity

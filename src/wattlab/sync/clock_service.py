@@ -26,7 +26,7 @@ import numpy.typing as npt
 import zmq
 
 from wattlab.errors import BusError, MalformedMessageError
-from wattlab.runfile.schema import (
+from wattlab.runfile import (
     DRIFT_PPM,
     FIT_OFFSET_NS,
     FIT_SPAN_S,
@@ -42,8 +42,7 @@ from wattlab.runfile.schema import (
     WINDOW_S,
     WINDOWS,
 )
-from wattlab.sync.bus import message
-from wattlab.sync.bus.link_monitor import CONNECTING, LinkMonitor
+from wattlab.sync.bus import CONNECTING, LinkMonitor, message
 
 
 @dataclass(frozen=True)

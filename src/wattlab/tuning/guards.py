@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from wattlab.acquisition.experiments.sweep_runner import SettingsGuard
+from wattlab.acquisition.experiments import SettingsGuard
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError
 

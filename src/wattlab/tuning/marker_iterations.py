@@ -15,8 +15,8 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.analysis.iterations.iteration_stream import DetectedIteration
-from wattlab.runfile.reader import markers_from
+from wattlab.analysis.iterations import DetectedIteration
+from wattlab.runfile import markers_from
 
 READ_EVERY_S = 1.0
 KEEP_S = 300.0  # power kept for the energy of iterations whose markers arrive late

@@ -22,19 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from wattlab.acquisition.acquirers.acquirer import Acquirer, Chunk, Reading
-from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
-from wattlab.acquisition.session.supervisor import Session, SessionResult
-from wattlab.analysis.iterations.iteration_stream import DetectedIteration, IterationStream
+from wattlab.acquisition.acquirers import Acquirer, Chunk, NvmlAcquirer, Reading
+from wattlab.acquisition.session import Session, SessionResult
+from wattlab.analysis.iterations import DetectedIteration, IterationStream
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError
-from wattlab.runfile.schema import TUNE_JSON
-from wattlab.runfile.tuning_record import (
-    TuningIterations,
-    TuningProbes,
-    TuningRecord,
-    write_tuning,
-)
+from wattlab.runfile import TUNE_JSON, TuningIterations, TuningProbes, TuningRecord, write_tuning
 from wattlab.samples import Marker, SourceDescriptor
 from wattlab.tuning import watchdog
 from wattlab.tuning.guards import KnobGuards

@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 from scipy.stats import t as student_t
 
-from wattlab.analysis.models.energy_models import (
+from wattlab.analysis.models import (
     CURVE_FITS,
     PER_WORKLOAD,
+    SweepTable,
     choose_family,
     loo_predictions,
     score_families,
 )
-from wattlab.analysis.models.sweep_results import SweepTable
 from wattlab.errors import UsageError
 from wattlab.tuning.refine import ExploreBudget, expected_gain, p_certifiable, p_within
 from wattlab.tuning.surfaces import objective_value

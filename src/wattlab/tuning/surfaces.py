@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.analysis.models.sweep_results import SweepTable, load_kernel_tuner, load_zeus_trace
+from wattlab.analysis.models import SweepTable, load_kernel_tuner, load_zeus_trace
 from wattlab.errors import RunFileError
 
 FloatArray = npt.NDArray[np.float64]

@@ -47,7 +47,7 @@ def release(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _restore(spec: dict[str, Any]) -> dict[str, Any]:
-    from wattlab.acquisition.experiments.sweep_runner import open_driver
+    from wattlab.acquisition.experiments import open_driver
     from wattlab.tuning.guards import KnobGuards
 
     driver, _, _ = open_driver(bool(spec["simulate"]), int(spec["gpu"]))

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
-from wattlab.acquisition.session.supervisor import Session, SessionResult
+from wattlab.acquisition.acquirers import NvmlAcquirer
+from wattlab.acquisition.session import Session, SessionResult
 from wattlab.drivers.nvml import NO_LIBRARY_MESSAGE, NvmlDriver
 from wattlab.errors import NvmlError, UsageError
-from wattlab.runfile.schema import SWEEP_SETTING_JSON
+from wattlab.runfile import SWEEP_SETTING_JSON
 
 # (run file, GPU, runtime s or None) -> (runtime s, energy J per source, mean state)
 Measure = Callable[[str, int, "float | None"], tuple[float, dict[str, float], dict[str, float]]]
@@ -305,7 +305,7 @@ def open_driver(simulate: bool, gpu: int, seed: int = 0, sim_utilisation: float 
             if not str(e).startswith(NO_LIBRARY_MESSAGE):
                 raise
             note = "no NVIDIA driver found: running against the simulated GPU"
-    from wattlab.device_models.workload_schedule import Segment, WorkloadSchedule
+    from wattlab.device_models import Segment, WorkloadSchedule
     from wattlab.hardware.fake_nvml import FakeNvml
     from wattlab.hardware.simulated_gpu import SimulatedGpu
 

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from wattlab.device_models.workload_schedule import Segment, WorkloadSchedule
+from wattlab.device_models import Segment, WorkloadSchedule
 from wattlab.errors import UsageError
 
 LEVELS = (0.0, 0.5, 1.0)

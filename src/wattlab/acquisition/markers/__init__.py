@@ -1,1 +1,10 @@
 """Markers from the measured program and the GPU's own timeline (``wattlab.mark``/``phase``)."""
+
+from wattlab.acquisition.markers.program_markers import BUS_ENV, mark, phase, take_stamp
+
+__all__ = [
+    "BUS_ENV",
+    "mark",
+    "phase",
+    "take_stamp",
+]

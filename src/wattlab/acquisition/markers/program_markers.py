@@ -19,7 +19,7 @@ from typing import Any
 from wattlab.acquisition.markers import gpu_marks
 from wattlab.acquisition.markers.gpu_marks import Stamp
 from wattlab.samples import Marker
-from wattlab.sync.bus.publisher import BusPublisher
+from wattlab.sync.bus import BusPublisher
 
 BUS_ENV = "WATTLAB_BUS"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from wattlab.acquisition.acquirers.acquirer import Reading
+from wattlab.acquisition.acquirers import Reading
 from wattlab.hardware.simulated_gpu import SimulatedGpu
 from wattlab.samples import Marker, SourceDescriptor
 

@@ -23,8 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, meter_kinds
-from wattlab.acquisition.acquirers.nvml_cadence import parse_intervals
+from wattlab.acquisition.acquirers import MeterKind, meter_kinds, parse_intervals
 from wattlab.errors import UsageError, WattlabError
 from wattlab.option_checks import Check
 from wattlab.option_checks import bool_check as _bool
@@ -44,7 +43,7 @@ def _gpus(value: Any) -> str | None:
 
 
 def _nvml_streams(value: Any) -> str | None:
-    from wattlab.acquisition.acquirers.nvml_acquirer import NVML_STREAMS, parse_streams
+    from wattlab.acquisition.acquirers import NVML_STREAMS, parse_streams
 
     rule = f"must be \"all\" or a list of {', '.join(NVML_STREAMS)}"
     if not (isinstance(value, str) or (isinstance(value, list) and all(
@@ -417,7 +416,7 @@ class DeviceCheck:
 
 
 def _first_values(acquirer: Any, descriptors: list[Any], timeout_s: float) -> dict[str, float]:
-    from wattlab.acquisition.acquirers.acquirer import Chunk
+    from wattlab.acquisition.acquirers import Chunk
 
     names = {d.source_id: d.channel_names for d in descriptors}
     deadline = time.monotonic() + timeout_s

@@ -12,7 +12,7 @@ import importlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from wattlab.acquisition.acquirers.meter_kinds import meter_kinds
+from wattlab.acquisition.acquirers import meter_kinds
 from wattlab.drivers.transport import SerialTransport
 from wattlab.errors import WattlabError
 

@@ -15,13 +15,11 @@ import os
 import sys
 from dataclasses import dataclass
 
-from wattlab.acquisition.acquirers.meter_kinds import StreamRate, meter_kinds
-from wattlab.acquisition.acquirers.nvml_acquirer import NVML_STREAMS
-from wattlab.acquisition.acquirers.nvml_acquirer import STREAM_RATES as NVML_RATES
+from wattlab.acquisition.acquirers import NVML_STREAMS, StreamRate, meter_kinds
+from wattlab.acquisition.acquirers import STREAM_RATES as NVML_RATES
 from wattlab.errors import UsageError
-from wattlab.runfile.schema import STREAM_DATASETS
-from wattlab.runfile.writer import CHUNK_BYTES
-from wattlab.sync.recorder.disk_full import RESERVE_BYTES, room_bytes
+from wattlab.runfile import CHUNK_BYTES, STREAM_DATASETS
+from wattlab.sync.recorder import RESERVE_BYTES, room_bytes
 
 MIB = 1 << 20
 MINUTE_S = 60.0

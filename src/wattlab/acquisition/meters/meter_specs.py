@@ -24,9 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from wattlab.acquisition.acquirers.acquirer import Acquirer, Chunk, Reading
-from wattlab.acquisition.acquirers.amd_acquirer import amd_devices
-from wattlab.acquisition.acquirers.meter_kinds import Rail, meter_kinds
+from wattlab.acquisition.acquirers import Acquirer, Chunk, Rail, Reading, amd_devices, meter_kinds
 from wattlab.acquisition.meters.bench_file import NvmlChoice
 from wattlab.errors import NvmlError, NvmlMissingError, UsageError, WattlabError
 from wattlab.samples import Channel, SourceDescriptor, check_source_id
@@ -223,8 +221,7 @@ def nvml_acquirers(choice: NvmlChoice, *, other_sources: bool = False
     if choice.gpus == "none":
         yield []
         return
-    from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer, parse_streams
-    from wattlab.acquisition.acquirers.nvml_cadence import parse_intervals
+    from wattlab.acquisition.acquirers import NvmlAcquirer, parse_intervals, parse_streams
     from wattlab.drivers.nvml import NvmlDriver
 
     parse_streams(choice.streams)  # a bad list fails before NVML is opened

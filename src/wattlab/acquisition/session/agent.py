@@ -19,15 +19,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.acquisition.acquirers.acquirer import Acquirer, Chunk, Flushable, Reading
+from wattlab.acquisition.acquirers import Acquirer, Chunk, Flushable, Reading
 from wattlab.acquisition.session.source_runner import SourceRunner
 from wattlab.errors import BusError, UsageError, WattlabError
 from wattlab.samples import Gap, Marker, SourceDescriptor
-from wattlab.sync.bus.link_monitor import explain
-from wattlab.sync.bus.publisher import set_endpoint_security
-from wattlab.sync.bus.security import ClientSecurity
+from wattlab.sync.bus import ClientSecurity, explain, set_endpoint_security
 from wattlab.sync.clock_service import ClockResponder
-from wattlab.sync.recorder.stream_metrics import StreamMetrics
+from wattlab.sync.recorder import StreamMetrics
 
 SKEW_ENV = "WATTLAB_TEST_CLOCK_SKEW"  # "OFFSET_NS:DRIFT_PPM": simulate another host's clock
 DEFAULT_CONNECT_TIMEOUT_S = 60.0  # as long as `record --agent` waits for its agents

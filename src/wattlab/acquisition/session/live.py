@@ -21,13 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from wattlab.acquisition.meters.disk_budget import duration_text, rate_text
-from wattlab.analysis.energy.run_summary import GAP_FACTOR, energy_channel, power_channel
+from wattlab.acquisition.meters import duration_text, rate_text
+from wattlab.analysis.energy import GAP_FACTOR, energy_channel, power_channel
 from wattlab.errors import RunFileError
-from wattlab.runfile.reader import Run, SourceView
-from wattlab.runfile.schema import SESSION_END_MONOTONIC_NS
-from wattlab.runfile.writer_identity import recorded_writer, writer_alive
-from wattlab.sync.recorder.disk_full import room_bytes
+from wattlab.runfile import SESSION_END_MONOTONIC_NS, Run, SourceView, recorded_writer, writer_alive
+from wattlab.sync.recorder import room_bytes
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 24

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from wattlab.errors import UsageError, WattlabError
-from wattlab.sync.bus.security import create_keypair
+from wattlab.sync.bus import create_keypair
 
 RENDEZVOUS_TIMEOUT_S = 60.0
 STREAM_PREFERENCE = ("samples", "power", "energy")  # one stream per GPU: the densest
@@ -145,8 +145,8 @@ def node_energy(report: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
 
 def job_summary(run_path: str, task: SlurmTask) -> dict[str, Any]:
     """The job's energy per node and in total, from the finished run file."""
-    from wattlab.analysis.energy.source_energy import energy_report
-    from wattlab.runfile.reader import Run
+    from wattlab.analysis.energy import energy_report
+    from wattlab.runfile import Run
 
     with Run(run_path) as run:
         report = energy_report(run, by_marker=False)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from wattlab.acquisition.acquirers.acquirer import Acquirer
+from wattlab.acquisition.acquirers import Acquirer
 from wattlab.acquisition.session.source_runner import (
     SOURCE_BACKLOG_BYTES,
     SOURCE_WINDOW_BYTES,
@@ -74,11 +74,10 @@ class SourceSpec:
     def build(self) -> tuple[Acquirer, Callable[[], None]]:
         """The acquirer and what to release after it closed."""
         if self.kind == "meter":
-            from wattlab.acquisition.meters.meter_specs import parse_meter_spec
+            from wattlab.acquisition.meters import parse_meter_spec
 
             return parse_meter_spec(self.meter).acquirer(self.meter_options), lambda: None
-        from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
-        from wattlab.acquisition.acquirers.nvml_cadence import parse_intervals
+        from wattlab.acquisition.acquirers import NvmlAcquirer, parse_intervals
         from wattlab.drivers.nvml import NvmlDriver
 
         lib = None
@@ -126,7 +125,7 @@ class ProcessSourceRunner:
     def launch(self, continue_seq: bool = False) -> None:
         """Start the child without waiting (sessions start all their children at once)."""
         read_fd, write_fd = os.pipe()
-        args = [sys.executable, "-m", "wattlab.acquisition.session.source_process",
+        args = [sys.executable, "-m", "wattlab.acquisition.session.source_child",
                 self.spec.to_json(), self.endpoint, "--status-fd", str(write_fd), "--window-bytes",
                 str(self.window_bytes), "--backlog-bytes", str(self.backlog_bytes)]
         if continue_seq:
@@ -275,6 +274,3 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_SOURCE_FAILED
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

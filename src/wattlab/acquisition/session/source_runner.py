@@ -12,10 +12,10 @@ import time
 import traceback
 from collections.abc import Callable
 
-from wattlab.acquisition.acquirers.acquirer import Acquirer, Chunk, Flushable, Reading
+from wattlab.acquisition.acquirers import Acquirer, Chunk, Flushable, Reading
 from wattlab.errors import WattlabError
 from wattlab.samples import Gap, Marker, SampleBatch, SourceDescriptor
-from wattlab.sync.bus.publisher import BusPublisher
+from wattlab.sync.bus import BusPublisher
 
 # A poll's chunks of one stream leave as one message (the runner flushes after each poll).
 COALESCE_ROWS = 65536

@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from wattlab.acquisition.acquirers.acquirer import Acquirer
-from wattlab.acquisition.markers.program_markers import BUS_ENV
+from wattlab.acquisition.acquirers import Acquirer
+from wattlab.acquisition.markers import BUS_ENV
 from wattlab.acquisition.session.source_process import (
     ABANDON_WAIT_S,
     ProcessSourceRunner,
@@ -44,9 +44,14 @@ from wattlab.exit_watch import ExitWatch
 from wattlab.runfile import schema
 from wattlab.runtime_env import auto_marker_env, workload_environ
 from wattlab.samples import Marker
-from wattlab.sync.bus.publisher import BusPublisher, ControlClient, private_endpoint
-from wattlab.sync.recorder.disk_full import DISK_FULL_EXIT, DiskFullReport, read_report
-from wattlab.sync.recorder.process import RecorderConfig, hosts_ready
+from wattlab.sync.bus import BusPublisher, ControlClient, private_endpoint
+from wattlab.sync.recorder import (
+    DISK_FULL_EXIT,
+    DiskFullReport,
+    RecorderConfig,
+    hosts_ready,
+    read_report,
+)
 
 RECORDER_START_TIMEOUT_S = 20.0
 HANDSHAKE_TIMEOUT_S = 15.0
@@ -54,7 +59,7 @@ PROGRESS_TICK_S = 0.05
 Runner = SourceRunner | ProcessSourceRunner
 
 if TYPE_CHECKING:
-    from wattlab.acquisition.meters.bench_file import BenchConfig
+    from wattlab.acquisition.meters import BenchConfig
 
 
 @dataclass
@@ -429,7 +434,7 @@ def record_bench(bench: str | BenchConfig, output: str, *, command: list[str] | 
 
     Returns the session's result; the root attribute ``bench_config`` holds the bench as JSON.
     """
-    from wattlab.acquisition.meters.bench_file import bench_acquirers, load_bench
+    from wattlab.acquisition.meters import bench_acquirers, load_bench
 
     config = load_bench(bench) if isinstance(bench, str) else bench
     with bench_acquirers(config) as acquirers:

@@ -54,16 +54,10 @@ from wattlab.analysis.calibration.identifiability import (
 )
 from wattlab.analysis.calibration.minimise import golden_section, nelder_mead
 from wattlab.analysis.calibration.poll_lattice import fit_poll_lattice
-from wattlab.analysis.energy.source_energy import (
-    Phase,
-    corrected_energy,
-    phases_from_markers,
-    stream_identity,
-)
-from wattlab.device_models.first_order_filter import first_order_filter
+from wattlab.analysis.energy import Phase, corrected_energy, phases_from_markers, stream_identity
+from wattlab.device_models import first_order_filter
 from wattlab.errors import RunFileError, UsageError
-from wattlab.runfile.calibration_record import StoredCalibration, write_calibration
-from wattlab.runfile.reader import Run, SourceView
+from wattlab.runfile import Run, SourceView, StoredCalibration, write_calibration
 
 FloatArray = npt.NDArray[np.float64]
 RECORD_FORMAT = "wattlab-calibration/1"

@@ -25,9 +25,9 @@ import numpy.typing as npt
 from scipy.linalg import cho_solve_banded, cholesky_banded
 
 from wattlab.analysis.calibration.calibrate import target_updates, update_instants
-from wattlab.analysis.energy.source_energy import correction_terms, phases_from_markers
+from wattlab.analysis.energy import correction_terms, phases_from_markers
 from wattlab.errors import UsageError
-from wattlab.runfile.reader import Run
+from wattlab.runfile import Run
 
 FloatArray = npt.NDArray[np.float64]
 BINS_PER_UPDATE = 5

@@ -1,1 +1,47 @@
 """Energy of a run: per stream and phase, fused NVML, counters, node split, summaries."""
+
+from wattlab.analysis.energy.counter_shape import shape_source
+from wattlab.analysis.energy.counter_ticks import COUNTER_UPDATE_S, at_updates
+from wattlab.analysis.energy.node_energy import format_node_report, node_report
+from wattlab.analysis.energy.run_summary import (
+    GAP_FACTOR,
+    energy_channel,
+    format_table,
+    power_channel,
+    summarise,
+)
+from wattlab.analysis.energy.source_energy import (
+    Phase,
+    corrected_energy,
+    correction_terms,
+    counter_energy,
+    default_reference,
+    energy_report,
+    energy_streams,
+    format_report,
+    phases_from_markers,
+    stream_identity,
+)
+
+__all__ = [
+    "COUNTER_UPDATE_S",
+    "GAP_FACTOR",
+    "Phase",
+    "at_updates",
+    "corrected_energy",
+    "correction_terms",
+    "counter_energy",
+    "default_reference",
+    "energy_channel",
+    "energy_report",
+    "energy_streams",
+    "format_node_report",
+    "format_report",
+    "format_table",
+    "node_report",
+    "phases_from_markers",
+    "power_channel",
+    "shape_source",
+    "stream_identity",
+    "summarise",
+]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from wattlab.runfile.reader import Run, SourceView
+from wattlab.runfile import Run, SourceView
 
 POWER_CHANNELS = ("average_power_w", "instant_power_w")  # the steadier view first
 

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.alignment import integrate_view, known_gaps_ns
-from wattlab.runfile.reader import Run, SourceView
+from wattlab.runfile import Run, SourceView
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -27,7 +27,7 @@ from wattlab.analysis.alignment import json_safe, parse_spec, power_channel
 from wattlab.analysis.energy.counter_plausibility import counter_checks, describe
 from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.errors import UsageError
-from wattlab.runfile.reader import Run, SourceView
+from wattlab.runfile import Run, SourceView
 
 GPU_KINDS = ("nvml", "amdsmi")
 LOCAL = "this host"

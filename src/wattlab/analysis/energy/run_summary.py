@@ -16,7 +16,7 @@ from wattlab.analysis.alignment import (
     power_channel,
     span_s,
 )
-from wattlab.runfile.reader import Run, SourceView
+from wattlab.runfile import Run, SourceView
 
 __all__ = ["GAP_FACTOR", "PREFERRED_POWER_CHANNELS", "SourceSummary", "energy_channel",
            "format_table", "integrate_power", "power_channel", "summarise",

@@ -37,10 +37,10 @@ from wattlab.analysis.energy.counter_ticks import (
     at_updates,
 )
 from wattlab.errors import UsageError
-from wattlab.runfile.reader import MarkerRow, Run, SourceView
+from wattlab.runfile import MarkerRow, Run, SourceView
 
 if TYPE_CHECKING:  # energy_fusion imports calibration, which imports this module
-    from wattlab.analysis.calibration.deconvolved_energy import Fusion
+    from wattlab.analysis.calibration import Fusion
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.errors import UsageError
-from wattlab.runfile.reader import MarkerRow
+from wattlab.runfile import MarkerRow
 
 AUTO_NAMES = ("step", "optimizer_step")
 """Marker names tried in order when none is given."""

@@ -24,8 +24,7 @@ from wattlab.analysis.alignment import (
     resolve,
     span_s,
 )
-from wattlab.analysis.energy.counter_shape import shape_source
-from wattlab.analysis.energy.source_energy import Phase, counter_energy, phases_from_markers
+from wattlab.analysis.energy import Phase, counter_energy, phases_from_markers, shape_source
 from wattlab.analysis.iterations.burst_edges import MIN_SEPARATION
 from wattlab.analysis.iterations.iteration_result import (
     RESOLVABLE_SPACINGS,
@@ -37,7 +36,7 @@ from wattlab.analysis.iterations.marker_steps import StepMarks, step_marks
 from wattlab.analysis.iterations.period_autocorr import detect_period
 from wattlab.analysis.iterations.power_segments import segment
 from wattlab.errors import UsageError
-from wattlab.runfile.reader import Run, SourceView
+from wattlab.runfile import Run, SourceView
 
 FloatArray = npt.NDArray[np.float64]
 CHUNK_ROWS = 1 << 16

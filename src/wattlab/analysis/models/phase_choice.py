@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from wattlab.analysis.energy import COUNTER_UPDATE_S
 from wattlab.analysis.energy import phase_resolution as resolution
-from wattlab.analysis.energy.counter_ticks import COUNTER_UPDATE_S
 from wattlab.analysis.models.sweep_results import SweepTable
 from wattlab.errors import UsageError
 

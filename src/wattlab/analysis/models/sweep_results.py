@@ -31,11 +31,10 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.analysis.energy.counter_ticks import at_updates
+from wattlab.analysis.energy import at_updates
 from wattlab.errors import RunFileError, UsageError
 from wattlab.output_files import create_temp
-from wattlab.runfile.h5_read import open_read_only
-from wattlab.runfile.reader import Run, SourceView
+from wattlab.runfile import Run, SourceView, open_read_only
 
 FloatArray = npt.NDArray[np.float64]
 SWEEP_FORMAT = "wattlab-sweep"
@@ -627,7 +626,7 @@ def measure_phases(path: str, gpu: int) -> list[PhaseMeasure]:
 
     The session's own begin/end markers are not phases; occurrences of a name are summed.
     """
-    from wattlab.analysis.energy.source_energy import phases_from_markers
+    from wattlab.analysis.energy import phases_from_markers
 
     with Run(path) as run:
         phases = phases_from_markers([m for m in run.markers if m.source != "session"])

@@ -31,8 +31,8 @@ FORMATS = ("csv", "parquet")
 
 def tidy_rows(path: str) -> list[dict[str, Any]]:
     """The rows of one run file (a worker's job when there are many)."""
-    from wattlab.analysis.energy.source_energy import energy_report
-    from wattlab.runfile.reader import Run
+    from wattlab.analysis.energy import energy_report
+    from wattlab.runfile import Run
 
     with Run(path) as run:
         report = energy_report(run, by_marker=True)

@@ -37,33 +37,40 @@ from wattlab.analysis.alignment import (
     resolve,
     span_s,
 )
-from wattlab.analysis.calibration.calibrate import calibrate, target_updates, update_lattice
-from wattlab.analysis.energy.run_summary import summarise
-from wattlab.analysis.energy.source_energy import (
+from wattlab.analysis.calibration import calibrate, target_updates, update_lattice
+from wattlab.analysis.energy import (
     default_reference,
     energy_report,
     energy_streams,
     phases_from_markers,
+    summarise,
 )
-from wattlab.analysis.models.energy_models import (
+from wattlab.analysis.models import (
     BOOST_MIN_WORKLOADS,
     CURVE_FITS,
     FAMILIES,
     OBJECTIVES,
+    SWEEP_FORMAT,
     FitReport,
+    SweepTable,
     fit_sweep,
+    load_table,
 )
-from wattlab.analysis.models.sweep_results import SWEEP_FORMAT, SweepTable, load_table
 from wattlab.analysis.report import plots
 from wattlab.analysis.report.layers_view import layers_panel
 from wattlab.analysis.report.tuning_view import tuning_panel
-from wattlab.device_models.first_order_filter import first_order_filter
+from wattlab.device_models import first_order_filter
 from wattlab.errors import RunFileError, UsageError, WattlabError
 from wattlab.output_files import create_temp
-from wattlab.runfile import schema
-from wattlab.runfile.calibration_record import read_calibrations
-from wattlab.runfile.h5_read import open_read_only
-from wattlab.runfile.reader import GapRow, MarkerRow, Run, SourceView
+from wattlab.runfile import (
+    GapRow,
+    MarkerRow,
+    Run,
+    SourceView,
+    open_read_only,
+    read_calibrations,
+    schema,
+)
 
 FloatArray = npt.NDArray[np.float64]
 DISPLAY_BINS = 2000

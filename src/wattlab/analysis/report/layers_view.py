@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from wattlab.analysis.report import plots
-from wattlab.runfile.layers_record import read_layers
+from wattlab.runfile import read_layers
 
 
 def _plan_sm(record: dict[str, Any], keys: list[str]) -> np.ndarray | None:

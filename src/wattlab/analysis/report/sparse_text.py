@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wattlab.analysis.models.sparse_sweep import SparseEvaluation, SparseRecommendation
+from wattlab.analysis.models import SparseEvaluation, SparseRecommendation
 
 
 def _bound(max_slowdown: float | None) -> str:

@@ -12,7 +12,7 @@ import json
 import numpy as np
 
 from wattlab.analysis.report import plots
-from wattlab.runfile.tuning_record import read_tuning
+from wattlab.runfile import read_tuning
 
 
 def tuning_panel(path: str) -> tuple[object, str, str] | None:

@@ -133,7 +133,8 @@ class SealRequest:
     error: str
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "wattlab.sync.recorder.disk_full", json.dumps(asdict(self))]
+        return [sys.executable, "-m", "wattlab.sync.recorder.disk_full_seal",
+                json.dumps(asdict(self))]
 
 
 def stop_recording(request: SealRequest) -> None:
@@ -163,7 +164,7 @@ def seal(request: SealRequest) -> DiskFullReport:
     If finishing fails half-way this process ends at once (HDF5 must not close what it
     could not write), after saying so.
     """
-    from wattlab.runfile.crash_flags import clear_crash_flags
+    from wattlab.runfile import clear_crash_flags
 
     report = DiskFullReport(request.output, request.error,
                             (request.failed_at_ns - request.session_start_ns) / 1e9, None)
@@ -196,7 +197,8 @@ def fit_eoa_to_file(path: str) -> bool:
     (SWMR writes a block before anything that refers to it), so the end of allocation
     may come down to the file's size. Returns whether it changed anything.
     """
-    from wattlab.runfile.crash_flags import _read_superblock, lookup3
+    from wattlab.runfile import lookup3
+    from wattlab.runfile.crash_flags import _read_superblock
 
     block = _read_superblock(path)
     offsets = block[9]
@@ -212,8 +214,7 @@ def fit_eoa_to_file(path: str) -> bool:
 
 
 def _finish(request: SealRequest, report: DiskFullReport, room: bool) -> None:
-    from wattlab.runfile.schema import DISK_FULL_JSON, SESSION_END_MONOTONIC_NS, STOPPED_BY
-    from wattlab.runfile.writer import RunFileWriter
+    from wattlab.runfile import DISK_FULL_JSON, SESSION_END_MONOTONIC_NS, STOPPED_BY, RunFileWriter
     from wattlab.samples import Gap
 
     # nothing will be resent: keep every row all of a stream's datasets hold whole
@@ -297,6 +298,3 @@ def main(argv: list[str] | None = None) -> int:
     _emit(seal(request))
     return DISK_FULL_EXIT
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.errors import MalformedMessageError, UsageError, WattlabError
-from wattlab.runfile.writer import ResumePoint, RunFileWriter
+from wattlab.runfile import ResumePoint, RunFileWriter
 from wattlab.samples import Marker, SampleBatch, SourceDescriptor
 from wattlab.sync.bus import message
 from wattlab.sync.recorder.config import RecorderConfig

@@ -33,7 +33,7 @@ import zmq
 
 from wattlab.errors import MalformedMessageError, WattlabError
 from wattlab.exit_watch import open_pidfd
-from wattlab.runfile.schema import RECORDER_HOST, RECORDER_STATUS_JSON, SESSION_END_MONOTONIC_NS
+from wattlab.runfile import RECORDER_HOST, RECORDER_STATUS_JSON, SESSION_END_MONOTONIC_NS
 from wattlab.samples import SourceDescriptor
 from wattlab.sync.bus import message
 from wattlab.sync.recorder.config import RecorderConfig

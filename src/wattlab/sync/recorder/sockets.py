@@ -19,7 +19,7 @@ from wattlab.sync.recorder.config import RecorderConfig
 from wattlab.sync.recorder.source_state import SourceState
 
 if TYPE_CHECKING:
-    from wattlab.sync.bus.security import CurveServer
+    from wattlab.sync.bus import CurveServer
 
 RECV_BURST = 256
 RECV_HWM = 10_000
@@ -57,7 +57,7 @@ class RecorderSockets:
             raise UsageError("listening for agents needs the recorder's secret key and a folder "
                              "of allowed agent keys; the remote bus is never open")
         # imported here: CURVE's authenticator pulls in asyncio, start-up a local run skips
-        from wattlab.sync.bus.security import CurveServer, load_allowed_keys, load_keypair
+        from wattlab.sync.bus import CurveServer, load_allowed_keys, load_keypair
 
         keys = load_keypair(config.server_key)
         allowed = load_allowed_keys(config.allowed_keys)

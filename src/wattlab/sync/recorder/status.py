@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from wattlab.runfile.writer import RunFileWriter
+from wattlab.runfile import RunFileWriter
 from wattlab.sync.recorder.config import RecorderConfig
 from wattlab.sync.recorder.remote_clocks import RemoteClocks
 from wattlab.sync.recorder.sockets import RecorderSockets
