@@ -5,7 +5,7 @@ from wattlab.runfile.calibration_record import (
     read_calibrations,
     write_calibration,
 )
-from wattlab.runfile.crash_flags import clear_crash_flags, lookup3
+from wattlab.runfile.crash_flags import clear_crash_flags, fit_eoa_to_file, lookup3
 from wattlab.runfile.h5_read import open_read_only
 from wattlab.runfile.layers_record import read_layers, write_layers
 from wattlab.runfile.reader import GapRow, MarkerRow, Run, SourceView, markers_from
@@ -85,6 +85,7 @@ __all__ = [
     "TuningProbes",
     "TuningRecord",
     "clear_crash_flags",
+    "fit_eoa_to_file",
     "lookup3",
     "markers_from",
     "open_read_only",

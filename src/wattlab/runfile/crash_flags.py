@@ -158,3 +158,25 @@ def clear_crash_flags(path: str) -> bool:
     except OSError as e:
         raise RunFileError(f"{path}: cannot rewrite the superblock: {e}") from e
     return True
+
+
+def fit_eoa_to_file(path: str) -> bool:
+    """Lower a superblock's end of allocation that lies past the end of the file.
+
+    Why: under ``ulimit -f`` the writer's last flush can store an end of allocation the
+    file could not grow to (the extension failed with EFBIG); HDF5 then refuses the file
+    as truncated. The space past the end holds nothing the flushed metadata points to
+    (SWMR writes a block before anything that refers to it), so the end of allocation
+    may come down to the file's size. Returns whether it changed anything.
+    """
+    block = _read_superblock(path)
+    offsets = block[9]
+    eoa_at = 12 + 2 * offsets
+    size = os.path.getsize(path)
+    if int.from_bytes(block[eoa_at:eoa_at + offsets], "little") <= size:
+        return False
+    block[eoa_at:eoa_at + offsets] = size.to_bytes(offsets, "little")
+    block[-4:] = lookup3(bytes(block[:-4])).to_bytes(4, "little")
+    with open(path, "r+b") as f:
+        f.write(block)
+    return True

@@ -164,7 +164,7 @@ def seal(request: SealRequest) -> DiskFullReport:
     If finishing fails half-way this process ends at once (HDF5 must not close what it
     could not write), after saying so.
     """
-    from wattlab.runfile import clear_crash_flags
+    from wattlab.runfile import clear_crash_flags, fit_eoa_to_file
 
     report = DiskFullReport(request.output, request.error,
                             (request.failed_at_ns - request.session_start_ns) / 1e9, None)
@@ -186,31 +186,6 @@ def seal(request: SealRequest) -> DiskFullReport:
         report.problem = f"could not finish it: {_short(e)}; `wattlab repair` it later"
         _exit(report)
     return report
-
-
-def fit_eoa_to_file(path: str) -> bool:
-    """Lower a superblock's end of allocation that lies past the end of the file.
-
-    Why: under ``ulimit -f`` the writer's last flush can store an end of allocation the
-    file could not grow to (the extension failed with EFBIG); HDF5 then refuses the file
-    as truncated. The space past the end holds nothing the flushed metadata points to
-    (SWMR writes a block before anything that refers to it), so the end of allocation
-    may come down to the file's size. Returns whether it changed anything.
-    """
-    from wattlab.runfile import lookup3
-    from wattlab.runfile.crash_flags import _read_superblock
-
-    block = _read_superblock(path)
-    offsets = block[9]
-    eoa_at = 12 + 2 * offsets
-    size = os.path.getsize(path)
-    if int.from_bytes(block[eoa_at:eoa_at + offsets], "little") <= size:
-        return False
-    block[eoa_at:eoa_at + offsets] = size.to_bytes(offsets, "little")
-    block[-4:] = lookup3(bytes(block[:-4])).to_bytes(4, "little")
-    with open(path, "r+b") as f:
-        f.write(block)
-    return True
 
 
 def _finish(request: SealRequest, report: DiskFullReport, room: bool) -> None:
