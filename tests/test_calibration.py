@@ -11,7 +11,13 @@ import pytest
 import wattlab
 from tests.sim_runs import sim_descriptor, write_sim_run
 from wattlab.analysis.calibration import calibrate as calibration
-from wattlab.analysis.calibration.calibrate import calibrate, load_record, store_in_run
+from wattlab.analysis.calibration import fit_uncertainty, kernel_fit
+from wattlab.analysis.calibration.calibrate import (
+    calibrate,
+    load_record,
+    store_in_run,
+)
+from wattlab.analysis.calibration.reference_grid import ReferenceGrid
 from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
 from wattlab.runfile.calibration_record import read_calibrations
@@ -192,7 +198,8 @@ def test_a_long_recording_searched_on_a_subset_finds_the_same_fit(sim_run, monke
     then refines on everything: it must land where the full search does."""
     with wattlab.open(str(sim_run)) as run:
         full = calibrate(run, "meter", target, kernels=kernels)
-        monkeypatch.setattr(calibration, "SEARCH_POINTS", 60)  # ~400 readings: every 7th
+        for module in (kernel_fit, fit_uncertainty):  # ~400 readings: every 7th
+            monkeypatch.setattr(module, "SEARCH_POINTS", 60)
         searched = calibrate(run, "meter", target, kernels=kernels)
     assert searched["kernel"] == full["kernel"]
     width = "w_s" if "w_s" in full["params"] else "time_constant_s"
@@ -237,16 +244,16 @@ def test_boxcar_lookups_on_a_grid_without_holes_match_the_general_path() -> None
     edges = 12.5 + np.arange(20_001) / 1000.0
     means = rng.uniform(90, 600, edges.size - 1)
     cum = np.concatenate(([0.0], np.cumsum(means / 1000.0)))
-    ref = calibration._Ref(edges, cum, np.zeros(edges.size), means)
+    ref = ReferenceGrid(edges, cum, np.zeros(edges.size), means)
     x = np.sort(rng.uniform(15.0, 32.2, 2_000))  # every window inside the grid
     for tau, w in ((0.5, 1.0), (0.0123, 0.0021), (-0.2, 2.4)):
-        fast = calibration._boxcar(ref, x, tau, w)
+        fast = kernel_fit._boxcar(ref, x, tau, w)
         a, b = x - tau - w, x - tau
         general = (ref.integral(b) - ref.integral(a)) / w
         # the same window energies up to rounding of the running integral's magnitude
         np.testing.assert_allclose(fast * w, general * w, rtol=0, atol=1e-15 * cum[-1])
     # windows that leave the grid take the general path: NaN there, the rest as before
-    out = calibration._boxcar(ref, x, 5.0, 1.0)
+    out = kernel_fit._boxcar(ref, x, 5.0, 1.0)
     assert np.isnan(out[x - 6.0 < edges[0]]).all() and np.isfinite(out[x - 6.0 >= edges[0]]).all()
     y = rng.normal(size=means.size)
     np.testing.assert_array_equal(ref.at_ends(y, x - 0.3),

@@ -301,9 +301,10 @@ def test_short_history_gives_the_same_waveform_with_flat_memory() -> None:
         assert short.temperature_c(t - S // 3) == full.temperature_c(t - S // 3)
         np.testing.assert_array_equal(short.power_samples(t)[1], full.power_samples(t)[1])
         assert short.sm_clock_mhz(t + S // 2) == full.sm_clock_mhz(t + S // 2)
-        sizes.append(short._cum_e.nbytes + short._clk.nbytes + 8 * len(short._temps_c))
+        grid = short._waveform
+        sizes.append(grid._cum_e.nbytes + grid._clk.nbytes + 8 * len(grid._temps_c))
     assert max(sizes[60:]) <= max(sizes[:60])  # no growth in the second minute
-    assert sizes[-1] < 0.2 * (full._cum_e.nbytes + full._clk.nbytes)
+    assert sizes[-1] < 0.2 * (full._waveform._cum_e.nbytes + full._waveform._clk.nbytes)
 
 
 def test_asking_for_a_time_older_than_the_history_says_so() -> None:

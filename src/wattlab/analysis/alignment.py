@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from wattlab.analysis.known_gaps import KnownGaps
+from wattlab.analysis.window_extremes import WindowExtremes
 from wattlab.errors import RunFileError, UsageError
 from wattlab.runfile import Run, SourceView
 
@@ -181,16 +183,18 @@ class StreamIntegral:
     Why: an hour of 20 kHz data must be read once for all its channels and never whole.
     Between two samples the stream is a trapezoid (``hold=False``) or the earlier value held
     (``hold=True``, right for readings that only change at driver updates). A segment longer
-    than ``gap_limit``, with a non-finite end, or overlapping a ``known_gaps`` interval is a
-    gap: not integrated, counted as uncovered. Times (and ``gap_limit``, ``known_gaps``) are
-    in units of 1 / ``per_s`` seconds: with int64 ns (``per_s=1e9``) segment lengths are
-    exact. Chunks take a fast path (block sums, no per-sample cumulative): a hole weighs
-    nothing in the sums and only its own segments are looked at again; a channel with a
-    non-finite value in the chunk goes segment by segment (``_slow``).
+    than ``gap_limit``, with a non-finite end, or overlapping a ``known_gaps`` interval
+    (known_gaps.py) is a gap: not integrated, counted as uncovered. Times (and
+    ``gap_limit``, ``known_gaps``) are in units of 1 / ``per_s`` seconds: with int64 ns
+    (``per_s=1e9``) segment lengths are exact. Chunks take a fast path (block sums, no
+    per-sample cumulative): a hole weighs nothing in the sums and only its own segments
+    are looked at again; a channel with a non-finite value in the chunk goes segment by
+    segment (``_slow``).
     ``bridges=False`` leaves ``bridge``/``unbridged_s`` out (half the memory per query).
     ``windows``: (start, end) pairs in the times' units; each column's lowest and highest
     finite value over the rows start <= t < end of each (``window_min``/``window_max``,
-    ±inf where none), found in the same pass (an energy interval over a gap needs them).
+    ±inf where none), found in the same pass (an energy interval over a gap needs them;
+    window_extremes.py).
     """
 
     def __init__(self, query_s: npt.ArrayLike, columns: Sequence[int], gap_limit: float, *,
@@ -205,14 +209,7 @@ class StreamIntegral:
         self.gap_limit = gap_limit
         self.hold = hold
         self.per_s = per_s
-        gaps = sorted(known_gaps)
-        self._gap_a = np.array([g[0] for g in gaps], dtype=np.float64)
-        self._gap_b = np.sort(np.array([g[1] for g in gaps], dtype=np.float64))
-        self._gap_pairs = np.array(gaps, dtype=np.float64).reshape(-1, 2)  # by start
-        # the latest end among the gaps up to each one: those before the first end past a
-        # chunk's start cannot reach into it
-        self._gap_reach = np.maximum.accumulate(self._gap_pairs[:, 1]) if gaps else self._gap_b
-        self._gaps_ordered = bool(np.all(self._gap_pairs[:, 0] <= self._gap_pairs[:, 1]))
+        self._known = KnownGaps(known_gaps)
         # integral, uncovered s, bridge, unbridged s: per channel, at each query (each one
         # contiguous: the callers' arrays are millions of queries)
         self._out = np.full((4 if bridges else 2, len(self.columns), self.query_s.size), np.nan)
@@ -223,9 +220,7 @@ class StreamIntegral:
         self._v: FloatArray = np.empty((0, 0))  # channels × rows
         self._wv: FloatArray = np.empty((0, 0))
         self._gaps: list[list[tuple[float, float]]] = [[] for _ in self.columns]
-        self._windows = np.asarray(windows).reshape(-1, 2)
-        self._w_min = np.full((len(self.columns), len(self._windows)), np.inf)
-        self._w_max = np.full((len(self.columns), len(self._windows)), -np.inf)
+        self._extremes = WindowExtremes(windows, len(self.columns))
         self._prev: tuple[Any, npt.NDArray[Any]] | None = None
         self._first: Any = None
         self._last: Any = None
@@ -265,12 +260,8 @@ class StreamIntegral:
             raise RunFileError("stream time goes backwards; cannot integrate it")
         a = int(np.searchsorted(self._q, t[0], side="left"))
         b = int(np.searchsorted(self._q, t[-1], side="right"))
-        # some recorded gap is open inside the chunk: more started before its end than ended
-        # by its start (the same count as per segment in ``_slow``)
-        touches_gap = int(np.searchsorted(self._gap_a, t[-1], side="left")) > int(
-            np.searchsorted(self._gap_b, t[0], side="right"))
-        holes = self._holes(t, dt, rows=(a, b)) if dt_max > self.gap_limit or touches_gap \
-            else None
+        holes = self._holes(t, dt, rows=(a, b)) if dt_max > self.gap_limit \
+            or self._known.open_within(t[0], t[-1]) else None
         uniform = holes is None and dt_min == dt_max
         key = self._q[a:b]
         integer = t.dtype.kind in "iu"
@@ -295,7 +286,7 @@ class StreamIntegral:
             if holes is not None:  # holes weigh nothing: the sums add covered segments only
                 dt_s[holes.idx] = 0.0
             weights = self._weights(dt_s)
-        rows_in = self._window_rows(t) if self._windows.size else None
+        rows_in = self._extremes.rows(t) if self._extremes.windows.size else None
         # every channel at once: one row each, so that each step is one call for all
         v = self._channels(values)
         sums = np.cumsum(self._block_sums(v, weights, starts), axis=1)
@@ -303,7 +294,7 @@ class StreamIntegral:
             sums *= 0.5  # the trapezoids' halves (exact: a power of two)
         finite = np.isfinite(sums[:, -1])
         if rows_in is not None:
-            self._extremes(v, rows_in, finite)
+            self._extremes.fold(v, rows_in, finite)
         v_end = v[:, ends]
         if weights is not None:  # prefix sums of weights·v up to each end, less its own
             held = np.append(dt_s[ends[:-1]], 0)  # the last end is n − 1
@@ -324,65 +315,11 @@ class StreamIntegral:
         for c in np.flatnonzero(~finite):  # a non-finite value: segment by segment
             self._slow(int(c), t, dt, v[c], rows=(a, b))
 
-    def _window_rows(self, t: npt.NDArray[Any]
-                     ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp],
-                                npt.NDArray[np.bool_]] | None:
-        """Where the windows' rows lie in a chunk, for ``_extremes``; None: in none.
-
-        The chunk is cut at every window edge into blocks (``cuts``, from row 0); each
-        window is then the blocks ``pairs[2w]:pairs[2w + 1]`` (a block past the last is the
-        end), ``empty`` where it has no row here.
-        """
-        rows = np.searchsorted(t, self._windows.ravel(), side="left")
-        empty = rows[0::2] >= rows[1::2]
-        if empty.all():
-            return None
-        inner = rows[(rows > 0) & (rows < t.size)]
-        if not inner.size:  # no edge inside: every window holds all of the chunk or none
-            return np.zeros(1, dtype=np.intp), (rows > 0).astype(np.intp), empty
-        cuts = np.unique(np.concatenate(([0], inner)))
-        return cuts, np.searchsorted(cuts, rows), empty
-
-    def _extremes(self, v: FloatArray,
-                  rows_in: tuple[npt.NDArray[np.intp], npt.NDArray[np.intp],
-                                 npt.NDArray[np.bool_]], finite: npt.NDArray[np.bool_]) -> None:
-        """Fold a chunk's lowest and highest finite value per channel and window in."""
-        cuts, pairs, empty = rows_in
-        x = v if finite.all() else np.where(np.isfinite(v), v, np.nan)
-        folds = ((np.fmin, np.inf, self._w_min), (np.fmax, -np.inf, self._w_max))
-        if cuts.size == 1:  # each window holds all of the chunk or none of it (most chunks)
-            held = ~empty
-            for fold, edge, out in folds:
-                got = fold.reduce(x, axis=1)  # NaN: no finite value
-                got[np.isnan(got)] = edge
-                out[:, held] = fold(out[:, held], got[:, None])
-            return
-        for fold, edge, out in folds:
-            blocks = fold.reduceat(x, cuts, axis=1)
-            blocks = np.concatenate((blocks, np.full((len(v), 1), edge)), axis=1)  # the end
-            got = fold.reduceat(blocks, pairs, axis=1)[:, 0::2]  # NaN: no finite value
-            got[:, empty] = edge
-            got[np.isnan(got)] = edge
-            fold(out, got, out=out)
-
     def _holes(self, t: npt.NDArray[Any], dt: npt.NDArray[Any], *,
                rows: tuple[int, int]) -> _Holes:
         """The segments of a chunk that are holes: too long, or inside a recorded gap."""
         bad = dt > self.gap_limit
-        if self._gap_a.size:
-            if self._gaps_ordered:  # each recorded gap marks the segments it overlaps
-                lo = np.searchsorted(self._gap_a, t[-1], side="left")
-                hi = np.searchsorted(self._gap_reach, t[0], side="right")
-                first, last = self._gap_pairs[hi:lo].T
-                if t.dtype.kind in "iu":  # as t's type: no float copy of t per search
-                    first, last = np.floor(first).astype(t.dtype), np.ceil(last).astype(t.dtype)
-                i0 = np.maximum(np.searchsorted(t, first, side="right") - 1, 0)
-                i1 = np.minimum(np.searchsorted(t, last, side="left"), dt.size)
-                for x, y in zip(i0, i1, strict=True):
-                    bad[x:y] = True
-            else:  # as ``_slow`` counts them, for gaps that end before they start
-                bad |= np.searchsorted(self._gap_a, t[1:], side="left") > np.searchsorted(
-                    self._gap_b, t[:-1], side="right")
+        self._known.mark(t, bad)
         idx = np.flatnonzero(bad)
         x = self._q[rows[0]:rows[1]] - t[0]
         if t.dtype.kind in "iu":  # exact offsets: rel <= x  <=>  t <= t[0] + floor(x)
@@ -478,10 +415,8 @@ class StreamIntegral:
         line = 0.5 * (v[1:] + v[:-1]) * dt_s
         seg = v[:-1] * dt_s if self.hold else line
         bad = (dt > self.gap_limit) | ~np.isfinite(seg)
-        if self._gap_a.size:
-            lo = np.searchsorted(self._gap_a, t[1:], side="left")  # gaps starting before end
-            hi = np.searchsorted(self._gap_b, t[:-1], side="right")  # gaps ending before start
-            bad |= lo > hi
+        if self._known.count:
+            bad |= self._known.open_over(t)
         fin = np.isfinite(line)
         parts = (np.where(bad, 0.0, seg), np.where(bad, dt_s, 0.0),
                  np.where(bad & fin, line, 0.0), np.where(bad & ~fin, dt_s, 0.0))
@@ -503,8 +438,8 @@ class StreamIntegral:
             self._out[:, :, self._q > self._last] = self._acc[:, :, None]
             span = (float(self._first / self.per_s), float(self._last / self.per_s))
         out = [Cumulative(self.query_s, self._out[0, c], self._out[1, c], span,
-                          len(self._gaps[c]), self._gaps[c], window_min=self._w_min[c],
-                          window_max=self._w_max[c]) for c in range(len(self.columns))]
+                          len(self._gaps[c]), self._gaps[c], window_min=self._extremes.low[c],
+                          window_max=self._extremes.high[c]) for c in range(len(self.columns))]
         if self._out.shape[0] == 4:
             for c, cum in enumerate(out):
                 cum.bridge, cum.unbridged_s = self._out[2, c], self._out[3, c]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -23,7 +22,14 @@ import numpy.typing as npt
 import pynvml  # the pure-Python binding; the C library is only loaded by nvmlInit
 
 from wattlab.drivers.gpu_index import SharedSession, resolve_indices
-from wattlab.drivers.gpu_scope import VIRTUALIZATION, GpuScope
+from wattlab.drivers.gpu_scope import GpuScope
+from wattlab.drivers.nvml_identity import (
+    DeviceInfo,
+    is_not_supported,
+    read_clock_pairs,
+    read_device_info,
+    read_scope,
+)
 from wattlab.drivers.nvml_samples import VALUE_MEMBERS, SampleDrain, UnknownValueType
 from wattlab.errors import NvmlError, NvmlMissingError, UsageError
 
@@ -67,34 +73,6 @@ def nvml_value(value: Any, value_type: int) -> float:
     if member is None:
         raise NvmlError(f"NVML returned unknown value type {value_type}")
     return float(getattr(value, member))
-
-
-def _is_not_supported(e: pynvml.NVMLError) -> bool:
-    return bool(getattr(e, "value", None) == pynvml.NVML_ERROR_NOT_SUPPORTED)
-
-
-@dataclass
-class DeviceInfo:
-    """Identity and limits of one GPU; ``missing`` maps unsupported items to NVML's message."""
-
-    index: int
-    name: str = ""
-    uuid: str = ""
-    serial: str = ""
-    board_part_number: str = ""
-    driver_version: str = ""
-    nvml_version: str = ""
-    power_limit_min_w: float | None = None
-    power_limit_max_w: float | None = None
-    power_limit_default_w: float | None = None
-    power_limit_w: float | None = None
-    sm_clocks_mhz: list[int] = field(default_factory=list)
-    mem_clocks_mhz: list[int] = field(default_factory=list)
-    missing: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain dict for descriptors and ``wattlab info``."""
-        return asdict(self)
 
 
 class NvmlDriver(SharedSession):
@@ -181,64 +159,14 @@ class NvmlDriver(SharedSession):
 
     def device_info(self, gpu: int) -> DeviceInfo:
         """Everything the run file should say about a GPU; unsupported items go to ``missing``."""
-        lib = self.lib
-        h = self.handle(gpu)
-        info = DeviceInfo(index=gpu)
-
-        def get(item: str, fn: Callable[[], Any]) -> Any:
-            try:
-                return fn()
-            except pynvml.NVMLError as e:
-                if _is_not_supported(e) or getattr(e, "value", None) in (
-                    pynvml.NVML_ERROR_NOT_FOUND,
-                    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-                ):
-                    info.missing[item] = str(e)
-                    return None
-                raise NvmlError(f"GPU {gpu}: reading {item} failed: {e}") from e
-
-        info.name = get("name", lambda: lib.nvmlDeviceGetName(h)) or ""
-        info.uuid = get("uuid", lambda: lib.nvmlDeviceGetUUID(h)) or ""
-        info.serial = get("serial", lambda: lib.nvmlDeviceGetSerial(h)) or ""
-        info.board_part_number = (
-            get("board_part_number", lambda: lib.nvmlDeviceGetBoardPartNumber(h)) or ""
-        )
-        info.driver_version = get("driver_version", lib.nvmlSystemGetDriverVersion) or ""
-        info.nvml_version = get("nvml_version", lib.nvmlSystemGetNVMLVersion) or ""
-        limits = get(
-            "power_limit_range", lambda: lib.nvmlDeviceGetPowerManagementLimitConstraints(h)
-        )
-        if limits is not None:
-            info.power_limit_min_w, info.power_limit_max_w = limits[0] / 1e3, limits[1] / 1e3
-        default = get(
-            "power_limit_default", lambda: lib.nvmlDeviceGetPowerManagementDefaultLimit(h)
-        )
-        info.power_limit_default_w = None if default is None else default / 1e3
-        current = get("power_limit", lambda: lib.nvmlDeviceGetPowerManagementLimit(h))
-        info.power_limit_w = None if current is None else current / 1e3
-        mem = get("mem_clocks", lambda: lib.nvmlDeviceGetSupportedMemoryClocks(h))
-        info.mem_clocks_mhz = [int(c) for c in mem or []]
-        if info.mem_clocks_mhz:
-            top = max(info.mem_clocks_mhz)
-            sm = get("sm_clocks", lambda: lib.nvmlDeviceGetSupportedGraphicsClocks(h, top))
-            info.sm_clocks_mhz = [int(c) for c in sm or []]
-        return info
+        return read_device_info(self.lib, self.handle(gpu), gpu)
 
     def supported_clock_pairs(self, gpu: int) -> list[tuple[int, int]]:
         """Every supported (SM MHz, memory MHz) pair, highest first (read only).
 
-        NVML lists the SM clocks per memory clock. Raises ``NvmlError`` naming what failed.
+        Raises ``NvmlError`` naming what failed.
         """
-        lib, h = self.lib, self.handle(gpu)
-        try:
-            mems = [int(m) for m in lib.nvmlDeviceGetSupportedMemoryClocks(h)]
-            pairs = [(int(sm), m) for m in mems
-                     for sm in lib.nvmlDeviceGetSupportedGraphicsClocks(h, m)]
-        except pynvml.NVMLError as e:
-            raise NvmlError(f"GPU {gpu}: reading the supported clocks failed: {e}") from e
-        if not pairs:
-            raise NvmlError(f"GPU {gpu}: NVML lists no supported clocks")
-        return sorted(set(pairs), reverse=True)
+        return read_clock_pairs(self.lib, self.handle(gpu), gpu)
 
     def probe(self, gpu: int) -> dict[str, str]:
         """Which readings this GPU lacks: {reading name: NVML's message}, tried once each."""
@@ -259,7 +187,7 @@ class NvmlDriver(SharedSession):
                 check()
             except pynvml.NVMLError as e:
                 code = getattr(e, "value", None)
-                if _is_not_supported(e):
+                if is_not_supported(e):
                     missing[name] = str(e)
                 elif not (name == "samples_power_w" and code == pynvml.NVML_ERROR_NOT_FOUND):
                     raise NvmlError(f"GPU {gpu}: {NVML_CALLS[name]} failed: {e}") from e
@@ -269,32 +197,8 @@ class NvmlDriver(SharedSession):
         return missing
 
     def scope(self, gpu: int, name: str) -> GpuScope:
-        """MIG mode, virtualisation mode and module power of a GPU: what its readings cover.
-
-        A module is a GPU that answers the module power scope and is named a Grace module
-        (GH200, GB200): there NVML's power and energy cover CPU, GPU and memory together.
-        Calls a GPU does not support leave the plain case (no MIG, bare metal, board power).
-        """
-        lib, h = self.lib, self.handle(gpu)
-
-        def ask(fn: Callable[[], Any]) -> Any:
-            try:
-                return fn()
-            except pynvml.NVMLError as e:
-                if _is_not_supported(e) or getattr(e, "value", None) in (
-                        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_NOT_FOUND):
-                    return None
-                raise NvmlError(f"GPU {gpu}: reading what its power covers failed: {e}") from e
-
-        mig = ask(lambda: lib.nvmlDeviceGetMigMode(h))
-        mode = ask(lambda: lib.nvmlDeviceGetVirtualizationMode(h))
-        field = ask(lambda: lib.nvmlDeviceGetFieldValues(
-            h, [(pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_POWER_SCOPE_MODULE)]))
-        module_scope = field is not None and field[0].nvmlReturn == pynvml.NVML_SUCCESS
-        grace = any(tag in name.upper() for tag in ("GH200", "GB200", "GRACE"))
-        return GpuScope(mig=bool(mig) and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE,
-                        virtualization=VIRTUALIZATION.get(int(mode or 0), str(mode)),
-                        module=module_scope and grace)
+        """MIG mode, virtualisation mode and module power of a GPU: what its readings cover."""
+        return read_scope(self.lib, self.handle(gpu), gpu, name)
 
     # ------------------------------------------------------------------ readings
 
@@ -375,7 +279,7 @@ class NvmlDriver(SharedSession):
             try:
                 out[name] = float(reader(self.lib, h)) * factor
             except pynvml.NVMLError as e:
-                if not _is_not_supported(e):
+                if not is_not_supported(e):
                     raise NvmlError(f"GPU {gpu}: {NVML_CALLS[name]} failed: {e}") from e
         return out
 

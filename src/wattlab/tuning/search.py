@@ -24,25 +24,16 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 from scipy.stats import t as student_t
 
-from wattlab.analysis.models import (
-    CURVE_FITS,
-    PER_WORKLOAD,
-    SweepTable,
-    choose_family,
-    loo_predictions,
-    score_families,
-)
 from wattlab.errors import UsageError
-from wattlab.tuning.refine import ExploreBudget, expected_gain, p_certifiable, p_within
-from wattlab.tuning.surfaces import objective_value
+from wattlab.tuning.knob_line import local_pick, model_candidates, spread_pick
+from wattlab.tuning.refine import ExploreBudget
+from wattlab.tuning.revisits import pick_trial, plan_revisit, trial_outcome
+from wattlab.tuning.standings import Standings
 
 Index = tuple[int, ...]
 OBJECTIVES = ("energy", "edp")
-SPREAD = (0.3, 0.65)  # first probes along a knob, as fractions of its range from the bottom
-MOST_ITERATIONS = 10**7  # the most iterations a budget question asks about (a bound only)
 
 
 @dataclass(frozen=True)
@@ -166,7 +157,11 @@ class Probe:
 
 
 class Search:
-    """The tuner's state machine: ``observe`` each iteration, apply what ``current`` says."""
+    """The tuner's state machine: ``observe`` each iteration, apply what ``current`` says.
+
+    The comparisons it decides on are its ``standings`` (standings.py); the next probe
+    along a knob comes from knob_line.py, trials and revisits from revisits.py.
+    """
 
     def __init__(self, axes: dict[str, tuple[float, ...]], config: SearchConfig,
                  default: Index | None = None) -> None:
@@ -177,14 +172,13 @@ class Search:
         self.knobs = list(self.axes)
         self.cfg = config
         self.default: Index = default or tuple(len(v) - 1 for v in self.axes.values())
-        self.probes: dict[Index, Probe] = {}
         self.order: list[Index] = []
         self.models: list[dict[str, Any]] = []
         self.decisions: list[dict[str, Any]] = []
         self.iteration = 0
         self.settled_at: int | None = None  # the latest settling
-        self.best: Index = self.default
         self.budget = ExploreBudget(config.explore_share, config.expected_iterations)
+        self.standings = Standings(config, self.default, self.budget)
         # then "kept" (running the kept setting), "revisit" or "trial" (running a challenger)
         self.phase = "search"
         self.trial: Index | None = None  # the challenger on trial, if any
@@ -201,6 +195,16 @@ class Search:
     # ------------------------------------------------------------------ public
 
     @property
+    def probes(self) -> dict[Index, Probe]:
+        """Every setting measured so far, by index."""
+        return self.standings.probes
+
+    @property
+    def best(self) -> Index:
+        """The best measured setting that keeps within the bound (the kept one once settled)."""
+        return self.standings.best
+
+    @property
     def settled(self) -> bool:
         """Running the kept setting or a trial (exploring is over, or paused between revisits).
 
@@ -210,6 +214,10 @@ class Search:
 
     def setting(self, index: Index) -> dict[str, float]:
         return {k: self.axes[k][i] for k, i in zip(self.knobs, index, strict=True)}
+
+    def slowdown(self, index: Index) -> tuple[float, float]:
+        """(time / default's time - 1, its standard error)."""
+        return self.standings.slowdown(index)
 
     def observe(self, energy_j: float, time_s: float) -> Index | None:
         """One finished iteration at ``current``; returns the next setting if it changes."""
@@ -283,74 +291,27 @@ class Search:
 
         Precision is spent only where a decision is close (near the bound, near the best).
         """
-        cfg, n = self.cfg, len(probe.energy_j)
+        cfg, st, n = self.cfg, self.standings, len(probe.energy_j)
         if self._target is not None:  # a revisit: its planned length, or a clear verdict
             return n >= self._target or (probe.index != self.default
-                                         and self._clearly_out(probe.index))
+                                         and st.clearly_out(probe.index))
         if n >= cfg.max_iters:
             return True
-        if n >= cfg.min_iters and not self.budget.search_allows(0.0, self._rest_j()):
+        if n >= cfg.min_iters and not self.budget.search_allows(0.0, st.rest_j()):
             return True  # the exploration share of a run of known length is spent
         if probe.purpose == "baseline":  # the reference of every comparison
             return n >= 2 * cfg.min_iters and probe.precise(cfg.baseline_rel_se)
         if n < cfg.min_iters:
             return False
-        if probe.precise(cfg.rel_se, self._floor()):
+        if probe.precise(cfg.rel_se, st.floor()):
             return True
-        if self._clearly_out(probe.index):
+        if st.clearly_out(probe.index):
             return True
-        slow, se_slow = self.slowdown(probe.index)
-        ratio, se_ratio = self._ratio_to_best(probe.index)
+        slow, se_slow = st.slowdown(probe.index)
+        ratio, se_ratio = st.ratio_to_best(probe.index)
         bound_clear = cfg.max_slowdown - slow > cfg.z_verdict * se_slow
         best_clear = abs(ratio - 1.0) > cfg.z_verdict * se_ratio
         return best_clear and (bound_clear or ratio > 1.0)
-
-    def _clearly_out(self, index: Index) -> bool:
-        """Clearly too slow, or clearly worse than the best measured setting."""
-        cfg = self.cfg
-        slow, se_slow = self.slowdown(index)
-        if slow - cfg.z_verdict * se_slow > cfg.max_slowdown:
-            return True
-        ratio, se_ratio = self._ratio_to_best(index)
-        return index != self.best and ratio - 1.0 > cfg.z_verdict * se_ratio
-
-    def _floor(self) -> tuple[float, float]:
-        """The spread per iteration the default measurement showed (the job's own jitter)."""
-        return self.probes[self.default].rel_sd()
-
-    def _stats(self, index: Index) -> tuple[float, float, float, float]:
-        return self.probes[index].stats(self._floor())
-
-    def slowdown(self, index: Index) -> tuple[float, float]:
-        """(time / default's time - 1, its standard error)."""
-        _, _, t, se_t = self._stats(index)
-        _, _, t0, se_t0 = self._stats(self.default)
-        return t / t0 - 1.0, t / t0 * math.hypot(se_t / t, se_t0 / t0)
-
-    def _ratio_to_best(self, index: Index) -> tuple[float, float]:
-        """(objective / best measured objective, its standard error)."""
-        e, se_e, t, se_t = self._stats(index)
-        eb, se_eb, tb, se_tb = self._stats(self.best)
-        rel = [se_e / e, se_eb / eb]
-        if self.cfg.objective == "edp":
-            rel += [se_t / t, se_tb / tb]
-        ratio = objective_value(self.cfg.objective, e, t) / objective_value(
-            self.cfg.objective, eb, tb)
-        return ratio, ratio * math.hypot(*rel)
-
-    def _feasible_value(self, index: Index) -> float | None:
-        """The objective at a measured setting if it keeps (with its SE) within the bound."""
-        if len(self.probes[index].energy_j) < 2:
-            return None  # abandoned or not measured
-        slow, se_slow = self.slowdown(index)
-        if index != self.default and slow + self.cfg.z_bound * se_slow > self.cfg.max_slowdown:
-            return None
-        e, _, t, _ = self.probes[index].stats()
-        return objective_value(self.cfg.objective, e, t)
-
-    def _best_measured(self) -> Index:
-        values = {i: v for i in self.probes if (v := self._feasible_value(i)) is not None}
-        return min(values, key=lambda i: values[i])
 
     def _line(self) -> list[Index]:
         """The settings along the current knob, the others at the best so far."""
@@ -360,14 +321,16 @@ class Search:
 
     def _next(self) -> None:
         """Pick the next probe along the current knob, move to the next knob, or settle."""
+        st = self.standings
         while self.phase == "search" and self._knob < len(self.knobs):
-            self.best = self._best_measured()
-            if not self.budget.search_allows(self._probe_cost(self.best), self._rest_j()):
+            st.best = st.best_measured()
+            if not self.budget.search_allows(st.probe_cost(self.best), st.rest_j()):
                 break  # the exploration share of a run of known length is spent
             line = self._line()
             nxt = None
             if self._knob_probes < self.cfg.max_probes_per_knob:
-                nxt = self._spread(line) or self._modelled(line) or self._local(line)
+                nxt = (spread_pick(line, self.probes) or self._modelled(line)
+                       or local_pick(line, self.best, self.probes))
             if nxt is not None:
                 self._start(nxt[0], nxt[1])
                 return
@@ -375,40 +338,31 @@ class Search:
             self._knob_probes = 0
         self._settle()
 
-    def _kept_j(self) -> float:
-        return self.probes[self.best].stats()[0]
-
-    def _rest_j(self) -> float:
-        """Energy per iteration the rest of the run is priced at, for the exploring share.
-
-        The least of any measured setting not clearly too slow, not the kept one's: a
-        revisit may yet switch to a cheaper setting, which shrinks the run the share is of.
-        """
-        cfg = self.cfg
-        out = self._kept_j()
-        for idx, probe in self.probes.items():
-            if len(probe.energy_j) >= 2:
-                slow, se = self.slowdown(idx)
-                if slow - cfg.z_verdict * se <= cfg.max_slowdown:
-                    out = min(out, probe.stats()[0])
-        return out
-
-    def _probe_cost(self, index: Index, iterations: int | None = None) -> float:
-        """Energy (J) of ``iterations`` more at a setting (a short probe by default)."""
-        e = self.probes[index].stats()[0] if index in self.probes else math.nan
-        n = self.cfg.discard + (iterations or 2 * self.cfg.min_iters)
-        return n * (e if math.isfinite(e) else self._kept_j())
+    def _modelled(self, line: list[Index]) -> tuple[Index, str] | None:
+        """The model's best predicted setting on the line, if not measured yet."""
+        knob = self.knobs[self._knob]
+        found = model_candidates(self.standings, line, self._knob, knob, self.axes[knob])
+        if found is None:
+            return None
+        candidates, model = found
+        self.models.append({"iteration": self.iteration, "knob": knob, **model,
+                            "candidates": [self.setting(c) for c in candidates]})
+        for pick in candidates:
+            if pick not in self.probes:
+                return pick, "model"
+        return None
 
     def _settle(self) -> None:
         """Keep the best measured setting (or run a trial), first revisiting what may beat it."""
         self._kept_seen = 0
         self._target = None
-        self.best = self._best_measured()
+        self.standings.best = self.standings.best_measured()
         if self.trial is not None:
             self._judge_trial()
         if self.trial is None:
             self._begin_trial()
-        revisit = self._revisit()
+        revisit = plan_revisit(self.standings, [len(v) for v in self.axes.values()],
+                               self.trial)
         if revisit is not None:
             self.phase = "revisit"
             self._target = revisit[2]
@@ -423,60 +377,26 @@ class Search:
             self.phase = "kept"
             self._start(self.best, "settle")
 
-    def _spare(self) -> int:
-        """Iterations of the default the exploring budget still allows."""
-        return self.budget.affordable(self.probes[self.default].stats()[0], self._rest_j(),
-                                      MOST_ITERATIONS)
-
     def _begin_trial(self) -> None:
-        """Run on trial the challenger most worth it, if any (``SearchConfig.trial_gain``).
-
-        Why: certifying a setting near the bound takes hundreds of its iterations; run in
-        the kept setting's place, they cost the budget nothing once it is certified, which
-        leaves the budget for the default's measurement and for later revisits. Not while
-        the default is kept: its own iterations, the reference, would then cost instead.
-        """
-        cfg, kept = self.cfg, self.best
-        if cfg.trial_gain is None or kept == self.default:
-            return  # the default kept: the reference comes free, revisits certify cheaper
-        threshold = max(cfg.trial_gain * self._saving(kept), cfg.refine_min_gain)
+        """Run on trial the challenger most worth it, if any (``revisits.pick_trial``)."""
         # a failed trial is not run again; one kept and later stepped back from may be
         failed = {tuple(t["index"]) for t in self.trials if t["outcome"] != "kept"}
-        spare, best = self._spare(), None
-        for idx, probe in self.probes.items():
-            if idx in (kept, self.default) or idx in failed or len(probe.energy_j) < 2:
-                continue
-            gain = 1.0 - self._ratio_to_best(idx)[0]
-            p_keep = self._p_keepable(idx, spare)
-            if gain >= threshold and p_keep >= cfg.trial_p_keep and (
-                    best is None or gain * p_keep > best[0]):
-                best = (gain * p_keep, idx)
-        if best is not None:
-            self.trial = best[1]
-            self.trials.append({"index": list(best[1]), "setting": self.setting(best[1]),
+        pick = pick_trial(self.standings, failed)
+        if pick is not None:
+            self.trial = pick
+            self.trials.append({"index": list(pick), "setting": self.setting(pick),
                                 "start": self.iteration, "end": None,
                                 "outcome": "running"})
 
     def _judge_trial(self) -> None:
         """End the trial once certified (kept), refuted, or beyond certifying in its budget.
 
-        A trial that ends unkept is charged to the exploring budget, whole; it ends before
-        another stretch of it could overrun the budget's share.
+        A trial that ends unkept is charged to the exploring budget, whole.
         """
         trial = self.trial
         assert trial is not None
-        if trial == self.best:
-            outcome = "kept"
-        elif self._clearly_out(trial):
-            outcome = "refuted"
-        elif self._feasible_value(trial) is not None:
-            outcome = "not better"  # certified within the bound, yet not below the kept one
-        elif not self.budget.allows(self._probe_cost(trial, self.cfg.monitor_every),
-                                    self._rest_j()):
-            outcome = "out of budget"
-        elif self._p_keepable(trial, self._spare()) < self.cfg.trial_give_up:
-            outcome = "cannot certify"
-        else:
+        outcome = trial_outcome(self.standings, trial)
+        if outcome is None:
             return
         energy_j = self.budget.pending_j
         self.budget.resolve_pending(kept=outcome == "kept")
@@ -484,177 +404,3 @@ class Search:
         self.decisions.append({"iteration": self.iteration, "action": "trial " + outcome,
                                "setting": self.setting(trial)})
         self.trial = None
-
-    def _saving(self, index: Index) -> float:
-        """Measured relative saving of the objective at ``index`` against the default."""
-        e0, _, t0, _ = self.probes[self.default].stats()
-        e, _, t, _ = self.probes[index].stats()
-        return 1.0 - objective_value(self.cfg.objective, e, t) / objective_value(
-            self.cfg.objective, e0, t0)
-
-    def _neighbours(self, index: Index) -> list[Index]:
-        out = []
-        for k, n in enumerate(len(v) for v in self.axes.values()):
-            for j in (index[k] - 1, index[k] + 1):
-                if 0 <= j < n:
-                    out.append((*index[:k], j, *index[k + 1:]))
-        return out
-
-    def _unmeasured(self, kept: Index, kept_j: float) -> tuple[Index, str, None] | None:
-        """A short probe of an unmeasured setting on a knob's line through the kept one.
-
-        Nearest first, while the budget lasts: the search's models can miss the best
-        setting of a jagged surface (published power-limit tables are), and a setting
-        clearly worse ends after ``min_iters`` iterations.
-        """
-        lines = []
-        for k in range(len(self.knobs)):
-            lines += [(abs(j - kept[k]), (*kept[:k], j, *kept[k + 1:]))
-                      for j in range(len(self.axes[self.knobs[k]]))]
-        for _, idx in sorted(lines):
-            if idx not in self.probes:
-                if self.budget.allows(self._probe_cost(idx), kept_j):
-                    return idx, "sweep", None
-                return None
-        return None
-
-    def _revisit(self) -> tuple[Index, str, int | None] | None:
-        """What is worth measuring now that a setting is kept (None: nothing, or no budget).
-
-        An unmeasured neighbour of the kept setting first (a short probe); then the measured
-        setting with the largest expected gain over the kept one, if it is worth more than
-        ``refine_gain`` of the kept setting's saving: measured further itself, or the
-        default when the challenger's (or the kept setting's) slowdown straddles the bound
-        and the default's measurement is the larger part of its uncertainty. The kept
-        setting's own iterations are free, so a challenger is measured only once the kept
-        one has more iterations than it.
-        """
-        cfg, kept = self.cfg, self.best
-        kept_j = self._rest_j()
-        for nb in self._neighbours(kept):
-            if nb not in self.probes:
-                if self.budget.allows(self._probe_cost(nb), kept_j):
-                    return nb, "local", None
-                return None
-        threshold = max(cfg.refine_gain * self._saving(kept), cfg.refine_min_gain)
-        n = {i: len(p.energy_j) for i, p in self.probes.items()}
-        spare = self._spare()
-        best: tuple[float, Index] | None = None
-        waiting = False
-        for run in [i for i in (kept, self.trial) if i is not None and i != self.default]:
-            # the setting run near the bound: refine the reference until its slowdown is
-            # clearly within the bound (a trial's own iterations come free, as the kept's)
-            slow, se = self.slowdown(run)
-            if slow + cfg.z_verdict * se > cfg.max_slowdown and n[self.default] < n[run]:
-                best = (math.inf, self.default)
-        for idx in self.probes:
-            if idx in (kept, self.trial) or n[idx] < 2:
-                continue
-            ratio, se_ratio = self._ratio_to_best(idx)
-            p_ok = 1.0 if idx == self.default else p_within(*self.slowdown(idx),
-                                                             cfg.max_slowdown)
-            p_keep = 1.0 if idx == self.default else self._p_keepable(idx, spare)
-            gain = expected_gain(1.0 - ratio, se_ratio, p_keep)
-            if gain < threshold:
-                continue
-            measure = (self.default if idx != self.default and 0.02 < p_ok < 0.98
-                       and n[self.default] <= n[idx] else idx)
-            if measure == idx and n[kept] < 2 * n[idx]:
-                waiting = True  # the kept setting's precision comes free: wait for it
-                continue
-            if best is None or gain > best[0]:
-                best = (gain, measure)
-        if best is None:
-            return None if waiting else self._unmeasured(kept, kept_j)
-        # half as many iterations again, or what the budget has left (the last revisit
-        # would otherwise be refused whole while its part could still settle the call)
-        measure = best[1]
-        planned = max(4 * cfg.min_iters, n[measure] // 2)
-        more = self.budget.affordable(self.probes[measure].stats()[0], kept_j,
-                                      cfg.discard + planned) - cfg.discard
-        if more < cfg.min_iters:
-            return None
-        return measure, "revisit", n[measure] + more
-
-    def _p_keepable(self, index: Index, spare: int) -> float:
-        """Probability that ``index`` can be kept once ``spare`` more iterations are spent.
-
-        They are split between it and the default so as to shrink its slowdown's standard
-        error the most; a challenger at the bound that no affordable measurement could
-        certify is worth nothing to revisit, however likely it is to be within the bound.
-        """
-        slow, se = self.slowdown(index)
-        n_i, n_0 = len(self.probes[index].energy_j), len(self.probes[self.default].energy_j)
-        _, _, t, se_t = self._stats(index)
-        _, _, t0, se_t0 = self._stats(self.default)
-        # var ~ a / n_i + b / n_0: spend where the larger share of the variance is
-        a, b = (se_t / t) ** 2 * n_i, (se_t0 / t0) ** 2 * n_0
-        if not (math.isfinite(a + b) and a + b > 0):  # unmeasured, or no spread at all
-            return p_within(slow, se, self.cfg.max_slowdown)
-        total = n_i + n_0 + spare
-        m_i = min(max(total * math.sqrt(a) / (math.sqrt(a) + math.sqrt(b)), n_i), n_i + spare)
-        m_0 = max(n_0 + spare - (m_i - n_i), n_0)
-        se_after = (t / t0) * math.sqrt(a / m_i + b / m_0)
-        return p_certifiable(slow, se, se_after, self.cfg.max_slowdown, self.cfg.z_bound)
-
-    def _spread(self, line: list[Index]) -> tuple[Index, str] | None:
-        n = len(line)
-        for frac in SPREAD:
-            idx = line[min(n - 1, round(frac * (n - 1)))]
-            if idx not in self.probes:
-                return idx, "spread"
-        return None
-
-    def _local(self, line: list[Index]) -> tuple[Index, str] | None:
-        """An unmeasured neighbour of the best measured setting on the line."""
-        pos = line.index(self.best) if self.best in line else None
-        if pos is None:
-            return None
-        for j in (pos - 1, pos + 1):
-            if 0 <= j < len(line) and line[j] not in self.probes:
-                return line[j], "local"
-        return None
-
-    def _modelled(self, line: list[Index]) -> tuple[Index, str] | None:
-        """The model's best predicted setting on the line, if not measured yet."""
-        measured = [i for i in line if i in self.probes and len(self.probes[i].energy_j) > 1]
-        if len(measured) < 3:
-            return None
-        k = self._knob
-        x = np.array([self.axes[self.knobs[k]][i[k]] for i in measured])
-        stats = [self.probes[i].stats() for i in measured]
-        t = np.array([s[2] for s in stats])
-        e = np.array([s[0] for s in stats])
-        table = SweepTable(self.knobs[k], ["run"] * len(measured), x, t, e)
-        families = tuple(f for f in PER_WORKLOAD if f != "spline" or len(measured) >= 5)
-        scores = score_families(table, loo_predictions(table, families))
-        quantity = "energy" if self.cfg.objective == "energy" else "edp"
-        try:
-            chosen = choose_family(scores, self.cfg.objective)
-        except UsageError:
-            return None
-        xs = np.array([self.axes[self.knobs[k]][i[k]] for i in line])
-        fit = CURVE_FITS[chosen.family]
-        t_curve, p_curve = fit(x, t), fit(x, e / t)
-        if t_curve is None or p_curve is None:
-            return None
-        t_hat = np.maximum(t_curve(xs), 1e-9)
-        e_hat = t_hat * np.maximum(p_curve(xs), 1e-9)
-        obj = e_hat if self.cfg.objective == "energy" else e_hat * t_hat
-        # the model's own held-out error says how far to trust it: every setting it cannot
-        # tell from the best (within twice that error) is a candidate worth measuring
-        err_obj = 2e-2 * chosen.mape_common[quantity]
-        err_t = 2e-2 * chosen.mape_common.get("time", 0.0)
-        t0 = self.probes[self.default].stats()[2]
-        ok = t_hat * (1 - err_t) <= t0 * (1 + self.cfg.max_slowdown)
-        best_obj = float(obj[ok].min()) if ok.any() else math.inf
-        near = ok & (obj * (1 - err_obj) <= best_obj * (1 + err_obj))
-        candidates = [line[j] for j in np.argsort(obj) if near[j]]
-        self.models.append({"iteration": self.iteration, "knob": self.knobs[k],
-                            "family": chosen.family, "points": len(measured),
-                            "loo_mape": {s.family: s.mape_common.get(quantity) for s in scores},
-                            "candidates": [self.setting(c) for c in candidates]})
-        for pick in candidates:
-            if pick not in self.probes:
-                return pick, "model"
-        return None

@@ -39,7 +39,6 @@ file that lags further behind. Everything read, drained samples included, leaves
 from __future__ import annotations
 
 import math
-import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -49,12 +48,14 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
+from wattlab.acquisition.acquirers.gpu_descriptors import describe_streams
 from wattlab.acquisition.acquirers.meter_kinds import StreamRate
 from wattlab.acquisition.acquirers.nvml_cadence import DEFAULT_INTERVALS_S
 from wattlab.drivers.gpu_scope import GpuScope
-from wattlab.drivers.nvml import NVML_CALLS, DeviceInfo
+from wattlab.drivers.nvml import NVML_CALLS
+from wattlab.drivers.nvml_identity import DeviceInfo
 from wattlab.errors import NvmlError, UsageError
-from wattlab.samples import Channel, Gap, SampleFlag, SourceDescriptor
+from wattlab.samples import Gap, SampleFlag, SourceDescriptor
 
 NVML_STREAMS = ("samples", "power", "energy", "state")
 STREAM_RATES = {  # what each stream writes for one GPU (a `wattlab demo` run file), per name
@@ -64,15 +65,6 @@ STREAM_RATES = {  # what each stream writes for one GPU (a `wattlab demo` run fi
     "state": StreamRate(1.1, 57),
 }
 SHORT_SLEEP_S = 0.1  # a stop waits at most this long for a sleep that ``wake`` cannot end
-
-STATE_UNITS = {
-    "sm_clock_hz": "Hz",
-    "mem_clock_hz": "Hz",
-    "gpu_util_pct": "%",
-    "temperature_c": "degC",
-    "power_limit_w": "W",
-}
-
 
 def energy_source(missing: Mapping[str, str], streams: Collection[str],
                   ids: Mapping[str, str], calls: Mapping[str, str] = NVML_CALLS) -> str:
@@ -267,49 +259,17 @@ class NvmlAcquirer:
             "energy_source": energy_source(self.missing, self.streams, self.ids, calls),
             **self.driver.counter_config(self.gpu),
         }
-
-        def describe(key: str, channels: list[tuple[str, str, str]], **extra: Any) -> None:
-            self.descriptors.append(
-                SourceDescriptor(
-                    source_id=self.ids[key],
-                    kind=self.driver.kind,
-                    model=info.name,
-                    channels=tuple(Channel(n, u, calls[c]) for n, u, c in channels),
-                    serial=info.serial or info.uuid,
-                    firmware=info.driver_version,
-                    transport=self.driver.kind,
-                    host=socket.gethostname(),
-                    value_dtype="<f8",
-                    config={**config, "nvml_calls": {n: calls[c] for n, _, c in channels},
-                            **extra},
-                    **(
-                        {"time_raw": "device_unix_us", "time_raw_dtype": "<i8"}
-                        if key == "samples"
-                        else {}
-                    ),
-                )
-            )
-
-        self.descriptors = []
-        if "samples_power_w" not in self.missing and "samples" in self.streams:
-            describe(
-                "samples",
-                [("power_w", "W", "samples_power_w")],
-                sample_period_s=self.sample_period_s,
-                buffer_capacity=self.buffer_capacity,
-            )
-            self._due_ns["drain"] = now + round(self.intervals_s["drain"] * 1e9)
-        power = [(n, "W", n) for n in self._power_names]
-        if power and "power" in self.streams:
-            describe("power", power, power_channel=power[0][0])
-            self._due_ns["power"] = now
-        if "energy_j" not in self.missing and "energy" in self.streams:
-            describe("energy", [("energy_j", "J", "energy_j")])
-            self._due_ns["energy"] = now
-        if self._state_names and "state" in self.streams:
-            describe("state", [(n, STATE_UNITS[n], n) for n in self._state_names],
-                     power_channel=None)  # its only watts are the power *limit*
-            self._due_ns["state"] = now
+        described = describe_streams(
+            self.driver.kind, calls, info, config, ids=self.ids, streams=self.streams,
+            missing=self.missing, power_names=self._power_names,
+            state_names=self._state_names, sample_period_s=self.sample_period_s,
+            buffer_capacity=self.buffer_capacity)
+        self.descriptors = list(described.values())
+        for key in described:  # the drain first after a whole interval, the reads at once
+            if key == "samples":
+                self._due_ns["drain"] = now + round(self.intervals_s["drain"] * 1e9)
+            else:
+                self._due_ns[key] = now
         if not self.descriptors:
             self.close()
             raise NvmlError(f"GPU {self.gpu}: it supports none of the NVML streams asked for "

@@ -363,6 +363,39 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
     streams = energy_streams(run)
     if not streams:
         raise UsageError(f"{run.path}: no power or energy channel to integrate")
+    phases = _report_phases(run, streams, by_marker, windows)
+    ref_key = _reference_key(run, reference)
+    rows, notes = _stream_rows(run, streams, phases, calibration)
+    if fusion is not None:
+        notes.append(fusion.describe())
+        _apply_fusion(rows, fusion)
+    power_edges = {(v.source_id, ch): resolution.power_edge_s(
+        median_spacing_s(v), resolution.channel_lag_s(channel_meaning(v, ch), ch))
+        for v, ch, m in streams if m == "power"}
+    resolution.annotate(rows, phases, power_edges)
+    group_phases, group_rows, group_notes = resolution.group_rows(
+        rows, [p for p in phases if p.name != "window"])
+    notes += group_notes
+    if ref_key is not None:
+        _errors_against_reference(rows + group_rows, ref_key)
+    return json_safe({
+        "path": run.path,
+        "reference": None if ref_key is None else f"{ref_key[0]}:{ref_key[1]}",
+        "calibration": None if calibration is None else calibration.get("key"),
+        "phases": [asdict(p) | {"label": p.label} for p in phases],
+        "rows": [r.to_json() for r in rows],
+        "groups": [asdict(p) | {"label": p.label} for p in group_phases],
+        "group_rows": [r.to_json() for r in group_rows],
+        "chosen": [asdict(c) for c in resolution.choose(
+            rows + group_rows, phases + group_phases,
+            None if ref_key is None else f"{ref_key[0]}:{ref_key[1]}")],
+        "notes": notes,
+    })
+
+
+def _report_phases(run: Run, streams: list[tuple[SourceView, str, str]], by_marker: bool,
+                   windows: Sequence[tuple[float, float]]) -> list[Phase]:
+    """The whole run (the span every stream covers, else any covers), markers, windows."""
     spans = [span_s(v) for v, _, _ in streams]
     a, b = max(s[0] for s in spans), min(s[1] for s in spans)
     if b <= a:
@@ -374,12 +407,25 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
         if not t0_s < t1_s:
             raise UsageError(f"window {t0_s:g}:{t1_s:g}: the end must come after the start")
         phases.append(Phase("window", i, t0_s, t1_s, ""))
+    return phases
+
+
+def _reference_key(run: Run, reference: str | None) -> tuple[str, str] | None:
+    """(source, channel) of the reference named, or of the run's external meter, if any."""
     ref_spec = reference or default_reference(run)
-    ref_key = None
-    if ref_spec is not None:
-        src, ch = parse_spec(ref_spec)
-        view = run.source(src)
-        ref_key = (src, ch or power_channel(view) or "")
+    if ref_spec is None:
+        return None
+    src, ch = parse_spec(ref_spec)
+    view = run.source(src)
+    return src, ch or power_channel(view) or ""
+
+
+def _stream_rows(run: Run, streams: list[tuple[SourceView, str, str]], phases: list[Phase],
+                 calibration: dict[str, Any] | None) -> tuple[list[EnergyRow], list[str]]:
+    """Every stream's rows, corrected where the calibration applies; notes on mismatches.
+
+    Power channels are integrated one pass per source, counters differenced.
+    """
     notes: list[str] = []
     rows: list[EnergyRow] = []
     integrated = {}  # one pass per source for all its power channels
@@ -394,66 +440,57 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
             continue
         warn = record_applies(calibration, view, channel) if calibration else None
         got, shifted = integrated[view.source_id][channel]
-        if warn is None:
-            rows += got
-            continue
-        g, c, d = correction_terms(calibration)  # type: ignore[arg-type]
-        for row, (e_shift, unc_s) in zip(got, shifted[d[0]], strict=True):
-            duration = row.t1_s - row.t0_s
-            if row.energy_j is None or unc_s >= duration:
-                continue
-            # the shifted window may run past the data: fill at its mean power, and say so
-            p = float(e_shift) / (duration - unc_s)
-            row.corrected_j, se = corrected_energy(
-                float(e_shift) + p * unc_s, duration, g, c=c, d=d, p_edges_w=[p, p])
-            row.corrected_se_j = math.hypot(se, 0.5 * abs(p) * unc_s / g[0])
-            if unc_s > 1e-9:
-                row.notes.append(f"corrected: {unc_s:.3f} s of the shifted window not covered")
-            row.notes += warn
+        if warn is not None:
+            _correct_rows(got, shifted, correction_terms(calibration), warn)  # type: ignore[arg-type]
+            notes += [f"{view.source_id}:{channel}: {w}" for w in warn]
         rows += got
-        notes += [f"{view.source_id}:{channel}: {w}" for w in warn]
-    if fusion is not None:
-        notes.append(fusion.describe())
-        for row in rows:
-            if f"{row.source}:{row.channel}" != fusion.main.name or row.energy_j is None:
-                continue
-            e, se = fusion.energy_j(row.t0_s, row.t1_s)
-            if math.isfinite(e):
-                row.corrected_j, row.corrected_se_j = e, se
-                row.notes.append("corrected: deconvolved")
-            else:
-                row.notes.append("outside the deconvolved span: not deconvolved")
-    power_edges = {(v.source_id, ch): resolution.power_edge_s(
-        median_spacing_s(v), resolution.channel_lag_s(channel_meaning(v, ch), ch))
-        for v, ch, m in streams if m == "power"}
-    resolution.annotate(rows, phases, power_edges)
-    group_phases, group_rows, group_notes = resolution.group_rows(
-        rows, [p for p in phases if p.name != "window"])
-    notes += group_notes
-    if ref_key is not None:
-        ref_rows = {r.phase: r for r in rows + group_rows if (r.source, r.channel) == ref_key}
-        for r in rows + group_rows:
-            ref = ref_rows.get(r.phase)
-            # the reference meter's own other channels (its rails) are parts, not rivals
-            if ref is None or r.source == ref.source or not ref.energy_j:
-                continue
-            if r.energy_j is not None:
-                r.error_pct = 100 * (r.energy_j - ref.energy_j) / ref.energy_j
-            if r.corrected_j is not None:
-                r.corrected_error_pct = 100 * (r.corrected_j - ref.energy_j) / ref.energy_j
-    return json_safe({
-        "path": run.path,
-        "reference": None if ref_key is None else f"{ref_key[0]}:{ref_key[1]}",
-        "calibration": None if calibration is None else calibration.get("key"),
-        "phases": [asdict(p) | {"label": p.label} for p in phases],
-        "rows": [r.to_json() for r in rows],
-        "groups": [asdict(p) | {"label": p.label} for p in group_phases],
-        "group_rows": [r.to_json() for r in group_rows],
-        "chosen": [asdict(c) for c in resolution.choose(
-            rows + group_rows, phases + group_phases,
-            None if ref_key is None else f"{ref_key[0]}:{ref_key[1]}")],
-        "notes": notes,
-    })
+    return rows, notes
+
+
+def _correct_rows(rows: list[EnergyRow], shifted: dict[float, FloatArray],
+                  terms: tuple[tuple[float, float], tuple[float, float], tuple[float, float]],
+                  warn: list[str]) -> None:
+    """Set each row's reference-equivalent energy from its window shifted by the delay."""
+    g, c, d = terms
+    for row, (e_shift, unc_s) in zip(rows, shifted[d[0]], strict=True):
+        duration = row.t1_s - row.t0_s
+        if row.energy_j is None or unc_s >= duration:
+            continue
+        # the shifted window may run past the data: fill at its mean power, and say so
+        p = float(e_shift) / (duration - unc_s)
+        row.corrected_j, se = corrected_energy(
+            float(e_shift) + p * unc_s, duration, g, c=c, d=d, p_edges_w=[p, p])
+        row.corrected_se_j = math.hypot(se, 0.5 * abs(p) * unc_s / g[0])
+        if unc_s > 1e-9:
+            row.notes.append(f"corrected: {unc_s:.3f} s of the shifted window not covered")
+        row.notes += warn
+
+
+def _apply_fusion(rows: list[EnergyRow], fusion: Fusion) -> None:
+    """The fused stream's corrected energy: the deconvolved power summed over each phase."""
+    for row in rows:
+        if f"{row.source}:{row.channel}" != fusion.main.name or row.energy_j is None:
+            continue
+        e, se = fusion.energy_j(row.t0_s, row.t1_s)
+        if math.isfinite(e):
+            row.corrected_j, row.corrected_se_j = e, se
+            row.notes.append("corrected: deconvolved")
+        else:
+            row.notes.append("outside the deconvolved span: not deconvolved")
+
+
+def _errors_against_reference(rows: list[EnergyRow], ref_key: tuple[str, str]) -> None:
+    """Each row's error (and its corrected energy's) against the reference's row of its phase."""
+    ref_rows = {r.phase: r for r in rows if (r.source, r.channel) == ref_key}
+    for r in rows:
+        ref = ref_rows.get(r.phase)
+        # the reference meter's own other channels (its rails) are parts, not rivals
+        if ref is None or r.source == ref.source or not ref.energy_j:
+            continue
+        if r.energy_j is not None:
+            r.error_pct = 100 * (r.energy_j - ref.energy_j) / ref.energy_j
+        if r.corrected_j is not None:
+            r.corrected_error_pct = 100 * (r.corrected_j - ref.energy_j) / ref.energy_j
 
 
 def channel_meaning(view: SourceView, channel: str) -> str:
