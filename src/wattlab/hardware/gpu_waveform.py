@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.device_models.first_order_filter import first_order_filter
+from wattlab.device_models import first_order_filter
 from wattlab.errors import UsageError
 
 if TYPE_CHECKING:

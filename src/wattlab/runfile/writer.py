@@ -20,6 +20,7 @@ import numpy.typing as npt
 from wattlab.device_models import NOMINAL_NS_PER_UNIT, EnvelopeAccumulator
 from wattlab.errors import RunFileError, UsageError
 from wattlab.runfile import schema
+from wattlab.runfile.table_rows import gap_rows, marker_rows, progress_rows
 from wattlab.runfile.writer_identity import writer_identity
 from wattlab.samples import Gap, Marker, SourceDescriptor, flag_names
 
@@ -386,44 +387,15 @@ class RunFileWriter:
             ds.time_host_raw.append(t_sender_ns)
 
     def add_markers(self, markers: list[Marker]) -> None:
-        table = self._tables[schema.MARKERS]
-        rows = np.zeros(len(markers), dtype=table.dtype)  # a resumed older file: its columns
-        gpu_columns = schema.TIME_GPU in rows.dtype.names
-        for i, m in enumerate(markers):
-            row = rows[i]
-            row[schema.TIME] = m.t_host_ns - self.session_start_ns
-            row[schema.TIME_RAW] = m.t_host_ns
-            row[schema.KIND] = m.kind.encode()
-            row[schema.SOURCE] = m.source.encode()[:schema.SOURCE_ID_BYTES]
-            row[schema.NAME] = m.name.encode()
-            row[schema.PAYLOAD] = m.payload_json().encode()
-            if gpu_columns:
-                gpu = m.t_gpu_ns is not None
-                row[schema.TIME_GPU] = (m.t_gpu_ns - self.session_start_ns  # type: ignore[operator]
-                                        if gpu else schema.UNKNOWN_TIME_NS)
-                row[schema.TIME_GPU_UNCERTAINTY] = (m.gpu_uncertainty_ns or 0) if gpu else -1
-        _append(table, rows)
+        table = self._tables[schema.MARKERS]  # a resumed older file: its own columns
+        _append(table, marker_rows(markers, table.dtype, self.session_start_ns))
 
     def add_gaps(self, gaps: list[Gap]) -> None:
-        rows = np.zeros(len(gaps), dtype=schema.GAP_DTYPE)
-        for i, g in enumerate(gaps):
-            rows[i] = (
-                g.source.encode()[:schema.SOURCE_ID_BYTES],
-                g.seq_first,
-                g.seq_last,
-                self._session_time(g.t_first_ns),
-                self._session_time(g.t_last_ns),
-                g.samples_lost,
-                g.reason.encode()[:schema.REASON_BYTES],
-            )
-        _append(self._tables[schema.GAPS], rows)
+        _append(self._tables[schema.GAPS], gap_rows(gaps, self.session_start_ns))
 
     def add_progress(self, rows: list[tuple[str, int, int, bool]]) -> None:
         """(source, next sequence number, rows written, ended) after the data they cover."""
-        table = np.zeros(len(rows), dtype=schema.PROGRESS_DTYPE)
-        for i, (source_id, seq_next, count, ended) in enumerate(rows):
-            table[i] = (source_id.encode()[:schema.SOURCE_ID_BYTES], seq_next, count, ended)
-        _append(self._tables[schema.PROGRESS], table)
+        _append(self._tables[schema.PROGRESS], progress_rows(rows))
 
     def last_time_ns(self) -> dict[str, int | None]:
         """Each source's last session time on disk (None: no rows yet)."""
@@ -432,9 +404,6 @@ class RunFileWriter:
             rows = ds.time.rows
             out[source_id] = int(ds.time.ds[rows - 1]) if rows else None
         return out
-
-    def _session_time(self, t_host_ns: int) -> int:
-        return int(schema.UNKNOWN_TIME_NS) if t_host_ns < 0 else t_host_ns - self.session_start_ns
 
     def set_attr(self, key: str, value: Any) -> None:
         """Root attributes can only be written before SWMR starts, or at close."""

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from wattlab.analysis.models.energy_models import (
+from wattlab.analysis.models import (
     CURVE_FITS,
     PER_WORKLOAD,
+    SweepTable,
     choose_family,
     loo_predictions,
     score_families,
 )
-from wattlab.analysis.models.sweep_results import SweepTable
 from wattlab.errors import UsageError
 
 if TYPE_CHECKING:

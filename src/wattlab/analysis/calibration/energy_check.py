@@ -25,8 +25,8 @@ from wattlab.analysis.alignment import (
 from wattlab.analysis.calibration.kernel_fit import MAX_HOLE_FRAC
 from wattlab.analysis.calibration.minimise import golden_section
 from wattlab.analysis.calibration.reference_grid import ReferenceGrid
-from wattlab.analysis.energy.source_energy import Phase, corrected_energy, phases_from_markers
-from wattlab.runfile.reader import Run, SourceView
+from wattlab.analysis.energy import Phase, corrected_energy, phases_from_markers
+from wattlab.runfile import Run, SourceView
 
 FloatArray = npt.NDArray[np.float64]
 PHASE_LENGTHS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)

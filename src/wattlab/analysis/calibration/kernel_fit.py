@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from wattlab.analysis.calibration.minimise import nelder_mead
 from wattlab.analysis.calibration.reference_grid import ReferenceGrid
-from wattlab.device_models.first_order_filter import first_order_filter
+from wattlab.device_models import first_order_filter
 
 FloatArray = npt.NDArray[np.float64]
 MAX_KERNEL_S = 3.0

@@ -20,7 +20,7 @@ from wattlab.analysis.alignment import (
     integrate_view,
     known_gaps_ns,
 )
-from wattlab.runfile.reader import Run, SourceView
+from wattlab.runfile import Run, SourceView
 
 FloatArray = npt.NDArray[np.float64]
 
