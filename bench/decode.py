@@ -18,7 +18,7 @@ import numpy as np
 
 from common import median, write_json
 from wattlab.drivers.powersensor3 import DeviceClock, FrameDecoder, Scaling, SensorConfig
-from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
+from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
 
 RATE_HZ = 20_000
 

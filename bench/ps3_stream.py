@@ -18,7 +18,7 @@ from pathlib import Path
 from common import GOALS_MISSED, write_json
 from wattlab.acquisition.acquirers import PowerSensor3Acquirer
 from wattlab.acquisition.session import Session
-from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
+from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
 from wattlab.runfile import Run
 
 

@@ -2,7 +2,7 @@
 
     python bench/rapl_emulated.py [--seconds 10]
 
-The emulator (src/wattlab/hardware/powercap_emulator.py) advances a two-socket tree every
+The emulator (src/wattlab/hardware/emulators/powercap_emulator.py) advances a two-socket tree every
 1 ms with short counter ranges (package 25 J, DRAM 4 J: a wrap every ~0.2 s) and logs
 every value it writes, unwrapped. `wattlab record` reads the tree in its own process. A
 value the recorder read was written by the emulator, so each recorded row, plus the value
@@ -26,7 +26,7 @@ from common import write_json
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import wattlab
-from wattlab.hardware.powercap_emulator import PowercapEmulator, Zone
+from wattlab.hardware.emulators.powercap_emulator import PowercapEmulator, Zone
 
 
 def tree() -> list[Zone]:

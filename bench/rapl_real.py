@@ -66,7 +66,7 @@ def main() -> int:
                         help="an emulated two-socket tree instead (checks this script)")
     args = parser.parse_args()
     if args.emulate:
-        from wattlab.hardware.powercap_emulator import PowercapEmulator, intel_server
+        from wattlab.hardware.emulators.powercap_emulator import PowercapEmulator, intel_server
 
         args.root = tempfile.mkdtemp(prefix="powercap-")
         PowercapEmulator(args.root, intel_server()).start()

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from common import GOALS_MISSED, process_cpu_clock, write_json
-from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
+from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
+from wattlab.hardware.emulators.wt300e_emulator import Wt300eEmulator
 from wattlab.hardware.virtual_bench import VirtualBench
-from wattlab.hardware.wt300e_emulator import Wt300eEmulator
 from wattlab.runfile import Run
 
 ROLES = {"session", "recorder", "source gpu0", "source ps3", "source wall"}

@@ -18,7 +18,7 @@ import numpy as np
 from common import GOALS_MISSED, write_json
 from wattlab.acquisition.acquirers import Chunk, Wt300eAcquirer
 from wattlab.drivers.scpi import ScpiTransport
-from wattlab.hardware.wt300e_emulator import Wt300eEmulator
+from wattlab.hardware.emulators.wt300e_emulator import Wt300eEmulator
 
 RATES_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 

@@ -22,8 +22,8 @@ import pyvisa
 
 from tests.data_files import H100_CAPTURE, data_file
 from wattlab.cli import main
-from wattlab.hardware.pty_device import PtyDevice
-from wattlab.hardware.scpi_server import ScpiDevice
+from wattlab.hardware.emulators.pty_device import PtyDevice
+from wattlab.hardware.emulators.scpi_server import ScpiDevice
 from wattlab.importers.power_logs import import_files
 
 Emulator = TypeVar("Emulator", bound=ScpiDevice | PtyDevice)

@@ -20,8 +20,8 @@ from wattlab.acquisition.meters.bench_file import (
 )
 from wattlab.cli import main
 from wattlab.errors import UsageError
-from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
-from wattlab.hardware.wt300e_emulator import Wt300eEmulator
+from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
+from wattlab.hardware.emulators.wt300e_emulator import Wt300eEmulator
 
 
 def test_template_is_valid() -> None:

@@ -25,10 +25,10 @@ from wattlab.acquisition.session.supervisor import record_bench
 from wattlab.analysis.alignment import power_channel
 from wattlab.cli import main
 from wattlab.errors import UsageError
-from wattlab.hardware.hmc8015_emulator import Hmc8015Emulator
-from wattlab.hardware.powersensor3_emulator import EmulatedSensor, PowerSensor3Emulator
-from wattlab.hardware.powersensor3_emulator import default_config as ps3_default_config
-from wattlab.hardware.wt300e_emulator import Wt300eEmulator
+from wattlab.hardware.emulators.hmc8015_emulator import Hmc8015Emulator
+from wattlab.hardware.emulators.powersensor3_emulator import EmulatedSensor, PowerSensor3Emulator
+from wattlab.hardware.emulators.powersensor3_emulator import default_config as ps3_default_config
+from wattlab.hardware.emulators.wt300e_emulator import Wt300eEmulator
 
 BOARD_W = 240.0
 RAILS = {"0": "slot_12v", "1": "slot_3v3", "2": "cable_8pin_1", "3": "cable_8pin_2"}

@@ -8,7 +8,7 @@ import os
 from tests.conftest import running
 from wattlab.acquisition.meters.discovery import identify_serial
 from wattlab.cli import main
-from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
+from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
 
 
 def test_probe_recognises_an_emulated_powersensor3(capsys):

@@ -13,7 +13,7 @@ from wattlab.acquisition.acquirers.scpi_acquirers import Hmc8015Acquirer
 from wattlab.drivers.hmc8015 import Hmc8015
 from wattlab.drivers.scpi import ScpiError, ScpiTransport
 from wattlab.errors import MeterError, MeterTimeoutError
-from wattlab.hardware.hmc8015_emulator import Hmc8015Emulator
+from wattlab.hardware.emulators.hmc8015_emulator import Hmc8015Emulator
 from wattlab.samples import SampleFlag
 
 

@@ -11,7 +11,7 @@ from tests.conftest import running
 from wattlab.cli import main
 from wattlab.drivers.hmc8015 import Hmc8015
 from wattlab.drivers.scpi import ScpiTransport
-from wattlab.hardware.hmc8015_emulator import Hmc8015Emulator
+from wattlab.hardware.emulators.hmc8015_emulator import Hmc8015Emulator
 
 
 def test_on_device_log_imports_into_a_run_file(tmp_path, capsys):

@@ -18,7 +18,7 @@ from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
 from wattlab.drivers.mcp39f511 import Mcp39f511
 from wattlab.drivers.transport import SerialTransport
-from wattlab.hardware.mcp39f511_emulator import Mcp39f511Emulator
+from wattlab.hardware.emulators.mcp39f511_emulator import Mcp39f511Emulator
 from wattlab.samples import Gap
 
 

@@ -14,8 +14,8 @@ from tests.conftest import ctrl_c, emulator_cli, running
 from wattlab.acquisition.meters.meter_specs import meter_acquirers, parse_meter_spec
 from wattlab.cli import main
 from wattlab.errors import UsageError
-from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
-from wattlab.hardware.wt300e_emulator import Wt300eEmulator
+from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
+from wattlab.hardware.emulators.wt300e_emulator import Wt300eEmulator
 
 
 def test_meter_specs_parse_with_ids_aliases_and_visa_colons():

@@ -16,8 +16,8 @@ from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
 from wattlab.device_models.workload_schedule import WorkloadSchedule
 from wattlab.drivers.nvml import NvmlDriver
+from wattlab.hardware.emulators.powercap_emulator import PowercapEmulator, Zone, intel_server
 from wattlab.hardware.fake_nvml import FakeNvml
-from wattlab.hardware.powercap_emulator import PowercapEmulator, Zone, intel_server
 from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
 from wattlab.runfile.reader import Run
 from wattlab.runfile.writer import RunFileWriter

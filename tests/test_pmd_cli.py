@@ -9,7 +9,7 @@ import numpy as np
 import wattlab
 from tests.conftest import running
 from wattlab.cli import main
-from wattlab.hardware.pmd_emulator import PmdEmulator
+from wattlab.hardware.emulators.pmd_emulator import PmdEmulator
 
 
 def test_devices_recognises_an_emulated_pmd(capsys):

@@ -16,7 +16,7 @@ from wattlab.acquisition.acquirers.pmd_acquirer import PmdAcquirer
 from wattlab.drivers.pmd import PmdUsb
 from wattlab.drivers.transport import SerialTransport
 from wattlab.errors import MeterError
-from wattlab.hardware.pmd_emulator import DEFAULT_ADC_OFFSET, PmdEmulator
+from wattlab.hardware.emulators.pmd_emulator import DEFAULT_ADC_OFFSET, PmdEmulator
 from wattlab.samples import Gap, SampleFlag
 
 FRAME_BYTES = 20  # 4 timestamp bytes + 8 channels
@@ -183,7 +183,7 @@ def test_close_stops_continuous_mode(emu: PmdEmulator) -> None:
 
 
 def test_emulator_cli_prints_port_and_stops_on_ctrl_c() -> None:
-    code = "from wattlab.hardware.pmd_emulator import main; raise SystemExit(main([]))"
+    code = "from wattlab.hardware.emulators.pmd_emulator import main; raise SystemExit(main([]))"
     with emulator_cli([sys.executable, "-c", code]) as (proc, line):
         path = line.strip()
         assert path.startswith("/dev/pts/")

@@ -18,7 +18,7 @@ from wattlab.acquisition.acquirers.powersensor3_acquirer import PowerSensor3Acqu
 from wattlab.drivers.powersensor3 import PowerSensor3, SensorConfig, StreamBlock
 from wattlab.drivers.transport import SerialTransport
 from wattlab.errors import MeterError
-from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
+from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
 from wattlab.samples import Gap, Marker, SampleFlag
 
 RATE_HZ = 20000
@@ -281,7 +281,8 @@ def test_config_exchange_stall_resets_device() -> None:
 
 
 def test_emulator_cli_prints_port_and_stops_on_ctrl_c() -> None:
-    code = "from wattlab.hardware.powersensor3_emulator import main; raise SystemExit(main([]))"
+    code = ("from wattlab.hardware.emulators.powersensor3_emulator import main; "
+            "raise SystemExit(main([]))")
     with emulator_cli([sys.executable, "-c", code]) as (proc, line):
         path = line.strip()
         assert path.startswith("/dev/pts/")

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import running
 from wattlab.drivers.transport import SerialTransport
 from wattlab.errors import MeterError, WattlabError
-from wattlab.hardware.pty_device import PtyDevice
+from wattlab.hardware.emulators.pty_device import PtyDevice
 
 
 class EchoUpper(PtyDevice):

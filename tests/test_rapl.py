@@ -14,7 +14,7 @@ from wattlab.acquisition.acquirers.rapl_acquirer import RaplAcquirer
 from wattlab.cli import main
 from wattlab.drivers.powercap import discover
 from wattlab.errors import MeterError
-from wattlab.hardware.powercap_emulator import (
+from wattlab.hardware.emulators.powercap_emulator import (
     INTEL_SERVER_UNIT_UJ,
     PowercapEmulator,
     Zone,

@@ -14,7 +14,7 @@ from wattlab.drivers.scpi import (
     split_scpi_list,
 )
 from wattlab.errors import MeterProtocolError
-from wattlab.hardware.scpi_server import Pattern, parse_command
+from wattlab.hardware.emulators.scpi_server import Pattern, parse_command
 from wattlab.samples import SampleFlag
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import ctrl_c, emulator_cli, running
 from wattlab.drivers.scpi import ScpiTransport
-from wattlab.hardware.scpi_server import ScpiCommand, ScpiDevice, ScpiTcpServer, WallLoad
+from wattlab.hardware.emulators.scpi_server import ScpiCommand, ScpiDevice, ScpiTcpServer, WallLoad
 
 
 def echo(cmd: ScpiCommand) -> str | bytes | None:
@@ -62,7 +62,7 @@ def test_wall_load_efficiency_curve() -> None:
 
 
 def test_emulate_cli_serves_until_interrupted(rm: Any) -> None:
-    code = "from wattlab.hardware.scpi_server import run_emulator_cli as r; " \
+    code = "from wattlab.hardware.emulators.scpi_server import run_emulator_cli as r; " \
            "raise SystemExit(r('wt310e'))"
     with emulator_cli([sys.executable, "-c", code]) as (proc, line):
         resource = line.split(": ", 1)[1].strip()
@@ -76,7 +76,7 @@ def test_emulate_cli_serves_until_interrupted(rm: Any) -> None:
 
 
 def test_emulate_cli_rejects_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
-    from wattlab.hardware.scpi_server import run_emulator_cli
+    from wattlab.hardware.emulators.scpi_server import run_emulator_cli
 
     assert run_emulator_cli("wt9000") == 2
     assert "unknown analyser" in capsys.readouterr().err

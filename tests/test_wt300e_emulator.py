@@ -14,7 +14,7 @@ from wattlab.acquisition.acquirers.scpi_acquirers import Wt300eAcquirer
 from wattlab.drivers.scpi import ScpiError, ScpiTransport
 from wattlab.drivers.yokogawa_wt300e import Wt300e
 from wattlab.errors import MeterError, MeterTimeoutError
-from wattlab.hardware.wt300e_emulator import Wt300eEmulator
+from wattlab.hardware.emulators.wt300e_emulator import Wt300eEmulator
 from wattlab.samples import SampleFlag
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from wattlab.hardware.pty_device import PtyDevice, serve_until_interrupted
+from wattlab.hardware.emulators.pty_device import PtyDevice, serve_until_interrupted
 
 VOLTS = 12.0
 STALE_NS = 50_000_000

@@ -40,8 +40,8 @@ class VirtualBench:
 
     def __enter__(self) -> VirtualBench:
         if self.meters:
-            from wattlab.hardware.powersensor3_emulator import PowerSensor3Emulator
-            from wattlab.hardware.wt300e_emulator import Wt300eEmulator
+            from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
+            from wattlab.hardware.emulators.wt300e_emulator import Wt300eEmulator
 
             try:
                 ps3 = self._stack.enter_context(PowerSensor3Emulator(self.gpu.true_power_w))

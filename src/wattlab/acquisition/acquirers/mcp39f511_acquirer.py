@@ -248,7 +248,7 @@ def _build(address: str, source_id: str, options: Mapping[str, Any]) -> Mcp39f51
 
 
 def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
-    from wattlab.hardware.mcp39f511_emulator import run_emulator_cli
+    from wattlab.hardware.emulators.mcp39f511_emulator import run_emulator_cli
 
     return run_emulator_cli(power_w, seed=seed)
 

@@ -117,7 +117,7 @@ def _identify(transport: ByteTransport) -> str:
 
 
 def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
-    from wattlab.hardware import pmd_emulator
+    from wattlab.hardware.emulators import pmd_emulator
 
     return pmd_emulator.run_emulator_cli(power_w)
 

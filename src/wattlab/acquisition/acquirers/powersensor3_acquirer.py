@@ -146,7 +146,7 @@ def _identify(transport: ByteTransport) -> str:
 
 
 def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
-    from wattlab.hardware.powersensor3_emulator import run_emulator_cli
+    from wattlab.hardware.emulators.powersensor3_emulator import run_emulator_cli
 
     return run_emulator_cli(power_w, seed=seed)
 

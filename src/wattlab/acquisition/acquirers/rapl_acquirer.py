@@ -159,7 +159,7 @@ def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
     """An emulated two-socket tree in a new folder, advancing until Ctrl-C."""
     import tempfile
 
-    from wattlab.hardware.powercap_emulator import PowercapEmulator, intel_server
+    from wattlab.hardware.emulators.powercap_emulator import PowercapEmulator, intel_server
 
     root = Path(tempfile.mkdtemp(prefix="wattlab-powercap-"))
     emulator = PowercapEmulator(root, intel_server()).start()

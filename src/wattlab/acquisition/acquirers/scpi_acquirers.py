@@ -344,7 +344,7 @@ def _build_hmc8015(address: str, source_id: str, options: Mapping[str, Any]
 
 
 def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
-    from wattlab.hardware.scpi_server import run_emulator_cli
+    from wattlab.hardware.emulators.scpi_server import run_emulator_cli
 
     return run_emulator_cli(name, power_w)
 

@@ -15,7 +15,7 @@ import datetime as dt
 import math
 from collections.abc import Callable
 
-from wattlab.hardware.scpi_server import (
+from wattlab.hardware.emulators.scpi_server import (
     Reply,
     ScpiCommand,
     ScpiDevice,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from wattlab.hardware.pty_device import PtyDevice, serve_until_interrupted
+from wattlab.hardware.emulators.pty_device import PtyDevice, serve_until_interrupted
 
 ACK, NAK, CSFAIL = 0x06, 0x15, 0x51
 STATUS, VERSION, VOLTS, FREQ, PF, IRMS, P, Q, S = 2, 4, 6, 8, 10, 14, 22, 30, 38

@@ -400,11 +400,11 @@ def serve_until_interrupted(device: ScpiDevice, name: str) -> int:
 
 def run_emulator_cli(model: str, node_power_w: Callable[[int], float] | None = None) -> int:
     """``wattlab emulate wt310e|wt332e|wt333e|hmc8015``: serve one emulator until Ctrl-C."""
-    from wattlab.hardware.wt300e_emulator import MODEL_ELEMENTS, Wt300eEmulator
+    from wattlab.hardware.emulators.wt300e_emulator import MODEL_ELEMENTS, Wt300eEmulator
 
     key = model.upper()
     if key == "HMC8015":
-        from wattlab.hardware.hmc8015_emulator import Hmc8015Emulator
+        from wattlab.hardware.emulators.hmc8015_emulator import Hmc8015Emulator
 
         return serve_until_interrupted(Hmc8015Emulator(node_power_w), key)
     if key not in MODEL_ELEMENTS:

@@ -15,7 +15,7 @@ import re
 import threading
 from collections.abc import Callable
 
-from wattlab.hardware.scpi_server import (
+from wattlab.hardware.emulators.scpi_server import (
     Reply,
     ScpiCommand,
     ScpiDevice,

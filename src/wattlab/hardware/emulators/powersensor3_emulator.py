@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.hardware.pty_device import PtyDevice, serve_until_interrupted
+from wattlab.hardware.emulators.pty_device import PtyDevice, serve_until_interrupted
 
 N_SENSORS = 8
 RECORD_FORMAT = "<16s16sff?"
