@@ -236,6 +236,19 @@ def test_late_read_of_an_unbroken_stream_is_buffered_data_not_lost_wraps() -> No
     assert np.abs(host - (us - us[0]) * 1000).max() <= 60_000
 
 
+def test_a_dropping_envelope_over_uneven_steps_keeps_times_increasing() -> None:
+    """Slewing a lower offset over a batch whose first step is short must not stamp two
+    frames alike (seen as equal PowerSensor3 times in a loaded test_faults_disk run)."""
+    clock = DeviceClock(slack_ns=2_000_000)
+    us = np.arange(100, dtype=np.int64) * 50
+    a = clock.unwrap((us & 0x3FF).astype(np.uint16), int(us[-1]) * 1000 + 900_000)  # late read
+    later = us[-1] + np.array([10, 1010], dtype=np.int64)  # uneven steps, read at once
+    b = clock.unwrap((later & 0x3FF).astype(np.uint16), int(later[-1]) * 1000 + 10_000)
+    assert not b.estimated.any()
+    host = np.concatenate([a.t_host_ns, b.t_host_ns])
+    assert np.all(np.diff(host) > 0)
+
+
 def test_reanchor_after_a_break_never_steps_back() -> None:
     clock = DeviceClock(slack_ns=2_000_000)
     us = np.arange(200, dtype=np.int64) * 50
@@ -244,5 +257,6 @@ def test_reanchor_after_a_break_never_steps_back() -> None:
     later = np.concatenate([us[100:150], us[149] + 5_030 + np.arange(50) * 50])
     b = clock.unwrap((later & 0x3FF).astype(np.uint16), int(later[-1]) * 1000 + 10_000)
     host = np.concatenate([a.t_host_ns, b.t_host_ns])
-    assert np.all(np.diff(host) >= 0)
+    assert np.all(np.diff(host) > 0)  # two frames are never taken at one instant
+    np.testing.assert_array_equal(np.diff(b.t_host_ns[50:]), 50_000)  # the device's own steps
     assert b.estimated.tolist() == [False] * 50 + [True] * 50

@@ -277,7 +277,7 @@ class DeviceClock:
     the decoder skipped), whole 1024 µs wraps were lost with it: the time is re-anchored on
     the host clock from the break on and those samples are flagged ``ESTIMATED_TIME``. A
     late read with an unbroken stream is data that waited in the OS or USB buffers (a busy
-    host), not lost data: the envelope stands. Host times never go backwards.
+    host), not lost data: the envelope stands. Host times always increase.
     """
 
     def __init__(self, slack_ns: int = 20_000_000, drift_ppm: float = 200.0,
@@ -311,6 +311,9 @@ class DeviceClock:
         first = self._last_raw is None
         prev_raw = int(t[0]) if self._last_raw is None else self._last_raw
         steps = np.diff(t, prepend=prev_raw) % DEVICE_CLOCK_WRAP_US
+        # Two frames never share an instant: a zero step is a whole wrap lost between them.
+        later = steps[1:] if first else steps
+        later[later == 0] = DEVICE_CLOCK_WRAP_US
         dev = (int(t[0]) if first else self._last_dev_us) + np.cumsum(steps)
         odd = np.flatnonzero(steps != self.period_us)
         all_breaks = sorted({int(b) for b in breaks} | {int(i) for i in odd if i or not first})
@@ -342,15 +345,33 @@ class DeviceClock:
             change = int(np.clip(offset - self._offset_ns, -span_ns // 2, span_ns // 2))
             offset = self._offset_ns + change
             offsets = self._offset_ns + (change * np.arange(1, n + 1, dtype=np.int64)) // n
+        t_host = (dev * 1000 + offsets).astype(np.int64)
+        before = self._last_host_ns if at == 0 else int(t_host[at - 1])
+        if at < n and before is not None and t_host[at] <= before:
+            # The wrap count came out short (read jitter on the rounding): the samples
+            # after the break come after the ones before it, so whole wraps are added.
+            wraps = -(-(before - int(t_host[at]) + 1) // WRAP_NS)
+            dev[at:] += wraps * DEVICE_CLOCK_WRAP_US
+            t_host[at:] += wraps * WRAP_NS
         self._offset_ns = offset
         self._last_raw = int(t[-1])
         self._last_dev_us = int(dev[-1])
         self._last_read_ns = host_read_ns
-        t_host = (dev * 1000 + offsets).astype(np.int64)
-        if self._last_host_ns is not None:  # a re-anchor may not step back
-            t_host = np.maximum.accumulate(np.maximum(t_host, self._last_host_ns))
+        t_host = strictly_increasing(t_host, self._last_host_ns)
         self._last_host_ns = int(t_host[-1])
         return UnwrappedTimes(dev.astype(np.int64), t_host, estimated)
+
+
+def strictly_increasing(t_ns: npt.NDArray[np.int64], after_ns: int | None) -> npt.NDArray[np.int64]:
+    """Each time at least 1 ns after the one before (and after ``after_ns``).
+
+    Why: a slewed offset over a batch of uneven steps can still put a sample at or before
+    its predecessor; two samples are never taken at one instant, and the run file's time
+    axis must say which came first.
+    """
+    index = np.arange(t_ns.shape[0], dtype=np.int64)
+    floor = np.iinfo(np.int64).min if after_ns is None else after_ns + 1
+    return np.maximum.accumulate(np.maximum(t_ns - index, floor)) + index
 
 
 # ---------------------------------------------------------------------------------------
