@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import wattlab
-from wattlab.analysis.calibration.calibrate import calibrate
+from wattlab.analysis.calibration.stream_calibration import calibrate
 from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
 

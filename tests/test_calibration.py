@@ -10,14 +10,14 @@ import pytest
 
 import wattlab
 from tests.sim_runs import sim_descriptor, write_sim_run
-from wattlab.analysis.calibration import calibrate as calibration
 from wattlab.analysis.calibration import fit_uncertainty, kernel_fit
-from wattlab.analysis.calibration.calibrate import (
+from wattlab.analysis.calibration import stream_calibration as calibration
+from wattlab.analysis.calibration.reference_grid import ReferenceGrid
+from wattlab.analysis.calibration.stream_calibration import (
     calibrate,
     load_record,
     store_in_run,
 )
-from wattlab.analysis.calibration.reference_grid import ReferenceGrid
 from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
 from wattlab.runfile.calibration_record import read_calibrations

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import wattlab
-from wattlab.analysis.calibration.calibrate import calibrate
+from wattlab.analysis.calibration.stream_calibration import calibrate
 from wattlab.cli import main
 from wattlab.hardware.simulated_gpu import GpuModel
 

@@ -14,8 +14,8 @@ import pytest
 
 import wattlab
 from tests.data_files import DATA
-from wattlab.analysis.calibration.calibrate import calibrate
 from wattlab.analysis.calibration.deconvolved_energy import Windows, fuse, fuse_records, mark_breaks
+from wattlab.analysis.calibration.stream_calibration import calibrate
 from wattlab.analysis.energy.source_energy import energy_report, phases_from_markers
 from wattlab.errors import UsageError
 

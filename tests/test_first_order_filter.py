@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.signal import lfilter
 
-from wattlab.device_models.first_order_filter import first_order_filter
+from wattlab.device_models.recursive_filter import first_order_filter
 
 
 def _loop(x: np.ndarray, alpha: float, gain: float, y_before: float) -> np.ndarray:

@@ -15,8 +15,8 @@ import pytest
 
 import wattlab
 from tests.data_files import DATA
-from wattlab.analysis.calibration.calibrate import calibrate, load_record
 from wattlab.analysis.calibration.identifiability import Profile, effective_points, judge
+from wattlab.analysis.calibration.stream_calibration import calibrate, load_record
 from wattlab.errors import UsageError
 
 TRACES = DATA / "traces"

@@ -156,3 +156,22 @@ def test_the_surface_check_sees_an_import_past_it() -> None:
     assert imports_past_a_surface("wattlab.analysis.x", source, {"wattlab.runfile"}) == [
         "wattlab.analysis.x:1 wattlab.runfile.reader"]
     assert imports_past_a_surface("wattlab.runfile.y", source, {"wattlab.runfile"}) == []
+
+
+def shadowed_modules(exported: set[str], modules: set[str]) -> set[str]:
+    """Names a package exports that are also its modules' names: the export hides the module."""
+    return exported & modules
+
+
+def test_no_surface_name_hides_a_module() -> None:
+    found = {}
+    for init in SRC.rglob("__init__.py"):
+        tree = ast.parse(init.read_text())
+        exported = {elt.value for node in tree.body if isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+                    for elt in getattr(node.value, "elts", []) if isinstance(elt, ast.Constant)}
+        modules = {p.stem for p in init.parent.glob("*.py")}
+        if hidden := shadowed_modules(exported, modules):
+            found[init.parent.relative_to(SRC).as_posix()] = hidden
+    assert found == {}
+    assert shadowed_modules({"calibrate", "Run"}, {"calibrate", "reader"}) == {"calibrate"}

@@ -177,7 +177,7 @@ def test_a_plugin_that_fails_to_import_is_named_and_left_out(tmp_path: Path) -> 
 
 
 def test_a_plugin_taking_a_name_already_taken_is_left_out_whole(tmp_path: Path) -> None:
-    module = ('from wattlab.acquisition.acquirers.meter_kinds import MeterKind, register\n'
+    module = ('from wattlab.acquisition.acquirers.meter_registry import MeterKind, register\n'
               'from wattlab.acquisition.acquirers.pmd_acquirer import KIND\n'
               'register(MeterKind(kind="pmd2", default_id="pmd2", help="", build=KIND.build,\n'
               '                   stream_rate=None))\n'
@@ -187,7 +187,7 @@ def test_a_plugin_taking_a_name_already_taken_is_left_out_whole(tmp_path: Path) 
                        "entry-points": {"wattlab.meters": {"dup": "dup_meter.acquirer"}}},
             {"dup_meter/acquirer.py": module})
     done = run(["-c", "import json\n"
-                      "from wattlab.acquisition.acquirers.meter_kinds import meter_kinds\n"
+                      "from wattlab.acquisition.acquirers.meter_registry import meter_kinds\n"
                       "print(json.dumps({k: m.build.__module__ for k, m in "
                       "meter_kinds().items()}))"], tmp_path, tmp_path)
     assert done.returncode == 0, done.stderr

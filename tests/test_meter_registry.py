@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, meter_kinds, register
+from wattlab.acquisition.acquirers.meter_registry import MeterKind, meter_kinds, register
 from wattlab.acquisition.meters.bench_file import KINDS, TEMPLATE
 from wattlab.acquisition.meters.discovery import PROBE_KINDS, USB_CANDIDATES
 from wattlab.acquisition.meters.meter_specs import ALIASES, METER_KINDS, parse_meter_spec

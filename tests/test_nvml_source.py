@@ -14,7 +14,7 @@ from tests.data_files import H100_CAPTURE as REAL_DATA
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer, parse_streams
 from wattlab.acquisition.acquirers.nvml_cadence import parse_intervals
-from wattlab.analysis.calibration.calibrate import update_lattice
+from wattlab.analysis.calibration.stream_calibration import update_lattice
 from wattlab.device_models.workload_schedule import WorkloadSchedule
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.errors import NvmlError, UsageError

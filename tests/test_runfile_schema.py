@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 import pytest
 
-from wattlab.analysis.calibration.calibrate import WIDTH_NAME, store_in_run
+from wattlab.analysis.calibration.stream_calibration import WIDTH_NAME, store_in_run
 from wattlab.runfile import schema
 from wattlab.runfile.layers_record import write_layers
 from wattlab.runfile.tuning_record import (
@@ -84,7 +84,7 @@ EXEMPT: dict[tuple[str, str], str] = {
     ("sync/recorder/process.py", "config_json"): "the recorder's command-line argument",
     ("samples.py", "time_raw"): "SourceDescriptor's field (the stream attribute copies it)",
     ("samples.py", "flags"): "a SampleBatch buffer (the dataset is named after it)",
-    ("acquisition/acquirers/nvml_acquirer.py", "time_raw"): "a SourceDescriptor keyword",
+    ("acquisition/acquirers/gpu_descriptors.py", "time_raw"): "a SourceDescriptor keyword",
     ("commands/import_data.py", "time_unit"): "the CSV importer's option",
     ("analysis/models/sweep_results.py", "format_version"): "the sweep file's own layout",
     ("analysis/report/export_table.py", "remote_host"): "a column of the energy export",

@@ -14,7 +14,7 @@ import numpy as np
 
 from toy_meter.toy_driver import ToyMeter
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading, sleep_until_due
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, StreamRate, register
+from wattlab.acquisition.acquirers.meter_registry import MeterKind, StreamRate, register
 from wattlab.acquisition.acquirers.serial_acquirer import SerialAcquirer
 from wattlab.drivers.transport import ByteTransport, open_serial
 from wattlab.errors import MeterError

@@ -5,8 +5,8 @@ and the analysis share them, so each of those stays on its own layer.
 """
 
 from wattlab.device_models.clock_fit import NOMINAL_NS_PER_UNIT, EnvelopeAccumulator
-from wattlab.device_models.first_order_filter import first_order_filter
 from wattlab.device_models.layer_physics import LayerPhysics
+from wattlab.device_models.recursive_filter import first_order_filter
 from wattlab.device_models.roofline import Roofline, measure_roofline, simulated_roofline
 from wattlab.device_models.workload_schedule import Segment, WorkloadSchedule
 

@@ -2,7 +2,7 @@
 
 from wattlab.acquisition.acquirers.acquirer import Acquirer, Chunk, Flushable, Reading
 from wattlab.acquisition.acquirers.amd_acquirer import amd_devices, amd_options
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, Rail, StreamRate, meter_kinds
+from wattlab.acquisition.acquirers.meter_registry import MeterKind, Rail, StreamRate, meter_kinds
 from wattlab.acquisition.acquirers.nvml_acquirer import (
     NVML_STREAMS,
     STREAM_RATES,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, register
+from wattlab.acquisition.acquirers.meter_registry import MeterKind, register
 from wattlab.errors import NvmlError, UsageError
 from wattlab.option_checks import bool_check, non_negative_int, positive_int
 

@@ -49,7 +49,7 @@ import numpy.typing as npt
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.gpu_descriptors import describe_streams
-from wattlab.acquisition.acquirers.meter_kinds import StreamRate
+from wattlab.acquisition.acquirers.meter_registry import StreamRate
 from wattlab.acquisition.acquirers.nvml_cadence import DEFAULT_INTERVALS_S
 from wattlab.drivers.gpu_scope import GpuScope
 from wattlab.drivers.nvml import NVML_CALLS

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
-from wattlab.acquisition.acquirers.meter_kinds import (
+from wattlab.acquisition.acquirers.meter_registry import (
     MeterKind,
     StreamRate,
     input_rails,

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
-from wattlab.acquisition.acquirers.meter_kinds import (
+from wattlab.acquisition.acquirers.meter_registry import (
     MeterKind,
     StreamRate,
     input_rails,

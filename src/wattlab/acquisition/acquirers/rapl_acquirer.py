@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading, sleep_until_due
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, register
+from wattlab.acquisition.acquirers.meter_registry import MeterKind, register
 from wattlab.drivers.powercap import DEFAULT_ROOT, PowercapZone, Unwrapper, discover, read_uj
 from wattlab.errors import MeterError, UsageError
 from wattlab.option_checks import positive_number

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading, sleep_until_due
-from wattlab.acquisition.acquirers.meter_kinds import MeterKind, Rail, StreamRate, register
+from wattlab.acquisition.acquirers.meter_registry import MeterKind, Rail, StreamRate, register
 from wattlab.drivers.hmc8015 import Hmc8015
 from wattlab.drivers.scpi import ScpiTransport, TextTransport
 from wattlab.drivers.yokogawa_wt300e import Wt300e

@@ -6,7 +6,7 @@ precisely: file, line and key. tomllib gives no line numbers for keys, so they a
 by scanning the text for the table headers and ``key =`` lines.
 
 Layout: an optional ``[bench]`` table (name, description) and one ``[[device]]`` table per
-device with a ``kind``: nvml, or a meter kind of :mod:`wattlab.acquisition.acquirers.meter_kinds`
+device with a ``kind``: nvml, or a meter kind of :mod:`wattlab.acquisition.acquirers.meter_registry`
 (powersensor3, pmd, wt300e, hmc8015, mcp39f511), whose keys come from its registration.
 """
 

@@ -1,7 +1,7 @@
 """External meters, named on the command line (``--meter``) or in a bench file, and GPUs.
 
 ``--meter [ID=]KIND:ADDRESS``: KIND is a registered meter kind (see
-:mod:`wattlab.acquisition.acquirers.meter_kinds`): ``powersensor3`` (alias ``ps3``), ``pmd``,
+:mod:`wattlab.acquisition.acquirers.meter_registry`): ``powersensor3`` (alias ``ps3``), ``pmd``,
 ``wt300e`` (aliases ``wt310e``, ``wt332e``, ``wt333e``), ``hmc8015``, ``mcp39f511``
 (aliases ``mcp39f511n``, ``mcp``); ADDRESS is a
 serial port or a VISA resource string (which contains colons itself, so only the first

@@ -1,13 +1,13 @@
 """How the driver's power reading relates to a reference: the fit and what it can tell."""
 
-from wattlab.analysis.calibration.calibrate import (
+from wattlab.analysis.calibration.deconvolved_energy import Fusion, fuse_records, mark_breaks
+from wattlab.analysis.calibration.stream_calibration import (
     calibrate,
     load_record,
     store_in_run,
     target_updates,
     update_lattice,
 )
-from wattlab.analysis.calibration.deconvolved_energy import Fusion, fuse_records, mark_breaks
 
 __all__ = [
     "Fusion",

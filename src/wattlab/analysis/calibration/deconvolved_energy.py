@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.linalg import cho_solve_banded, cholesky_banded
 
-from wattlab.analysis.calibration.calibrate import target_updates, update_instants
+from wattlab.analysis.calibration.stream_calibration import target_updates, update_instants
 from wattlab.analysis.energy import correction_terms, phases_from_markers
 from wattlab.errors import UsageError
 from wattlab.runfile import Run
