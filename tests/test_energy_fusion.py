@@ -18,6 +18,7 @@ from wattlab.analysis.calibration.calibrate import calibrate
 from wattlab.analysis.calibration.deconvolved_energy import Windows, fuse, fuse_records, mark_breaks
 from wattlab.analysis.energy.source_energy import energy_report, phases_from_markers
 from wattlab.errors import UsageError
+from wattlab.runfile import CalibrationRecord
 
 TRACE = DATA / "traces" / "h100_torch-long.h5"
 AVERAGE = "gpu0.power:average_power_w"
@@ -75,7 +76,7 @@ def test_shift_and_scale_misses_what_deconvolution_recovers() -> None:
 
 
 @pytest.fixture(scope="module")
-def torch_long() -> dict:
+def torch_long() -> CalibrationRecord:
     with wattlab.open(str(TRACE)) as run:
         return calibrate(run, "gpu0.samples", AVERAGE)
 

@@ -60,10 +60,15 @@ from wattlab.analysis.calibration.poll_lattice import fit_poll_lattice
 from wattlab.analysis.calibration.reference_grid import coarser_means, reference_grid
 from wattlab.analysis.energy import stream_identity
 from wattlab.errors import RunFileError, UsageError
-from wattlab.runfile import Run, SourceView, StoredCalibration, write_calibration
+from wattlab.runfile import (
+    RECORD_FORMAT,
+    CalibrationRecord,
+    Run,
+    SourceView,
+    write_calibration,
+)
 
 FloatArray = npt.NDArray[np.float64]
-RECORD_FORMAT = "wattlab-calibration/1"
 KERNELS = ("boxcar", "first_order")
 MIN_OVERLAP_FACTOR = 3.0
 """Reference and target must overlap this many (max lag + longest kernel) spans."""
@@ -236,10 +241,10 @@ def calibrate(
     kernels: tuple[str, ...] = KERNELS,
     min_phase_s: float = 2.0,
     update_times: str = "auto",
-) -> dict[str, Any]:
+) -> CalibrationRecord:
     """Fit ``target`` (e.g. ``gpu0.power:average_power_w``) against ``reference``.
 
-    Returns a calibration record (JSON-safe dict): kernel, τ, width, gain, offset with
+    Returns a calibration record: kernel, τ, width, gain, offset with
     standard errors, fit residual, update period and coverage, power-dependent gain test,
     and energy error before/after correction overall and per phase. ``update_times``:
     held readings are observed at their driver update instants when these are periodic
@@ -296,13 +301,14 @@ def calibrate(
                                                        centroid / width * se["w"])]))
     energy = energy_errors(run, ref, tgt, g=(fit.gain, se["g"]), c=(fit.offset_w, se["c"]),
                            d=(d_energy, se["d"]), min_phase_s=min_phase_s)
-    return json_safe(_record(
+    # the document is built whole, then made strict JSON (NaN to None) and typed
+    return CalibrationRecord.from_json(json_safe(_record(
         run, (ref_view, ref_ch), (tgt_view, tgt_ch), fit=fit, se=se, seen=seen,
         d_energy=d_energy,
         lag=lag.to_json(), verdict=verdict, profiles=profiles,
         fit_summary={"rmse_w": math.sqrt(fit.mse), "r2": fit.r2, "n_points": fit.n,
                      "grid_rate_hz": grid_rate_hz, "blocks": batch.fitted},
-        gain_test=power_dependent_gain(fit, x, y, batch), energy=energy))
+        gain_test=power_dependent_gain(fit, x, y, batch), energy=energy)))
 
 
 def _record(run: Run, ref: tuple[SourceView, str], tgt: tuple[SourceView, str], *,
@@ -356,19 +362,15 @@ def _record(run: Run, ref: tuple[SourceView, str], tgt: tuple[SourceView, str], 
 # --------------------------------------------------------------------------- records
 
 
-def store_in_run(path: str, record: dict[str, Any]) -> str:
+def store_in_run(path: str, record: CalibrationRecord) -> str:
     """Write the record under /analysis/calibration/<source>:<channel> (raw data untouched).
 
     Needs the recorder to have closed the file; a record of the same stream is replaced.
     """
-    target = record["target"]
-    pinned = {name: v["value"] for name, v in record["params"].items() if v["value"] is not None}
-    return write_calibration(path, StoredCalibration(
-        target["source"], target["channel"], record["kernel"],
-        bool(record.get("identifiable", True)), pinned, record), hint=" (or use --no-store)")
+    return write_calibration(path, record, hint=" (or use --no-store)")
 
 
-def load_record(path: str, *, force: bool = False) -> dict[str, Any]:
+def load_record(path: str, *, force: bool = False) -> CalibrationRecord:
     """A calibration record from JSON (checked for the fields energy correction needs).
 
     A record whose data could not pin the kernel is refused unless ``force``: applying it
@@ -376,19 +378,24 @@ def load_record(path: str, *, force: bool = False) -> dict[str, Any]:
     """
     try:
         with open(path, encoding="utf-8") as f:
-            record = json.load(f)
+            doc = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"{path}: not a readable calibration JSON ({e})") from e
-    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") != RECORD_FORMAT:
         raise UsageError(f"{path}: not a wattlab calibration record ({RECORD_FORMAT})")
-    for key in ("gain", "offset_w"):
-        if record.get("params", {}).get(key, {}).get("value") is None:
-            raise UsageError(f"{path}: calibration record lacks params.{key}")
-    if record.get("energy_delay_s", {}).get("value") is None:
-        raise UsageError(f"{path}: calibration record lacks energy_delay_s")
-    if record.get("identifiable") is False and not force:
-        reasons = "; ".join(record.get("warnings", [])) or "no reason recorded"
+    try:
+        record = CalibrationRecord.from_json(doc)
+    except RunFileError as e:
+        raise UsageError(f"{path}: calibration record {e}") from e
+    for name, value in (("params.gain", record.params.gain.value),
+                        ("params.offset_w", record.params.offset_w.value),
+                        ("energy_delay_s", record.energy_delay_s.value)):
+        if value is None:
+            raise UsageError(f"{path}: calibration record lacks {name}")
+    verdict = record.verdict
+    if not verdict.identifiable and not force:
+        reasons = "; ".join(verdict.warnings) or "no reason recorded"
         raise UsageError(f"{path}: this calibration is not identifiable ({reasons}); "
-                         f"{record.get('advice') or 'record a richer load'}, or pass "
+                         f"{verdict.advice or 'record a richer load'}, or pass "
                          "--force-calibration to apply it anyway")
     return record
