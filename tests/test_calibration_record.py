@@ -20,6 +20,11 @@ from wattlab.runfile import CalibrationRecord, Identifiability, read_calibration
 
 STORED = DATA / "traces" / "h100_excite-seed1.h5"
 AVERAGE = "gpu0.power:average_power_w"
+RECORD_KEYS = ["format", "key", "target", "reference", "run", "created", "convention", "kernel",
+               "params", "effective_delay_s", "energy_delay_s", "cross_correlation_lag",
+               "identifiable", "warnings", "advice", "profiles", "update_period_s",
+               "update_period_se_s", "held_readings", "update_times", "poll_delay_s",
+               "coverage", "fit", "kernels", "power_dependent_gain", "energy"]
 ISSUE_20_KEYS = ("identifiable", "warnings", "advice", "profiles", "update_period_se_s")
 
 
@@ -35,6 +40,7 @@ def test_a_real_record_survives_a_round_trip_unchanged() -> None:
     doc = _stored_documents(STORED)[AVERAGE]
     record = CalibrationRecord.from_json(doc)
     assert record.to_json() == doc
+    assert list(record.to_json()) == RECORD_KEYS  # `calibrate --json` prints them in this order
     assert CalibrationRecord.from_json(record.to_json()) == record
     assert record.where == AVERAGE and record.params.width_name == "w_s"
     assert record.params.pinned().keys() == {"tau_s", "w_s", "gain", "offset_w"}

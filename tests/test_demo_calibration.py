@@ -87,7 +87,7 @@ def _phase_rows(report: dict[str, Any], source: str, channel: str) -> list[dict[
 def test_energy_by_phase_compares_nvml_with_the_meter_and_correction_helps(
         demo_run, average_record, tmp_path, capsys):
     cal = tmp_path / "cal.json"
-    cal.write_text(json.dumps(average_record))
+    cal.write_text(json.dumps(average_record.to_json()))
     capsys.readouterr()
     assert main(["energy", str(demo_run), "--by-marker", "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)

@@ -13,6 +13,7 @@ from wattlab.runfile.calibration_parts import (
     ReferenceStream,
     StreamKey,
     TargetStream,
+    finite,
 )
 from wattlab.runfile.calibration_record import (
     RECORD_FORMAT,
@@ -117,6 +118,7 @@ __all__ = [
     "TuningProbes",
     "TuningRecord",
     "clear_crash_flags",
+    "finite",
     "fit_eoa_to_file",
     "lookup3",
     "markers_from",

@@ -8,10 +8,16 @@ stored record (energy fusion, the report) needs the parts without the fitting co
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Self, cast
 
 from wattlab.errors import RunFileError
+
+
+def finite(x: float | None) -> float | None:
+    """A number as a record keeps it: a Python float, None where not finite (strict JSON)."""
+    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def need(doc: Any, key: str | None, where: str) -> Any:
@@ -48,6 +54,11 @@ class Estimate(_Flat):
 
     value: float | None
     se: float | None
+
+    @classmethod
+    def of(cls, value: float, se: float) -> Estimate:
+        """A fitted value and its standard error, None where either is not finite."""
+        return cls(finite(value), finite(se))
 
 
 @dataclass(frozen=True)
