@@ -37,7 +37,7 @@ from wattlab.analysis.calibration.deconvolved_energy import windows_from_record
 from wattlab.analysis.energy import Phase, energy_report, phases_from_markers
 from wattlab.errors import UsageError
 from wattlab.importers import import_files
-from wattlab.runfile import Run
+from wattlab.runfile import CalibrationRecord, Run
 
 LONG_S = 2.0
 WHOLE = ("session", "fit", "epoch")  # phases that hold the others
@@ -59,10 +59,10 @@ def joined(phases: list[Phase]) -> list[tuple[float, float]]:
     return out
 
 
-def errors(path: str, reference: str, records: list[dict[str, Any]], force: bool
+def errors(path: str, reference: str, records: list[CalibrationRecord], force: bool
            ) -> dict[str, Any]:
     """Mean and max |error| % per phase set, before and after deconvolution."""
-    target = f"{records[0]['target']['source']}:{records[0]['target']['channel']}"
+    target = records[0].where
     with wattlab.open(path) as run:
         phases = phases_from_markers(run.markers)
         marked = {p.label for p in phases if p.duration_s >= LONG_S}
@@ -121,7 +121,7 @@ def errors(path: str, reference: str, records: list[dict[str, Any]], force: bool
     return out
 
 
-def exact_span_floor(run: Run, reference: str, record: dict[str, Any], force: bool
+def exact_span_floor(run: Run, reference: str, record: CalibrationRecord, force: bool
                      ) -> dict[str, Any] | None:
     """|error| % of the calibrated average over two consecutive windows, against the reference
     over the same two windows: a span any deconvolution gets exactly (a telescoping sum), so
@@ -154,7 +154,7 @@ def exact_span_floor(run: Run, reference: str, record: dict[str, Any], force: bo
             "span_s": 2 * win.width_s}
 
 
-def calibrated(path: str, prefix: str, channels: tuple[str, str]) -> list[dict[str, Any]]:
+def calibrated(path: str, prefix: str, channels: tuple[str, str]) -> list[CalibrationRecord]:
     """Records of the average and the instant reading, as `wattlab calibrate` makes them."""
     with wattlab.open(path) as run:
         return [calibrate(run, f"{prefix}.samples", ch) for ch in channels]
@@ -194,7 +194,7 @@ def main() -> None:
                              "keep them in $OUT when set")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="wattlab-fusion-"))
-    cases: list[tuple[str, str, str, list[dict[str, Any]], bool]] = []
+    cases: list[tuple[str, str, str, list[CalibrationRecord], bool]] = []
     runs = excite_runs(folder, args.sim_runs, args.sim_duration, None)
     if args.real_excite:
         real = excite_runs(folder, args.real_excite, args.sim_duration, 0)
@@ -221,8 +221,8 @@ def main() -> None:
     rows = []
     for name, path, reference, records, force in cases:
         result = errors(path, reference, records, force)
-        rows.append({"run": name, "identifiable": records[0]["identifiable"],
-                     "kernel": records[0]["kernel"], "update_times": records[0]["update_times"],
+        rows.append({"run": name, "identifiable": records[0].verdict.identifiable,
+                     "kernel": records[0].kernel, "update_times": records[0].update_times,
                      **result})
     print(f"{'run':<40} {'set':<8} {'n':>3} {'before':>15} {'deconvolved':>13} "
           f"{'+instant':>13} {'+marks':>13} {'+marks+inst':>13} {'rms z':>5} {'floor':>11}")

@@ -34,12 +34,12 @@ def one_run(folder: Path, seed: int, duration_s: float) -> dict:
     summary = json.loads(done.stdout)
     from wattlab.runfile import read_calibrations
 
-    records = {r["target"]["channel"]: r for r in read_calibrations(str(out))}
+    records = {r.target.channel: r for r in read_calibrations(str(out))}
     for view in summary["views"]:
-        energy = records[view["view"]]["energy"]
-        view["phase_error_after_pct"] = energy["mean_abs_error_after_pct"]
-        view["phase_error_before_pct"] = energy["mean_abs_error_before_pct"]
-        view["phases"] = energy["phases_considered"]
+        energy = records[view["view"]].energy
+        view["phase_error_after_pct"] = energy.mean_abs_error_after_pct
+        view["phase_error_before_pct"] = energy.mean_abs_error_before_pct
+        view["phases"] = energy.phases_considered
     return summary
 
 

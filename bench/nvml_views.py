@@ -48,10 +48,11 @@ def one_run(path: str) -> dict[str, Any]:
     with wattlab.open(path) as run:
         record = calibrate(run, "gpu0.samples", "gpu0.power:average_power_w")
         out: dict[str, Any] = {
-            "run": path.rsplit("/", 1)[-1], "identifiable": record["identifiable"],
-            "w_s": record["params"]["w_s"], "effective_delay_s": record["effective_delay_s"],
-            "update_period_s": {"value": record["update_period_s"],
-                                "se": record["update_period_se_s"]}}
+            "run": path.rsplit("/", 1)[-1], "identifiable": record.verdict.identifiable,
+            "w_s": record.params.width.to_json(),
+            "effective_delay_s": record.effective_delay_s.to_json(),
+            "update_period_s": {"value": record.update_period_s,
+                                "se": record.update_period_se_s}}
         buf = run.source("gpu0.samples")
         t = buf.time_ns.astype(np.float64) / 1e9
         cum = cumulative(t, buf.channel("power_w").astype(np.float64))

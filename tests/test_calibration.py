@@ -20,7 +20,7 @@ from wattlab.analysis.calibration.stream_calibration import (
 )
 from wattlab.analysis.energy.source_energy import energy_report
 from wattlab.cli import main
-from wattlab.runfile.calibration_record import read_calibrations
+from wattlab.runfile import CalibrationRecord, read_calibrations
 from wattlab.runfile.writer import RunFileWriter
 
 MS = 1_000_000
@@ -33,9 +33,9 @@ def sim_run(tmp_path_factory) -> Path:
     return path
 
 
-def _v(record: dict, name: str) -> tuple[float, float]:
-    obj = record["params"][name] if name in record["params"] else record[name]
-    return obj["value"], obj["se"]
+def _v(record: CalibrationRecord, name: str) -> tuple[float, float]:
+    obj = record.params.by_name().get(name) or getattr(record, name)
+    return obj.value, obj.se
 
 
 LTI = {"tau": 0.037, "w": 0.8, "g": 1.07, "c": 12.0}
@@ -73,14 +73,14 @@ def _lti_run(path: Path, quiet_s: tuple[float, float] | None = None) -> dict:
 
 def test_synthetic_lti_target_recovers_tau_width_gain_offset(tmp_path):
     rec = _lti_run(tmp_path / "lti.h5")
-    assert rec["kernel"] == "boxcar"
+    assert rec.kernel == "boxcar"
     assert abs(_v(rec, "tau_s")[0] - LTI["tau"]) < 1e-3
     assert abs(_v(rec, "w_s")[0] / LTI["w"] - 1) < 0.05
     g_fit, g_se = _v(rec, "gain")
     c_fit, c_se = _v(rec, "offset_w")
     assert abs(g_fit / LTI["g"] - 1) < 0.01 and abs(g_fit - LTI["g"]) < 3 * g_se + 1e-3
     assert abs(c_fit - LTI["c"]) < 3 * c_se + 0.5
-    assert rec["fit"]["rmse_w"] < 2.0
+    assert rec.fit.rmse_w < 2.0
 
 
 def test_a_quiet_stretch_does_not_inflate_the_gain_uncertainty(tmp_path):
@@ -99,25 +99,25 @@ def test_a_quiet_stretch_does_not_inflate_the_gain_uncertainty(tmp_path):
 def test_simulated_average_is_a_one_second_boxcar_with_unit_gain(sim_run):
     with wattlab.open(str(sim_run)) as run:
         rec = calibrate(run, "meter", "gpu0.power:average_power_w")
-    assert rec["kernel"] == "boxcar"
+    assert rec.kernel == "boxcar"
     assert abs(_v(rec, "w_s")[0] - 1.0) < 0.05
     assert abs(_v(rec, "gain")[0] - 1.0) < 0.01
     assert abs(_v(rec, "tau_s")[0]) < 0.03  # causal boxcar: the window ends at the update
     assert 0.45 < _v(rec, "effective_delay_s")[0] < 0.55
-    assert rec["coverage"] == pytest.approx(1.0)
-    assert 0.08 < rec["update_period_s"] < 0.13
-    e = rec["energy"]
-    assert e["phases_considered"] >= 3
-    assert e["mean_abs_error_after_pct"] < 0.6 * e["mean_abs_error_before_pct"]
-    assert rec["key"]["nvml_field"] == "nvmlDeviceGetPowerUsage"
+    assert rec.coverage == pytest.approx(1.0)
+    assert 0.08 < rec.update_period_s < 0.13
+    e = rec.energy
+    assert e.phases_considered >= 3
+    assert e.mean_abs_error_after_pct < 0.6 * e.mean_abs_error_before_pct
+    assert rec.key.nvml_field == "nvmlDeviceGetPowerUsage"
 
 
 def test_simulated_instant_reading_is_part_time(sim_run):
     with wattlab.open(str(sim_run)) as run:
         rec = calibrate(run, "meter", "gpu0.power:instant_power_w", kernels=("boxcar",))
-    assert rec["kernel"] == "part_time"
+    assert rec.kernel == "part_time"
     assert 0.015 < _v(rec, "w_s")[0] < 0.035  # the simulator observes 25 ms of each 100 ms
-    assert 0.15 < rec["coverage"] < 0.35
+    assert 0.15 < rec.coverage < 0.35
 
 
 def test_injected_gain_and_offset_are_recovered_within_their_uncertainty(sim_run):
@@ -128,21 +128,21 @@ def test_injected_gain_and_offset_are_recovered_within_their_uncertainty(sim_run
     assert 0 < g_se < 0.01 and 0 < c_se < 5
     assert abs(g - 1.07) < max(3 * g_se, 0.005)
     assert abs(c - 5.0) < max(3 * c_se, 1.0)
-    assert not rec["power_dependent_gain"]["warranted"]
+    assert not rec.power_dependent_gain.warranted
 
 
 def test_h100_average_is_a_one_second_boxcar_lagging_half_a_second(h100_run):
     with wattlab.open(str(h100_run)) as run:
         rec = calibrate(run, "h100.samples", "h100.average")
-    assert rec["kernel"] == "boxcar"
+    assert rec.kernel == "boxcar"
     assert 0.95 < _v(rec, "w_s")[0] < 1.05
     assert -0.05 < _v(rec, "tau_s")[0] < 0.05
     assert 0.45 < _v(rec, "effective_delay_s")[0] < 0.6
     assert abs(_v(rec, "gain")[0] - 1) < 0.01
-    e = rec["energy"]
-    assert e["phases_considered"] >= 20
-    assert e["mean_abs_error_after_pct"] < 0.6 * e["mean_abs_error_before_pct"]
-    assert abs(e["overall"]["error_before_pct"]) < 1.0  # the views' means agree within 1 %
+    e = rec.energy
+    assert e.phases_considered >= 20
+    assert e.mean_abs_error_after_pct < 0.6 * e.mean_abs_error_before_pct
+    assert abs(e.overall.error_before_pct) < 1.0  # the views' means agree within 1 %
 
 
 def test_cli_calibrate_writes_and_stores_a_record_that_energy_applies(sim_run, tmp_path):
@@ -152,7 +152,7 @@ def test_cli_calibrate_writes_and_stores_a_record_that_energy_applies(sim_run, t
     assert main(["calibrate", str(run_copy), "--reference", "meter", "--target",
                  "gpu0.scaled:average_power_w", "-o", str(cal)]) == 0
     record = load_record(str(cal))
-    assert [r["key"] for r in read_calibrations(str(run_copy))] == [record["key"]]
+    assert [r.key for r in read_calibrations(str(run_copy))] == [record.key]
     assert main(["calibrate", str(run_copy), "--reference", "meter", "--target",
                  "gpu0.scaled", "-o", str(cal)]) == 2  # never overwrites
     with wattlab.open(str(run_copy)) as run:
@@ -201,14 +201,14 @@ def test_a_long_recording_searched_on_a_subset_finds_the_same_fit(sim_run, monke
         for module in (kernel_fit, fit_uncertainty):  # ~400 readings: every 7th
             monkeypatch.setattr(module, "SEARCH_POINTS", 60)
         searched = calibrate(run, "meter", target, kernels=kernels)
-    assert searched["kernel"] == full["kernel"]
-    width = "w_s" if "w_s" in full["params"] else "time_constant_s"
+    assert searched.kernel == full.kernel
+    width = full.params.width_name
     assert abs(_v(searched, "tau_s")[0] - _v(full, "tau_s")[0]) < 1e-3
     assert abs(_v(searched, width)[0] / _v(full, width)[0] - 1) < 0.05
     assert abs(_v(searched, "gain")[0] / _v(full, "gain")[0] - 1) < 0.01
     assert abs(_v(searched, "effective_delay_s")[0] - _v(full, "effective_delay_s")[0]) < 1e-3
-    assert searched["fit"]["rmse_w"] < 1.01 * full["fit"]["rmse_w"] + 1e-9
-    assert searched["fit"]["blocks"] >= 3
+    assert searched.fit.rmse_w < 1.01 * full.fit.rmse_w + 1e-9
+    assert searched.fit.blocks >= 3
 
 
 @pytest.mark.parametrize("poll_s", [0.02, 0.045, 0.09])

@@ -23,25 +23,26 @@ import wattlab
 from wattlab.analysis.calibration.stream_calibration import calibrate
 from wattlab.cli import main
 from wattlab.hardware.simulated_gpu import GpuModel
+from wattlab.runfile import CalibrationRecord
 
 REF = "ps3:power_total_w"
 TRUTH = GpuModel()
 
 
 @pytest.fixture(scope="module")
-def average_record(demo_run: Path) -> dict[str, Any]:
+def average_record(demo_run: Path) -> CalibrationRecord:
     with wattlab.open(str(demo_run)) as run:
         return calibrate(run, REF, "gpu0.power:average_power_w")
 
 
-def _v(record: dict[str, Any], name: str) -> tuple[float, float]:
-    obj = record["params"][name] if name in record["params"] else record[name]
-    return obj["value"], obj["se"]
+def _v(record: CalibrationRecord, name: str) -> tuple[float, float]:
+    obj = record.params.by_name().get(name) or getattr(record, name)
+    return obj.value, obj.se
 
 
 def test_average_reading_is_a_one_second_boxcar_with_unit_gain(average_record):
     rec = average_record
-    assert rec["kernel"] == "boxcar"
+    assert rec.kernel == "boxcar"
     w, w_se = _v(rec, "w_s")
     assert abs(w - TRUTH.average_window_s) < 3 * w_se + 0.03
     assert abs(_v(rec, "tau_s")[0]) < 0.03  # causal: the window ends at the driver update
@@ -50,18 +51,18 @@ def test_average_reading_is_a_one_second_boxcar_with_unit_gain(average_record):
     assert 0 < g_se < 0.02 and abs(g - 1) < max(3 * g_se, 0.01)
     c, c_se = _v(rec, "offset_w")
     assert abs(c) < 3 * c_se + 3.0
-    assert rec["update_times"] == "lattice"
-    assert rec["update_period_s"] == pytest.approx(TRUTH.update_period_s, rel=0.02)
-    assert rec["coverage"] == pytest.approx(1.0)
-    e = rec["energy"]
-    assert e["phases_considered"] >= 3
-    assert e["mean_abs_error_after_pct"] < 0.6 * e["mean_abs_error_before_pct"]
+    assert rec.update_times == "lattice"
+    assert rec.update_period_s == pytest.approx(TRUTH.update_period_s, rel=0.02)
+    assert rec.coverage == pytest.approx(1.0)
+    e = rec.energy
+    assert e.phases_considered >= 3
+    assert e.mean_abs_error_after_pct < 0.6 * e.mean_abs_error_before_pct
 
 
 def test_sample_buffer_lags_about_25_ms(demo_run):
     with wattlab.open(str(demo_run)) as run:
         rec = calibrate(run, REF, "gpu0.samples:power_w")
-    assert rec["kernel"] == "boxcar"
+    assert rec.kernel == "boxcar"
     truth = TRUTH.sample_delay_s + TRUTH.sample_window_s / 2  # 25 ms
     assert abs(_v(rec, "effective_delay_s")[0] - truth) < 0.015
     assert 0.01 < _v(rec, "w_s")[0] < 0.04
@@ -72,9 +73,9 @@ def test_sample_buffer_lags_about_25_ms(demo_run):
 def test_instant_reading_is_part_time(demo_run):
     with wattlab.open(str(demo_run)) as run:
         rec = calibrate(run, REF, "gpu0.power:instant_power_w", kernels=("boxcar",))
-    assert rec["kernel"] == "part_time"
+    assert rec.kernel == "part_time"
     assert 0.012 < _v(rec, "w_s")[0] < 0.06  # 25 ms of each 100 ms period
-    assert 0.12 < rec["coverage"] < 0.6
+    assert 0.12 < rec.coverage < 0.6
     assert abs(_v(rec, "gain")[0] - 1) < 0.03
 
 
@@ -86,7 +87,7 @@ def _phase_rows(report: dict[str, Any], source: str, channel: str) -> list[dict[
 def test_energy_by_phase_compares_nvml_with_the_meter_and_correction_helps(
         demo_run, average_record, tmp_path, capsys):
     cal = tmp_path / "cal.json"
-    cal.write_text(json.dumps(average_record))
+    cal.write_text(json.dumps(average_record.to_json()))
     capsys.readouterr()
     assert main(["energy", str(demo_run), "--by-marker", "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)

@@ -7,6 +7,7 @@ import itertools
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from wattlab.analysis.calibration.deconvolved_energy import Windows, fuse, fuse_
 from wattlab.analysis.calibration.stream_calibration import calibrate
 from wattlab.analysis.energy.source_energy import energy_report, phases_from_markers
 from wattlab.errors import UsageError
+from wattlab.runfile import CalibrationRecord, Identifiability
 
 TRACE = DATA / "traces" / "h100_torch-long.h5"
 AVERAGE = "gpu0.power:average_power_w"
@@ -75,7 +77,7 @@ def test_shift_and_scale_misses_what_deconvolution_recovers() -> None:
 
 
 @pytest.fixture(scope="module")
-def torch_long() -> dict:
+def torch_long() -> CalibrationRecord:
     with wattlab.open(str(TRACE)) as run:
         return calibrate(run, "gpu0.samples", AVERAGE)
 
@@ -111,18 +113,18 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_deconvolves_and_refuses_records_without_windows(torch_long, tmp_path: Path):
     good = tmp_path / "avg.json"
-    good.write_text(json.dumps(torch_long))
+    good.write_text(json.dumps(torch_long.to_json()))
     done = _cli(str(TRACE), "--calibration", str(good), "--deconvolve",
                 "--reference", "gpu0.samples")
     assert done.returncode == 0, done.stderr
     assert "energy deconvolved on a 20 ms grid" in done.stdout
     first_order = tmp_path / "lag.json"
-    first_order.write_text(json.dumps({**torch_long, "kernel": "first_order"}))
+    first_order.write_text(json.dumps({**torch_long.to_json(), "kernel": "first_order"}))
     refused = _cli(str(TRACE), "--calibration", str(first_order), "--deconvolve")
     assert refused.returncode == 2
     assert "not a window" in refused.stderr
     no_lattice = tmp_path / "seen.json"
-    no_lattice.write_text(json.dumps({**torch_long, "update_times": "first_seen"}))
+    no_lattice.write_text(json.dumps({**torch_long.to_json(), "update_times": "first_seen"}))
     refused = _cli(str(TRACE), "--calibration", str(no_lattice), "--deconvolve")
     assert refused.returncode == 2
     assert "first-seen times" in refused.stderr and "update lattice" in refused.stderr
@@ -135,7 +137,7 @@ def test_cli_deconvolves_and_refuses_records_without_windows(torch_long, tmp_pat
 
 
 def test_unidentifiable_record_is_refused_unless_forced(torch_long) -> None:
-    record = {**torch_long, "identifiable": False, "warnings": ["the width is not pinned"]}
+    record = replace(torch_long, verdict=Identifiability(False, ("the width is not pinned",)))
     with wattlab.open(str(TRACE)) as run:
         with pytest.raises(UsageError, match=r"not identifiable.*width is not pinned"):
             fuse_records(run, [record])

@@ -18,58 +18,62 @@ from tests.data_files import DATA
 from wattlab.analysis.calibration.identifiability import Profile, effective_points, judge
 from wattlab.analysis.calibration.stream_calibration import calibrate, load_record
 from wattlab.errors import UsageError
+from wattlab.runfile import CalibrationRecord
 
 TRACES = DATA / "traces"
 AVERAGE = "gpu0.power:average_power_w"
 
 
-def record_of(trace: str) -> dict:
+def record_of(trace: str) -> CalibrationRecord:
     with wattlab.open(str(TRACES / f"h100_{trace}.h5")) as run:
         return calibrate(run, "gpu0.samples", AVERAGE)
 
 
 @pytest.fixture(scope="module")
-def square() -> dict:
+def square() -> CalibrationRecord:
     return record_of("square-1hz")
 
 
 def test_a_square_wave_at_the_kernels_width_is_not_identifiable(square):
-    assert square["identifiable"] is False
-    assert any("not pinned" in w for w in square["warnings"])
-    assert "repeats every 1.00 s" in square["advice"]
-    assert "wattlab excite" in square["advice"]
+    verdict = square.verdict
+    assert verdict.identifiable is False
+    assert any("not pinned" in w for w in verdict.warnings)
+    assert "repeats every 1.00 s" in verdict.advice
+    assert "wattlab excite" in verdict.advice
     # no confident width or delay: the uncertainty is open, not ±5 ms
-    assert square["effective_delay_s"]["se"] is None
-    assert math.isnan(square["profiles"]["effective_delay_s"][1] or math.nan)
+    assert square.effective_delay_s.se is None
+    assert square.profiles is not None
+    assert math.isnan(square.profiles.effective_delay_range[1] or math.nan)
 
 
 def test_steps_one_second_apart_are_not_identifiable_either():
     lightning = record_of("lightning")  # loader-bound: a step every 1.00 s (IQR 0.93-1.07)
-    assert lightning["identifiable"] is False
-    assert lightning["warnings"]
+    assert lightning.verdict.identifiable is False
+    assert lightning.verdict.warnings
 
 
 def test_steps_at_random_intervals_pin_the_h100_boxcar():
     rec = record_of("torch-long")  # steps 0.3-0.5 s apart at random, eval passes
-    assert rec["identifiable"] is True, rec["warnings"]
-    assert rec["warnings"] == []
-    width, eff = rec["params"]["w_s"], rec["effective_delay_s"]
-    assert rec["kernel"] == "boxcar"
-    assert width["value"] == pytest.approx(1.0, abs=0.05)
-    assert eff["value"] == pytest.approx(0.5, abs=0.05)
+    assert rec.verdict.identifiable is True, rec.verdict.warnings
+    assert rec.verdict.warnings == ()
+    width, eff = rec.params.width, rec.effective_delay_s
+    assert rec.kernel == "boxcar" and rec.params.width_name == "w_s"
+    assert width.value == pytest.approx(1.0, abs=0.05)
+    assert eff.value == pytest.approx(0.5, abs=0.05)
     # the stated uncertainty covers the profile interval, and is not open
-    low, high = rec["profiles"]["w_s"]
-    assert low <= width["value"] <= high
-    assert 0 < width["se"] < 0.05
-    assert rec["update_period_s"] == pytest.approx(0.100, abs=0.005)  # from 90 ms polls
+    assert rec.profiles is not None
+    low, high = rec.profiles.width_range
+    assert low <= width.value <= high
+    assert 0 < width.se < 0.05
+    assert rec.update_period_s == pytest.approx(0.100, abs=0.005)  # from 90 ms polls
 
 
 def test_energy_refuses_a_calibration_that_cannot_know(tmp_path, square):
     path = tmp_path / "square.json"
-    path.write_text(json.dumps(square))
+    path.write_text(json.dumps(square.to_json()))
     with pytest.raises(UsageError, match="not identifiable"):
         load_record(str(path))
-    assert load_record(str(path), force=True)["identifiable"] is False
+    assert load_record(str(path), force=True).verdict.identifiable is False
     run = tmp_path / "run.h5"
     shutil.copy(TRACES / "h100_square-1hz.h5", run)
     cli = [sys.executable, "-m", "wattlab.cli", "energy", str(run), "--calibration", str(path)]
@@ -126,11 +130,11 @@ def test_calibration_reports_the_energy_error_by_phase_length_and_the_report_sho
     from wattlab.analysis.report.html_report import calibration_caveats
 
     rec = record_of("torch-long")
-    rows = {r["length_s"]: r for r in rec["energy"]["by_length"]}
+    rows = {r.length_s: r.rms_error_after_pct for r in rec.energy.by_length}
     assert {0.5, 1.0, 2.0, 5.0, 10.0} <= set(rows)
     # a 1 s average cannot resolve short phases; long ones come out right
-    assert rows[0.5]["rms_error_after_pct"] > 5 * rows[10.0]["rms_error_after_pct"]
-    assert rows[10.0]["rms_error_after_pct"] < 1.0
+    assert rows[0.5] > 5 * rows[10.0]
+    assert rows[10.0] < 1.0
     text = calibration_caveats(rec)
     assert "observes 100 % of the time" in text and "10 s:" in text
     assert "NOT IDENTIFIABLE" in calibration_caveats(record_of("square-1hz"))

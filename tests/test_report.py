@@ -28,6 +28,7 @@ from wattlab.analysis.report.html_report import (
     row_at,
 )
 from wattlab.cli import main
+from wattlab.runfile import TargetStream
 from wattlab.runfile.reader import MarkerRow, Run
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
@@ -229,8 +230,7 @@ def test_calibration_panel_fits_nvml_against_the_meter(cal_run_path: Path,
     assert [Path(p).name for p in result.png_paths if "calibration" in Path(p).name] == \
         ["cal_calibration_0.png"]
     (view,) = result.calibrations
-    assert view.record["target"] == {"source": "gpu0.power", "channel": "average_power_w",
-                                     "unit": "W"}
+    assert view.record.target == TargetStream("gpu0.power", "average_power_w", "W")
     assert not view.stored
     assert view.param("gain") == pytest.approx(CAL_GAIN, abs=0.01)
     assert view.param("offset_w") == pytest.approx(CAL_OFFSET_W, abs=3.0)

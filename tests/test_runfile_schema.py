@@ -15,15 +15,23 @@ import functools
 import re
 import shutil
 from collections.abc import Iterator, Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
+from tests.data_files import DATA
 from wattlab.analysis.calibration.stream_calibration import WIDTH_NAME, store_in_run
-from wattlab.runfile import schema
+from wattlab.runfile import (
+    CalibrationRecord,
+    Estimate,
+    FittedParams,
+    TargetStream,
+    read_calibrations,
+    schema,
+)
 from wattlab.runfile.layers_record import write_layers
 from wattlab.runfile.tuning_record import (
     TuningIterations,
@@ -280,11 +288,13 @@ def _tracker() -> ClockTracker:
     return tracker
 
 
-def _calibration(source: str, kernel: str) -> dict:
-    params = {"tau_s": 0.1, WIDTH_NAME[kernel]: 0.5, "gain": 1.02, "offset_w": -3.0}
-    return {"target": {"source": source, "channel": "power_w"}, "kernel": kernel,
-            "identifiable": True, "params": {k: {"value": v, "se": 0.01}
-                                             for k, v in params.items()}}
+def _calibration(source: str, kernel: str) -> CalibrationRecord:
+    """A real stored record, retargeted: what is stored of it does not depend on the fit."""
+    real = read_calibrations(str(DATA / "traces" / "h100_excite-seed1.h5"))[0]
+    params = FittedParams(Estimate(0.1, 0.01), WIDTH_NAME[kernel], Estimate(0.5, 0.01),
+                          Estimate(1.02, 0.01), Estimate(-3.0, 0.01))
+    return replace(real, target=TargetStream(source, "power_w", "W"), kernel=kernel,
+                   params=params)
 
 
 def _tuning(t0_ns: int) -> TuningRecord:

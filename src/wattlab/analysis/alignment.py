@@ -625,10 +625,6 @@ class LagEstimate:
     confidence: float
     uncertainty_s: float
 
-    def to_json(self) -> dict[str, float]:
-        return {"lag_s": self.lag_s, "correlation": self.correlation,
-                "confidence": self.confidence, "uncertainty_s": self.uncertainty_s}
-
 
 def _xcorr(ref: FloatArray, target: FloatArray, max_lag: int) -> FloatArray:
     """Normalised cross-correlation for lags −max..max (NaN-aware, by FFT).

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wattlab.errors import UsageError
+
+if TYPE_CHECKING:  # the parser is built without importing the run-file format
+    from wattlab.runfile import Estimate
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -29,8 +32,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _fmt(obj: dict[str, Any], unit: str, scale: float = 1.0) -> str:
-    v, se = obj["value"], obj["se"]
+def _fmt(obj: Estimate, unit: str, scale: float = 1.0) -> str:
+    v, se = obj.value, obj.se
     if v is None:
         return "-"
     return f"{v * scale:.4g} ± {se * scale:.2g} {unit}" if se is not None else \
@@ -48,53 +51,52 @@ def run(args: argparse.Namespace) -> int:
         record = calibrate(run_file, args.reference, args.target, grid_rate_hz=args.grid_rate,
                            min_phase_s=args.min_phase)
     stored = None if args.no_store else store_in_run(args.run, record)
+    doc = record.to_json()
     if args.output:
         with open(args.output, "x", encoding="utf-8") as f:
-            json.dump(record, f, indent=2)
+            json.dump(doc, f, indent=2)
     if args.json:
-        print(json.dumps(record, indent=2))
+        print(json.dumps(doc, indent=2))
         return 0
-    p = record["params"]
-    key = record["key"]
-    print(f"{record['target']['source']}:{record['target']['channel']} vs "
-          f"{record['reference']['source']}:{record['reference']['channel']}")
-    print(f"  GPU {key['gpu_model']}, board {key['board'] or '-'}, driver "
-          f"{key['driver_version'] or '-'}, field {key['nvml_field']}")
-    if not record["identifiable"]:
+    key, verdict = record.key, record.verdict
+    print(f"{record.where} vs {record.reference.source}:{record.reference.channel}")
+    print(f"  GPU {key.gpu_model}, board {key.board or '-'}, driver "
+          f"{key.driver_version or '-'}, field {key.nvml_field}")
+    if not verdict.identifiable:
         print("  NOT IDENTIFIABLE: this recording cannot pin the driver's kernel")
-        for warning in record["warnings"]:
+        for warning in verdict.warnings:
             print(f"    - {warning}")
-        print(f"    fix: {record['advice']}")
+        print(f"    fix: {verdict.advice}")
         print("    `wattlab energy --calibration` refuses this record unless "
               "--force-calibration is given")
-    print(f"  kernel          {record['kernel']}  ({record['convention']})")
-    for name, value in p.items():
+    print(f"  kernel          {record.kernel}  ({record.convention})")
+    for name, value in record.params.by_name().items():
         unit = "ms" if name.endswith("_s") else ("W" if name.endswith("_w") else "")
         print(f"  {name:<15} {_fmt(value, unit, 1e3 if unit == 'ms' else 1.0)}")
-    print(f"  effective delay {_fmt(record['effective_delay_s'], 'ms', 1e3)}")
-    period_se = record.get("update_period_se_s")
-    print(f"  update period   {record['update_period_s'] * 1e3:.1f}"
+    print(f"  effective delay {_fmt(record.effective_delay_s, 'ms', 1e3)}")
+    period_se = record.update_period_se_s
+    print(f"  update period   {record.update_period_s * 1e3:.1f}"
           + (f" ± {period_se * 1e3:.2f}" if period_se is not None else "") + " ms, coverage "
-          f"{record['coverage'] * 100:.0f} %")
-    fit = record["fit"]
-    print(f"  residual        {fit['rmse_w']:.2f} W rms (R² {fit['r2']:.4f}, "
-          f"{fit['n_points']} readings)")
-    pdg = record["power_dependent_gain"]
-    print(f"  power-dependent gain slope {_fmt(pdg['slope'], '')}: "
-          f"{'warranted' if pdg['warranted'] else 'not warranted'}")
-    e = record["energy"]
-    if e["overall"]:
-        o = e["overall"]
-        print(f"  energy overall  {o['error_before_pct']:+.2f} % before, "
-              f"{o['error_after_pct']:+.2f} % after correction")
-    if e.get("by_length"):
+          f"{record.coverage * 100:.0f} %")
+    fit = record.fit
+    print(f"  residual        {fit.rmse_w:.2f} W rms (R² {fit.r2:.4f}, "
+          f"{fit.n_points} readings)")
+    pdg = record.power_dependent_gain
+    print(f"  power-dependent gain slope {_fmt(pdg.slope, '')}: "
+          f"{'warranted' if pdg.warranted else 'not warranted'}")
+    e = record.energy
+    if e.overall:
+        o = e.overall
+        print(f"  energy overall  {o.error_before_pct:+.2f} % before, "
+              f"{o.error_after_pct:+.2f} % after correction")
+    if e.by_length:
         print("  energy error by phase length (rms over sliding windows, after correction): "
-              + ", ".join(f"{row['length_s']:g} s {row['rms_error_after_pct']:.2f} %"
-                          for row in e["by_length"] if row["rms_error_after_pct"] is not None))
-    if e["phases_considered"]:
-        print(f"  phases ≥ {e['min_phase_s']:g} s ({e['phases_considered']}): mean |error| "
-              f"{e['mean_abs_error_before_pct']:.2f} % before, "
-              f"{e['mean_abs_error_after_pct']:.2f} % after")
+              + ", ".join(f"{row.length_s:g} s {row.rms_error_after_pct:.2f} %"
+                          for row in e.by_length if row.rms_error_after_pct is not None))
+    if e.phases_considered:
+        print(f"  phases ≥ {e.min_phase_s:g} s ({e.phases_considered}): mean |error| "
+              f"{e.mean_abs_error_before_pct:.2f} % before, "
+              f"{e.mean_abs_error_after_pct:.2f} % after")
     if stored:
         print(f"  stored in {args.run}:{stored}")
     if args.output:

@@ -10,7 +10,7 @@ import argparse
 import json
 import math
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wattlab.analysis.many_runs import (
     add_runs_arguments,
@@ -21,6 +21,9 @@ from wattlab.analysis.many_runs import (
     report_errors,
 )
 from wattlab.errors import UsageError
+
+if TYPE_CHECKING:  # the parser is built without importing the run-file format
+    from wattlab.runfile import CalibrationRecord
 
 
 def window_s(text: str) -> tuple[float, float]:
@@ -68,7 +71,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def report_of(path: str, options: dict[str, Any], records: list[dict[str, Any]],
+def report_of(path: str, options: dict[str, Any], records: list[CalibrationRecord],
               deconvolve: bool = False, *, force: bool = False, steps_at_marks: bool = False
               ) -> dict[str, Any]:
     """One file's energy report (a worker's job when there are several files)."""

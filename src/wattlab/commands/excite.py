@@ -103,16 +103,16 @@ def run(args: argparse.Namespace) -> int:
     with Run(output) as run_file:
         for view in VIEWS:
             records.append(calibrate(run_file, f"{gpu}.samples", f"{gpu}.power:{view}"))
-    summary = []
+    summary: list[dict[str, Any]] = []
     for record in records:
         store_in_run(output, record)
-        width = next(v for k, v in record["params"].items() if k in ("w_s", "time_constant_s"))
-        need = seconds_for(width["se"] or float("inf"), args.target_se_ms / 1e3, args.duration)
-        summary.append({"view": record["target"]["channel"], "kernel": record["kernel"],
-                        "identifiable": record["identifiable"], "width_s": width,
-                        "effective_delay_s": record["effective_delay_s"],
-                        "update_period_s": record["update_period_s"],
-                        "warnings": record["warnings"], "seconds_for_target": need})
+        width = record.params.width
+        need = seconds_for(width.se or float("inf"), args.target_se_ms / 1e3, args.duration)
+        summary.append({"view": record.target.channel, "kernel": record.kernel,
+                        "identifiable": record.verdict.identifiable, "width_s": width.to_json(),
+                        "effective_delay_s": record.effective_delay_s.to_json(),
+                        "update_period_s": record.update_period_s,
+                        "warnings": list(record.verdict.warnings), "seconds_for_target": need})
     if args.json:
         print(json.dumps({"run": output, "duration_s": args.duration, "views": summary},
                          indent=2))

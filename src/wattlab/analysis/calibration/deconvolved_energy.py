@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +27,7 @@ from scipy.linalg import cho_solve_banded, cholesky_banded
 from wattlab.analysis.calibration.stream_calibration import target_updates, update_instants
 from wattlab.analysis.energy import correction_terms, phases_from_markers
 from wattlab.errors import UsageError
-from wattlab.runfile import Run
+from wattlab.runfile import CalibrationRecord, Run
 
 FloatArray = npt.NDArray[np.float64]
 BINS_PER_UPDATE = 5
@@ -61,7 +61,8 @@ def mark_breaks(run: Run) -> FloatArray:
     return np.unique(np.array([t for p in phases for t in (p.t0_s, p.t1_s)], dtype=np.float64))
 
 
-def windows_from_record(run: Run, record: dict[str, Any], *, force: bool = False) -> Windows:
+def windows_from_record(run: Run, record: CalibrationRecord, *, force: bool = False
+                        ) -> Windows:
     """A calibrated view of ``run`` as window means; refuses what is not one.
 
     Needs a boxcar (or part-time) kernel, an identifiable record, and readings on a periodic
@@ -70,17 +71,17 @@ def windows_from_record(run: Run, record: dict[str, Any], *, force: bool = False
     first-seen times then (and an unidentifiable record), and the scatter about the fit
     widens every uncertainty accordingly.
     """
-    where = f"{record['target']['source']}:{record['target']['channel']}"
-    if record.get("kernel") not in WINDOW_KERNELS:
-        raise UsageError(f"{where}: the calibration's kernel is {record.get('kernel')!r}, not "
+    where = record.where
+    if record.kernel not in WINDOW_KERNELS:
+        raise UsageError(f"{where}: the calibration's kernel is {record.kernel!r}, not "
                          "a window (boxcar); energy cannot be deconvolved from it")
-    if record.get("identifiable") is False and not force:
-        reasons = "; ".join(record.get("warnings", [])) or "no reason recorded"
+    if not record.verdict.identifiable and not force:
+        reasons = "; ".join(record.verdict.warnings) or "no reason recorded"
         raise UsageError(f"{where}: the calibration is not identifiable ({reasons}); the "
                          "windows to deconvolve are not known (--force-calibration: anyway)")
-    view = run.source(record["target"]["source"])
-    channel = record["target"]["channel"]
-    if record.get("update_times") == "lattice":
+    view = run.source(record.target.source)
+    channel = record.target.channel
+    if record.update_times == "lattice":
         found = update_instants(view, channel)
         if found is None:
             raise UsageError(f"{where}: readings in {run.path} are not on a periodic update "
@@ -93,11 +94,12 @@ def windows_from_record(run: Run, record: dict[str, Any], *, force: bool = False
                          "the driver's update lattice, so each window is known only to a poll "
                          "interval (record with the default polls, faster than the updates; "
                          "--force-calibration: deconvolve anyway)")
-    p = record["params"]
+    p = record.params
     gain, offset, _ = correction_terms(record)
-    eff_se = record.get("effective_delay_s", {}).get("se")
-    rmse = record.get("fit", {}).get("rmse_w")
-    return Windows(where, times_s - float(p["tau_s"]["value"]), float(p["w_s"]["value"]),
+    eff_se = record.effective_delay_s.se
+    rmse = record.fit.rmse_w
+    return Windows(where, times_s - float(cast(float, p.tau_s.value)),
+                   float(cast(float, p.width.value)),
                    (values - offset[0]) / gain[0], gain, offset,
                    float(eff_se) if eff_se is not None else math.nan,
                    float(rmse) / gain[0] if rmse is not None and math.isfinite(rmse) else 0.0)
@@ -184,7 +186,7 @@ def _rows(win: Windows, edges_s: FloatArray) -> tuple[npt.NDArray[np.int64], Flo
     return first, w
 
 
-def fuse_records(run: Run, records: list[dict[str, Any]], *, force: bool = False,
+def fuse_records(run: Run, records: list[CalibrationRecord], *, force: bool = False,
                  smooth_w: float = SMOOTH_W, breaks_s: npt.ArrayLike = (),
                  break_lag_s: float | None = None) -> Fusion:
     """The fusion of ``run``'s streams that ``records`` calibrate (the first one leads).
@@ -198,7 +200,7 @@ def fuse_records(run: Run, records: list[dict[str, Any]], *, force: bool = False
     views = [windows_from_record(run, r, force=force) for r in records]
     if len({v.name for v in views}) < len(views):
         raise UsageError("two calibration records of the same stream; give each stream once")
-    return fuse(views, period_s=float(records[0]["update_period_s"]), smooth_w=smooth_w,
+    return fuse(views, period_s=float(records[0].update_period_s), smooth_w=smooth_w,
                 breaks_s=breaks_s, break_lag_s=break_lag_s)
 
 

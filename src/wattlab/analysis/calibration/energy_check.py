@@ -26,7 +26,7 @@ from wattlab.analysis.calibration.kernel_fit import MAX_HOLE_FRAC
 from wattlab.analysis.calibration.minimise import golden_section
 from wattlab.analysis.calibration.reference_grid import ReferenceGrid
 from wattlab.analysis.energy import Phase, corrected_energy, phases_from_markers
-from wattlab.runfile import Run, SourceView
+from wattlab.runfile import EnergyCheck, LengthErrors, PhaseEnergy, Run, SourceView, finite
 
 FloatArray = npt.NDArray[np.float64]
 PHASE_LENGTHS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -84,7 +84,7 @@ class TargetEnergy:
 
 def energy_errors(run: Run, ref: ReferenceGrid, target: TargetEnergy, *,
                   g: tuple[float, float], c: tuple[float, float], d: tuple[float, float],
-                  min_phase_s: float) -> dict[str, Any]:
+                  min_phase_s: float) -> EnergyCheck:
     """The calibration record's energy errors: overall, per marked phase, per phase length.
 
     ``g``, ``c``, ``d``: gain, offset (W) and energy delay (s), each with its standard
@@ -99,27 +99,21 @@ def energy_errors(run: Run, ref: ReferenceGrid, target: TargetEnergy, *,
     per_phase = _phase_errors(phases, ref, **terms)
     by_length = [_length_errors(length, ref, terms) for length in PHASE_LENGTHS_S
                  if length <= (span[1] - span[0]) / 2]
-    long = [p for p in per_phase if p["duration_s"] >= min_phase_s]
+    long = [p for p in per_phase if p.duration_s >= min_phase_s]
 
-    def mean_abs(key: str) -> float | None:
-        vals = [abs(p[key]) for p in long if p[key] is not None]
-        return float(np.mean(vals)) if vals else None
+    def mean_abs(errors: list[float | None]) -> float | None:
+        vals = [abs(e) for e in errors if e is not None]
+        return finite(float(np.mean(vals))) if vals else None
 
-    return {
-        "overall": overall[0] if overall else None,
-        "phases": per_phase,
-        "min_phase_s": min_phase_s,
-        "phases_considered": len(long),
-        "mean_abs_error_before_pct": mean_abs("error_before_pct"),
-        "mean_abs_error_after_pct": mean_abs("error_after_pct"),
-        "by_length": by_length,
-    }
+    return EnergyCheck(overall[0] if overall else None, per_phase, min_phase_s, len(long),
+                       mean_abs([p.error_before_pct for p in long]),
+                       mean_abs([p.error_after_pct for p in long]), by_length)
 
 
 def _phase_errors(
     phases: list[Phase], ref: ReferenceGrid, *, target: TargetEnergy, g: tuple[float, float],
     c: tuple[float, float], d: tuple[float, float], span: tuple[float, float],
-) -> list[dict[str, Any]]:
+) -> list[PhaseEnergy]:
     """Each phase's energy: the reference's, the target's as read and as corrected.
 
     Phases outside ``span``, or whose reference misses more than ``MAX_HOLE_FRAC``, are
@@ -141,17 +135,15 @@ def _phase_errors(
         e_shift = float(shifted[1] - shifted[0])
         e_cor, e_se = corrected_energy(e_shift, b - a, g, c=c, d=d,
                                        p_edges_w=target.power_w(np.array([a + d[0], b + d[0]])))
-        rows.append({
-            "name": ph.name, "index": ph.index, "t0_s": a, "t1_s": b, "duration_s": b - a,
-            "reference_j": e_ref, "reference_gap_s": hole, "target_j": e_raw, "corrected_j": e_cor,
-            "corrected_se_j": e_se,
-            "error_before_pct": 100 * (e_raw - e_ref) / e_ref if e_ref else None,
-            "error_after_pct": 100 * (e_cor - e_ref) / e_ref if e_ref else None,
-        })
+        rows.append(PhaseEnergy(
+            ph.name, int(ph.index), float(a), float(b), float(b - a), finite(e_ref),
+            finite(hole), finite(e_raw), finite(e_cor), finite(e_se),
+            finite(100 * (e_raw - e_ref) / e_ref) if e_ref else None,
+            finite(100 * (e_cor - e_ref) / e_ref) if e_ref else None))
     return rows
 
 
-def _length_errors(length_s: float, ref: ReferenceGrid, terms: dict[str, Any]) -> dict[str, Any]:
+def _length_errors(length_s: float, ref: ReferenceGrid, terms: dict[str, Any]) -> LengthErrors:
     """Energy errors of phases of one length, slid over the run (half-overlapping windows).
 
     Why: what a view observes of the load (its coverage and smoothing) shows as the energy
@@ -165,13 +157,11 @@ def _length_errors(length_s: float, ref: ReferenceGrid, terms: dict[str, Any]) -
     windows = [Phase("window", i, float(a), float(a) + length_s, "")
                for i, a in enumerate(starts)]
     rows = _phase_errors(windows, ref, **terms)
-    before = np.array([r["error_before_pct"] for r in rows if r["error_before_pct"] is not None])
-    after = np.array([r["error_after_pct"] for r in rows if r["error_after_pct"] is not None])
+    before = np.array([r.error_before_pct for r in rows if r.error_before_pct is not None])
+    after = np.array([r.error_after_pct for r in rows if r.error_after_pct is not None])
 
     def rms(x: FloatArray) -> float | None:
-        return float(np.sqrt(np.mean(x * x))) if x.size else None
+        return finite(float(np.sqrt(np.mean(x * x)))) if x.size else None
 
-    return {"length_s": length_s, "windows": int(after.size), "rms_error_before_pct": rms(before),
-            "rms_error_after_pct": rms(after),
-            "p95_abs_error_after_pct": float(np.percentile(np.abs(after), 95)) if after.size
-            else None}
+    return LengthErrors(length_s, int(after.size), rms(before), rms(after),
+                        finite(float(np.percentile(np.abs(after), 95))) if after.size else None)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,18 +37,11 @@ from wattlab.analysis.calibration.kernel_fit import (
     linear_fit,
 )
 from wattlab.analysis.calibration.reference_grid import ReferenceGrid
+from wattlab.runfile import Estimate, GainTest, Profiles, finite
 
 FloatArray = npt.NDArray[np.float64]
 MIN_BLOCK_POINTS = 20
 """Fewest readings per batch-means block; a short run gets fewer blocks (at least 3)."""
-
-
-def est(value: float, se: float) -> dict[str, float | None]:
-    """A value with its standard error, JSON-safe."""
-    def clean(x: float) -> float | None:
-        return float(x) if math.isfinite(x) else None
-
-    return {"value": clean(value), "se": clean(se)}
 
 
 @dataclass(frozen=True)
@@ -122,7 +114,7 @@ def batch_errors(ref: ReferenceGrid, x: FloatArray, y: FloatArray, fit: ChosenKe
 
 
 def power_dependent_gain(fit: ChosenKernel, x: FloatArray, y: FloatArray,
-                         batch: BatchErrors) -> dict[str, Any]:
+                         batch: BatchErrors) -> GainTest:
     """Whether the gain depends on the power: y = g0·m + g1·m·(m − m̄)/m̄ + c.
 
     The slope's error comes from its spread over the batch-means blocks; it is warranted
@@ -143,17 +135,14 @@ def power_dependent_gain(fit: ChosenKernel, x: FloatArray, y: FloatArray,
     slope_se = float(np.std(slopes, ddof=1) / math.sqrt(len(slopes))) if len(slopes) > 2 \
         else math.nan
     warranted = bool(abs(coef[1]) > 3 * slope_se and mse_q < 0.98 * fit.mse)
-    return {
-        "slope": est(float(coef[1]), slope_se),
-        "meaning": "gain = g0 + slope * (P - mean P) / mean P",
-        "rmse_w": math.sqrt(mse_q),
-        "warranted": warranted,
-    }
+    return GainTest(Estimate.of(float(coef[1]), slope_se),
+                    "gain = g0 + slope * (P - mean P) / mean P", finite(math.sqrt(mse_q)),
+                    warranted)
 
 
 def identify(ref: ReferenceGrid, x: FloatArray, y: FloatArray, fit: KernelFit, *, kernel: str,
              resid: FloatArray, r2: float, gain: tuple[float, float], period_s: float,
-             ref_means: tuple[FloatArray, float]) -> tuple[Verdict, dict[str, Any]]:
+             ref_means: tuple[FloatArray, float]) -> tuple[Verdict, Profiles]:
     """Profile likelihoods of the width and the effective delay, and the verdict on them.
 
     A long recording is profiled on every k-th reading and the coarse grid, as it is
@@ -177,8 +166,8 @@ def identify(ref: ReferenceGrid, x: FloatArray, y: FloatArray, fit: KernelFit, *
     verdict = judge(w_prof, d_prof, width_scale_s=max(fit.width_s, period_s), r2=r2,
                     gain=gain[0],
                     gain_se=gain[1], repeat_hz=repeat_hz, repeat_share=share)
-    profiles = {"n_eff": n_eff, "load_repeat_hz": repeat_hz, "load_repeat_share": share,
-                WIDTH_NAME[kernel]: [w_prof.low, w_prof.high],
-                "effective_delay_s": [d_prof.low, d_prof.high],
-                "width_connected": w_prof.connected, "delay_connected": d_prof.connected}
+    profiles = Profiles(finite(n_eff), finite(repeat_hz), finite(share), WIDTH_NAME[kernel],
+                        [finite(w_prof.low), finite(w_prof.high)],
+                        [finite(d_prof.low), finite(d_prof.high)],
+                        bool(w_prof.connected), bool(d_prof.connected))
     return verdict, profiles

@@ -27,16 +27,16 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.alignment import (
     GAP_FACTOR,
+    LagEstimate,
     estimate_lag,
     grid_edges,
-    json_safe,
     resample_points,
     resolve,
     span_s,
@@ -44,7 +44,6 @@ from wattlab.analysis.alignment import (
 from wattlab.analysis.calibration.energy_check import TargetEnergy, energy_errors
 from wattlab.analysis.calibration.fit_uncertainty import (
     batch_errors,
-    est,
     identify,
     power_dependent_gain,
 )
@@ -60,10 +59,28 @@ from wattlab.analysis.calibration.poll_lattice import fit_poll_lattice
 from wattlab.analysis.calibration.reference_grid import coarser_means, reference_grid
 from wattlab.analysis.energy import stream_identity
 from wattlab.errors import RunFileError, UsageError
-from wattlab.runfile import Run, SourceView, StoredCalibration, write_calibration
+from wattlab.runfile import (
+    RECORD_FORMAT,
+    CalibrationRecord,
+    CrossCorrelation,
+    EnergyCheck,
+    Estimate,
+    FitSummary,
+    FittedParams,
+    GainTest,
+    Identifiability,
+    KernelCandidate,
+    Profiles,
+    ReferenceStream,
+    Run,
+    SourceView,
+    StreamKey,
+    TargetStream,
+    finite,
+    write_calibration,
+)
 
 FloatArray = npt.NDArray[np.float64]
-RECORD_FORMAT = "wattlab-calibration/1"
 KERNELS = ("boxcar", "first_order")
 MIN_OVERLAP_FACTOR = 3.0
 """Reference and target must overlap this many (max lag + longest kernel) spans."""
@@ -236,10 +253,10 @@ def calibrate(
     kernels: tuple[str, ...] = KERNELS,
     min_phase_s: float = 2.0,
     update_times: str = "auto",
-) -> dict[str, Any]:
+) -> CalibrationRecord:
     """Fit ``target`` (e.g. ``gpu0.power:average_power_w``) against ``reference``.
 
-    Returns a calibration record (JSON-safe dict): kernel, τ, width, gain, offset with
+    Returns the calibration record (``CalibrationRecord``): kernel, τ, width, gain, offset with
     standard errors, fit residual, update period and coverage, power-dependent gain test,
     and energy error before/after correction overall and per phase. ``update_times``:
     held readings are observed at their driver update instants when these are periodic
@@ -296,79 +313,60 @@ def calibrate(
                                                        centroid / width * se["w"])]))
     energy = energy_errors(run, ref, tgt, g=(fit.gain, se["g"]), c=(fit.offset_w, se["c"]),
                            d=(d_energy, se["d"]), min_phase_s=min_phase_s)
-    return json_safe(_record(
+    return _record(
         run, (ref_view, ref_ch), (tgt_view, tgt_ch), fit=fit, se=se, seen=seen,
-        d_energy=d_energy,
-        lag=lag.to_json(), verdict=verdict, profiles=profiles,
-        fit_summary={"rmse_w": math.sqrt(fit.mse), "r2": fit.r2, "n_points": fit.n,
-                     "grid_rate_hz": grid_rate_hz, "blocks": batch.fitted},
-        gain_test=power_dependent_gain(fit, x, y, batch), energy=energy))
+        d_energy=d_energy, lag=lag, verdict=verdict, profiles=profiles,
+        fit_summary=FitSummary(finite(math.sqrt(fit.mse)), finite(fit.r2), int(fit.n),
+                               grid_rate_hz, int(batch.fitted)),
+        gain_test=power_dependent_gain(fit, x, y, batch), energy=energy)
 
 
 def _record(run: Run, ref: tuple[SourceView, str], tgt: tuple[SourceView, str], *,
             fit: ChosenKernel, se: dict[str, float], seen: _Observed, d_energy: float,
-            lag: dict[str, Any], verdict: Verdict, profiles: dict[str, Any],
-            fit_summary: dict[str, Any], gain_test: dict[str, Any],
-            energy: dict[str, Any]) -> dict[str, Any]:
+            lag: LagEstimate, verdict: Verdict, profiles: Profiles, fit_summary: FitSummary,
+            gain_test: GainTest, energy: EnergyCheck) -> CalibrationRecord:
     """The calibration record: what was fitted against what, and how well it holds."""
     (ref_view, ref_ch), (tgt_view, tgt_ch) = ref, tgt
     kernel, tau, width, period = fit.kernel, fit.tau_s, fit.width_s, seen.period_s
     held_coverage = min(1.0, width / period) if kernel == "boxcar" else 1.0
     name = "part_time" if kernel == "boxcar" and width < 0.9 * period else kernel
-    return {
-        "format": RECORD_FORMAT,
-        "key": stream_identity(tgt_view, tgt_ch),
-        "target": {"source": tgt_view.source_id, "channel": tgt_ch,
-                   "unit": tgt_view.unit(tgt_ch)},
-        "reference": {"source": ref_view.source_id, "channel": ref_ch,
-                      "model": ref_view.model, "kind": ref_view.kind},
-        "run": run.path,
-        "created": datetime.now(UTC).isoformat(),
-        "convention": CONVENTION,
-        "kernel": name,
-        "params": {
-            "tau_s": est(tau, se["tau"]),
-            WIDTH_NAME[kernel]: est(width, se["w"]),
-            "gain": est(fit.gain, se["g"]),
-            "offset_w": est(fit.offset_w, se["c"]),
-        },
-        "effective_delay_s": est(tau + fit.centroid_s, se["eff"]),
-        "energy_delay_s": est(d_energy, se["d"]),
-        "cross_correlation_lag": lag,
-        "identifiable": verdict.identifiable,
-        "warnings": verdict.warnings,
-        "advice": verdict.advice,
-        "profiles": profiles,
-        "update_period_s": period,
-        "update_period_se_s": seen.period_se_s,
-        "held_readings": seen.held,
-        "update_times": "lattice" if seen.lattice else "first_seen",
-        "poll_delay_s": seen.poll_delay_s,
-        "coverage": held_coverage,
-        "fit": fit_summary,
-        "kernels": {name: {"rmse_w": math.sqrt(v[2]), "tau_s": v[0], WIDTH_NAME[name]: v[1]}
-                    for name, v in fit.fits.items()},
-        "power_dependent_gain": gain_test,
-        "energy": energy,
-    }
+    return CalibrationRecord(
+        format=RECORD_FORMAT, key=StreamKey(**stream_identity(tgt_view, tgt_ch)),
+        target=TargetStream(tgt_view.source_id, tgt_ch, tgt_view.unit(tgt_ch)),
+        reference=ReferenceStream(ref_view.source_id, ref_ch, ref_view.model, ref_view.kind),
+        run=run.path, created=datetime.now(UTC).isoformat(), convention=CONVENTION,
+        kernel=name,
+        params=FittedParams(Estimate.of(tau, se["tau"]), WIDTH_NAME[kernel],
+                            Estimate.of(width, se["w"]), Estimate.of(fit.gain, se["g"]),
+                            Estimate.of(fit.offset_w, se["c"])),
+        effective_delay_s=Estimate.of(tau + fit.centroid_s, se["eff"]),
+        energy_delay_s=Estimate.of(d_energy, se["d"]),
+        cross_correlation_lag=CrossCorrelation(finite(lag.lag_s), finite(lag.correlation),
+                                               finite(lag.confidence),
+                                               finite(lag.uncertainty_s)),
+        verdict=Identifiability(bool(verdict.identifiable), tuple(verdict.warnings),
+                                verdict.advice),
+        profiles=profiles, update_period_s=float(period),
+        update_period_se_s=finite(seen.period_se_s), held_readings=bool(seen.held),
+        update_times="lattice" if seen.lattice else "first_seen",
+        poll_delay_s=finite(seen.poll_delay_s), coverage=float(held_coverage), fit=fit_summary,
+        kernels={k: KernelCandidate(finite(math.sqrt(v[2])), finite(v[0]), WIDTH_NAME[k],
+                                    finite(v[1])) for k, v in fit.fits.items()},
+        power_dependent_gain=gain_test, energy=energy)
 
 
 # --------------------------------------------------------------------------- records
 
 
-def store_in_run(path: str, record: dict[str, Any]) -> str:
+def store_in_run(path: str, record: CalibrationRecord) -> str:
     """Write the record under /analysis/calibration/<source>:<channel> (raw data untouched).
 
     Needs the recorder to have closed the file; a record of the same stream is replaced.
     """
-    target = record["target"]
-    pinned = {name: v["value"] for name, v in record["params"].items() if v["value"] is not None}
-    return write_calibration(path, StoredCalibration(
-        target["source"], target["channel"], record["kernel"],
-        bool(record.get("identifiable", True)), pinned, record), hint=" (or use --no-store)")
+    return write_calibration(path, record, hint=" (or use --no-store)")
 
 
-def load_record(path: str, *, force: bool = False) -> dict[str, Any]:
+def load_record(path: str, *, force: bool = False) -> CalibrationRecord:
     """A calibration record from JSON (checked for the fields energy correction needs).
 
     A record whose data could not pin the kernel is refused unless ``force``: applying it
@@ -376,19 +374,24 @@ def load_record(path: str, *, force: bool = False) -> dict[str, Any]:
     """
     try:
         with open(path, encoding="utf-8") as f:
-            record = json.load(f)
+            doc = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"{path}: not a readable calibration JSON ({e})") from e
-    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") != RECORD_FORMAT:
         raise UsageError(f"{path}: not a wattlab calibration record ({RECORD_FORMAT})")
-    for key in ("gain", "offset_w"):
-        if record.get("params", {}).get(key, {}).get("value") is None:
-            raise UsageError(f"{path}: calibration record lacks params.{key}")
-    if record.get("energy_delay_s", {}).get("value") is None:
-        raise UsageError(f"{path}: calibration record lacks energy_delay_s")
-    if record.get("identifiable") is False and not force:
-        reasons = "; ".join(record.get("warnings", [])) or "no reason recorded"
+    try:
+        record = CalibrationRecord.from_json(doc)
+    except RunFileError as e:
+        raise UsageError(f"{path}: calibration record {e}") from e
+    for name, value in (("params.gain", record.params.gain.value),
+                        ("params.offset_w", record.params.offset_w.value),
+                        ("energy_delay_s", record.energy_delay_s.value)):
+        if value is None:
+            raise UsageError(f"{path}: calibration record lacks {name}")
+    verdict = record.verdict
+    if not verdict.identifiable and not force:
+        reasons = "; ".join(verdict.warnings) or "no reason recorded"
         raise UsageError(f"{path}: this calibration is not identifiable ({reasons}); "
-                         f"{record.get('advice') or 'record a richer load'}, or pass "
+                         f"{verdict.advice or 'record a richer load'}, or pass "
                          "--force-calibration to apply it anyway")
     return record

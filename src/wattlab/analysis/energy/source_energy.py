@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -37,7 +37,7 @@ from wattlab.analysis.energy.counter_ticks import (
     at_updates,
 )
 from wattlab.errors import UsageError
-from wattlab.runfile import MarkerRow, Run, SourceView
+from wattlab.runfile import CalibrationRecord, Estimate, MarkerRow, Run, SourceView
 
 if TYPE_CHECKING:  # energy_fusion imports calibration, which imports this module
     from wattlab.analysis.calibration import Fusion
@@ -287,24 +287,25 @@ def stream_identity(view: SourceView, channel: str) -> dict[str, str]:
     }
 
 
-def record_applies(record: dict[str, Any], view: SourceView, channel: str) -> list[str] | None:
+def record_applies(record: CalibrationRecord, view: SourceView, channel: str
+                   ) -> list[str] | None:
     """None if a calibration record is for another NVML field; else mismatch warnings."""
-    key = record["key"]
+    key = record.key.to_json()
     ident = stream_identity(view, channel)
-    if ident["nvml_field"] != key["nvml_field"] or channel != record["target"]["channel"]:
+    if ident["nvml_field"] != key["nvml_field"] or channel != record.target.channel:
         return None
     return [f"calibrated on {k} {key[k]!r}, this stream has {ident[k]!r}"
             for k in ("gpu_model", "board", "driver_version") if ident[k] != key[k]]
 
 
-def correction_terms(record: dict[str, Any]
+def correction_terms(record: CalibrationRecord
                      ) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
     """((g, se), (c, se), (d, se)) from a record; an unknown error counts as 0."""
-    def pair(obj: dict[str, Any]) -> tuple[float, float]:
-        return float(obj["value"]), float(obj.get("se") or 0.0)
+    def pair(e: Estimate) -> tuple[float, float]:
+        return float(cast(float, e.value)), float(e.se or 0.0)
 
-    p = record["params"]
-    return pair(p["gain"]), pair(p["offset_w"]), pair(record["energy_delay_s"])
+    p = record.params
+    return pair(p.gain), pair(p.offset_w), pair(record.energy_delay_s)
 
 
 def corrected_energy(e_shifted_j: float, duration_s: float, g: tuple[float, float], *,
@@ -349,7 +350,7 @@ def default_reference(run: Run) -> str | None:
 
 
 def energy_report(run: Run, by_marker: bool = True, reference: str | None = None, *,
-                  calibration: dict[str, Any] | None = None,
+                  calibration: CalibrationRecord | None = None,
                   windows: Sequence[tuple[float, float]] = (),
                   fusion: Fusion | None = None) -> dict[str, Any]:
     """Energy per stream and phase; errors vs the reference; optional NVML correction.
@@ -381,7 +382,7 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
     return json_safe({
         "path": run.path,
         "reference": None if ref_key is None else f"{ref_key[0]}:{ref_key[1]}",
-        "calibration": None if calibration is None else calibration.get("key"),
+        "calibration": None if calibration is None else calibration.key.to_json(),
         "phases": [asdict(p) | {"label": p.label} for p in phases],
         "rows": [r.to_json() for r in rows],
         "groups": [asdict(p) | {"label": p.label} for p in group_phases],
@@ -421,7 +422,7 @@ def _reference_key(run: Run, reference: str | None) -> tuple[str, str] | None:
 
 
 def _stream_rows(run: Run, streams: list[tuple[SourceView, str, str]], phases: list[Phase],
-                 calibration: dict[str, Any] | None) -> tuple[list[EnergyRow], list[str]]:
+                 calibration: CalibrationRecord | None) -> tuple[list[EnergyRow], list[str]]:
     """Every stream's rows, corrected where the calibration applies; notes on mismatches.
 
     Power channels are integrated one pass per source, counters differenced.
@@ -440,8 +441,8 @@ def _stream_rows(run: Run, streams: list[tuple[SourceView, str, str]], phases: l
             continue
         warn = record_applies(calibration, view, channel) if calibration else None
         got, shifted = integrated[view.source_id][channel]
-        if warn is not None:
-            _correct_rows(got, shifted, correction_terms(calibration), warn)  # type: ignore[arg-type]
+        if warn is not None and calibration is not None:
+            _correct_rows(got, shifted, correction_terms(calibration), warn)
             notes += [f"{view.source_id}:{channel}: {w}" for w in warn]
         rows += got
     return rows, notes

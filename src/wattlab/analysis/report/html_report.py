@@ -23,7 +23,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +63,8 @@ from wattlab.device_models import first_order_filter
 from wattlab.errors import RunFileError, UsageError, WattlabError
 from wattlab.output_files import create_temp
 from wattlab.runfile import (
+    CalibrationRecord,
+    Estimate,
     GapRow,
     MarkerRow,
     Run,
@@ -358,7 +360,7 @@ class CalibrationView:
     (``seen_w``) and the reading (``target_w``); the fit is ``target = gain * seen + offset``.
     """
 
-    record: dict[str, Any]
+    record: CalibrationRecord
     t_s: FloatArray
     seen_w: FloatArray
     target_w: FloatArray
@@ -366,24 +368,25 @@ class CalibrationView:
 
     @property
     def label(self) -> str:
-        t, r = self.record["target"], self.record["reference"]
-        return f"{t['source']}:{t['channel']} vs {r['source']}:{r['channel']}"
+        t, r = self.record.target, self.record.reference
+        return f"{t.source}:{t.channel} vs {r.source}:{r.channel}"
 
     def param(self, name: str) -> float:
-        value = self.record["params"].get(name, {}).get("value")
+        found = self.record.params.by_name().get(name)
+        value = None if found is None else found.value
         return math.nan if value is None else float(value)
 
 
 def _seen_through_kernel(run: Run, ref_view: SourceView, ref_ch: str, x_s: FloatArray,
-                         record: dict[str, Any]) -> FloatArray:
+                         record: CalibrationRecord) -> FloatArray:
     """The reference at times ``x_s`` as the fitted kernel and lag see it (NaN: not covered).
 
     Bin means on a fine grid (gaps stay NaN): a boxcar is a difference of the running
     integral over the window, a first-order lag an exponential filter of the bin means.
     """
-    tau = float(record["params"]["tau_s"]["value"])
-    boxcar = "w_s" in record["params"]
-    width = float(record["params"]["w_s" if boxcar else "time_constant_s"]["value"])
+    tau = float(cast(float, record.params.tau_s.value))
+    boxcar = record.params.width_name == "w_s"
+    width = float(cast(float, record.params.width.value))
     reach = width if boxcar else 5 * width
     first, last = span_s(ref_view)
     lo, hi = max(first, float(x_s.min()) - tau - reach), min(last, float(x_s.max()) - tau)
@@ -416,16 +419,15 @@ def _seen_through_kernel(run: Run, ref_view: SourceView, ref_ch: str, x_s: Float
     return out
 
 
-def calibration_view(run: Run, record: dict[str, Any], stored: bool) -> CalibrationView:
+def calibration_view(run: Run, record: CalibrationRecord, stored: bool) -> CalibrationView:
     """Readings and kernel-seen reference for a record, observed as ``calibrate`` does.
 
     Each distinct reading counts once, at its driver update instant when the fit used those.
     """
-    ref_view, ref_ch = resolve(run, f"{record['reference']['source']}:"
-                                    f"{record['reference']['channel']}")
-    tgt_view, tgt_ch = resolve(run, f"{record['target']['source']}:{record['target']['channel']}")
+    ref_view, ref_ch = resolve(run, f"{record.reference.source}:{record.reference.channel}")
+    tgt_view, tgt_ch = resolve(run, record.where)
     x, y, _, poll_s = target_updates(tgt_view, tgt_ch)
-    if record.get("update_times") == "lattice" and (
+    if record.update_times == "lattice" and (
             lattice := update_lattice(x, poll_s)) is not None:
         x = lattice[0]
     seen = _seen_through_kernel(run, ref_view, ref_ch, x, record) if x.size else x
@@ -456,7 +458,7 @@ def calibration_views(run: Run, reference: str | None, targets: Sequence[str] | 
     notes: list[str] = []
     stored = [] if targets else read_calibrations(run.path)
     records = [(r, True) for r in stored
-               if r["reference"]["source"] in run.sources and r["target"]["source"] in run.sources]
+               if r.reference.source in run.sources and r.target.source in run.sources]
     if not records:
         ref = reference or default_reference(run)
         if ref is None:
@@ -478,12 +480,12 @@ def calibration_views(run: Run, reference: str | None, targets: Sequence[str] | 
         try:
             views.append(calibration_view(run, record, was_stored))
         except WattlabError as e:
-            notes.append(f"NVML calibration {record['target']['source']}: no panel ({e})")
+            notes.append(f"NVML calibration {record.target.source}: no panel ({e})")
     return views, notes
 
 
-def _pm(obj: dict[str, Any], scale: float = 1.0, fmt: str = ".4g") -> str:
-    value, se = obj.get("value"), obj.get("se")
+def _pm(obj: Estimate, scale: float = 1.0, fmt: str = ".4g") -> str:
+    value, se = obj.value, obj.se
     if value is None:
         return "-"
     text = format(value * scale, fmt)  # '.4g': 1000 ms stays 1000, never 1e+03
@@ -493,25 +495,24 @@ def _pm(obj: dict[str, Any], scale: float = 1.0, fmt: str = ".4g") -> str:
 def calibration_summary(view: CalibrationView) -> str:
     """One line with the fitted model: kernel, lag, width, gain, offset, residual."""
     rec = view.record
-    p = rec["params"]
-    width = (f"w = {_pm(p['w_s'], 1e3)} ms" if "w_s" in p
-             else f"T = {_pm(p['time_constant_s'], 1e3)} ms")
-    return (f"{rec['kernel']} kernel, τ = {_pm(p['tau_s'], 1e3)} ms, {width}, gain "
-            f"{_pm(p['gain'], fmt='.4f')}, offset {_pm(p['offset_w'])} W, effective delay "
-            f"{_pm(rec['effective_delay_s'], 1e3)} ms; residual {rec['fit']['rmse_w']:.2f} W "
-            f"rms, R² {rec['fit']['r2']:.4f}" + calibration_caveats(rec))
+    p = rec.params
+    width = (f"w = {_pm(p.width, 1e3)} ms" if p.width_name == "w_s"
+             else f"T = {_pm(p.width, 1e3)} ms")
+    return (f"{rec.kernel} kernel, τ = {_pm(p.tau_s, 1e3)} ms, {width}, gain "
+            f"{_pm(p.gain, fmt='.4f')}, offset {_pm(p.offset_w)} W, effective delay "
+            f"{_pm(rec.effective_delay_s, 1e3)} ms; residual {rec.fit.rmse_w:.2f} W "
+            f"rms, R² {rec.fit.r2:.4f}" + calibration_caveats(rec))
 
 
-def calibration_caveats(rec: dict[str, Any]) -> str:
+def calibration_caveats(rec: CalibrationRecord) -> str:
     """Coverage, the energy error for phases of each length, and whether the kernel is pinned."""
-    text = f"; it observes {100 * rec['coverage']:.0f} % of the time"
-    lengths = [row for row in rec["energy"].get("by_length", [])
-               if row["rms_error_after_pct"] is not None]
+    text = f"; it observes {100 * rec.coverage:.0f} % of the time"
+    lengths = [row for row in rec.energy.by_length if row.rms_error_after_pct is not None]
     if lengths:
         text += "; energy error (rms) for phases of " + ", ".join(
-            f"{row['length_s']:g} s: {row['rms_error_after_pct']:.1f} %" for row in lengths)
-    if rec.get("identifiable") is False:
-        text += "; NOT IDENTIFIABLE: " + "; ".join(rec["warnings"])
+            f"{row.length_s:g} s: {row.rms_error_after_pct:.1f} %" for row in lengths)
+    if not rec.verdict.identifiable:
+        text += "; NOT IDENTIFIABLE: " + "; ".join(rec.verdict.warnings)
     return text
 
 
@@ -834,10 +835,9 @@ def _run_page(run_path: str, options: ReportOptions) -> Page:
             panels.append(Panel(key, f"NVML calibration: {view.label}", plots.calibration_figure(
                 view.t_s, view.seen_w, view.target_w, gain=view.param("gain"),
                 offset_w=view.param("offset_w"), fit_text=calibration_summary(view),
-                reference_label=f"{view.record['reference']['source']}:"
-                                f"{view.record['reference']['channel']}",
-                target_label=f"{view.record['target']['source']}:"
-                             f"{view.record['target']['channel']}"),
+                reference_label=f"{view.record.reference.source}:"
+                                f"{view.record.reference.channel}",
+                target_label=view.record.where),
                 ("Stored in the run by wattlab calibrate. " if view.stored else
                  "Fitted for this report by the same code as wattlab calibrate (not stored). ")
                 + "Left: each distinct NVML reading against the reference power seen through "
@@ -958,17 +958,18 @@ def _energy_table(energy: PhaseEnergy) -> str:
 
 def _calibration_table(view: CalibrationView) -> str:
     rec = view.record
-    energy = rec["energy"]
-    overall = energy.get("overall") or {}
+    energy = rec.energy
+    before, after = ((None, None) if energy.overall is None
+                     else (energy.overall.error_before_pct, energy.overall.error_after_pct))
     rows = [["model", _e(calibration_summary(view))],
-            ["update period", f"{rec['update_period_s'] * 1e3:.1f} ms ({_e(rec['update_times'])}"
-                              f" times), coverage {rec['coverage'] * 100:.0f} %"],
+            ["update period", f"{rec.update_period_s * 1e3:.1f} ms ({_e(rec.update_times)}"
+                              f" times), coverage {rec.coverage * 100:.0f} %"],
             ["energy error, whole overlap",
-             f"{_num(overall.get('error_before_pct'), '+.2f')} % as read, "
-             f"{_num(overall.get('error_after_pct'), '+.2f')} % corrected"],
-            [f"phases ≥ {energy['min_phase_s']:g} s ({energy['phases_considered']})",
-             f"mean |error| {_num(energy.get('mean_abs_error_before_pct'))} % as read, "
-             f"{_num(energy.get('mean_abs_error_after_pct'))} % corrected"]]
+             f"{_num(before, '+.2f')} % as read, "
+             f"{_num(after, '+.2f')} % corrected"],
+            [f"phases ≥ {energy.min_phase_s:g} s ({energy.phases_considered})",
+             f"mean |error| {_num(energy.mean_abs_error_before_pct)} % as read, "
+             f"{_num(energy.mean_abs_error_after_pct)} % corrected"]]
     return _table(["", _e(view.label)], rows, left=2)
 
 
