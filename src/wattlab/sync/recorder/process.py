@@ -75,7 +75,7 @@ class Recorder:
         except (zmq.ZMQError, WattlabError):
             if self._exporter is not None:
                 self._exporter.close()
-            self._sockets.close_now()
+            self._sockets.close(at_once=True)
             raise
         self.rejected = 0
         self.last_rejection = ""

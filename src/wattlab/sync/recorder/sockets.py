@@ -143,22 +143,15 @@ class RecorderSockets:
         if sock is not None:
             sock.send_multipart([state.identity, *frames])
 
-    def close_now(self) -> None:
-        """Start-up failed: drop everything at once."""
-        self.local.close(0)
+    def close(self, *, at_once: bool = False) -> None:
+        """Close both sockets; ``at_once`` (start-up failed) drops what is still queued.
+
+        Otherwise the file is closed and the last answers leave first (the socket's linger).
+        """
+        self.local.close(0 if at_once else None)
         if self.remote is not None:
             self.remote.close(0)
         if self.curve is not None:
             self.curve.stop()
         if self._remote_context is not None:
             self._remote_context.term()
-
-    def close(self) -> None:
-        """The file is closed: let the last answers leave (linger), then close."""
-        self.local.close()
-        if self.remote is not None:
-            self.remote.close(0)
-            if self.curve is not None:
-                self.curve.stop()
-            if self._remote_context is not None:
-                self._remote_context.term()
