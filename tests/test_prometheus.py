@@ -112,25 +112,31 @@ def test_gaps_count_as_the_file_records_them(tmp_path):
     """A source killed mid-run (its own process) leaves a gap the counter shows."""
     out = tmp_path / "gap.h5"
     port = free_port()
-    proc = subprocess.Popen(
-        [*WATTLAB, "record", "--simulate", "--duration", "6", "-o", str(out),
-         "--nvml-streams", "samples", "--source-processes", "--prometheus",
-         f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}/metrics"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    with subprocess.Popen(
+            [*WATTLAB, "record", "--simulate", "--duration", "6", "-o", str(out),
+             "--nvml-streams", "samples", "--source-processes", "--prometheus",
+             f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True) as proc:
         try:
-            if pick(scrape(url), "wattlab_samples_total", source="gpu0.samples") > 50:
-                break
-        except (OSError, AssertionError):
-            pass
-        time.sleep(0.2)
-    kids = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "source_process"],
-                          capture_output=True, text=True, check=False).stdout.split()
-    assert kids, "no source process found"
-    os.kill(int(kids[0]), 9)
-    scrapes = scrape_while(proc, url)
-    proc.communicate(timeout=60)
+            url = f"http://127.0.0.1:{port}/metrics"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if pick(scrape(url), "wattlab_samples_total", source="gpu0.samples") > 50:
+                        break
+                except (OSError, AssertionError):
+                    pass
+                time.sleep(0.2)
+            kids = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "source_child"],
+                                  capture_output=True, text=True, check=False).stdout.split()
+            assert kids, "no source process found"
+            os.kill(int(kids[0]), 9)
+            scrapes = scrape_while(proc, url)
+            proc.communicate(timeout=60)
+        finally:  # a failed check must not leave the recording (and its pipes) behind
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     with wattlab.open(str(out)) as run:
         in_file = sum(g.source == "gpu0.samples" for g in run.gaps)
     assert in_file >= 1
