@@ -92,7 +92,6 @@ EXEMPT: dict[tuple[str, str], str] = {
     ("sync/recorder/process.py", "config_json"): "the recorder's command-line argument",
     ("samples.py", "time_raw"): "SourceDescriptor's field (the stream attribute copies it)",
     ("samples.py", "flags"): "a SampleBatch buffer (the dataset is named after it)",
-    ("acquisition/acquirers/gpu_descriptors.py", "time_raw"): "a SourceDescriptor keyword",
     ("commands/import_data.py", "time_unit"): "the CSV importer's option",
     ("analysis/models/sweep_results.py", "format_version"): "the sweep file's own layout",
     ("analysis/report/export_table.py", "remote_host"): "a column of the energy export",

@@ -48,11 +48,8 @@ def describe_streams(kind: str, calls: Mapping[str, str], info: DeviceInfo,
             host=socket.gethostname(),
             value_dtype="<f8",
             config={**config, "nvml_calls": {n: calls[c] for n, _, c in channels}, **extra},
-            **(
-                {"time_raw": "device_unix_us", "time_raw_dtype": "<i8"}
-                if key == "samples"
-                else {}
-            ),
+            # the 50 Hz buffer's samples carry the driver's own stamps; the rest host times
+            time_raw="device_unix_us" if key == "samples" else SourceDescriptor.time_raw,
         )
 
     if "samples_power_w" not in missing and "samples" in streams:
