@@ -21,6 +21,7 @@ from wattlab.errors import UsageError
 from wattlab.sync.recorder.stream_metrics import MetricsSnapshot, StreamMetrics
 
 LOOPBACK = "127.0.0.1"
+SCRAPE_TIMEOUT_S = 5.0
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -106,6 +107,8 @@ def families(snap: MetricsSnapshot, counter: Any, gauge: Any) -> list[Any]:
 
 
 class _Quiet(WSGIRequestHandler):
+    timeout = SCRAPE_TIMEOUT_S  # a client that connects and never asks cannot hold close()
+
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not news."""
 
@@ -122,6 +125,10 @@ class Exporter:
 
         class Server(ThreadingWSGIServer):
             address_family = _family(host)
+            # close() waits for scrapes in flight: a process that ends mid-reply would hand
+            # the scraper a status line without headers or body
+            daemon_threads = False
+            block_on_close = True
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(WattlabCollector(metrics))
