@@ -53,7 +53,8 @@ def analyse_case(name: str, batch: int, folder: Path) -> dict[str, Any]:
 
     t0 = time.monotonic()
     out = analyse(load(folder, f"{name}{batch}"))
-    return {"model": name, "batch": batch, **out, "seconds": time.monotonic() - t0}
+    return {"model": name, "batch": batch, "rows": {k: r.to_json() for k, r in out.rows.items()},
+            "check": out.check.to_json(), "seconds": time.monotonic() - t0}
 
 
 def print_table(results: list[dict[str, Any]]) -> None:

@@ -51,18 +51,18 @@ def main() -> None:
         calls = call_sequence(net, count)
         for sw in SWITCH_MS:
             physics = simulated_h100_physics(switch_s=sw / 1e3)
-            rec = study.plan_record(physics, count, calls=calls)["scopes"][scope]
-            for e in rec["plans"]:
-                ex, he = e["exhaustive"], e["heuristic"]
-                print(f"{label:26} {sw:9.1f} {e['max_slowdown']:8.0%} {ex['energy_saving']:10.1%} "
-                      f"{ex['slowdown']:+8.1%} {ex['gap_j']:8.2g} {he['energy_saving']:10.1%} "
-                      f"{he['slowdown']:+8.1%}")
-                rows.append({"case": label, "switch_ms": sw, "max_slowdown": e["max_slowdown"],
-                             "exhaustive_saving": ex["energy_saving"],
-                             "exhaustive_slowdown": ex["slowdown"], "gap_j": ex["gap_j"],
-                             "exhaustive_energy_j": ex["energy_j"],
-                             "heuristic_saving": he["energy_saving"],
-                             "heuristic_slowdown": he["slowdown"]})
+            rec = study.plan_record(physics, count, calls=calls).scopes[scope]
+            for e in rec.plans:
+                ex, he = e.exhaustive, e.heuristic
+                print(f"{label:26} {sw:9.1f} {e.max_slowdown:8.0%} {ex.energy_saving:10.1%} "
+                      f"{ex.slowdown:+8.1%} {ex.gap_j:8.2g} {he.energy_saving:10.1%} "
+                      f"{he.slowdown:+8.1%}")
+                rows.append({"case": label, "switch_ms": sw, "max_slowdown": e.max_slowdown,
+                             "exhaustive_saving": ex.energy_saving,
+                             "exhaustive_slowdown": ex.slowdown, "gap_j": ex.gap_j,
+                             "exhaustive_energy_j": ex.energy_j,
+                             "heuristic_saving": he.energy_saving,
+                             "heuristic_slowdown": he.slowdown})
     def saving(case: str, slow: float, sw: float = 0.5) -> float:
         return next(r["exhaustive_saving"] for r in rows if r["case"] == case
                     and r["max_slowdown"] == slow and r["switch_ms"] == sw)

@@ -12,6 +12,7 @@ DATA = Path(__file__).resolve().parent / "data"
 PUBLIC = DATA / "public"
 H100_CAPTURE = DATA / "h100_nvml_seed11.npz"
 LAYERS_CAPTURE = DATA / "layers"  # vgg16b64_*: a profiled VGG16 step and its NVML samples
+LAYERS_RECORD = DATA / "layers_record"  # layer records as the dict-built study wrote them
 ZEUS_TRACE = PUBLIC / "zeus/examples/research_reproducibility/zeus_nsdi23/trace"
 ZEUS_PROFILE = PUBLIC / "zeus/tests/profile_data"
 KT_A100 = (PUBLIC / "kernel_tuner_tutorial/energy/data"

@@ -1,7 +1,8 @@
-"""Small models for the layer tests, whose MACs are counted by hand in test_layers.py."""
+"""Models for the layer tests: small ones, whose MACs test_layers.py counts by hand, and VGG16."""
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 
 
@@ -16,3 +17,33 @@ def small_cnn() -> nn.Module:
 def tiny_mlp() -> nn.Module:
     """Three layers: few enough plans for brute force."""
     return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+
+
+VGG16_LAYOUT = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
+                512, 512, 512, "M")
+
+
+class Vgg16(nn.Module):
+    """torchvision's VGG16 (its module names too), so that its rows are tests/data/layers'.
+
+    Why not torchvision's own: it is not importable beside every torch build.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 3
+        for v in VGG16_LAYOUT:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                layers += [nn.Conv2d(channels, int(v), 3, padding=1), nn.ReLU(inplace=True)]
+                channels = int(v)
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
+        self.classifier = nn.Sequential(
+            nn.Linear(512 * 7 * 7, 4096), nn.ReLU(True), nn.Dropout(), nn.Linear(4096, 4096),
+            nn.ReLU(True), nn.Dropout(), nn.Linear(4096, 1000))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))

@@ -106,22 +106,21 @@ def real_capture(tmp_path: Path) -> Captured:
 def test_real_vgg16_rows_add_up_to_the_counter_and_the_step(tmp_path: Path) -> None:
     c = real_capture(tmp_path)
     out = analyse(c)
-    check = out["check"]
-    assert check["note"].startswith("no plain profiled run")
-    assert abs(check["energy_error"]) < 0.02
-    assert abs(check["layers_energy_j"] - check["whole"]["energy_j"]) < 3 * np.hypot(
-        check["layers_energy_se_j"], check["whole"]["energy_se_j"]) + 0.005 * check[
-        "layers_energy_j"]
-    assert abs(check["time_error"]) < 0.05  # VGG16 b64 keeps the GPU busy
-    assert check["warning"] is None
-    rows = out["rows"]
-    assert all(r["power_w"] is None or 300 < r["power_w"] < 800 for r in rows.values())
-    assert all(r["power_se_w"] is None or r["power_se_w"] > 0 for r in rows.values())
-    summed = sum(r["energy_j"] for r in rows.values()) + sum(
-        r["energy_j"] for r in check["outside_rows"].values())
-    assert summed == pytest.approx(check["layers_energy_j"])
+    check = out.check
+    assert check.note.startswith("no plain profiled run")
+    assert abs(check.energy_error) < 0.02
+    assert abs(check.layers_energy_j - check.whole.energy_j) < 3 * np.hypot(
+        check.layers_energy_se_j, check.whole.energy_se_j) + 0.005 * check.layers_energy_j
+    assert abs(check.time_error) < 0.05  # VGG16 b64 keeps the GPU busy
+    assert check.warning is None
+    rows = out.rows
+    assert all(r.power_w is None or 300 < r.power_w < 800 for r in rows.values())
+    assert all(r.power_se_w is None or r.power_se_w > 0 for r in rows.values())
+    summed = sum(r.energy_j for r in rows.values()) + sum(
+        r.energy_j for r in check.outside_rows.values())
+    assert summed == pytest.approx(check.layers_energy_j)
     big = rows["features.2:backward"]
-    assert big["time_s"] > 0.002 and big["energy_j"] > 1.0
+    assert big.time_s > 0.002 and big.energy_j > 1.0
 
 
 def test_real_samples_fold_onto_the_hooked_layout() -> None:

@@ -100,18 +100,18 @@ def test_plan_clocks_from_nvml_or_a_stated_fallback() -> None:
     model = GpuModel(sm_clocks_mhz=(1410, 1200, 900), mem_clocks_mhz=(1593, 1215))
     driver = NvmlDriver(FakeNvml([SimulatedGpu(model=model, seed=2)]))
     physics, clocks = physics_for_gpu(base, roofline, 0, driver)
-    assert clocks["source"] == "NVML, GPU 0" and clocks["pairs"] == 6
+    assert clocks.source == "NVML, GPU 0" and clocks.pairs == 6
     sm, mem = physics.pairs()
     assert sorted(zip(sm.tolist(), mem.tolist(), strict=True)) == sorted(
         (float(s), float(m)) for s in (1410, 1200, 900) for m in (1593, 1215))
     assert physics.default_pair == (1410, 1593) and physics.roofline is roofline
     plan = study.plan_record(physics, count_layers(small_cnn(), (8, 3, 32, 32)), (0.1,))
-    chosen = plan["scopes"]["forward"]["plans"][0]["exhaustive"]
-    assert set(chosen["sm_mhz"]) <= {1410, 1200, 900}
+    chosen = plan.scopes["forward"].plans[0].exhaustive
+    assert set(chosen.sm_mhz) <= {1410, 1200, 900}
     missing = NvmlDriver(FakeNvml([SimulatedGpu(
         seed=2, unsupported=frozenset({"nvmlDeviceGetSupportedMemoryClocks"}))]))
     physics, clocks = physics_for_gpu(base, roofline, 0, missing)
-    assert clocks["source"] == "simulated H100 list" and "supported clocks" in clocks["reason"]
+    assert clocks.source == "simulated H100 list" and "supported clocks" in (clocks.reason or "")
     assert physics.pairs()[0].shape == base.pairs()[0].shape and physics.roofline is roofline
 
 
@@ -155,11 +155,11 @@ def test_a_reused_module_is_a_plan_row_per_call() -> None:
     bwd = [c for c in calls if c[0].endswith(":backward")]
     assert bwd[:2] == [("4:backward", 0), ("1:backward", 1)]
     physics = simulated_h100_physics(switch_s=1e-5)
-    rec = study.plan_record(physics, count, (0.2,), calls=calls)["scopes"]["training step"]
-    assert "1:forward#1" in rec["keys"] and len(rec["keys"]) == len(calls)
-    plan = rec["plans"][0]["exhaustive"]
-    ran = study.execute_plan(model, count, physics, plan, keys=rec["keys"], min_window_s=0.5)
-    assert ran.energy_j == pytest.approx(plan["energy_j"], rel=0.03)
+    rec = study.plan_record(physics, count, (0.2,), calls=calls).scopes["training step"]
+    assert "1:forward#1" in rec.keys and len(rec.keys) == len(calls)
+    plan = rec.plans[0].exhaustive
+    ran = study.execute_plan(model, count, physics, plan, keys=rec.keys, min_window_s=0.5)
+    assert ran.energy_j == pytest.approx(plan.energy_j, rel=0.03)
 
 
 def test_a_step_the_hooks_slowed_is_flagged_as_host_bound():

@@ -32,7 +32,8 @@ from wattlab.runfile import (
     read_calibrations,
     schema,
 )
-from wattlab.runfile.layers_record import write_layers
+from wattlab.runfile.layers_parts import RooflineLimits
+from wattlab.runfile.layers_record import LayersRecord, write_layers
 from wattlab.runfile.tuning_record import (
     TuningIterations,
     TuningProbes,
@@ -279,6 +280,13 @@ def layout_problems(path: Path, *, whole: bool) -> list[str]:
             + [f"{path.name}: lacks {x}" for x in sorted(schema_layout() - held) if whole])
 
 
+LAYERS = LayersRecord(
+    input=(1, 4), dtype="float32", train=False,
+    roofline=RooflineLimits(peak_flops=1e12, bandwidth_bps=1e11, ridge_flop_per_byte=10.0,
+                            source="table"),
+    total_flops=0, total_macs=0, other_flops=0, rows=(), device="simulated H100", model="m")
+
+
 def _tracker() -> ClockTracker:
     tracker = ClockTracker("agent", window_s=1.0)
     for k in range(20):
@@ -332,7 +340,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
                  remaps={"agent.gpu": tracker.to_local_ns})
     store_in_run(str(path), _calibration("meter", "boxcar"))
     store_in_run(str(path), _calibration("agent.gpu", "first_order"))
-    write_layers(str(path), {"rows": []})
+    write_layers(str(path), LAYERS)
     write_tuning(str(path), _tuning(t0))
     return path
 

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 from wattlab.errors import UsageError
 from wattlab.layers.capture import PLAIN_SECONDS
 from wattlab.layers.equivalent_time import DELAY_S
+from wattlab.runfile import (
+    BetweenLayers,
+    ClockPlans,
+    FoldedMeasured,
+    FoldedSumCheck,
+    GroupMeasured,
+    GroupSumCheck,
+    LayersRecord,
+    TimeEnergy,
+    write_layers,
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -84,59 +95,71 @@ def _check(args: argparse.Namespace) -> None:
             raise UsageError(f"--max-slowdown must be within 0..10, got {s}")
 
 
-def _print_table(record: dict[str, Any]) -> None:
-    r = record
-    print(f"{r['model']}: input {'x'.join(map(str, r['input']))} {r['dtype']}, "
-          f"{r['total_macs'] / 1e9:.4g} GMACs, {r['total_flops'] / 1e9:.4g} GFLOPs; roofline "
-          f"{r['roofline']['peak_flops'] / 1e12:.4g} TFLOP/s, "
-          f"{r['roofline']['bandwidth_bps'] / 1e12:.4g} TB/s ({r['roofline']['source']})")
+def _print_table(r: LayersRecord) -> None:
+    print(f"{r.model}: input {'x'.join(map(str, r.input))} {r.dtype}, "
+          f"{r.total_macs / 1e9:.4g} GMACs, {r.total_flops / 1e9:.4g} GFLOPs; roofline "
+          f"{r.roofline.peak_flops / 1e12:.4g} TFLOP/s, "
+          f"{r.roofline.bandwidth_bps / 1e12:.4g} TB/s ({r.roofline.source})")
     print(f"{'layer':34} {'kind':16} {'pass':8} {'MFLOPs':>10} {'MB':>9} {'FLOP/B':>8} "
           f"{'bound':7} {'in-step ms':>16} {'alone ms':>9} {'energy mJ':>14}")
-    for row in r["rows"]:
-        m = row.get("measured")
-        alone = f"{m['time_alone_s'] * 1e3:9.4f}" if m and "time_alone_s" in m else f"{'-':>9}"
-        te = (f"{m['time_s'] * 1e3:8.4f}±{m['time_se_s'] * 1e3:<7.2g} "
-              f"{alone} {m['energy_j'] * 1e3:8.3f}±"
-              f"{m['energy_se_j'] * 1e3:<5.2g}" if m else "")
-        ai = "-" if row["intensity"] is None else f"{row['intensity']:.3g}"
-        print(f"{(row['name'] or '(model)')[:34]:34} {row['kind'][:16]:16} {row['pass_name']:8} "
-              f"{row['flops'] / 1e6:10.2f} {row['bytes_total'] / 1e6:9.3f} {ai:>8} "
-              f"{row['bound']:7} {te}")
-    for scope, check in r.get("checks", {}).items():
-        w = check["whole"]
-        for name, b in _extra_rows(check):
-            print(f"{name:34} {'':16} {'':8} {'':>10} {'':>9} {'':>8} {'':7} "
-                  f"{b['time_s'] * 1e3:8.4f}±{b['time_se_s'] * 1e3:<7.2g} {'':>9} "
-                  f"{b['energy_j'] * 1e3:8.3f}±{b['energy_se_j'] * 1e3:<5.2g}")
-        print(f"{scope}: layers sum {check['layers_time_s'] * 1e3:.3f} ms, "
-              f"{check['layers_energy_j']:.4g} ± {check['layers_energy_se_j']:.2g} J; whole "
-              f"{w['time_s'] * 1e3:.3f} ms, {w['energy_j']:.4g} ± {w['energy_se_j']:.2g} J "
-              f"(time {check['time_error']:+.1%}, energy {check['energy_error']:+.1%})")
-        if check.get("warning"):
-            print(f"  warning: {check['warning']}")
-        if check.get("note"):
-            print(f"  {check['note']}")
-    for scope, block in r.get("plans", {}).get("scopes", {}).items():
-        print(f"plans, {scope} (switch {r['plans']['switch_s'] * 1e3:g} ms, "
-              f"{r['plans']['pairs']} clock pairs from the "
-              f"{r['plans'].get('clocks', {}).get('source', 'simulated H100 list')}):")
-        for e in block["plans"]:
-            ex, he = e["exhaustive"], e["heuristic"]
-            print(f"  max slowdown {e['max_slowdown']:5.0%}: exhaustive saves "
-                  f"{ex['energy_saving']:6.1%} at {ex['slowdown']:+.1%} time "
-                  f"({ex['switches']} switches, gap {ex['gap_j']:.2g} J); heuristic "
-                  f"{he['energy_saving']:6.1%} at {he['slowdown']:+.1%} "
-                  f"({he['switches']} switches)")
-            if he.get("note"):
-                print(f"    heuristic: {he['note']}")
-        for name, m in block.get("executed", {}).items():
-            print(f"  executed on the simulated GPU: {name}: {m['energy_j']:.4g} ± "
-                  f"{m['energy_se_j']:.2g} J, {m['time_s'] * 1e3:.3f} ms per pass")
+    for row in r.rows:
+        m = row.measured
+        alone = (f"{m.time_alone_s * 1e3:9.4f}" if isinstance(m, GroupMeasured)
+                 else f"{'-':>9}")
+        te = (f"{m.time_s * 1e3:8.4f}±{m.time_se_s * 1e3:<7.2g} "
+              f"{alone} {m.energy_j * 1e3:8.3f}±"
+              f"{m.energy_se_j * 1e3:<5.2g}" if m else "")
+        ai = "-" if row.intensity is None else f"{row.intensity:.3g}"
+        print(f"{(row.name or '(model)')[:34]:34} {row.kind[:16]:16} {row.pass_name:8} "
+              f"{row.flops / 1e6:10.2f} {row.bytes_total / 1e6:9.3f} {ai:>8} "
+              f"{row.bound:7} {te}")
+    for scope, check in (r.checks or {}).items():
+        _print_check(scope, check)
+    if r.plans is not None:
+        _print_plans(r.plans)
 
 
-def _extra_rows(check: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _print_check(scope: str, check: GroupSumCheck | FoldedSumCheck) -> None:
+    w = check.whole
+    for name, b in _extra_rows(check):
+        print(f"{name:34} {'':16} {'':8} {'':>10} {'':>9} {'':>8} {'':7} "
+              f"{b.time_s * 1e3:8.4f}±{b.time_se_s * 1e3:<7.2g} {'':>9} "
+              f"{b.energy_j * 1e3:8.3f}±{b.energy_se_j * 1e3:<5.2g}")
+    print(f"{scope}: layers sum {check.layers_time_s * 1e3:.3f} ms, "
+          f"{check.layers_energy_j:.4g} ± {check.layers_energy_se_j:.2g} J; whole "
+          f"{w.time_s * 1e3:.3f} ms, {w.energy_j:.4g} ± {w.energy_se_j:.2g} J "
+          f"(time {check.time_error:+.1%}, energy {check.energy_error:+.1%})")
+    if check.warning:
+        print(f"  warning: {check.warning}")
+    if isinstance(check, FoldedSumCheck) and check.note:
+        print(f"  {check.note}")
+
+
+def _print_plans(plans: ClockPlans) -> None:
+    source = plans.clocks.source if plans.clocks else "simulated H100 list"
+    for scope, block in plans.scopes.items():
+        print(f"plans, {scope} (switch {plans.switch_s * 1e3:g} ms, "
+              f"{plans.pairs} clock pairs from the {source}):")
+        for e in block.plans:
+            ex, he = e.exhaustive, e.heuristic
+            print(f"  max slowdown {e.max_slowdown:5.0%}: exhaustive saves "
+                  f"{ex.energy_saving:6.1%} at {ex.slowdown:+.1%} time "
+                  f"({ex.switches} switches, gap {ex.gap_j:.2g} J); heuristic "
+                  f"{he.energy_saving:6.1%} at {he.slowdown:+.1%} "
+                  f"({he.switches} switches)")
+            if he.note:
+                print(f"    heuristic: {he.note}")
+        for name, m in (block.executed or {}).items():
+            print(f"  executed on the simulated GPU: {name}: {m.energy_j:.4g} ± "
+                  f"{m.energy_se_j:.2g} J, {m.time_s * 1e3:.3f} ms per pass")
+
+
+def _extra_rows(check: GroupSumCheck | FoldedSumCheck
+                ) -> list[tuple[str, TimeEnergy | FoldedMeasured | BetweenLayers]]:
     """The rows outside every layer: ``between layers`` and, on a real GPU, the GPU's idle."""
-    return list(check.get("outside_rows", {"between layers": check["between"]}).items())
+    if isinstance(check, FoldedSumCheck):
+        return list(check.outside_rows.items())
+    return [("between layers", check.between)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,16 +172,13 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     count = count_layers(model, shape, args.dtype, args.train)
     record = _study(args, model, count)
-    record["model"] = args.model
     if args.output:
         with open(args.output, "x", encoding="utf-8") as f:
-            json.dump(record, f, indent=2)
+            f.write(record.to_json(indent=2))
     if args.store:
-        from wattlab.runfile import write_layers
-
         write_layers(args.store, record)
     if args.json:
-        print(json.dumps(record, indent=2))
+        print(record.to_json(indent=2))
     else:
         _print_table(record)
     return 0
@@ -175,7 +195,7 @@ def _simulated(args: argparse.Namespace) -> bool:
     return False
 
 
-def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
+def _study(args: argparse.Namespace, model: Any, count: Any) -> LayersRecord:
     from wattlab.device_models import measure_roofline
     from wattlab.hardware.simulated_layer_gpu import simulated_h100_physics
     from wattlab.layers import study
@@ -183,44 +203,38 @@ def _study(args: argparse.Namespace, model: Any, count: Any) -> dict[str, Any]:
     simulated = _simulated(args)
     physics = simulated_h100_physics(args.dtype, args.switch_ms / 1e3)
     roofline = physics.roofline if simulated else measure_roofline(args.dtype)
-    record = study.count_record(count, roofline)
-    record["device"] = "simulated H100" if simulated else f"GPU {args.gpu}"
+    record = study.count_record(count, roofline, model=args.model,
+                                device="simulated H100" if simulated else f"GPU {args.gpu}")
     if args.measure:
         if simulated:
-            record["checks"] = study.measure_simulated(
+            record = study.measure_simulated(
                 record, model, count, physics, seed=args.seed, n_groups=args.groups,
                 window_s=args.window, whole_window_s=args.whole_window)
         else:
             from wattlab.layers.real_study import measure_real
 
-            record["checks"] = measure_real(
+            record = measure_real(
                 record, model, count, gpu=args.gpu, seconds=args.seconds,
                 delay_s=args.sample_delay_ms / 1e3, keep=args.keep_captures,
                 progress=lambda s: print(f"wattlab layers: {s}", file=sys.stderr))
     if args.plan:
-        clocks: dict[str, Any] = {"source": "simulated H100 list"}
-        if not simulated:
-            # the simulated GPU's power model on this GPU's clocks and roofline: a prediction
-            from wattlab.layers.clock_pairs import physics_for_gpu
-
-            physics, clocks = physics_for_gpu(physics, roofline, args.gpu)
-        from wattlab.layers.plan_hooks import call_sequence
-
-        record["plans"] = study.plan_record(physics, count,
-                                            args.max_slowdown or study.SLOWDOWNS,
-                                            calls=call_sequence(model, count))
-        record["plans"]["clocks"] = clocks
-        scope = "training step" if count.train else "forward"
-        block = record["plans"]["scopes"][scope]
-        if simulated:
-            chosen = {"default": block["default"], **{
-                f"exhaustive {e['max_slowdown']:.0%}": e["exhaustive"] for e in block["plans"]}}
-            block["executed"] = {
-                name: study.execute_plan(model, count, physics, plan, keys=block["keys"],
-                                         seed=args.seed, min_window_s=args.window).to_json()
-                for name, plan in chosen.items()}
-        else:
-            record["plans"]["note"] = ("predicted from the simulated GPU's model with this "
-                                       "GPU's measured roofline; nothing was changed")
+        record = replace(record, plans=_plans(args, model, count, physics=physics,
+                                              roofline=roofline, simulated=simulated))
     return record
 
+
+def _plans(args: argparse.Namespace, model: Any, count: Any, *, physics: Any, roofline: Any,
+           simulated: bool) -> ClockPlans:
+    from wattlab.layers import study
+    from wattlab.layers.plan_hooks import call_sequence
+
+    slowdowns = args.max_slowdown or study.SLOWDOWNS
+    calls = call_sequence(model, count)
+    if simulated:
+        return study.simulated_plans(model, count, physics, slowdowns, calls=calls,
+                                     seed=args.seed, min_window_s=args.window)
+    # the simulated GPU's power model on this GPU's clocks and roofline: a prediction
+    from wattlab.layers.clock_pairs import physics_for_gpu
+
+    physics, clocks = physics_for_gpu(physics, roofline, args.gpu)
+    return study.predicted_plans(physics, clocks, count, slowdowns, calls=calls)

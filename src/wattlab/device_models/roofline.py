@@ -34,10 +34,6 @@ class Roofline:
     def bound(self, intensity: float) -> str:
         return "compute" if intensity >= self.ridge else "memory"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"peak_flops": self.peak_flops, "bandwidth_bps": self.bandwidth_bps,
-                "ridge_flop_per_byte": self.ridge, "source": self.source}
-
 
 def simulated_roofline(dtype: str) -> Roofline:
     return Roofline(SIMULATED_PEAK_FLOPS[dtype], SIMULATED_BANDWIDTH_BPS,

@@ -13,10 +13,11 @@ from typing import Any
 
 from wattlab.device_models import LayerPhysics, Roofline
 from wattlab.errors import WattlabError
+from wattlab.runfile import ClockSource
 
 
 def physics_for_gpu(base: LayerPhysics, roofline: Roofline, gpu: int, driver: Any = None
-                    ) -> tuple[LayerPhysics, dict[str, Any]]:
+                    ) -> tuple[LayerPhysics, ClockSource]:
     """The simulated power model with GPU ``gpu``'s clock pairs and roofline, and its source.
 
     ``driver``: an ``NvmlDriver`` (the fake NVML in tests); by default pynvml's.
@@ -32,9 +33,9 @@ def physics_for_gpu(base: LayerPhysics, roofline: Roofline, gpu: int, driver: An
         finally:
             driver.close()
     except (WattlabError, ImportError) as e:
-        return replace(base, roofline=roofline), {"source": "simulated H100 list", "reason": str(e),
-                          "pairs": len(base.pairs()[0])}
-    return LayerPhysics.from_pairs(base, pairs, roofline), {
-        "source": f"NVML, GPU {gpu}", "pairs": len(pairs),
-        "mem_mhz": sorted({m for _, m in pairs}, reverse=True),
-        "sm_mhz_range": [min(sm for sm, _ in pairs), max(sm for sm, _ in pairs)]}
+        return replace(base, roofline=roofline), ClockSource(
+            source="simulated H100 list", reason=str(e), pairs=len(base.pairs()[0]))
+    return LayerPhysics.from_pairs(base, pairs, roofline), ClockSource(
+        source=f"NVML, GPU {gpu}", pairs=len(pairs),
+        mem_mhz=tuple(sorted({m for _, m in pairs}, reverse=True)),
+        sm_mhz_range=(min(sm for sm, _ in pairs), max(sm for sm, _ in pairs)))

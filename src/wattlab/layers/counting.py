@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from wattlab.errors import UsageError
 from wattlab.layers.model_spec import import_torch
+from wattlab.runfile import CountedLayer
 
 PASSES = ("forward", "backward")
 
@@ -57,11 +58,16 @@ class LayerRow:
     def key(self) -> str:
         return f"{self.name or '(model)'}:{self.pass_name}"
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(macs=self.macs, bytes_total=self.bytes_total,
-                   intensity=None if math.isinf(self.intensity) else self.intensity)
-        return out
+    def to_record(self, bound: str) -> CountedLayer:
+        """The row as the layer record keeps it, with its roofline class ``bound``."""
+        return CountedLayer(
+            name=self.name, kind=self.kind, pass_name=self.pass_name, calls=self.calls,
+            flops=self.flops, work_flops=self.work_flops, weight_bytes=self.weight_bytes,
+            activation_bytes=self.activation_bytes, gradient_bytes=self.gradient_bytes,
+            in_shapes=tuple(tuple(s) for s in self.in_shapes),
+            input_requires_grad=self.input_requires_grad, macs=self.macs,
+            bytes_total=self.bytes_total,
+            intensity=None if math.isinf(self.intensity) else self.intensity, bound=bound)
 
 
 @dataclass

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.errors import WattlabError
+from wattlab.runfile import MeasuredRun
 
 FloatArray = npt.NDArray[np.float64]
 CHUNKS = 8
@@ -70,10 +71,12 @@ class Measured:
     repeats: int
     window_s: float
 
-    def to_json(self) -> dict[str, float]:
-        return {k: float(getattr(self, k)) for k in
-                ("time_s", "time_se_s", "energy_j", "energy_se_j", "power_w", "power_se_w",
-                 "repeats", "window_s")}
+    def to_record(self) -> MeasuredRun:
+        """As the layer record keeps it: every value a float, ``repeats`` too."""
+        return MeasuredRun(time_s=float(self.time_s), time_se_s=float(self.time_se_s),
+                           energy_j=float(self.energy_j), energy_se_j=float(self.energy_se_j),
+                           power_w=float(self.power_w), power_se_w=float(self.power_se_w),
+                           repeats=float(self.repeats), window_s=float(self.window_s))
 
 
 def repeats_for(backend: Backend, job: Any, min_s: float) -> int:

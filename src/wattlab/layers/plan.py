@@ -22,13 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from wattlab.device_models import Roofline
 from wattlab.errors import UsageError
+from wattlab.runfile import PlanCost
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -63,16 +63,18 @@ class Plan:
     gap_j: float | None = None  # at most this far above the optimum within the time bound
     note: str | None = None  # why a plan is worse than the default, where it is
 
-    def to_json(self, surface: Surface, base: Plan) -> dict[str, Any]:
-        return {"name": self.name, "time_s": self.time_s, "energy_j": self.energy_j,
-                "switches": self.switches, "gap_j": self.gap_j, "note": self.note,
-                "energy_saving": 1 - self.energy_j / base.energy_j,
-                "slowdown": self.time_s / base.time_s - 1,
-                # what the same choice would save if clock changes cost nothing
-                "saving_free_switches": 1 - (self.energy_j - self.switches * surface.switch_j)
-                / base.energy_j,
-                "sm_mhz": [int(surface.sm_mhz[c]) for c in self.choice],
-                "mem_mhz": [int(surface.mem_mhz[c]) for c in self.choice]}
+    def to_record(self, surface: Surface, base: Plan) -> PlanCost:
+        """The plan as the layer record keeps it, its savings against ``base`` (the default)."""
+        return PlanCost(
+            name=self.name, time_s=self.time_s, energy_j=self.energy_j,
+            switches=self.switches, gap_j=self.gap_j, note=self.note,
+            energy_saving=1 - self.energy_j / base.energy_j,
+            slowdown=self.time_s / base.time_s - 1,
+            # what the same choice would save if clock changes cost nothing
+            saving_free_switches=1 - (self.energy_j - self.switches * surface.switch_j)
+            / base.energy_j,
+            sm_mhz=tuple(int(surface.sm_mhz[c]) for c in self.choice),
+            mem_mhz=tuple(int(surface.mem_mhz[c]) for c in self.choice))
 
 
 def evaluate(surface: Surface, choice: Sequence[int] | IntArray, name: str = "") -> Plan:

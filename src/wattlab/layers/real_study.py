@@ -16,21 +16,22 @@ from typing import Any
 from wattlab.layers import capture
 from wattlab.layers.counting import LayerCount
 from wattlab.layers.equivalent_time import DELAY_S
-from wattlab.layers.step_energy import analyse
+from wattlab.layers.step_energy import StepEnergy, analyse
+from wattlab.runfile import LayersRecord
 
 NAME = "step"
 
 
-def measure_real(record: dict[str, Any], model: Any, count: LayerCount, *, gpu: int,
+def measure_real(record: LayersRecord, model: Any, count: LayerCount, *, gpu: int,
                  seconds: float = capture.PLAIN_SECONDS, delay_s: float = DELAY_S,
                  keep: str | Path | None = None,
-                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 progress: Callable[[str], None] | None = None) -> LayersRecord:
     """Capture ``model``'s step on CUDA device ``gpu`` and measure every row inside it.
 
-    Adds ``measured`` to the record's rows (time, power, energy, each ± se) and returns the
-    sums' check under the scope's name. NVML's GPU ``gpu`` must be CUDA's device ``gpu``
-    (true unless CUDA_VISIBLE_DEVICES reorders them). ``keep``: a folder that keeps the
-    captures (else a temporary one).
+    The record with ``measured`` in its rows (time, power, energy, each ± se) and the
+    sums' check under the scope's name (``with_step_energy``). NVML's GPU ``gpu`` must be
+    CUDA's device ``gpu`` (true unless CUDA_VISIBLE_DEVICES reorders them). ``keep``: a
+    folder that keeps the captures (else a temporary one).
     """
     import torch
 
@@ -44,8 +45,13 @@ def measure_real(record: dict[str, Any], model: Any, count: LayerCount, *, gpu: 
             progress(f"capturing: profiled steps, then {seconds:g} s of plain steps")
         capture.capture(model, x, folder, NAME, gpu=gpu, seconds=seconds, train=count.train)
         result = analyse(capture.load(folder, NAME), delay_s=delay_s)
-    for row in record["rows"]:
-        measured = result["rows"].get(f"{row['name'] or '(model)'}:{row['pass_name']}")
-        if measured is not None:
-            row["measured"] = measured
-    return {"training step" if count.train else "forward": result["check"]}
+    return with_step_energy(record, result)
+
+
+def with_step_energy(record: LayersRecord, result: StepEnergy) -> LayersRecord:
+    """The record with the captures' rows (where a row's key is among them) and check.
+
+    Apart from `measure_real` so that saved captures make the same record without CUDA.
+    """
+    scope = "training step" if record.train else "forward"
+    return record.measured_as(result.rows, {scope: result.check})

@@ -17,6 +17,7 @@ from saved captures) both turn one case's captures (capture.py) into the same ro
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from wattlab.layers.capture import Captured
@@ -34,8 +35,17 @@ from wattlab.layers.kernel_trace import (
     split_steps,
     template,
 )
+from wattlab.runfile import FoldedMeasured, FoldedSumCheck, StepTotals, TimeEnergy
 
-EMPTY_ROW = {"time_s": 0.0, "time_se_s": 0.0, "energy_j": 0.0, "energy_se_j": 0.0}
+EMPTY_ROW = TimeEnergy(time_s=0.0, time_se_s=0.0, energy_j=0.0, energy_se_j=0.0)
+
+
+@dataclass(frozen=True)
+class StepEnergy:
+    """One case's rows (``key`` -> time, power, energy, each ± se) and the sums' check."""
+
+    rows: dict[str, FoldedMeasured]
+    check: FoldedSumCheck
 
 
 def layout_and_idle(c: Captured, reference: list[Any]) -> tuple[Layout, LayerTimes | None, str]:
@@ -54,8 +64,8 @@ def layout_and_idle(c: Captured, reference: list[Any]) -> tuple[Layout, LayerTim
         f"idle from {len(matched)} plain profiled steps after the first")
 
 
-def analyse(c: Captured, *, delay_s: float = DELAY_S) -> dict[str, Any]:
-    """Rows (``key`` -> time, power, energy, each ± se) and the sums' check, as JSON."""
+def analyse(c: Captured, *, delay_s: float = DELAY_S) -> StepEnergy:
+    """Rows (``key`` -> time, power, energy, each ± se) and the sums' check."""
     steps = split_steps(read_trace(c.hooked_trace))
     times = layer_times(steps)
     layout, plain, note = layout_and_idle(c, template(steps))
@@ -68,17 +78,15 @@ def analyse(c: Captured, *, delay_s: float = DELAY_S) -> dict[str, Any]:
     rows = {}
     for key, t in time_s.items():
         r = power.get(key)
-        rows[key] = {"time_s": t, "time_se_s": time_se_s[key],
-                     "power_w": r.power_w if r else None,
-                     "power_se_w": r.power_se_w if r else None,
-                     "power_stat_se_w": r.power_stat_se_w if r else None,
-                     "power_delay_w": r.power_delay_w if r else None,
-                     "energy_j": r.energy_j if r else 0.0,
-                     "energy_se_j": r.energy_se_j if r else 0.0}
+        rows[key] = FoldedMeasured(
+            time_s=t, time_se_s=time_se_s[key], power_w=r.power_w if r else None,
+            power_se_w=r.power_se_w if r else None,
+            power_stat_se_w=r.power_stat_se_w if r else None,
+            power_delay_w=r.power_delay_w if r else None, energy_j=r.energy_j if r else 0.0,
+            energy_se_j=r.energy_se_j if r else 0.0)
     outside = {k: rows.pop(k) for k in (BETWEEN, IDLE) if k in rows}
-    return {"rows": rows, "check": {**check(times, plain, folded, c.plain_step_s, note),
-                                    "outside_rows": outside,
-                                    "between": outside.get(BETWEEN, EMPTY_ROW)}}
+    return StepEnergy(rows, check(times, plain, folded, c.plain_step_s, note=note,
+                                       outside=outside))
 
 
 def host_bound_warning(plain_step_s: float, profiled_s: float | None, run_step_s: float
@@ -101,20 +109,24 @@ def host_bound_warning(plain_step_s: float, profiled_s: float | None, run_step_s
 
 
 def check(times: LayerTimes, plain: LayerTimes | None, folded: Folded, plain_step_s: float,
-          note: str) -> dict[str, Any]:
-    """The rows' sums against the whole step measured directly (time and energy)."""
+          *, note: str, outside: dict[str, FoldedMeasured]) -> FoldedSumCheck:
+    """The rows' sums against the whole step measured directly (time and energy).
+
+    ``outside``: the rows outside every layer (``between layers``, the GPU's idle).
+    """
     t = times.busy_s + (plain.idle_s if plain else 0.0)
     t_se = math.hypot(times.busy_se_s, plain.idle_se_s if plain else 0.0)
     whole_j = folded.counter_j if folded.counter_j is not None else math.nan
     whole_se = folded.counter_se_j if folded.counter_se_j is not None else math.nan
-    return {"layers_time_s": t, "layers_time_se_s": t_se, "busy_s": times.busy_s,
-            "idle_s": plain.idle_s if plain else None,
-            "layers_energy_j": folded.energy_j, "layers_energy_se_j": folded.energy_se_j,
-            "whole": {"time_s": plain_step_s, "energy_j": whole_j, "energy_se_j": whole_se,
-                      "run_step_s": folded.step_s},
-            "time_error": t / plain_step_s - 1, "energy_error": folded.energy_j / whole_j - 1,
-            "hooked_steps": times.steps, "run_steps": folded.steps,
-            "samples": folded.samples, "bins": int(folded.profile_w.size),
-            "delay_s": folded.delay_s, "note": note,
-            "warning": host_bound_warning(plain_step_s, plain.period_s if plain else None,
-                                          folded.step_s)}
+    return FoldedSumCheck(
+        layers_time_s=t, layers_time_se_s=t_se, busy_s=times.busy_s,
+        idle_s=plain.idle_s if plain else None, layers_energy_j=folded.energy_j,
+        layers_energy_se_j=folded.energy_se_j,
+        whole=StepTotals(time_s=plain_step_s, energy_j=whole_j, energy_se_j=whole_se,
+                         run_step_s=folded.step_s),
+        time_error=t / plain_step_s - 1, energy_error=folded.energy_j / whole_j - 1,
+        hooked_steps=times.steps, run_steps=folded.steps, samples=folded.samples,
+        bins=int(folded.profile_w.size), delay_s=folded.delay_s, note=note,
+        warning=host_bound_warning(plain_step_s, plain.period_s if plain else None,
+                                   folded.step_s),
+        outside_rows=outside, between=outside.get(BETWEEN, EMPTY_ROW))
