@@ -1,8 +1,8 @@
 """Fixtures and helpers shared by the test modules, each written once.
 
-Plain helpers (``running``, ``free_port``) are imported as ``from tests.conftest import ...``;
-fixtures are found by pytest. Session-scoped artefacts are read-only: a test that writes
-into one works on its own copy.
+Plain helpers (``running``, ``free_port``, ``reap``) are imported as
+``from tests.conftest import ...``; fixtures (``spawn``) are found by pytest. Session-scoped
+artefacts are read-only: a test that writes into one works on its own copy.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +27,7 @@ from wattlab.hardware.emulators.scpi_server import ScpiDevice
 from wattlab.importers.power_logs import import_files
 
 Emulator = TypeVar("Emulator", bound=ScpiDevice | PtyDevice)
+Spawn = Callable[..., subprocess.Popen[Any]]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -79,9 +80,40 @@ def emulator_cli(argv: list[str], env: dict[str, str] | None = None
         assert proc.stdout is not None
         yield proc, proc.stdout.readline()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()  # reaps it and closes its pipes
+        reap(proc)
+
+
+def reap(proc: subprocess.Popen[Any]) -> None:
+    """Kill ``proc`` if it still runs, close its pipes and wait for it.
+
+    Why: a process left running, or its pipes left open, by a test that failed before its
+    own cleanup is garbage-collected during some later test; the ResourceWarning it raises
+    there ("subprocess N is still running", "unclosed file") fails that innocent test under
+    ``filterwarnings = error`` instead of this one (seen in CI: test_prometheus's failure
+    failed test_repair next).
+    """
+    if proc.poll() is None:
+        proc.kill()
+    with proc:  # Popen.__exit__ closes stdin, stdout and stderr, then waits
+        pass
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    """``start(argv, **popen_kwargs)``: ``subprocess.Popen`` with those arguments unchanged,
+    and every process it started reaped (``reap``) after the test, passed or failed."""
+    started: list[subprocess.Popen[Any]] = []
+
+    def start(argv: Any, **popen_kwargs: Any) -> subprocess.Popen[Any]:
+        proc = subprocess.Popen(argv, **popen_kwargs)
+        started.append(proc)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            reap(proc)
 
 
 def ctrl_c(proc: subprocess.Popen[str], timeout_s: float) -> int:

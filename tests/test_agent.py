@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import wattlab
-from tests.conftest import free_port
+from tests.conftest import Spawn, free_port
 from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.session.agent import SKEW_ENV, ClockSkew, HostAcquirer, run_agent
 from wattlab.cli import main
@@ -62,10 +62,11 @@ def agent_main() -> None:
     sys.exit(0 if result.finished_by_recorder else 1)
 
 
-def start_agent(listen: str, keys: Path, name: str, skew: ClockSkew) -> subprocess.Popen[str]:
+def start_agent(spawn: Spawn, listen: str, keys: Path, name: str, skew: ClockSkew
+                ) -> subprocess.Popen[str]:
     env = {**os.environ, SKEW_ENV: f"{skew.offset_ns}:{skew.drift_ppm}"}
     code = "from tests.test_agent import agent_main; agent_main()"
-    return subprocess.Popen(
+    return spawn(
         [sys.executable, "-c", code, listen, str(keys / f"{name}.key_secret"),
          str(keys / "recorder.key")], cwd=REPO, env=env, text=True, stderr=subprocess.PIPE)
 
@@ -80,7 +81,7 @@ def truth_error_ns(path: str, source_id: str, skew: ClockSkew) -> np.ndarray:
     return recorded - truth
 
 
-def test_two_skewed_agents_land_on_the_recorder_timebase(tmp_path, keys):
+def test_two_skewed_agents_land_on_the_recorder_timebase(tmp_path, keys, spawn):
     path = str(tmp_path / "run.h5")
     endpoint = local_endpoint()
     recorder = Recorder(RecorderConfig(
@@ -90,7 +91,7 @@ def test_two_skewed_agents_land_on_the_recorder_timebase(tmp_path, keys):
     thread = threading.Thread(target=recorder.run)
     thread.start()
     skews = {"node1": ClockSkew(3_600_000_000_000, 80.0), "node2": ClockSkew(-2_000_000, -45.0)}
-    agents = {n: start_agent(recorder.listen_endpoint, keys, n, s) for n, s in skews.items()}
+    agents = {n: start_agent(spawn, recorder.listen_endpoint, keys, n, s) for n, s in skews.items()}
     control = ControlClient(endpoint)
     try:
         deadline = time.monotonic() + 30
@@ -232,11 +233,11 @@ def test_agent_refuses_bad_nvml_intervals_before_connecting(keys, capsys):
     assert "drain=9 s is longer than 2.0 s" in capsys.readouterr().err
 
 
-def test_record_listen_and_agent_commands_end_to_end(tmp_path, keys):
+def test_record_listen_and_agent_commands_end_to_end(tmp_path, keys, spawn):
     """`wattlab record --listen ... --agent node1` waits for `wattlab agent`, then records."""
     out = tmp_path / "bench.h5"
     listen = f"tcp://127.0.0.1:{free_port()}"
-    agent = subprocess.Popen(
+    agent = spawn(
         [*WATTLAB, "agent", "--connect", listen, "--key", str(keys / "node1.key_secret"),
          "--server-key", str(keys / "recorder.key"), "--simulate", "--nvml-intervals",
          "drain=0.5"],

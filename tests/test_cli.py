@@ -155,11 +155,11 @@ def test_record_refuses_an_unknown_nvml_stream(tmp_path):
     assert not out.exists()
 
 
-def test_sigterm_stops_cleanly_and_leaves_a_complete_file(tmp_path):
+def test_sigterm_stops_cleanly_and_leaves_a_complete_file(tmp_path, spawn):
     out = tmp_path / "run.h5"
-    proc = subprocess.Popen([*WATTLAB, "record", "--simulate", "-o", str(out), "--",
-                             sys.executable, "-c", "import time; time.sleep(60)"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn([*WATTLAB, "record", "--simulate", "-o", str(out), "--",
+                  sys.executable, "-c", "import time; time.sleep(60)"],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not _has_rows(out, "gpu0.samples"):
         time.sleep(0.2)

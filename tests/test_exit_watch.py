@@ -30,6 +30,7 @@ from wattlab.sync.bus.publisher import local_endpoint
 from wattlab.sync.recorder import process as recorder_module
 from wattlab.sync.recorder.process import RecorderConfig
 
+from .conftest import Spawn, reap
 from .test_faults_session import child_pid, children, finish, record, wait_for_rows
 from .test_recorder import RunningRecorder
 
@@ -38,8 +39,8 @@ needs_pidfd = pytest.mark.skipif(not HAS_PIDFD, reason="needs Linux pidfds")
 needs_proc = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 
 
-def sleeper(seconds: float) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+def sleeper(spawn: Spawn, seconds: float) -> subprocess.Popen[bytes]:
+    return spawn([sys.executable, "-c", f"import time; time.sleep({seconds})"])
 
 
 def switches(tid: int, pid: int | None = None) -> int:
@@ -72,32 +73,24 @@ def watch():
     w.close()
 
 
-def test_wait_ends_when_the_process_ends(watch):
-    child = sleeper(0.3)
+def test_wait_ends_when_the_process_ends(watch, spawn):
+    child = sleeper(spawn, 0.3)
     waited_s = timed_wait(watch, [child], 30)
     assert child.wait(5) == 0
     assert 0.2 <= waited_s < 10
 
 
-def test_wait_times_out_while_the_process_lives(watch):
-    child = sleeper(30)
-    try:
-        waited_s = timed_wait(watch, [child], 0.2)
-        assert child.poll() is None
-        assert 0.19 <= waited_s < 5
-    finally:
-        child.kill()
-        child.wait()
+def test_wait_times_out_while_the_process_lives(watch, spawn):
+    child = sleeper(spawn, 30)
+    waited_s = timed_wait(watch, [child], 0.2)
+    assert child.poll() is None
+    assert 0.19 <= waited_s < 5
 
 
-def test_wake_from_another_thread_ends_the_wait(watch):
-    child = sleeper(30)
-    try:
-        threading.Timer(0.2, watch.wake).start()
-        assert timed_wait(watch, [child], None) < 10
-    finally:
-        child.kill()
-        child.wait()
+def test_wake_from_another_thread_ends_the_wait(watch, spawn):
+    child = sleeper(spawn, 30)
+    threading.Timer(0.2, watch.wake).start()
+    assert timed_wait(watch, [child], None) < 10
 
 
 def test_a_wake_before_the_wait_is_not_lost_and_counts_once(watch):
@@ -107,15 +100,15 @@ def test_a_wake_before_the_wait_is_not_lost_and_counts_once(watch):
     assert timed_wait(watch, [], 0.2) >= 0.19  # and only this one
 
 
-def test_a_reaped_process_is_no_longer_watched(watch):
-    child = sleeper(0)
+def test_a_reaped_process_is_no_longer_watched(watch, spawn):
+    child = sleeper(spawn, 0)
     child.wait()
     assert timed_wait(watch, [child], 0.3) >= 0.29  # else every later wait would end at once
 
 
 @needs_proc
-def test_a_process_ended_but_not_reaped_ends_the_wait_at_once(watch):
-    child = sleeper(0)
+def test_a_process_ended_but_not_reaped_ends_the_wait_at_once(watch, spawn):
+    child = sleeper(spawn, 0)
     while _running(child.pid):
         time.sleep(0.01)  # until a zombie: ended, not reaped
     assert timed_wait(watch, [child], 10) < 1
@@ -124,8 +117,8 @@ def test_a_process_ended_but_not_reaped_ends_the_wait_at_once(watch):
 
 @needs_pidfd
 @needs_proc
-def test_with_pidfds_the_waiting_thread_does_not_wake():
-    child = sleeper(30)
+def test_with_pidfds_the_waiting_thread_does_not_wake(spawn):
+    child = sleeper(spawn, 30)
     watch = ExitWatch()
     waiter = threading.Thread(target=watch.wait, args=([child], None))
     try:
@@ -143,12 +136,12 @@ def test_with_pidfds_the_waiting_thread_does_not_wake():
 
 
 @pytest.mark.parametrize("pidfd_open", [None, "refused"], ids=["missing", "refused"])
-def test_without_pidfds_the_wait_looks_every_half_second(monkeypatch, pidfd_open):
+def test_without_pidfds_the_wait_looks_every_half_second(monkeypatch, pidfd_open, spawn):
     def refuse(pid: int) -> int:
         raise PermissionError(1, "Operation not permitted")  # as a seccomp sandbox does
 
     monkeypatch.setattr(exit_watch, "_pidfd_open", None if pidfd_open is None else refuse)
-    child = sleeper(30)
+    child = sleeper(spawn, 30)
     watch = ExitWatch()
     try:
         waited_s = timed_wait(watch, [child], None)  # no pidfd: cannot wait for ever
@@ -162,8 +155,8 @@ def test_without_pidfds_the_wait_looks_every_half_second(monkeypatch, pidfd_open
         watch.close()
 
 
-def test_open_pidfd_of_a_process_that_is_gone_raises():
-    child = sleeper(0)
+def test_open_pidfd_of_a_process_that_is_gone_raises(spawn):
+    child = sleeper(spawn, 0)
     child.wait()
     if not HAS_PIDFD:
         assert exit_watch.open_pidfd(child.pid) is None
@@ -219,14 +212,13 @@ time.sleep(60)
 
 
 @needs_proc
-def test_recorder_closes_the_file_when_its_session_is_killed(tmp_path):
+def test_recorder_closes_the_file_when_its_session_is_killed(tmp_path, spawn):
     """The session dies by SIGKILL: the orphaned recorder sees it and closes the file."""
     path = tmp_path / "orphan.h5"
     config = RecorderConfig(endpoint=local_endpoint(), output=str(path), session_start_ns=0,
                             root_attrs={"command": "[]"}, swmr_after_s=0.2,
                             flush_interval_s=0.1)
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, config.to_json()],
-                                stdout=subprocess.PIPE)
+    launcher = spawn([sys.executable, "-c", LAUNCHER, config.to_json()], stdout=subprocess.PIPE)
     assert launcher.stdout is not None
     recorder_pid = int(launcher.stdout.readline())
     launcher.stdout.close()
@@ -298,11 +290,15 @@ def test_a_source_process_sleeps_until_stopped_or_orphaned(tmp_path):
     """Its main thread once looked 5 times a second for a stop, its runner and its parent."""
     path = tmp_path / "processes.h5"
     session = record(path, "--source-processes", duration_s=60.0)
-    source = child_pid(session, "-m wattlab.acquisition.session.source_child")  # not the recorder
-    wait_for_rows(path)  # opened and running
-    idle = wakes_while(source, 2.0, pid=source)  # its main thread: tid = pid
-    session.send_signal(signal.SIGTERM)  # then the stop wakes it at once
-    code, err = finish(session)
+    try:
+        # not the recorder
+        source = child_pid(session, "-m wattlab.acquisition.session.source_child")
+        wait_for_rows(path)  # opened and running
+        idle = wakes_while(source, 2.0, pid=source)  # its main thread: tid = pid
+        session.send_signal(signal.SIGTERM)  # then the stop wakes it at once
+        code, err = finish(session)
+    finally:
+        reap(session)
     assert code == 130, err
     assert idle == 0
     with wattlab.open(str(path)) as run:
@@ -314,15 +310,18 @@ def test_session_killed_by_sigkill_its_processes_close_the_file(tmp_path):
     """The recorder and the source processes see their parent die, finish and exit."""
     path = tmp_path / "orphaned.h5"
     session = record(path, "--source-processes", duration_s=60.0)
-    wait_for_rows(path)
-    orphans = list(children(session.pid))
-    assert len(orphans) == 3  # the recorder and two source processes
-    session.send_signal(signal.SIGKILL)
-    session.wait(timeout=10)  # not communicate: the orphans hold its pipes until they end
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(map(_running, orphans)):
-        time.sleep(0.05)
-    session.communicate(timeout=10)
+    try:
+        wait_for_rows(path)
+        orphans = list(children(session.pid))
+        assert len(orphans) == 3  # the recorder and two source processes
+        session.send_signal(signal.SIGKILL)
+        session.wait(timeout=10)  # not communicate: the orphans hold its pipes until they end
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(map(_running, orphans)):
+            time.sleep(0.05)
+        session.communicate(timeout=10)
+    finally:
+        reap(session)
     assert not any(map(_running, orphans)), "a process outlived its session"
     assert crash_flags(str(path)) == 0
     with wattlab.open(str(path)) as run:

@@ -51,14 +51,13 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def test_flood_into_a_slow_disk_stays_bounded_and_accounts_for_every_row(tmp_path):
+def test_flood_into_a_slow_disk_stays_bounded_and_accounts_for_every_row(tmp_path, spawn):
     path = str(tmp_path / "flood.h5")
     endpoint = local_endpoint()
     config = RecorderConfig(endpoint=endpoint, output=path, session_start_ns=0,
                             flush_interval_s=0.2, test_write_delay_s=0.1)
-    recorder = subprocess.Popen([sys.executable, "-m", "wattlab.sync.recorder", config.to_json()])
-    flood = subprocess.Popen([sys.executable, "-c", FLOOD, endpoint, "4"],
-                             stdout=subprocess.PIPE, text=True)
+    recorder = spawn([sys.executable, "-m", "wattlab.sync.recorder", config.to_json()])
+    flood = spawn([sys.executable, "-c", FLOOD, endpoint, "4"], stdout=subprocess.PIPE, text=True)
     control = ControlClient(endpoint)
     try:
         assert flood.stdout is not None
@@ -75,12 +74,6 @@ def test_flood_into_a_slow_disk_stays_bounded_and_accounts_for_every_row(tmp_pat
         recorder.wait(60)
     finally:
         control.close()
-        if flood.stdout is not None:
-            flood.stdout.close()
-        for proc in (flood, recorder):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     assert result["dropped_batches"] > 0, "the flood must overrun this disk"
     early = samples[len(samples) // 4]
     late = max(samples[len(samples) // 4:], key=lambda s: s[0] + s[1])

@@ -24,6 +24,7 @@ import h5py
 import numpy as np
 import pytest
 
+from tests.conftest import Spawn
 from tests.test_faults_recorder import ROWS, batch, descriptor
 from tests.test_faults_session import wait_for_rows
 from wattlab.acquisition.meters.disk_budget import DataRate, estimate, judge, nvml_streams
@@ -214,22 +215,22 @@ def test_recorder_stops_when_another_writer_fills_the_disk(tmp_path):
 
 # ---- whole sessions through the CLI ------------------------------------------------------
 
-def cli(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "wattlab.cli", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def cli(spawn: Spawn, *args: str) -> subprocess.Popen[bytes]:
+    return spawn([sys.executable, "-m", "wattlab.cli", *args],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 @pytest.mark.parametrize(("verb", "fill_after_s"), [
     ("record", 0.0), ("record-processes", 1.0), ("demo", 0.5), ("demo", 2.0)])
-def test_session_stops_cleanly_when_the_disk_fills(tmp_path, verb, fill_after_s):
+def test_session_stops_cleanly_when_the_disk_fills(tmp_path, verb, fill_after_s, spawn):
     """A fast meter (an emulated PowerSensor3) fills pages quickly: the disk fills soon."""
     with tmpfs(tmp_path / "small", "128m") as folder, VirtualBench(3, 30.0) as bench:
         path = folder / "run.h5"
         if verb == "demo":
-            session = cli("demo", "--duration", "20", "-o", str(path))
+            session = cli(spawn, "demo", "--duration", "20", "-o", str(path))
         else:
             extra = ["--source-processes"] if verb == "record-processes" else []
-            session = cli("record", "--simulate", "--duration", "20", "-o", str(path),
+            session = cli(spawn, "record", "--simulate", "--duration", "20", "-o", str(path),
                           "--meter", f"ps3=powersensor3:{bench.ps3_port}", *extra)
         wait_for_rows(path, "gpu0.samples")
         time.sleep(fill_after_s)

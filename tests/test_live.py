@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from tests.conftest import Spawn
 from wattlab.acquisition.session.live import RunFollower, follow, live_panel, sparkline
 from wattlab.analysis.energy.run_summary import summarise
 from wattlab.cli import main
@@ -93,10 +94,10 @@ def test_follow_stops_on_event_and_waits_for_the_file(tmp_path: Path) -> None:
     assert main(["live", str(tmp_path / "never.h5"), "--wait", "0.2", "--interval", "0.05"]) == 2
 
 
-def test_live_follows_a_real_recording(tmp_path: Path) -> None:
+def test_live_follows_a_real_recording(tmp_path: Path, spawn: Spawn) -> None:
     """A real recorder in another process; the panel ends when the file is closed."""
     path = tmp_path / "rec.h5"
-    recorder = subprocess.Popen(
+    recorder = spawn(
         [sys.executable, "-m", "wattlab.cli", "record", "--simulate", "--duration", "1.5",
          "-o", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     buffer = io.StringIO()

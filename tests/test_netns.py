@@ -63,7 +63,7 @@ def namespaces() -> Iterator[tuple[str, str]]:
         _ip("netns", "del", agt)
 
 
-def test_agent_in_another_namespace_records_on_the_recorder_clock(namespaces, tmp_path):
+def test_agent_in_another_namespace_records_on_the_recorder_clock(namespaces, tmp_path, spawn):
     rec_ns, agent_ns = namespaces
     keys = tmp_path / "keys"
     assert main(["keys", "recorder", "node1", "-d", str(keys)]) == 0
@@ -74,7 +74,7 @@ def test_agent_in_another_namespace_records_on_the_recorder_clock(namespaces, tm
     skew = ClockSkew(-7_000_000_000, 60.0)
     repo = Path(__file__).resolve().parents[1]
     code = "from tests.test_agent import agent_main; agent_main()"
-    agent = subprocess.Popen(
+    agent = spawn(
         ["ip", "netns", "exec", agent_ns, sys.executable, "-c", code,
          f"tcp://{RECORDER_ADDR}:{PORT}", str(keys / "node1.key_secret"),
          str(keys / "recorder.key")],

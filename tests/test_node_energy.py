@@ -7,6 +7,7 @@ import pynvml
 import pytest
 
 import wattlab
+from tests.conftest import free_port
 from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
 from wattlab.acquisition.acquirers.rapl_acquirer import RaplAcquirer
@@ -228,15 +229,7 @@ def test_wall_and_unmeasured_through_the_cli(demo_run, capsys):
     assert main(["energy", str(demo_run), "--wall", "wall"]) == 2  # --wall needs --node
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_a_job_over_three_nodes_through_agents_counts_each_node_once(tmp_path, capsys):
+def test_a_job_over_three_nodes_through_agents_counts_each_node_once(tmp_path, capsys, spawn):
     """One recorder node and two agent nodes (simulated GPUs): each node's share and one
     job total equal to the sum of the nodes' own GPU counters."""
     import json
@@ -248,14 +241,14 @@ def test_a_job_over_three_nodes_through_agents_counts_each_node_once(tmp_path, c
     allowed.mkdir()
     for name in ("n1", "n2"):
         (allowed / f"{name}.key").write_bytes((keys / f"{name}.key").read_bytes())
-    endpoint, out = f"tcp://127.0.0.1:{_free_port()}", tmp_path / "job.h5"
+    endpoint, out = f"tcp://127.0.0.1:{free_port()}", tmp_path / "job.h5"
     cli = [sys.executable, "-m", "wattlab.cli"]
-    recorder = subprocess.Popen(
+    recorder = spawn(
         [*cli, "record", "--listen", endpoint, "--server-key", str(keys / "recorder.key_secret"),
          "--allow-keys", str(allowed), "--agent", "n1", "--agent", "n2", "--simulate",
          "--duration", "4", "--no-live", "-o", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    agents = [subprocess.Popen(
+    agents = [spawn(
         [*cli, "agent", "--connect", endpoint, "--key", str(keys / f"{name}.key_secret"),
          "--server-key", str(keys / "recorder.key"), "--simulate", "--seed", str(seed)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -71,14 +71,13 @@ def window_energy_j(path: str, source: str, channel: str, last_unix_s: float) ->
     return float(row["energy_j"]), rows
 
 
-def test_a_recording_scraped_over_http_agrees_with_wattlab_energy(tmp_path):
+def test_a_recording_scraped_over_http_agrees_with_wattlab_energy(tmp_path, spawn):
     out = tmp_path / "run.h5"
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    proc = subprocess.Popen([*WATTLAB, "record", "--simulate", "--duration", "5", "-o", str(out),
-                             "--nvml-streams", "samples,power,state", "--prometheus",
-                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = spawn([*WATTLAB, "record", "--simulate", "--duration", "5", "-o", str(out),
+                  "--nvml-streams", "samples,power,state", "--prometheus", str(port)],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     scrapes = scrape_while(proc, url)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -108,53 +107,47 @@ def test_a_recording_scraped_over_http_agrees_with_wattlab_energy(tmp_path):
     assert dict(next(k[1] for k in last if k[0] == "wattlab_info"))["driver"]
 
 
-def test_gaps_count_as_the_file_records_them(tmp_path):
+def test_gaps_count_as_the_file_records_them(tmp_path, spawn):
     """A source killed mid-run (its own process) leaves a gap the counter shows."""
     out = tmp_path / "gap.h5"
     port = free_port()
-    with subprocess.Popen(
-            [*WATTLAB, "record", "--simulate", "--duration", "6", "-o", str(out),
-             "--nvml-streams", "samples", "--source-processes", "--prometheus",
-             f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True) as proc:
+    proc = spawn([*WATTLAB, "record", "--simulate", "--duration", "6", "-o", str(out),
+                  "--nvml-streams", "samples", "--source-processes", "--prometheus",
+                  f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         try:
-            url = f"http://127.0.0.1:{port}/metrics"
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    if pick(scrape(url), "wattlab_samples_total", source="gpu0.samples") > 50:
-                        break
-                except (OSError, AssertionError):
-                    pass
-                time.sleep(0.2)
-            kids = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "source_child"],
-                                  capture_output=True, text=True, check=False).stdout.split()
-            assert kids, "no source process found"
-            os.kill(int(kids[0]), 9)
-            scrapes = scrape_while(proc, url)
-            proc.communicate(timeout=60)
-        finally:  # a failed check must not leave the recording (and its pipes) behind
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+            if pick(scrape(url), "wattlab_samples_total", source="gpu0.samples") > 50:
+                break
+        except (OSError, AssertionError):
+            pass
+        time.sleep(0.2)
+    kids = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "source_child"],
+                          capture_output=True, text=True, check=False).stdout.split()
+    assert kids, "no source process found"
+    os.kill(int(kids[0]), 9)
+    scrapes = scrape_while(proc, url)
+    proc.communicate(timeout=60)
     with wattlab.open(str(out)) as run:
         in_file = sum(g.source == "gpu0.samples" for g in run.gaps)
     assert in_file >= 1
     assert pick(scrapes[-1], "wattlab_gaps_total", source="gpu0.samples") == in_file
 
 
-def test_agent_and_recorder_expose_streams_and_the_clock_offset(tmp_path, keys):
+def test_agent_and_recorder_expose_streams_and_the_clock_offset(tmp_path, keys, spawn):
     """The agent serves its own streams; the recorder adds the agent host's clock offset."""
     out = tmp_path / "bench.h5"
     listen = f"tcp://127.0.0.1:{free_port()}"
     agent_port, rec_port = free_port(), free_port()
-    agent = subprocess.Popen(
+    agent = spawn(
         [*WATTLAB, "agent", "--connect", listen, "--key", str(keys / "node1.key_secret"),
          "--server-key", str(keys / "recorder.key"), "--simulate", "--nvml-streams", "samples",
          "--prometheus", f"127.0.0.1:{agent_port}"],
         env={**os.environ, SKEW_ENV: "5000000000:0"}, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    record = subprocess.Popen(
+    record = spawn(
         [*WATTLAB, "record", "--nvml", "none", "--listen", listen, "--server-key",
          str(keys / "recorder.key_secret"), "--allow-keys", str(keys / "allowed"),
          "--agent", "node1", "--duration", "4", "-o", str(out), "--prometheus",
@@ -219,7 +212,7 @@ def promql(base: str, query: str) -> list[dict[str, Any]]:
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus server binary is not installed "
                     "(Debian: apt-get install prometheus)")
-def test_a_real_prometheus_scrapes_a_recording_and_promql_gives_its_energy(tmp_path):
+def test_a_real_prometheus_scrapes_a_recording_and_promql_gives_its_energy(tmp_path, spawn):
     rec_port, prom_port = free_port(), free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -227,7 +220,7 @@ def test_a_real_prometheus_scrapes_a_recording_and_promql_gives_its_energy(tmp_p
         "scrape_configs:\n  - job_name: wattlab\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{rec_port}']\n")
     base = f"http://127.0.0.1:{prom_port}"
-    server = subprocess.Popen(
+    server = spawn(
         [str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{prom_port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

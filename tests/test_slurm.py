@@ -35,13 +35,13 @@ def energy_rows(path: Path) -> list[dict]:
     return [r for r in json.loads(done.stdout)["rows"] if r["phase"] == "run"]
 
 
-def test_two_tasks_record_one_job_into_one_run_file(tmp_path):
+def test_two_tasks_record_one_job_into_one_run_file(tmp_path, spawn):
     out = tmp_path / "job.h5"
     args = ["slurm", "-o", str(out), "--simulate", "--nvml-streams", "samples,power",
             "--listen-address", "127.0.0.1"]
     # the agent task may start first: it waits for task 0's note
-    agent = subprocess.Popen([*WATTLAB, *args], env=slurm_env(tmp_path, 1), cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    agent = spawn([*WATTLAB, *args], env=slurm_env(tmp_path, 1), cwd=tmp_path,
+                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(0.5)
     task0 = subprocess.run([*WATTLAB, *args, "--duration", "4"], env=slurm_env(tmp_path, 0),
                            cwd=tmp_path, capture_output=True, text=True, timeout=120,

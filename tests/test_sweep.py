@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import wattlab
+from tests.conftest import Spawn
 from wattlab.acquisition.experiments.sweep_runner import (
     SweepPlan,
     open_driver,
@@ -151,31 +152,26 @@ def test_a_command_run_ends_with_the_command_not_the_simulated_work(tmp_path: Pa
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_mid_sweep_restores(tmp_path: Path, signum: int) -> None:
+def test_signal_mid_sweep_restores(tmp_path: Path, signum: int, spawn: Spawn) -> None:
     out = str(tmp_path / "sig.h5")
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-u", "-m", "wattlab.cli", "sweep", "--simulate", "--power-limits",
          "200:700:100", "--sim-work", "0.3", "-o", out],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        lines = []
-        deadline = time.monotonic() + 30
-        assert proc.stdout is not None
-        while time.monotonic() < deadline:  # wait for the first finished run
-            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-            if ready:
-                line = proc.stdout.readline()
-                lines.append(line)
-                if line.startswith("[1/6]") or not line:
-                    break
-        assert lines and lines[-1].startswith("[1/6]"), lines
-        time.sleep(0.8)  # well inside the second run
-        os.kill(proc.pid, signum)
-        stdout, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    lines = []
+    deadline = time.monotonic() + 30
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:  # wait for the first finished run
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if line.startswith("[1/6]") or not line:
+                break
+    assert lines and lines[-1].startswith("[1/6]"), lines
+    time.sleep(0.8)  # well inside the second run
+    os.kill(proc.pid, signum)
+    stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     assert 'restored: {"power_limit_w": 700.0}' in stdout
     t = read_sweep(out)

@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
+from tests.conftest import Spawn
 from tests.data_files import PUBLIC
 from wattlab.acquisition.experiments.sweep_runner import open_driver
 from wattlab.cli import main
@@ -339,19 +340,18 @@ def test_bad_input_exits_2(tmp_path, capsys, argv, message):
     assert not (tmp_path / "b.h5").exists()
 
 
-def _tuner(tmp_path, duration_s: float) -> tuple[subprocess.Popen[str], Path]:
+def _tuner(spawn: Spawn, tmp_path, duration_s: float) -> tuple[subprocess.Popen[str], Path]:
     log = tmp_path / "watchdog.log"
-    proc = subprocess.Popen([sys.executable, str(HERE / "tune_job.py"), str(tmp_path / "s.h5"),
-                             str(duration_s), str(log)], stdout=subprocess.PIPE, text=True,
-                            env=ENV)
+    proc = spawn([sys.executable, str(HERE / "tune_job.py"), str(tmp_path / "s.h5"),
+                  str(duration_s), str(log)], stdout=subprocess.PIPE, text=True, env=ENV)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "changed"
     return proc, log
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_restored_on_signal(tmp_path, sig):
-    proc, log = _tuner(tmp_path, 60.0)
+def test_restored_on_signal(tmp_path, sig, spawn):
+    proc, log = _tuner(spawn, tmp_path, 60.0)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)  # also closes its stdout
     assert json.loads(out.strip().splitlines()[-1])["locked_clocks_mhz"] is None
@@ -359,8 +359,8 @@ def test_restored_on_signal(tmp_path, sig):
     assert read_tuning(str(tmp_path / "s.h5")) is not None
 
 
-def test_watchdog_restores_when_the_tuner_is_killed(tmp_path):
-    proc, log = _tuner(tmp_path, 60.0)
+def test_watchdog_restores_when_the_tuner_is_killed(tmp_path, spawn):
+    proc, log = _tuner(spawn, tmp_path, 60.0)
     proc.kill()
     proc.wait(10)
     assert proc.stdout is not None
