@@ -25,6 +25,7 @@ from wattlab.cli import main
 from wattlab.hardware.emulators.pty_device import PtyDevice
 from wattlab.hardware.emulators.scpi_server import ScpiDevice
 from wattlab.importers.power_logs import import_files
+from wattlab.testing import pytest_plugin
 
 Emulator = TypeVar("Emulator", bound=ScpiDevice | PtyDevice)
 Spawn = Callable[..., subprocess.Popen[Any]]
@@ -36,10 +37,23 @@ def pytest_configure(config: pytest.Config) -> None:
     A shell starts a background job (``bash .ci/run &``, nohup) with SIGINT ignored, every
     child inherits that, and a Python started so never raises KeyboardInterrupt: each test
     that stops an emulator or a recording with Ctrl-C then hangs until its timeout (seen:
-    six such tests in one CI run started in the background).
+    six such tests in one CI run started in the background). And wattlab's own pytest
+    plugin is loaded, as an installed wattlab loads it.
     """
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    load_wattlab_plugin(config)
+
+
+def load_wattlab_plugin(config: pytest.Config) -> None:
+    """The driver-test fixtures (``expected_protocol``, ``expected_scpi``) in every test.
+
+    An installed wattlab brings them through its ``pytest11`` entry point, named
+    ``wattlab``; a checkout run with ``PYTHONPATH=src`` (or an install made before the entry
+    point existed) has none, so the plugin is registered here under the same name, once.
+    """
+    if not config.pluginmanager.has_plugin("wattlab"):
+        config.pluginmanager.register(pytest_plugin, "wattlab")
 
 
 def emulator_failures(device: ScpiDevice | PtyDevice) -> list[str]:

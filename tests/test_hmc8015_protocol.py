@@ -1,13 +1,13 @@
 import numpy as np
 import pytest
 
-from tests.scpi_protocol import Reply, ScriptedTextTransport
 from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.scpi_acquirers import Hmc8015Acquirer
 from wattlab.drivers.hmc8015 import Hmc8015
 from wattlab.drivers.scpi import ScpiError, encode_definite_block
 from wattlab.errors import MeterError, MeterProtocolError, UsageError
 from wattlab.samples import SampleFlag
+from wattlab.testing import Reply, ScriptedTextTransport, expected_scpi
 
 IDN = "Rohde&Schwarz,HMC8015,021234567,01.400"
 NO_ERROR = '0,"No error"'
@@ -32,8 +32,11 @@ def test_connect_and_wrong_model() -> None:
     assert meter.identity is not None and meter.identity.serial == "021234567"
     t.assert_consumed()
     t = ScriptedTextTransport([("*IDN?", "Rohde&Schwarz,HMC8012,1,1")], "USB0::0x0AAD::INSTR")
-    with pytest.raises(MeterError, match=r"USB0::0x0AAD::INSTR: expected a HMC8015, got 'HMC8012'"):
-        Hmc8015(t).connect()
+    with (
+        expected_scpi(Hmc8015, t) as other,
+        pytest.raises(MeterError, match=r"USB0::0x0AAD::INSTR: expected a HMC8015, got 'HMC8012'"),
+    ):
+        other.connect()
 
 
 def test_functions_ranging_and_data() -> None:

@@ -7,11 +7,11 @@ import struct
 import numpy as np
 import pytest
 
-from tests.protocol import ExpectedProtocol
 from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.mcp39f511_acquirer import Mcp39f511Acquirer, stream_channels
 from wattlab.drivers.mcp39f511 import Mcp39f511, read_frame, write_frame
 from wattlab.errors import MeterProtocolError, MeterTimeoutError, UsageError
+from wattlab.testing import ExpectedProtocol, expected_protocol
 
 PORT = "/dev/ttyACM0"
 READ_ACTIVE_POWER = bytes.fromhex("A5 08 41 00 16 4E 08 5A")  # PROTOCOLS.md §6, by hand
@@ -51,10 +51,8 @@ def test_frames_are_the_documented_bytes() -> None:
 
 
 def test_active_power_of_both_channels() -> None:
-    drv, proto = chip([(READ_ACTIVE_POWER, ACTIVE_POWER_REPLY)])
-    ch1, ch2 = struct.unpack("<II", drv.read(0x0016, 8))
-    assert (ch1, ch2) == (24000, 1234)  # 10 mW units
-    proto.assert_consumed()
+    with expected_protocol(Mcp39f511, [(READ_ACTIVE_POWER, ACTIVE_POWER_REPLY)]) as drv:
+        assert struct.unpack("<II", drv.read(0x0016, 8)) == (24000, 1234)  # 10 mW units
 
 
 def test_save_to_flash_and_eeprom_pages() -> None:

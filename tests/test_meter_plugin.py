@@ -5,7 +5,8 @@ a guide that drifts from what works fails this test. The toy meter's three modul
 ``tests/toy_meter/``; they are copied where the guide puts them, beside the ``.dist-info``
 that ``pip install`` would write from the guide's ``pyproject.toml`` snippet, and every
 command runs in a subprocess with that folder on its path, as an installed plugin would be
-found (this process's own registry stays as shipped).
+found (this process's own registry stays as shipped). The toy's driver is also tested here
+as a plugin's driver test is written, with the helper wattlab ships (docs/testing-drivers.md).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import pytest
 
 import wattlab
 from tests.conftest import ctrl_c, emulator_cli
+from tests.toy_meter.toy_driver import ToyMeter, ToySample
+from wattlab.errors import MeterProtocolError
+from wattlab.testing import expected_protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "meters.md"
@@ -77,6 +81,19 @@ def install_toy(site: Path) -> None:
     assert f"{acquirer.replace('.', '/')}.py" in modules  # the line names the acquirer
     install(site, project, {m: (ROOT / "tests" / m).read_text(encoding="utf-8")
                             for m in modules})
+
+
+def test_the_toy_driver_in_three_lines() -> None:
+    with expected_protocol(ToyMeter, [(b"READ?\n", b"7,12.000,1.5000\n")]) as toy:
+        assert toy.read() == ToySample(count=7, voltage_v=12.0, current_a=1.5)
+
+
+def test_the_toy_driver_names_its_port_when_another_meter_answers() -> None:
+    with (
+        expected_protocol(ToyMeter, [(b"*IDN?\n", b"PMD-USB\n")], name="/dev/ttyUSB3") as toy,
+        pytest.raises(MeterProtocolError, match="/dev/ttyUSB3: not a toy meter"),
+    ):
+        toy.identify()
 
 
 def plugin_env(site: Path) -> dict[str, str]:

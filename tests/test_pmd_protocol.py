@@ -7,9 +7,9 @@ import struct
 import numpy as np
 import pytest
 
-from tests.protocol import ExpectedProtocol
 from wattlab.drivers.pmd import Command, PmdUsb, crc16_ccitt_false
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError, UsageError
+from wattlab.testing import ExpectedProtocol, expected_protocol
 
 PORT = "/dev/ttyUSB0"
 WELCOME = b"ElmorLabs PMD-USB"
@@ -66,9 +66,8 @@ def test_crc_is_ccitt_false() -> None:
 
 @pytest.mark.parametrize("trailing", [b"", b"\x00", b"\n"])
 def test_identify_with_and_without_trailing_byte(trailing: bytes) -> None:
-    pmd, proto = driver([(b"\x00", WELCOME + trailing)])
-    assert pmd.identify() == "ElmorLabs PMD-USB"
-    proto.assert_consumed()
+    with expected_protocol(PmdUsb, [(b"\x00", WELCOME + trailing)]) as pmd:
+        assert pmd.identify() == "ElmorLabs PMD-USB"
 
 
 def test_identify_rejects_other_device() -> None:
@@ -84,11 +83,10 @@ def test_short_reply_times_out_naming_port_and_command() -> None:
 
 
 def test_product_firmware() -> None:
-    pmd, proto = driver([(b"\x01", b"\xee\x0a\x06")])
-    info = pmd.read_product()
+    with expected_protocol(PmdUsb, [(b"\x01", b"\xee\x0a\x06")]) as pmd:
+        info = pmd.read_product()
     assert (info.vendor_id, info.product_id, info.firmware) == (0xEE, 0x0A, 6)
     assert pmd.firmware == 6
-    proto.assert_consumed()
 
 
 def test_product_wrong_ids() -> None:
@@ -167,10 +165,9 @@ def test_config_crc_covers_every_byte_after_the_crc() -> None:
 def test_baud_switch_bytes_wait_and_host_rate() -> None:
     proto = BaudProtocol([(bytes.fromhex("0880841E00020000000000000000000000"), b"")])
     slept: list[float] = []
-    pmd = PmdUsb(proto, name=PORT, sleep=slept.append)
-    pmd.set_baudrate(2_000_000)
+    with expected_protocol(PmdUsb, proto, name=PORT, sleep=slept.append) as pmd:
+        pmd.set_baudrate(2_000_000)
     assert slept == [1.0] and proto.bauds == [2_000_000] and pmd.baud == 2_000_000
-    proto.assert_consumed()
 
 
 def test_baud_switch_refuses_bad_rates_and_fixed_transports() -> None:

@@ -7,10 +7,10 @@ import struct
 import numpy as np
 import pytest
 
-from tests.protocol import ExpectedProtocol
 from wattlab.drivers.powersensor3 import Command, PowerSensor3, SensorConfig
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError
 from wattlab.samples import SampleFlag
+from wattlab.testing import ExpectedProtocol, expected_protocol
 
 STOP = b"\xff\x3f\xff\x3f"
 
@@ -87,22 +87,22 @@ def test_connect_drops_frames_left_streaming_before_the_terminator() -> None:
 
 
 def test_version_garbage_is_a_protocol_error() -> None:
-    proto = ExpectedProtocol([(b"V", b"\x01\x02\n")])
-    with pytest.raises(MeterProtocolError, match="/dev/x: version reply is not text"):
-        PowerSensor3(proto, name="/dev/x").read_version()
+    with (
+        expected_protocol(PowerSensor3, [(b"V", b"\x01\x02\n")], name="/dev/x") as ps,
+        pytest.raises(MeterProtocolError, match="/dev/x: version reply is not text"),
+    ):
+        ps.read_version()
 
 
 @pytest.mark.parametrize("cmd, method", [(b"S", "start"), (b"T", "stop"), (b"M", "mark")])
 def test_single_byte_commands(cmd: bytes, method: str) -> None:
-    proto = ExpectedProtocol([(cmd, b"")])
-    getattr(PowerSensor3(proto), method)()
-    proto.assert_consumed()
+    with expected_protocol(PowerSensor3, [(cmd, b"")]) as ps:
+        getattr(ps, method)()
 
 
 def test_counter_is_uint32_le() -> None:
-    proto = ExpectedProtocol([(b"Q", b"\x10\x27\x00\x80")])
-    assert PowerSensor3(proto).read_counter() == 0x80002710
-    proto.assert_consumed()
+    with expected_protocol(PowerSensor3, [(b"Q", b"\x10\x27\x00\x80")]) as ps:
+        assert ps.read_counter() == 0x80002710
 
 
 def test_counter_short_reply_times_out() -> None:
@@ -113,9 +113,8 @@ def test_counter_short_reply_times_out() -> None:
 
 def test_single_frame() -> None:
     frame = bytes.fromhex("fa65 8840 9000 a000 b42c c000 d000 e000 f000")
-    proto = ExpectedProtocol([(b"I", frame)])
-    f = PowerSensor3(proto).read_single_frame()
-    proto.assert_consumed()
+    with expected_protocol(PowerSensor3, [(b"I", frame)]) as ps:
+        f = ps.read_single_frame()
     assert f.n == 1 and int(f.device_t_us[0]) == 677 and bool(f.marker[0])
     assert f.levels[0].tolist() == [512, 0, 0, 300, 0, 0, 0, 0]
 

@@ -3,13 +3,13 @@ import math
 import numpy as np
 import pytest
 
-from tests.scpi_protocol import Reply, ScriptedTextTransport
 from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.scpi_acquirers import Wt300eAcquirer
 from wattlab.drivers.scpi import ScpiError
 from wattlab.drivers.yokogawa_wt300e import Wt300e
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError, UsageError
 from wattlab.samples import Gap, SampleFlag
+from wattlab.testing import Reply, ScriptedTextTransport, expected_scpi
 
 IDN = "YOKOGAWA,WT310E,C2XA00001,F1.03"
 
@@ -54,11 +54,16 @@ def test_stale_errors_are_drained_at_init() -> None:
 
 def test_wrong_model_names_expected_and_got() -> None:
     t = ScriptedTextTransport([("*IDN?", "YOKOGAWA,WT333E,X,F1")], "USB0::X::INSTR")
-    with pytest.raises(MeterError, match=r"USB0::X::INSTR: expected a WT310E, got 'WT333E'"):
-        Wt300e(t, "WT310E").connect()
-    t = ScriptedTextTransport([("*IDN?", "YOKOGAWA,WT1800E,X,F1")])
-    with pytest.raises(MeterError, match=r"expected one of WT310E.*got 'WT1800E'"):
-        Wt300e(t).connect()
+    with (
+        expected_scpi(Wt300e, t, "WT310E") as meter,
+        pytest.raises(MeterError, match=r"USB0::X::INSTR: expected a WT310E, got 'WT333E'"),
+    ):
+        meter.connect()
+    with (
+        expected_scpi(Wt300e, [("*IDN?", "YOKOGAWA,WT1800E,X,F1")]) as meter,
+        pytest.raises(MeterError, match=r"expected one of WT310E.*got 'WT1800E'"),
+    ):
+        meter.connect()
 
 
 def test_item_selection_and_reading_in_si() -> None:
@@ -225,9 +230,11 @@ def test_values_already_replaced_are_kept_once_and_the_unread_update_is_a_gap() 
 
 
 def test_timeout_propagates() -> None:
-    t = ScriptedTextTransport([("*IDN?", MeterTimeoutError("X: no reply"))])
-    with pytest.raises(MeterTimeoutError):
-        Wt300e(t).connect()
+    with (
+        expected_scpi(Wt300e, [("*IDN?", MeterTimeoutError("X: no reply"))]) as meter,
+        pytest.raises(MeterTimeoutError, match="X: no reply"),
+    ):
+        meter.connect()
 
 
 def test_read_before_select_is_usage_error() -> None:
