@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import pytest
 import pyvisa
 
+from tests import tiers
 from tests.data_files import H100_CAPTURE, data_file
 from wattlab.cli import main
 from wattlab.hardware.emulators.pty_device import PtyDevice
@@ -38,11 +39,13 @@ def pytest_configure(config: pytest.Config) -> None:
     child inherits that, and a Python started so never raises KeyboardInterrupt: each test
     that stops an emulator or a recording with Ctrl-C then hangs until its timeout (seen:
     six such tests in one CI run started in the background). And wattlab's own pytest
-    plugin is loaded, as an installed wattlab loads it.
+    plugin is loaded, as an installed wattlab loads it, and the tiers are declared and
+    checked (tests/tiers.py).
     """
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     load_wattlab_plugin(config)
+    tiers.configure(config)
 
 
 def load_wattlab_plugin(config: pytest.Config) -> None:

@@ -81,6 +81,7 @@ def truth_error_ns(path: str, source_id: str, skew: ClockSkew) -> np.ndarray:
     return recorded - truth
 
 
+@pytest.mark.system
 def test_two_skewed_agents_land_on_the_recorder_timebase(tmp_path, keys, spawn):
     path = str(tmp_path / "run.h5")
     endpoint = local_endpoint()
@@ -129,6 +130,7 @@ def test_two_skewed_agents_land_on_the_recorder_timebase(tmp_path, keys, spawn):
             assert f["sources"][f"{name}.ramp"].attrs["remote_host"] == name
 
 
+@pytest.mark.fast
 def test_host_acquirer_prefixes_every_stream_and_skews_every_time():
     class Fixed:
         def open(self):
@@ -151,6 +153,7 @@ def test_host_acquirer_prefixes_every_stream_and_skews_every_time():
     assert acq.flush() == []
 
 
+@pytest.mark.system
 def test_agent_needs_tcp_and_something_to_send(keys, monkeypatch, tmp_path):
     security = ClientSecurity(load_keypair(keys / "node1.key_secret"),
                               load_public_key(keys / "recorder.key"))
@@ -195,6 +198,7 @@ def unanswered_agent(endpoint: str, key: Path, server_key: Path) -> tuple[str, l
     return str(e.value), said, time.monotonic() - started
 
 
+@pytest.mark.system
 def test_an_agent_whose_key_the_recorder_refuses_says_so_and_gives_up(listening, keys,
                                                                       tmp_path):
     assert main(["keys", "stranger", "-d", str(tmp_path)]) == 0
@@ -206,12 +210,14 @@ def test_an_agent_whose_key_the_recorder_refuses_says_so_and_gives_up(listening,
     assert 4.0 <= took_s < 8.0
 
 
+@pytest.mark.system
 def test_an_agent_with_the_wrong_server_key_says_so(listening, keys):
     error, said, _ = unanswered_agent(listening, keys / "node1.key_secret", keys / "node2.key")
     assert "--server-key is not the public key of the recorder" in error, error
     assert said and "--server-key" in said[0]
 
 
+@pytest.mark.system
 def test_an_agent_with_nothing_listening_exits_1_in_bounded_time(keys, capsys):
     port = free_port()
     started = time.monotonic()
@@ -226,6 +232,7 @@ def test_an_agent_with_nothing_listening_exits_1_in_bounded_time(keys, capsys):
                  str(keys / "recorder.key"), "--simulate", "--connect-timeout", "0"]) == 2
 
 
+@pytest.mark.system
 def test_agent_refuses_bad_nvml_intervals_before_connecting(keys, capsys):
     assert main(["agent", "--connect", f"tcp://127.0.0.1:{free_port()}", "--key",
                  str(keys / "node1.key_secret"), "--server-key", str(keys / "recorder.key"),
@@ -233,6 +240,7 @@ def test_agent_refuses_bad_nvml_intervals_before_connecting(keys, capsys):
     assert "drain=9 s is longer than 2.0 s" in capsys.readouterr().err
 
 
+@pytest.mark.system
 def test_record_listen_and_agent_commands_end_to_end(tmp_path, keys, spawn):
     """`wattlab record --listen ... --agent node1` waits for `wattlab agent`, then records."""
     out = tmp_path / "bench.h5"
@@ -266,6 +274,7 @@ def test_record_listen_and_agent_commands_end_to_end(tmp_path, keys, spawn):
         assert "node1" in f["sync"]
 
 
+@pytest.mark.fast
 def test_record_rejects_half_configured_listening(tmp_path, keys):
     assert main(["record", "--nvml", "none", "--agent", "node1", "--duration", "1",
                  "-o", str(tmp_path / "a.h5")]) == 2

@@ -20,6 +20,8 @@ from wattlab.errors import UsageError
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, SourceDescriptor
 
+pytestmark = pytest.mark.fast
+
 
 def test_lag_of_a_shifted_random_load_is_found_to_a_millisecond():
     rng = np.random.default_rng(3)

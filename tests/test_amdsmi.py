@@ -38,6 +38,7 @@ def gpus(count: int = 1, *, model=MI300X, util: float = 0.6, **kwargs) -> list[S
             for i in range(count)]
 
 
+@pytest.mark.fast
 def test_readings_in_si_units_and_what_is_missing():
     lib = FakeAmdSmi(gpus(2), unsupported={"average_socket_power"})
     with AmdSmiDriver(lib) as driver:
@@ -57,6 +58,7 @@ def test_readings_in_si_units_and_what_is_missing():
     assert not lib.initialised  # shut down when the last user closed
 
 
+@pytest.mark.fast
 def test_a_32_bit_wrap_is_unwrapped_exactly():
     clock = Clock()
     (gpu,) = gpus(clock_ns=clock)
@@ -87,6 +89,7 @@ def record(tmp_path, lib: FakeAmdSmi, count: int = 1, seconds: float = 2.5,
     return out
 
 
+@pytest.mark.system
 def test_streams_recorded_end_to_end_and_counted_by_the_node_report(tmp_path):
     (gpu,) = gpus()
     lib = FakeAmdSmi([gpu], counter_bits=32, start_units=WRAP_UNITS - 20_000_000)
@@ -116,6 +119,7 @@ def test_streams_recorded_end_to_end_and_counted_by_the_node_report(tmp_path):
     assert "implausible" not in text
 
 
+@pytest.mark.system
 def test_an_implausible_counter_is_flagged(tmp_path):
     lib = FakeAmdSmi(gpus(), counter_scale=0.6)  # counts 60 % of the joules
     out = record(tmp_path, lib, energy=0.5)
@@ -127,6 +131,7 @@ def test_an_implausible_counter_is_flagged(tmp_path):
     assert "-40" in note or "-39" in note or "-41" in note
 
 
+@pytest.mark.fast
 def test_an_apu_is_a_module_whose_socket_power_covers_the_cpu():
     driver = AmdSmiDriver(FakeAmdSmi(gpus(model=MI300A)))
     acquirer = NvmlAcquirer(driver, 0)
@@ -138,6 +143,7 @@ def test_an_apu_is_a_module_whose_socket_power_covers_the_cpu():
     assert "APU socket: CPU cores, GPU and HBM" in scope["measures"]
 
 
+@pytest.mark.fast
 def test_without_amdsmi_the_error_says_how_to_get_it(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "amdsmi", None)  # import amdsmi raises ImportError
     with pytest.raises(NvmlMissingError, match="pip install amdsmi; needs ROCm's libamd_smi"):
@@ -147,6 +153,7 @@ def test_without_amdsmi_the_error_says_how_to_get_it(monkeypatch, capsys, tmp_pa
     assert "pip install amdsmi; needs ROCm's libamd_smi" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("spec", "says"), [("0,x", "is not valid"),
                                             ("3", "GPU index 3 not found")])
 def test_a_bad_amd_list_is_a_usage_error(spec, says, capsys, tmp_path):
@@ -157,6 +164,7 @@ def test_a_bad_amd_list_is_a_usage_error(spec, says, capsys, tmp_path):
     assert not (tmp_path / "x.h5").exists()
 
 
+@pytest.mark.system
 def test_record_amd_simulate_through_the_cli_and_a_bench_file(tmp_path, capsys):
     out = tmp_path / "cli.h5"
     assert main(["record", "--amd", "all", "--simulate", "--simulated-gpus", "2",

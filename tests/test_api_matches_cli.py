@@ -24,6 +24,7 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
+@pytest.mark.fast
 def test_energy_report_from_python_equals_the_cli(h100_run: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     printed = _cli_json(capsys, ["energy", str(h100_run), "--by-marker", "--json"])
@@ -33,6 +34,7 @@ def test_energy_report_from_python_equals_the_cli(h100_run: Path,
     assert len(printed["rows"]) > 20  # every load segment of every view
 
 
+@pytest.mark.system
 def test_calibration_from_python_equals_the_cli(h100_run: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     printed = _cli_json(capsys, ["calibrate", str(h100_run), "--reference", "h100.samples",

@@ -9,6 +9,8 @@ import pytest
 
 from wattlab.analysis.calibration.batch_means import linear_information, weighted_batch_se
 
+pytestmark = pytest.mark.fast
+
 
 def test_information_is_the_inverse_of_the_normal_matrix_diagonal() -> None:
     m = np.random.default_rng(1).uniform(100, 600, 50)

@@ -24,6 +24,7 @@ from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulato
 from wattlab.hardware.emulators.wt300e_emulator import Wt300eEmulator
 
 
+@pytest.mark.fast
 def test_template_is_valid() -> None:
     config = parse_bench(TEMPLATE, "bench.toml")
     assert config.name == "my-bench"
@@ -32,6 +33,7 @@ def test_template_is_valid() -> None:
     assert config.devices[0].options["gpus"] == "all"
 
 
+@pytest.mark.fast
 def test_template_examples_are_valid_when_uncommented() -> None:
     """Every commented example (rails, gpu, elements, rail) must parse as documented."""
     lines = [re.sub(r"^# (\[\[device\]\]|[a-z_]+ = )", r"\1", line)
@@ -65,6 +67,7 @@ rate_s = 0.5
 """
 
 
+@pytest.mark.fast
 def test_nvml_streams_reach_the_record_flags() -> None:
     config = parse_bench('[[device]]\nkind = "nvml"\nsimulate = true\n'
                          'streams = ["energy", "samples"]\n', "b.toml")
@@ -72,6 +75,7 @@ def test_nvml_streams_reach_the_record_flags() -> None:
     assert nvml_selection(parse_bench('[[device]]\nkind = "nvml"\n', "b.toml")).streams == "all"
 
 
+@pytest.mark.fast
 def test_nvml_intervals_reach_the_record_flags_as_text_or_table() -> None:
     as_text = parse_bench('[[device]]\nkind = "nvml"\nintervals = "drain=1.8,emit=6"\n', "b.toml")
     as_table = parse_bench('[[device]]\nkind = "nvml"\nintervals = { drain = 1.8, emit = 6 }\n',
@@ -80,6 +84,7 @@ def test_nvml_intervals_reach_the_record_flags_as_text_or_table() -> None:
     assert nvml_selection(as_table).intervals == "drain=1.8,emit=6"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("value, named", [('"drain=3"', "longer than 2.0 s"),
                                           ("{ flush = 1 }", "no cadence named 'flush'"),
                                           ("{ emit = 0 }", "emit=0"), ("5", "a string like")])
@@ -89,6 +94,7 @@ def test_bad_nvml_intervals_name_the_file_and_the_value(value: str, named: str) 
     assert "b.toml" in str(e.value) and "intervals" in str(e.value) and named in str(e.value)
 
 
+@pytest.mark.fast
 def test_defaults_and_json() -> None:
     config = parse_bench(GOOD, "b.toml")
     ps3, wt = config.devices
@@ -99,6 +105,7 @@ def test_defaults_and_json() -> None:
     json.dumps(config.to_json())
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("text", "message"), [
     (GOOD.replace('port = "/dev', 'prot = "/dev'),
      "b.toml:6: device 1 (powersensor3): unknown key 'prot' (did you mean 'port'?)"),
@@ -133,6 +140,7 @@ def test_errors_name_file_line_and_key(text: str, message: str) -> None:
     assert str(info.value).startswith(message), str(info.value)
 
 
+@pytest.mark.fast
 def test_toml_syntax_error_has_its_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(GOOD.replace("rate_s = 0.5", "rate_s = 0.5 0.6"))
@@ -142,6 +150,7 @@ def test_toml_syntax_error_has_its_line(tmp_path: Path) -> None:
         load_bench(str(tmp_path / "missing.toml"))
 
 
+@pytest.mark.fast
 def test_acquirers_from_bench() -> None:
     text = GOOD + ('\n[[device]]\nkind = "nvml"\nsimulate = true\nsimulated_gpus = 2\n'
                    '\n[[device]]\nkind = "hmc8015"\nresource = "TCPIP::h::5025::SOCKET"\n'
@@ -181,6 +190,7 @@ resource = "{wt.resource}"
         wt.close()
 
 
+@pytest.mark.system
 def test_bench_check_opens_every_device(emulated_bench: Path) -> None:
     results = {r.name: r for r in check_bench(load_bench(str(emulated_bench)))}
     assert all(r.ok for r in results.values()), {n: r.error for n, r in results.items()}
@@ -191,6 +201,7 @@ def test_bench_check_opens_every_device(emulated_bench: Path) -> None:
     assert results["wall"].line == 12
 
 
+@pytest.mark.system
 def test_cli_bench_check_reports_failures(emulated_bench: Path, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "check", str(emulated_bench), "--json"]) == 0
@@ -203,6 +214,7 @@ def test_cli_bench_check_reports_failures(emulated_bench: Path, tmp_path: Path,
     assert "[FAILED] ps3 (powersensor3, line 1)" in out and "/dev/no-such-port" in out
 
 
+@pytest.mark.fast
 def test_cli_bench_init(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bench.toml"
     assert main(["bench", "init", "-o", str(path)]) == 0

@@ -59,6 +59,7 @@ def ps3() -> Iterator[PowerSensor3Emulator]:
         yield device
 
 
+@pytest.mark.system
 def test_record_bench_has_rails_and_board_power(ps3: PowerSensor3Emulator, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     bench = tmp_path / "bench.toml"
@@ -90,6 +91,7 @@ def test_record_bench_has_rails_and_board_power(ps3: PowerSensor3Emulator, tmp_p
         assert riser.unit("board_power_w") == "W"
 
 
+@pytest.mark.system
 def test_named_rails_leave_the_rest_out_of_board_power(ps3: PowerSensor3Emulator,
                                                        tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,6 +111,7 @@ def test_named_rails_leave_the_rest_out_of_board_power(ps3: PowerSensor3Emulator
         assert np.mean(riser.channel("board_power_w")) < np.mean(riser.channel("power_total_w"))
 
 
+@pytest.mark.system
 def test_record_bench_with_the_nvml_cadences_of_the_file(tmp_path: Path) -> None:
     """The Python API: a bench file's ``intervals`` reach the reader."""
     bench = parse_bench('[[device]]\nkind = "nvml"\nsimulate = true\n'
@@ -123,6 +126,7 @@ def test_record_bench_with_the_nvml_cadences_of_the_file(tmp_path: Path) -> None
         assert len(samples.time_ns) >= 80 and run.gaps == []
 
 
+@pytest.mark.system
 def test_record_bench_in_source_processes(ps3: PowerSensor3Emulator, tmp_path: Path) -> None:
     """The rails travel with the meter into its own process."""
     bench = tmp_path / "bench.toml"
@@ -137,6 +141,7 @@ def test_record_bench_in_source_processes(ps3: PowerSensor3Emulator, tmp_path: P
         assert json.loads(run.attrs["bench_config"])["name"] == "riser"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("flags", "named"), [
     (["--nvml", "0"], "--nvml"), (["--simulate"], "--simulate"),
     (["--seed", "3", "--simulated-gpus", "2"], "--simulated-gpus, --seed"),
@@ -158,6 +163,7 @@ def test_bench_with_conflicting_flags_is_refused(tmp_path: Path, flags: list[str
 RIDER = riser_bench("/dev/ttyACM0")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("text", "message"), [
     (RIDER.replace("3 = ", "5 = "),
      "b.toml:12: device 2 (powersensor3): rails names pair '5', which does not exist "
@@ -203,6 +209,7 @@ def test_bad_rails_and_gpus_name_file_line_and_key(text: str, message: str) -> N
     assert str(info.value).startswith(message), str(info.value)
 
 
+@pytest.mark.fast
 def test_cli_bad_bench_file_is_one_line_exit_2(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     bench = tmp_path / "bad.toml"
@@ -216,6 +223,7 @@ def test_cli_bad_bench_file_is_one_line_exit_2(tmp_path: Path,
     assert main(["bench", "check", str(bench)]) == 2
 
 
+@pytest.mark.fast
 def test_gpu_that_nvml_does_not_have_is_refused_at_start() -> None:
     """With gpus = "all" on real NVML the file cannot know; the start checks."""
     config = parse_bench(RIDER.replace("simulate = true", 'gpus = "all"'), "b.toml")
@@ -225,6 +233,7 @@ def test_gpu_that_nvml_does_not_have_is_refused_at_start() -> None:
     check_gpus_exist(config, [("gpu0", None)])
 
 
+@pytest.mark.system
 def test_bench_check_names_a_rail_the_device_does_not_measure(tmp_path: Path) -> None:
     """Pair 3 switched off in the sensor's configuration: the rail on it is an error."""
     config = [s if i < 6 else EmulatedSensor(s.type, s.pair_name, s.vref_v, s.sensitivity, False)
@@ -243,6 +252,7 @@ def test_bench_check_names_a_rail_the_device_does_not_measure(tmp_path: Path) ->
         assert all(r.ok for r in check_bench(load_bench(str(bench))))
 
 
+@pytest.mark.system
 def test_bench_check_analysers_with_labels(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """WT300E elements and the HMC8015's rail name the channels; gpu adds board power."""

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.bench
+
 ROOT = Path(__file__).resolve().parent.parent
 GOALS_MISSED = 3  # bench/common.py: a benchmark ran, wrote its result and missed a goal
 

@@ -71,6 +71,7 @@ def _lti_run(path: Path, quiet_s: tuple[float, float] | None = None) -> dict:
         return calibrate(run, "ref", "tgt")
 
 
+@pytest.mark.fast
 def test_synthetic_lti_target_recovers_tau_width_gain_offset(tmp_path):
     rec = _lti_run(tmp_path / "lti.h5")
     assert rec.kernel == "boxcar"
@@ -83,6 +84,7 @@ def test_synthetic_lti_target_recovers_tau_width_gain_offset(tmp_path):
     assert rec.fit.rmse_w < 2.0
 
 
+@pytest.mark.system
 def test_a_quiet_stretch_does_not_inflate_the_gain_uncertainty(tmp_path):
     """Nine quiet seconds (more than one whole block of eight) leave g and c as well known.
 
@@ -96,6 +98,7 @@ def test_a_quiet_stretch_does_not_inflate_the_gain_uncertainty(tmp_path):
         assert abs(value - truth) < 3 * se + (1e-3 if name == "gain" else 0.5), name
 
 
+@pytest.mark.fast
 def test_simulated_average_is_a_one_second_boxcar_with_unit_gain(sim_run):
     with wattlab.open(str(sim_run)) as run:
         rec = calibrate(run, "meter", "gpu0.power:average_power_w")
@@ -112,6 +115,7 @@ def test_simulated_average_is_a_one_second_boxcar_with_unit_gain(sim_run):
     assert rec.key.nvml_field == "nvmlDeviceGetPowerUsage"
 
 
+@pytest.mark.fast
 def test_simulated_instant_reading_is_part_time(sim_run):
     with wattlab.open(str(sim_run)) as run:
         rec = calibrate(run, "meter", "gpu0.power:instant_power_w", kernels=("boxcar",))
@@ -120,6 +124,7 @@ def test_simulated_instant_reading_is_part_time(sim_run):
     assert 0.15 < rec.coverage < 0.35
 
 
+@pytest.mark.fast
 def test_injected_gain_and_offset_are_recovered_within_their_uncertainty(sim_run):
     with wattlab.open(str(sim_run)) as run:
         rec = calibrate(run, "meter", "gpu0.scaled")
@@ -131,6 +136,7 @@ def test_injected_gain_and_offset_are_recovered_within_their_uncertainty(sim_run
     assert not rec.power_dependent_gain.warranted
 
 
+@pytest.mark.fast
 def test_h100_average_is_a_one_second_boxcar_lagging_half_a_second(h100_run):
     with wattlab.open(str(h100_run)) as run:
         rec = calibrate(run, "h100.samples", "h100.average")
@@ -145,6 +151,7 @@ def test_h100_average_is_a_one_second_boxcar_lagging_half_a_second(h100_run):
     assert abs(e.overall.error_before_pct) < 1.0  # the views' means agree within 1 %
 
 
+@pytest.mark.fast
 def test_cli_calibrate_writes_and_stores_a_record_that_energy_applies(sim_run, tmp_path):
     run_copy = tmp_path / "run.h5"
     run_copy.write_bytes(sim_run.read_bytes())
@@ -175,6 +182,7 @@ def test_cli_calibrate_writes_and_stores_a_record_that_energy_applies(sim_run, t
     assert len(read_calibrations(str(run_copy))) == 1
 
 
+@pytest.mark.fast
 def test_calibration_json_is_strict_json(sim_run, capsys):
     assert main(["calibrate", str(sim_run), "--reference", "meter", "--target",
                  "gpu0.power:average_power_w", "--json", "--no-store"]) == 0
@@ -182,11 +190,13 @@ def test_calibration_json_is_strict_json(sim_run, capsys):
     assert record["format"] == "wattlab-calibration/1"
 
 
+@pytest.mark.fast
 def test_unknown_stream_is_a_usage_error(sim_run):
     assert main(["calibrate", str(sim_run), "--reference", "nope", "--target", "meter",
                  "--no-store"]) == 2
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(("target", "kernels"), [
     ("gpu0.power:average_power_w", ("boxcar", "first_order")),
     ("gpu0.power:instant_power_w", ("boxcar",)),  # part-time: 25 ms, below the search grid
@@ -211,6 +221,7 @@ def test_a_long_recording_searched_on_a_subset_finds_the_same_fit(sim_run, monke
     assert searched.fit.blocks >= 3
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("poll_s", [0.02, 0.045, 0.09])
 def test_update_lattice_recovers_the_updates_behind_polled_readings(poll_s: float) -> None:
     """Updates every 100.3 ms, polled with jitter; one poll stalls 250 ms; the first reading
@@ -232,11 +243,13 @@ def test_update_lattice_recovers_the_updates_behind_polled_readings(poll_s: floa
     assert 0 < delay_s < poll_s
 
 
+@pytest.mark.fast
 def test_update_lattice_refuses_readings_that_are_not_periodic() -> None:
     x = np.cumsum(np.random.default_rng(2).uniform(0.05, 0.3, 200))
     assert calibration.update_lattice(x, 0.02) is None
 
 
+@pytest.mark.fast
 def test_boxcar_lookups_on_a_grid_without_holes_match_the_general_path() -> None:
     # window means by index arithmetic against the clipped, masked general path, and the
     # first-order lookup at bin ends against the series with its first value prepended

@@ -18,6 +18,8 @@ from tests.data_files import DATA
 from wattlab.errors import RunFileError
 from wattlab.runfile import CalibrationRecord, Identifiability, read_calibrations, schema
 
+pytestmark = pytest.mark.fast
+
 STORED = DATA / "traces" / "h100_excite-seed1.h5"
 AVERAGE = "gpu0.power:average_power_w"
 RECORD_KEYS = ["format", "key", "target", "reference", "run", "created", "convention", "kernel",

@@ -24,6 +24,7 @@ def run_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]
                           check=False)
 
 
+@pytest.mark.system
 def test_demo_records_a_simulated_bench_with_phases(tmp_path):
     # the demo runs emulated meters in real time: a busy machine may lose frames. What must
     # hold is that every loss is reported (a /gaps row with its reason, printed) and that
@@ -70,6 +71,7 @@ def test_demo_records_a_simulated_bench_with_phases(tmp_path):
         assert ("full", "begin") in kinds
 
 
+@pytest.mark.system
 def test_record_runs_a_command_and_keeps_its_markers_and_exit_status(tmp_path):
     out = tmp_path / "run.h5"
     script = textwrap.dedent("""
@@ -90,6 +92,7 @@ def test_record_runs_a_command_and_keeps_its_markers_and_exit_status(tmp_path):
         assert json.loads(run.attrs["command"])[0] == sys.executable
 
 
+@pytest.mark.system
 def test_record_for_a_duration(tmp_path):
     out = tmp_path / "run.h5"
     result = run_cli("record", "--simulate", "--simulated-gpus", "2", "--duration", "1",
@@ -100,6 +103,7 @@ def test_record_for_a_duration(tmp_path):
         assert run.source("gpu1.power").descriptor["model"].startswith("Simulated")
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("processes", [[], ["--source-processes"]])
 def test_record_fewer_nvml_streams(tmp_path, processes):
     out = tmp_path / "run.h5"
@@ -115,6 +119,7 @@ def test_record_fewer_nvml_streams(tmp_path, processes):
         assert run.gaps == []
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("processes", [[], ["--source-processes"]])
 def test_record_with_rarer_nvml_reads(tmp_path, processes):
     """The cadences reach the reader (also in a source process); the samples stay whole."""
@@ -133,6 +138,7 @@ def test_record_with_rarer_nvml_reads(tmp_path, processes):
         assert len(run.source("gpu0.energy").time_ns) == 2  # at the start and at the end
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(("value", "named"), [
     ("drain=2.5", "drain=2.5 s is longer than 2.0 s"), ("emit=0", "emit=0 must be"),
     ("poll=1", "no cadence named 'poll'"), ("drain", "'drain' is not KEY=SECONDS"),
@@ -146,6 +152,7 @@ def test_record_refuses_bad_nvml_intervals(tmp_path, value, named):
     assert not out.exists()
 
 
+@pytest.mark.system
 def test_record_refuses_an_unknown_nvml_stream(tmp_path):
     out = tmp_path / "run.h5"
     result = run_cli("record", "--simulate", "--nvml-streams", "samples,volts", "--duration",
@@ -155,6 +162,7 @@ def test_record_refuses_an_unknown_nvml_stream(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.system
 def test_sigterm_stops_cleanly_and_leaves_a_complete_file(tmp_path, spawn):
     out = tmp_path / "run.h5"
     proc = spawn([*WATTLAB, "record", "--simulate", "-o", str(out), "--",
@@ -173,6 +181,7 @@ def test_sigterm_stops_cleanly_and_leaves_a_complete_file(tmp_path, spawn):
         assert "session_end_monotonic_ns" in run.attrs
 
 
+@pytest.mark.system
 def test_existing_output_is_refused_with_status_2(tmp_path):
     out = tmp_path / "run.h5"
     out.write_bytes(b"keep me")
@@ -182,6 +191,7 @@ def test_existing_output_is_refused_with_status_2(tmp_path):
     assert out.read_bytes() == b"keep me"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -202,6 +212,7 @@ def test_usage_errors_exit_2_with_one_clear_line(args, message, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.system
 def test_command_that_cannot_start_is_a_usage_error_and_the_file_stays_readable(tmp_path):
     out = tmp_path / "run.h5"
     result = run_cli("record", "--simulate", "-o", str(out), "--", "/no/such/program")
@@ -211,6 +222,7 @@ def test_command_that_cannot_start_is_a_usage_error_and_the_file_stays_readable(
         assert "gpu0.samples" in run.sources
 
 
+@pytest.mark.system
 def test_missing_nvml_library_is_a_clear_error(tmp_path, monkeypatch):
     import pynvml
 
@@ -227,6 +239,7 @@ def test_missing_nvml_library_is_a_clear_error(tmp_path, monkeypatch):
     assert not (tmp_path / "x.h5").exists()
 
 
+@pytest.mark.system
 def test_info_describes_a_run_and_rejects_bad_files(simulated_run, tmp_path, capsys):
     assert main(["info", str(simulated_run), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -240,6 +253,7 @@ def test_info_describes_a_run_and_rejects_bad_files(simulated_run, tmp_path, cap
     assert "not a readable HDF5 file" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 def test_markers_outside_a_session_are_silent_but_bad_input_is_not(monkeypatch):
     monkeypatch.delenv("WATTLAB_BUS", raising=False)
     wattlab.mark("fine", value=1)
@@ -259,6 +273,7 @@ def _has_rows(path: os.PathLike[str], source: str) -> bool:
         return False
 
 
+@pytest.mark.system
 def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(simulated_run):
     """`wattlab info RUN | head -1`: the output stops quietly, as cat's does."""
     read_end, write_end = os.pipe()

@@ -13,6 +13,8 @@ from wattlab.errors import UsageError
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, SourceDescriptor
 
+pytestmark = pytest.mark.fast
+
 
 def jittered(n: int, drift_ppm: float, seed: int = 0, rate_hz: float = 20_000.0):
     """A µs device counter and host read times = truth + latency (only ever late)."""

@@ -37,6 +37,7 @@ def simulated_probes(skew: ClockSkew, seconds: float, rate_hz: float = 10, seed:
     return out
 
 
+@pytest.mark.fast
 def test_min_rtt_filter_and_drift_put_remote_times_on_the_local_clock():
     skew = ClockSkew(offset_ns=-2_500_000_000, drift_ppm=80.0)
     tracker = ClockTracker("node1", window_s=1.0)
@@ -55,6 +56,7 @@ def test_min_rtt_filter_and_drift_put_remote_times_on_the_local_clock():
     assert summary["windows"] == 30 and summary["probes"] == 300
 
 
+@pytest.mark.fast
 def test_drift_that_changes_is_followed_piecewise():
     """Over a run longer than the fit span, a local line per point follows a drift change."""
     tracker = ClockTracker("node1", window_s=1.0, fit_span_s=20.0)
@@ -70,6 +72,7 @@ def test_drift_that_changes_is_followed_piecewise():
     assert np.max(np.abs(err)) < 30_000
 
 
+@pytest.mark.fast
 def test_a_late_queued_probe_does_not_bend_a_short_drift_fit():
     """Seen in CI: the last window (the run stopping) held one probe queued 230 µs on its way
     out; fitted like the others it moved a 4 s drift estimate from 80 to 92 ppm."""
@@ -93,6 +96,7 @@ def test_a_late_queued_probe_does_not_bend_a_short_drift_fit():
     assert abs((1 / (1 + unweighted) - 1) * 1e6 - 80.0) > 5  # what the plain fit gave
 
 
+@pytest.mark.fast
 def test_probe_weights_trust_short_round_trips_most():
     w = probe_weights(np.array([180_000, 150_000, 160_000, 370_000], dtype=np.int64))
     assert w.argmax() == 1 and w.argmin() == 3
@@ -100,6 +104,7 @@ def test_probe_weights_trust_short_round_trips_most():
     assert np.all(probe_weights(np.full(4, 150_000, dtype=np.int64)) == 1 / 1_000.0)
 
 
+@pytest.mark.fast
 def test_impossible_probes_are_rejected_and_no_estimate_means_an_error():
     tracker = ClockTracker("node1")
     with pytest.raises(BusError, match="no clock estimate"):
@@ -109,6 +114,7 @@ def test_impossible_probes_are_rejected_and_no_estimate_means_an_error():
     assert tracker.rejected == 2 and not tracker.ready
 
 
+@pytest.mark.fast
 def test_pinger_accepts_only_the_reply_to_its_own_probe():
     pinger = ClockPinger(interval_s=0.0)
     pinger.hello(b"peer-a", "node1", None)
@@ -125,6 +131,7 @@ def test_pinger_accepts_only_the_reply_to_its_own_probe():
     assert pinger.trackers["node1"].probes == 1
 
 
+@pytest.mark.system
 def test_recorder_tracks_a_skewed_responder_over_real_curve_sockets(tmp_path, keys):
     endpoint = local_endpoint()
     recorder = Recorder(RecorderConfig(

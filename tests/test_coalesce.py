@@ -14,6 +14,7 @@ from wattlab.sync.bus.coalesce import Coalescer
 from wattlab.sync.bus.publisher import BusPublisher
 
 
+@pytest.mark.fast
 def test_consecutive_batches_join_up_to_the_row_limit():
     c = Coalescer(max_rows=250)
     assert c.add(batch("a", 0)) == []
@@ -24,6 +25,7 @@ def test_consecutive_batches_join_up_to_the_row_limit():
     assert c.take_all() == []
 
 
+@pytest.mark.fast
 def test_a_sequence_jump_or_another_shape_is_never_joined():
     c = Coalescer(max_rows=10_000)
     c.add(batch("a", 0))
@@ -35,6 +37,7 @@ def test_a_sequence_jump_or_another_shape_is_never_joined():
     assert last.values.shape[1] == 3
 
 
+@pytest.mark.fast
 def test_seq_last_round_trips_and_is_validated():
     joined = SampleBatch("a", 4, np.arange(3), np.ones((3, 1)), seq_last=9)
     frames = message.encode_batch(joined)
@@ -47,6 +50,7 @@ def test_seq_last_round_trips_and_is_validated():
         SampleBatch("a", 4, np.arange(3), np.ones((3, 1)), seq_last=1)
 
 
+@pytest.mark.system
 def test_coalesced_stream_lands_whole_and_a_lost_range_is_reported(tmp_path):
     path = str(tmp_path / "run.h5")
     rec = RunningRecorder(path)

@@ -12,6 +12,8 @@ from wattlab.analysis.models.sweep_results import measure_phases
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Marker, SourceDescriptor
 
+pytestmark = pytest.mark.fast
+
 POWER_W = 700.0
 
 

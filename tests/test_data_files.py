@@ -9,6 +9,8 @@ import pytest
 
 from tests import data_files
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[1]
 NAMED = [getattr(data_files, name) for name in dir(data_files)
          if name.isupper() and isinstance(getattr(data_files, name), Path)]

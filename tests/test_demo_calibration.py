@@ -40,6 +40,7 @@ def _v(record: CalibrationRecord, name: str) -> tuple[float, float]:
     return obj.value, obj.se
 
 
+@pytest.mark.fast
 def test_average_reading_is_a_one_second_boxcar_with_unit_gain(average_record):
     rec = average_record
     assert rec.kernel == "boxcar"
@@ -59,6 +60,7 @@ def test_average_reading_is_a_one_second_boxcar_with_unit_gain(average_record):
     assert e.mean_abs_error_after_pct < 0.6 * e.mean_abs_error_before_pct
 
 
+@pytest.mark.system
 def test_sample_buffer_lags_about_25_ms(demo_run):
     with wattlab.open(str(demo_run)) as run:
         rec = calibrate(run, REF, "gpu0.samples:power_w")
@@ -70,6 +72,7 @@ def test_sample_buffer_lags_about_25_ms(demo_run):
     assert abs(g - 1) < max(3 * g_se, 0.01)
 
 
+@pytest.mark.fast
 def test_instant_reading_is_part_time(demo_run):
     with wattlab.open(str(demo_run)) as run:
         rec = calibrate(run, REF, "gpu0.power:instant_power_w", kernels=("boxcar",))
@@ -84,6 +87,7 @@ def _phase_rows(report: dict[str, Any], source: str, channel: str) -> list[dict[
             and r["phase"] not in ("run", "session") and r["t1_s"] - r["t0_s"] >= 2]
 
 
+@pytest.mark.fast
 def test_energy_by_phase_compares_nvml_with_the_meter_and_correction_helps(
         demo_run, average_record, tmp_path, capsys):
     cal = tmp_path / "cal.json"

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from tests.conftest import running
 from wattlab.acquisition.meters.discovery import identify_serial
 from wattlab.cli import main
 from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
 
 
+@pytest.mark.system
 def test_probe_recognises_an_emulated_powersensor3(capsys):
     with running(PowerSensor3Emulator(lambda t: 100.0)) as emu:
         assert main(["devices", "--probe", emu.path, "--json"]) == 0
@@ -22,6 +25,7 @@ def test_probe_recognises_an_emulated_powersensor3(capsys):
     assert any(d["kind"] == "nvml" for d in found)
 
 
+@pytest.mark.system
 def test_a_silent_port_is_reported_as_unknown_not_guessed():
     master, slave = os.openpty()
     try:
@@ -34,6 +38,7 @@ def test_a_silent_port_is_reported_as_unknown_not_guessed():
     assert any("not a pmd" in n for n in device.notes)
 
 
+@pytest.mark.fast
 def test_a_missing_port_is_named(capsys):
     device = identify_serial("/dev/no-such-tty")
     assert device.kind == "serial"

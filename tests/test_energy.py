@@ -20,6 +20,8 @@ from wattlab.errors import RunFileError, UsageError
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
 
+pytestmark = pytest.mark.fast
+
 MS = 1_000_000
 
 

@@ -39,6 +39,7 @@ def _windows(ends_s: np.ndarray, power_w: np.ndarray) -> Windows:
                    (0.0, 0.0), 0.0)
 
 
+@pytest.mark.fast
 def test_piecewise_constant_power_is_recovered_from_its_one_second_means() -> None:
     rng = np.random.default_rng(7)
     # levels held 0.3-2.5 s on a 20 ms grid: idle, half and full load
@@ -64,6 +65,7 @@ def test_piecewise_constant_power_is_recovered_from_its_one_second_means() -> No
     assert np.mean(errors) < 0.01
 
 
+@pytest.mark.fast
 def test_shift_and_scale_misses_what_deconvolution_recovers() -> None:
     """The same readings, energy of one 2 s hold: the boxcar smears it, the fusion does not."""
     holds = np.concatenate([np.full(300, 70.0), np.full(100, 690.0), np.full(300, 70.0)])
@@ -82,6 +84,7 @@ def torch_long() -> CalibrationRecord:
         return calibrate(run, "gpu0.samples", AVERAGE)
 
 
+@pytest.mark.fast
 def test_real_trace_two_second_phases_within_one_percent(torch_long) -> None:
     """torch-long (steps at random 0.3-0.5 s): consecutive steps joined into ≥ 2 s spans."""
     with wattlab.open(str(TRACE)) as run:
@@ -111,6 +114,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.system
 def test_cli_deconvolves_and_refuses_records_without_windows(torch_long, tmp_path: Path):
     good = tmp_path / "avg.json"
     good.write_text(json.dumps(torch_long.to_json()))
@@ -136,6 +140,7 @@ def test_cli_deconvolves_and_refuses_records_without_windows(torch_long, tmp_pat
     assert "free steps at the marks" in marked.stdout
 
 
+@pytest.mark.fast
 def test_unidentifiable_record_is_refused_unless_forced(torch_long) -> None:
     record = replace(torch_long, verdict=Identifiability(False, ("the width is not pinned",)))
     with wattlab.open(str(TRACE)) as run:
@@ -144,6 +149,7 @@ def test_unidentifiable_record_is_refused_unless_forced(torch_long) -> None:
         assert fuse_records(run, [record], force=True).power_w.size > 0
 
 
+@pytest.mark.fast
 def test_readings_off_any_lattice_are_refused(torch_long, tmp_path: Path) -> None:
     """A stream whose every poll saw a new value at random times has no update lattice."""
     from tests.sim_runs import sim_descriptor
@@ -161,6 +167,7 @@ def test_readings_off_any_lattice_are_refused(torch_long, tmp_path: Path) -> Non
         fuse_records(run, [torch_long])
 
 
+@pytest.mark.fast
 def test_a_marked_step_inside_an_update_slice_is_placed_at_its_mark() -> None:
     """Steps 7 ms after marks that fall anywhere in their 100 ms slice: with the marks as
     free steps the holds come out exact, and the lag is found; smoothed across, they do not."""
@@ -193,6 +200,7 @@ def test_a_marked_step_inside_an_update_slice_is_placed_at_its_mark() -> None:
 EXCITE = DATA / "traces" / "h100_excite-seed1.h5"
 
 
+@pytest.mark.system
 def test_real_excite_holds_with_marks_as_steps() -> None:
     """A real H100 excite run: every hold of 2 s or more, deconvolved with the instant's
     record and the marks as free steps, against the 50 Hz buffer. Its mean is within 1 %,

@@ -21,6 +21,8 @@ from wattlab.layers.equivalent_time import FoldError, fold
 from wattlab.layers.kernel_trace import Layout, busy_layout, read_trace, split_steps, template
 from wattlab.layers.step_energy import analyse, host_bound_warning
 
+pytestmark = pytest.mark.fast
+
 ROWS = ("a", "b", "c", "d")
 EDGES = np.array([0.0, 0.1, 0.5, 0.8, 1.0])
 POWER_W = np.array([300.0, 700.0, 450.0, 550.0])

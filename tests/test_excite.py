@@ -20,6 +20,7 @@ from wattlab.errors import UsageError
 WATTLAB = [sys.executable, "-m", "wattlab.cli"]
 
 
+@pytest.mark.fast
 def test_telegraph_holds_are_random_within_bounds_and_never_repeat_a_level():
     schedule = telegraph(5, 120.0, min_hold_s=0.1, max_hold_s=3.0)
     holds = np.array([s.duration_s for s in schedule.segments])
@@ -35,6 +36,7 @@ def test_telegraph_holds_are_random_within_bounds_and_never_repeat_a_level():
     assert telegraph(5, 10.0).segments == telegraph(5, 10.0).segments  # seeded
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("kwargs", "named"), [
     ({"duration_s": 0.0}, "duration"), ({"duration_s": math.inf}, "duration"),
     ({"min_hold_s": 2.0, "max_hold_s": 1.0}, "holds"), ({"min_hold_s": 0.0}, "holds"),
@@ -45,11 +47,13 @@ def test_bad_telegraphs_are_refused(kwargs, named):
         telegraph(1, **args)
 
 
+@pytest.mark.fast
 def test_seconds_for_a_target_scales_as_one_over_root_time():
     assert seconds_for(0.01, 0.005, 60.0) == pytest.approx(240.0)
     assert math.isnan(seconds_for(0.0, 0.005, 60.0))
 
 
+@pytest.mark.system
 def test_excite_on_the_simulated_gpu_identifies_the_one_second_average(tmp_path):
     out = tmp_path / "excite.h5"
     done = subprocess.run([*WATTLAB, "excite", "--simulate", "--duration", "15", "--seed", "3",
@@ -71,6 +75,7 @@ def test_excite_on_the_simulated_gpu_identifies_the_one_second_average(tmp_path)
         assert "gpu0.power:average_power_w" in f["analysis/calibration"]
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(("flags", "named"), [
     (["--duration", "0"], "--duration"), (["--min-hold", "2", "--max-hold", "1"], "holds"),
     (["--target-se-ms", "0"], "--target-se-ms")])
@@ -82,6 +87,7 @@ def test_excite_refuses_bad_input(tmp_path, flags, named):
     assert not (tmp_path / "x.h5").exists()
 
 
+@pytest.mark.system
 def test_excite_on_a_machine_without_a_gpu_says_why(tmp_path):
     pytest.importorskip("pynvml")
     from wattlab.drivers.nvml import NvmlDriver

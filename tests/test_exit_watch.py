@@ -73,6 +73,7 @@ def watch():
     w.close()
 
 
+@pytest.mark.system
 def test_wait_ends_when_the_process_ends(watch, spawn):
     child = sleeper(spawn, 0.3)
     waited_s = timed_wait(watch, [child], 30)
@@ -80,6 +81,7 @@ def test_wait_ends_when_the_process_ends(watch, spawn):
     assert 0.2 <= waited_s < 10
 
 
+@pytest.mark.system
 def test_wait_times_out_while_the_process_lives(watch, spawn):
     child = sleeper(spawn, 30)
     waited_s = timed_wait(watch, [child], 0.2)
@@ -87,12 +89,14 @@ def test_wait_times_out_while_the_process_lives(watch, spawn):
     assert 0.19 <= waited_s < 5
 
 
+@pytest.mark.system
 def test_wake_from_another_thread_ends_the_wait(watch, spawn):
     child = sleeper(spawn, 30)
     threading.Timer(0.2, watch.wake).start()
     assert timed_wait(watch, [child], None) < 10
 
 
+@pytest.mark.fast
 def test_a_wake_before_the_wait_is_not_lost_and_counts_once(watch):
     watch.wake()
     watch.wake()
@@ -100,12 +104,14 @@ def test_a_wake_before_the_wait_is_not_lost_and_counts_once(watch):
     assert timed_wait(watch, [], 0.2) >= 0.19  # and only this one
 
 
+@pytest.mark.system
 def test_a_reaped_process_is_no_longer_watched(watch, spawn):
     child = sleeper(spawn, 0)
     child.wait()
     assert timed_wait(watch, [child], 0.3) >= 0.29  # else every later wait would end at once
 
 
+@pytest.mark.system
 @needs_proc
 def test_a_process_ended_but_not_reaped_ends_the_wait_at_once(watch, spawn):
     child = sleeper(spawn, 0)
@@ -115,6 +121,7 @@ def test_a_process_ended_but_not_reaped_ends_the_wait_at_once(watch, spawn):
     assert child.poll() == 0
 
 
+@pytest.mark.system
 @needs_pidfd
 @needs_proc
 def test_with_pidfds_the_waiting_thread_does_not_wake(spawn):
@@ -135,6 +142,7 @@ def test_with_pidfds_the_waiting_thread_does_not_wake(spawn):
         watch.close()
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("pidfd_open", [None, "refused"], ids=["missing", "refused"])
 def test_without_pidfds_the_wait_looks_every_half_second(monkeypatch, pidfd_open, spawn):
     def refuse(pid: int) -> int:
@@ -155,6 +163,7 @@ def test_without_pidfds_the_wait_looks_every_half_second(monkeypatch, pidfd_open
         watch.close()
 
 
+@pytest.mark.system
 def test_open_pidfd_of_a_process_that_is_gone_raises(spawn):
     child = sleeper(spawn, 0)
     child.wait()
@@ -165,6 +174,7 @@ def test_open_pidfd_of_a_process_that_is_gone_raises(spawn):
         exit_watch.open_pidfd(child.pid)
 
 
+@pytest.mark.fast
 def test_wake_and_close_after_close_do_nothing():
     watch = ExitWatch()
     watch.close()
@@ -175,6 +185,7 @@ def test_wake_and_close_after_close_do_nothing():
 # ---------------------------------------------------------------------------- recorder
 
 
+@pytest.mark.system
 @needs_pidfd
 @needs_proc
 def test_idle_recorder_sleeps_until_a_message_comes(tmp_path):
@@ -188,6 +199,7 @@ def test_idle_recorder_sleeps_until_a_message_comes(tmp_path):
         rec.stop()
 
 
+@pytest.mark.system
 @needs_proc
 def test_without_a_pidfd_the_recorder_still_looks_for_its_session(tmp_path, monkeypatch):
     monkeypatch.setattr(recorder_module, "open_pidfd", lambda pid: None)
@@ -211,6 +223,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.system
 @needs_proc
 def test_recorder_closes_the_file_when_its_session_is_killed(tmp_path, spawn):
     """The session dies by SIGKILL: the orphaned recorder sees it and closes the file."""
@@ -253,6 +266,7 @@ def simulated_acquirer() -> NvmlAcquirer:
                         intervals_s={"drain": 1.8, "emit": 6.0, "energy": 60.0})
 
 
+@pytest.mark.system
 @needs_pidfd
 @needs_proc
 def test_session_supervisor_and_command_wait_sleep_until_something_happens(tmp_path):
@@ -284,6 +298,7 @@ def test_session_supervisor_and_command_wait_sleep_until_something_happens(tmp_p
     assert wakes == {"supervisor": 0, "session": 0}
 
 
+@pytest.mark.system
 @needs_pidfd
 @needs_proc
 def test_a_source_process_sleeps_until_stopped_or_orphaned(tmp_path):
@@ -305,6 +320,7 @@ def test_a_source_process_sleeps_until_stopped_or_orphaned(tmp_path):
         assert run.gaps == [], run.gaps  # every source said "end"
 
 
+@pytest.mark.system
 @needs_proc
 def test_session_killed_by_sigkill_its_processes_close_the_file(tmp_path):
     """The recorder and the source processes see their parent die, finish and exit."""

@@ -15,7 +15,10 @@ import wattlab
 from wattlab.sync.bus.publisher import ControlClient, local_endpoint
 from wattlab.sync.recorder.process import RecorderConfig
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc"),
+]
 
 FLOOD = r"""
 import json, sys, time

@@ -186,6 +186,7 @@ def check_recorder_stop(path: Path, stopped: Stopped) -> DiskFullReport:
     return report
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("limit_mb", [3.0, 6.0])
 def test_recorder_stops_cleanly_at_a_file_size_limit(tmp_path, limit_mb):
     path = tmp_path / "run.h5"
@@ -194,6 +195,7 @@ def test_recorder_stops_cleanly_at_a_file_size_limit(tmp_path, limit_mb):
     assert os.path.getsize(path) <= limit_mb * MIB
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("size", ["5m", "8m"])
 def test_recorder_stops_cleanly_on_a_full_tmpfs(tmp_path, size):
     with tmpfs(tmp_path / "small", size) as folder:
@@ -206,6 +208,7 @@ def test_recorder_stops_cleanly_on_a_full_tmpfs(tmp_path, size):
             assert f.attrs["stopped_by"] == "disk full (ENOSPC)"
 
 
+@pytest.mark.system
 def test_recorder_stops_when_another_writer_fills_the_disk(tmp_path):
     with tmpfs(tmp_path / "small", "64m") as folder:
         path = folder / "run.h5"
@@ -220,6 +223,7 @@ def cli(spawn: Spawn, *args: str) -> subprocess.Popen[bytes]:
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(("verb", "fill_after_s"), [
     ("record", 0.0), ("record-processes", 1.0), ("demo", 0.5), ("demo", 2.0)])
 def test_session_stops_cleanly_when_the_disk_fills(tmp_path, verb, fill_after_s, spawn):
@@ -255,6 +259,7 @@ def test_session_stops_cleanly_when_the_disk_fills(tmp_path, verb, fill_after_s,
 
 # ---- before recording: the free-space check -----------------------------------------------
 
+@pytest.mark.system
 def test_a_demo_onto_2_mb_free_is_refused_before_it_starts(tmp_path):
     with tmpfs(tmp_path / "tiny", "2m") as folder:
         done = subprocess.run([sys.executable, "-m", "wattlab.cli", "demo", "-o",
@@ -265,6 +270,7 @@ def test_a_demo_onto_2_mb_free_is_refused_before_it_starts(tmp_path):
         assert os.listdir(folder) == []  # no run file, no reserve
 
 
+@pytest.mark.fast
 def test_the_free_space_check_reads_the_target_file_system(tmp_path, monkeypatch, capsys):
     """Without mount: a path whose statvfs says 2 MB free (same decision as above)."""
     real = os.statvfs
@@ -283,6 +289,7 @@ def test_the_free_space_check_reads_the_target_file_system(tmp_path, monkeypatch
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.fast
 def test_free_space_decisions():
     demo = estimate([*nvml_streams(1, "all"), "powersensor3", "wt300e"])
     assert 1.2 * MIB < demo.bytes_per_s < 1.5 * MIB  # what the demo writes (measured)
@@ -298,6 +305,7 @@ def test_free_space_decisions():
     assert "start" in judge(MIB, DataRate(0.0, 8 * MIB), None, None).message
 
 
+@pytest.mark.fast
 def test_disk_full_errors_are_recognised():
     hdf5 = RuntimeError("Unable to synchronously flush file (file write failed: errno = 28, "
                         "error message = 'No space left on device')")
@@ -313,6 +321,7 @@ def test_disk_full_errors_are_recognised():
     assert disk_full_error(RuntimeError("errno = 5, Input/output error")) is None
 
 
+@pytest.mark.fast
 def test_live_panel_shows_free_space_only_when_low():
     assert space_note(10 * 1024 * MIB, 1.4 * MIB) == ""
     assert space_note(100 * MIB, 0.0) == "disk: 100.0 MB free"
@@ -321,6 +330,7 @@ def test_live_panel_shows_free_space_only_when_low():
     assert space_note(300 * MIB, 0.1 * MIB).endswith("~50 min at 102.4 kB/s")  # under 512 MB
 
 
+@pytest.mark.system
 def test_live_panel_reads_the_free_space_beside_the_run(tmp_path):
     with tmpfs(tmp_path / "small", "8m") as folder:
         path = folder / "run.h5"

@@ -89,6 +89,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", sorted(BAD_FILES))
 def test_check_run_file_names_the_problem(files: dict[str, Path], name: str) -> None:
     with pytest.raises(RunFileError) as info:
@@ -96,6 +97,7 @@ def test_check_run_file_names_the_problem(files: dict[str, Path], name: str) -> 
     assert str(files[name]) in str(info.value)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("name", "problem"), [
     ("no_values", "/sources/ref has no 'values' dataset"),
     ("flags_group", "/sources/ref/flags is not a dataset"),
@@ -109,11 +111,13 @@ def test_the_layout_check_says_what_is_wrong(files: dict[str, Path], name: str,
     assert problem in str(info.value)
 
 
+@pytest.mark.fast
 def test_a_good_run_passes_the_checks(files: dict[str, Path]) -> None:
     check_run_file(str(files["good"]))
     assert main(["info", str(files["good"])]) == 0
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("verb", sorted(VERBS))
 @pytest.mark.parametrize("name", sorted(BAD_FILES))
 def test_analysis_commands_refuse_bad_files(files: dict[str, Path], tmp_path: Path,
@@ -128,6 +132,7 @@ def test_analysis_commands_refuse_bad_files(files: dict[str, Path], tmp_path: Pa
     assert hashlib.sha256(files[name].read_bytes()).hexdigest() == before  # not modified
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("argv", [
     ["record", "--simulate", "--duration", "-1", "-o", "x.h5"],
     ["record", "--simulate", "--duration", "1", "--max-restarts", "-1", "-o", "x.h5"],
@@ -151,6 +156,7 @@ def test_bad_arguments_are_usage_errors(capsys: pytest.CaptureFixture[str], tmp_
     assert not (tmp_path / "x.h5").exists()
 
 
+@pytest.mark.fast
 def test_an_existing_run_file_is_never_overwritten(files: dict[str, Path], tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "run.h5"
@@ -163,6 +169,7 @@ def test_an_existing_run_file_is_never_overwritten(files: dict[str, Path], tmp_p
     assert hashlib.sha256(target.read_bytes()).hexdigest() == before
 
 
+@pytest.mark.system
 def test_every_reader_opens_the_same_way_while_a_run_is_open(files: dict[str, Path],
                                                              tmp_path: Path) -> None:
     """HDF5 refuses a second handle whose locking flag differs; the report once hit that."""

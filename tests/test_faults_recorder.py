@@ -91,6 +91,7 @@ def index_column(path: str) -> np.ndarray:
         return run.source("meter").channel("index")
 
 
+@pytest.mark.system
 def test_kill_9_leaves_a_readable_file_up_to_the_last_flush(tmp_path):
     path = str(tmp_path / "run.h5")
     endpoint = local_endpoint()
@@ -117,6 +118,7 @@ def test_kill_9_leaves_a_readable_file_up_to_the_last_flush(tmp_path):
     assert last_s <= 1.0, f"{last_s:.2f} s lost before the kill ({len(index)}/{sent_rows} rows)"
 
 
+@pytest.mark.system
 def test_restarted_recorder_resumes_the_file_and_loses_nothing(tmp_path):
     path = str(tmp_path / "run.h5")
     endpoint = local_endpoint()
@@ -148,6 +150,7 @@ def test_restarted_recorder_resumes_the_file_and_loses_nothing(tmp_path):
     assert crash_flags(path) == 0
 
 
+@pytest.mark.system
 def test_loss_beyond_the_replay_window_is_recorded_exactly(tmp_path):
     """Away longer than window + backlog: the publisher stalls, says hello to the new
     recorder, resends its window, and the rest is one exact gap."""
@@ -185,6 +188,7 @@ def test_loss_beyond_the_replay_window_is_recorded_exactly(tmp_path):
     assert np.all(np.diff(index) > 0)
 
 
+@pytest.mark.fast
 def test_resume_cuts_partial_rows_back_to_the_last_progress_record(tmp_path):
     """A dataset longer than the others (a write the crash interrupted) is cut back."""
     path = str(tmp_path / "run.h5")
@@ -206,6 +210,7 @@ def test_resume_cuts_partial_rows_back_to_the_last_progress_record(tmp_path):
         assert len(run.source("meter")) == ROWS
 
 
+@pytest.mark.fast
 def test_crash_flag_repair_is_checked_and_exact(tmp_path):
     assert lookup3(b"") == 0xDEADBEEF
     assert lookup3(b"Four score and seven years ago") == 0x17770551  # lookup3.c's self-test

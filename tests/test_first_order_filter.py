@@ -10,6 +10,8 @@ from scipy.signal import lfilter
 
 from wattlab.device_models.recursive_filter import first_order_filter
 
+pytestmark = pytest.mark.fast
+
 
 def _loop(x: np.ndarray, alpha: float, gain: float, y_before: float) -> np.ndarray:
     """The definition, one sample at a time."""

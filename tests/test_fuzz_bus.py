@@ -19,6 +19,8 @@ from wattlab.sync.bus import message
 from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
 from wattlab.sync.recorder.process import Recorder, RecorderConfig
 
+pytestmark = pytest.mark.system
+
 KEYS = ["v", "type", "source", "seq", "seq_last", "n", "buffers", "body", "command", "rid",
         "last_seq", "ack", "describe", "resend", "from_seq", "durable", "seq_next", "source_id",
         "reason", "hello", "probe", "sources", "seq_first", "t_first_ns", "t_last_ns",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,8 @@ from wattlab.drivers.scpi import (
 )
 from wattlab.drivers.yokogawa_wt300e import Wt300e
 from wattlab.errors import MeterError, MeterProtocolError
+
+pytestmark = pytest.mark.fast
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SCPI_TEXT = st.one_of(

@@ -11,6 +11,7 @@ from tests.golden import Case, cases, differences, golden_path, read, snapshot
 CASES = cases()
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_output_matches_the_golden_snapshot(case: Case, tmp_path: Path) -> None:
     want = read(case)
@@ -22,11 +23,13 @@ def test_output_matches_the_golden_snapshot(case: Case, tmp_path: Path) -> None:
                        + "\n".join(found[:30]))
 
 
+@pytest.mark.fast
 def test_every_case_has_a_snapshot_and_every_snapshot_a_case() -> None:
     kept = set(golden_path(CASES[0]).parent.iterdir())
     assert kept == {golden_path(c) for c in CASES}
 
 
+@pytest.mark.fast
 def test_the_snapshot_reads_the_real_traces_as_commands_do() -> None:
     """Most cases must be clean runs of the commands: a snapshot of errors proves little."""
     for case in CASES:
@@ -35,6 +38,7 @@ def test_the_snapshot_reads_the_real_traces_as_commands_do() -> None:
         assert isinstance(data["energy_by_marker"]["stdout"], dict), case.name
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("want", "got", "expected"), [
     ({"a": 1.0}, {"a": 1.0 + 1e-9}, []),
     ({"a": 1.0}, {"a": 1.0 + 1e-4}, [".a: 1.0 -> 1.0001"]),

@@ -10,6 +10,8 @@ import pytest
 from tests.data_files import DATA
 from tests.gpu_marker_goals import assert_goals, measure
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(("job", "queued"), [("lightning", True), ("torch", True),
                                              ("hf", False)])

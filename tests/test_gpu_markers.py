@@ -35,6 +35,7 @@ MS = 1_000_000
 SAMPLES_STREAM = ("gpu0.samples", "power_w")
 
 
+@pytest.mark.fast
 def test_pairing_recovers_when_the_gpu_ran_each_event_within_its_uncertainty() -> None:
     fake = FakeCudaEvents(drift_ppm=80.0, min_queue_ns=50_000)
     clock = GpuClock(fake)
@@ -57,6 +58,7 @@ def test_pairing_recovers_when_the_gpu_ran_each_event_within_its_uncertainty() -
     assert clock.to_host(last, last_recorded)[0] - last_recorded > 120 * MS
 
 
+@pytest.mark.fast
 def test_resolver_queues_without_waiting_and_sends_both_times() -> None:
     fake = FakeCudaEvents(min_queue_ns=100_000)
     sent: list[Marker] = []
@@ -81,6 +83,7 @@ def test_resolver_queues_without_waiting_and_sends_both_times() -> None:
         assert s.event.true_host_ns == stamp.event.true_host_ns
 
 
+@pytest.mark.system
 def test_gpu_true_without_cuda_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WATTLAB_BUS", f"tcp://127.0.0.1:{free_port()}")
     monkeypatch.setattr(gpu_marks, "_active", None)
@@ -91,6 +94,7 @@ def test_gpu_true_without_cuda_is_a_usage_error(monkeypatch: pytest.MonkeyPatch)
     assert gpu_marks.resolver(False, print) is None
 
 
+@pytest.mark.system
 def test_optimizer_steps_become_step_phases_between_them() -> None:
     marks: list[tuple[str, str, dict[str, object]]] = []
 
@@ -142,6 +146,7 @@ def _steps(n: int, lag_ns: int, queued_ns: int = 3 * MS) -> list[Marker]:
     return out
 
 
+@pytest.mark.fast
 def test_markers_store_host_and_gpu_time_and_energy_uses_the_gpu_time(tmp_path: Path) -> None:
     path = tmp_path / "gpu.h5"
     markers = _steps(5, lag_ns=100 * MS)
@@ -161,6 +166,7 @@ def test_markers_store_host_and_gpu_time_and_energy_uses_the_gpu_time(tmp_path: 
     assert energies == pytest.approx([280.0] * 5, rel=0.06)  # 700 W x 0.4 s, not 3 ms of it
 
 
+@pytest.mark.fast
 def test_files_without_gpu_columns_still_read(tmp_path: Path) -> None:
     """A run file from before GPU markers: /markers has the six host-time columns only."""
     path = tmp_path / "old.h5"
@@ -179,6 +185,7 @@ def test_files_without_gpu_columns_still_read(tmp_path: Path) -> None:
     assert (phase.t0_s, phase.t1_s, phase.clock) == (0.1, 0.9, "host")
 
 
+@pytest.mark.fast
 def test_host_only_markers_write_unknown_gpu_time(tmp_path: Path) -> None:
     path = tmp_path / "host.h5"
     _power_run(path, [Marker(5 * MS, "p")], [])
@@ -206,6 +213,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.system
 def test_record_writes_gpu_times_of_framework_steps(tmp_path: Path) -> None:
     """A real session: the workload's step markers arrive with GPU times after the host's."""
     script = tmp_path / "train.py"
@@ -249,6 +257,7 @@ def _epoch_of_steps(step_ms: int, n: int, gap_ms: int = 0) -> list[Marker]:
     return [*out, Marker(end, "epoch", "end", "pid1", {}, end, 10_000)]
 
 
+@pytest.mark.fast
 def test_steps_too_short_for_the_stream_are_flagged_and_summed_per_epoch(
         tmp_path: Path) -> None:
     path = tmp_path / "short.h5"
@@ -268,6 +277,7 @@ def test_steps_too_short_for_the_stream_are_flagged_and_summed_per_epoch(
     assert chosen["epoch"]["stream"] == "gpu0.samples:power_w"
 
 
+@pytest.mark.fast
 def test_sparse_short_steps_are_not_summed_and_the_reason_is_said(tmp_path: Path) -> None:
     """Host-time steps: 3 ms windows 200 ms apart say nothing, even all together."""
     path = tmp_path / "sparse.h5"
@@ -278,6 +288,7 @@ def test_sparse_short_steps_are_not_summed_and_the_reason_is_said(tmp_path: Path
     assert any("fill only 2 %" in n for n in rep["notes"])
 
 
+@pytest.mark.system
 def test_report_draws_energy_per_instance_from_streams_that_resolve_it(
         tmp_path: Path) -> None:
     from wattlab.analysis.report.html_report import build_report
@@ -299,6 +310,7 @@ def test_report_draws_energy_per_instance_from_streams_that_resolve_it(
     assert inst.unresolved == ["step: gpu0.samples:power_w"]
 
 
+@pytest.mark.fast
 def test_bus_messages_carry_the_gpu_time_and_older_senders_still_decode() -> None:
     import json as _json
 
@@ -312,6 +324,7 @@ def test_bus_messages_carry_the_gpu_time_and_older_senders_still_decode() -> Non
     assert message.decode_marker(head).t_gpu_ns is None
 
 
+@pytest.mark.fast
 def test_a_failing_gpu_keeps_host_time_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     class Broken(FakeCudaEvents):
         def elapsed_ns(self, start: object, end: object) -> float:
@@ -327,6 +340,7 @@ def test_a_failing_gpu_keeps_host_time_and_says_so(capsys: pytest.CaptureFixture
     assert capsys.readouterr().err.count("markers keep host time") == 1
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(("trace", "resolved"), [("torch-long", True), ("lightning", True),
                                                  ("torch-medium", False),
                                                  ("torch-short", False)])

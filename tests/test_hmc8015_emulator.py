@@ -16,6 +16,8 @@ from wattlab.errors import MeterError, MeterTimeoutError
 from wattlab.hardware.emulators.hmc8015_emulator import Hmc8015Emulator
 from wattlab.samples import SampleFlag
 
+pytestmark = pytest.mark.system
+
 
 def steady_w(t_ns: int) -> float:
     return 300.0

@@ -9,6 +9,8 @@ from wattlab.drivers.hmc8015 import parse_log_csv, parse_time_of_day
 from wattlab.errors import MeterProtocolError
 from wattlab.samples import SampleFlag
 
+pytestmark = pytest.mark.fast
+
 
 def test_time_of_day() -> None:
     assert parse_time_of_day("00:00:00.000") == 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 import wattlab
 from tests.conftest import running
@@ -14,6 +15,7 @@ from wattlab.drivers.scpi import ScpiTransport
 from wattlab.hardware.emulators.hmc8015_emulator import Hmc8015Emulator
 
 
+@pytest.mark.system
 def test_on_device_log_imports_into_a_run_file(tmp_path, capsys):
     with running(Hmc8015Emulator(lambda t: 300.0)) as emu:
         meter = Hmc8015(ScpiTransport(emu.resource))
@@ -42,6 +44,7 @@ def test_on_device_log_imports_into_a_run_file(tmp_path, capsys):
         assert abs(view.time_raw[0] / 1e9 - time.time()) < 3600 * 24
 
 
+@pytest.mark.fast
 def test_a_broken_log_is_refused_with_its_line(tmp_path, capsys):
     bad = tmp_path / "bad.csv"
     bad.write_text("#Device;HMC8015\nTime;P[W]\n12:00:00.000;12.5\nnot a time;1\n")

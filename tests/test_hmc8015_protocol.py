@@ -9,6 +9,8 @@ from wattlab.errors import MeterError, MeterProtocolError, UsageError
 from wattlab.samples import SampleFlag
 from wattlab.testing import Reply, ScriptedTextTransport, expected_scpi
 
+pytestmark = pytest.mark.fast
+
 IDN = "Rohde&Schwarz,HMC8015,021234567,01.400"
 NO_ERROR = '0,"No error"'
 

@@ -34,6 +34,7 @@ def square() -> CalibrationRecord:
     return record_of("square-1hz")
 
 
+@pytest.mark.system
 def test_a_square_wave_at_the_kernels_width_is_not_identifiable(square):
     verdict = square.verdict
     assert verdict.identifiable is False
@@ -46,12 +47,14 @@ def test_a_square_wave_at_the_kernels_width_is_not_identifiable(square):
     assert math.isnan(square.profiles.effective_delay_range[1] or math.nan)
 
 
+@pytest.mark.system
 def test_steps_one_second_apart_are_not_identifiable_either():
     lightning = record_of("lightning")  # loader-bound: a step every 1.00 s (IQR 0.93-1.07)
     assert lightning.verdict.identifiable is False
     assert lightning.verdict.warnings
 
 
+@pytest.mark.system
 def test_steps_at_random_intervals_pin_the_h100_boxcar():
     rec = record_of("torch-long")  # steps 0.3-0.5 s apart at random, eval passes
     assert rec.verdict.identifiable is True, rec.verdict.warnings
@@ -68,6 +71,7 @@ def test_steps_at_random_intervals_pin_the_h100_boxcar():
     assert rec.update_period_s == pytest.approx(0.100, abs=0.005)  # from 90 ms polls
 
 
+@pytest.mark.system
 def test_energy_refuses_a_calibration_that_cannot_know(tmp_path, square):
     path = tmp_path / "square.json"
     path.write_text(json.dumps(square.to_json()))
@@ -85,6 +89,7 @@ def test_energy_refuses_a_calibration_that_cannot_know(tmp_path, square):
     assert forced.returncode == 0, forced.stderr
 
 
+@pytest.mark.system
 def test_calibrate_says_so_in_text_and_marks_the_stored_record(tmp_path):
     run = tmp_path / "run.h5"
     shutil.copy(TRACES / "h100_square-1hz.h5", run)
@@ -104,6 +109,7 @@ def profile(low: float, high: float, connected: bool = True) -> Profile:
     return Profile(low, high, connected)
 
 
+@pytest.mark.fast
 def test_judge_names_each_reason():
     good = judge(profile(0.99, 1.01), profile(0.49, 0.51), width_scale_s=1.0, r2=0.999,
                  gain=1.0, gain_se=0.005, repeat_hz=math.nan, repeat_share=0.0)
@@ -118,6 +124,7 @@ def test_judge_names_each_reason():
     assert "repeats every 1.00 s" in bad.advice
 
 
+@pytest.mark.fast
 def test_effective_points_shrink_with_autocorrelation():
     rng = np.random.default_rng(0)
     white = rng.normal(size=2000)
@@ -126,6 +133,7 @@ def test_effective_points_shrink_with_autocorrelation():
     assert effective_points(smooth) < 400
 
 
+@pytest.mark.system
 def test_calibration_reports_the_energy_error_by_phase_length_and_the_report_shows_it():
     from wattlab.analysis.report.html_report import calibration_caveats
 

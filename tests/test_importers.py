@@ -15,6 +15,8 @@ from wattlab.cli import main
 from wattlab.errors import RunFileError, UsageError
 from wattlab.importers.power_logs import import_files
 
+pytestmark = pytest.mark.fast
+
 
 def test_nvml_npz_capture_imports_every_view_and_the_load_markers(tmp_path):
     out = tmp_path / "h100.h5"

@@ -52,6 +52,7 @@ def need(module: str) -> None:
 # ----------------------------------------------------------------------------- emitter
 
 
+@pytest.mark.fast
 def test_emitter_balances_and_thins_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     rec = Recorder()
     em = PhaseEmitter(every_n_steps=2, mark=rec, framework="x")
@@ -72,6 +73,7 @@ def test_emitter_balances_and_thins_steps(monkeypatch: pytest.MonkeyPatch) -> No
         PhaseEmitter()
 
 
+@pytest.mark.fast
 def test_end_closes_inner_phases_left_open() -> None:
     rec = Recorder()
     em = PhaseEmitter(mark=rec)
@@ -85,6 +87,7 @@ def test_end_closes_inner_phases_left_open() -> None:
 # ----------------------------------------------------------------------------- plain torch
 
 
+@pytest.mark.fast
 def test_loop_wrappers_mark_each_body() -> None:
     from wattlab.integrations.torch_helper import epochs, steps, validation
 
@@ -102,6 +105,7 @@ def test_loop_wrappers_mark_each_body() -> None:
     assert rec.balanced()
 
 
+@pytest.mark.system
 def test_optimizer_step_hook_with_real_torch() -> None:
     need("torch")
     import torch
@@ -129,6 +133,7 @@ def test_optimizer_step_hook_with_real_torch() -> None:
 # ----------------------------------------------------------------------------- frameworks
 
 
+@pytest.mark.system
 @third_party_noise
 def test_lightning_callback_marks_fit(tmp_path: Path) -> None:
     need("lightning")
@@ -168,6 +173,7 @@ def test_lightning_callback_marks_fit(tmp_path: Path) -> None:
     assert [p["epoch"] for n, k, p in rec.marks if n == "epoch" and k == "begin"] == [0, 1]
 
 
+@pytest.mark.system
 @third_party_noise
 def test_keras_callback_marks_fit_and_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     need("keras")
@@ -196,6 +202,7 @@ def test_keras_callback_marks_fit_and_validation(monkeypatch: pytest.MonkeyPatch
     assert rec.balanced()
 
 
+@pytest.mark.system
 @third_party_noise
 def test_huggingface_callback_marks_training(tmp_path: Path) -> None:
     need("transformers")
@@ -238,6 +245,7 @@ def test_huggingface_callback_marks_training(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- auto-markers
 
 
+@pytest.mark.fast
 def test_auto_marker_env_prepends_the_site_folder() -> None:
     env = auto_marker_env({"PYTHONPATH": "/a"})
     assert env == {"PYTHONPATH": SITE_DIR + os.pathsep + "/a", AUTO_ENV: "1"}
@@ -253,6 +261,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.system
 def test_sitecustomize_installs_hooks_in_an_unmodified_program(tmp_path: Path) -> None:
     """A child Python with the env additions only; also a user's sitecustomize still runs."""
     user_site = tmp_path / "usersite"
@@ -271,6 +280,7 @@ def test_sitecustomize_installs_hooks_in_an_unmodified_program(tmp_path: Path) -
     assert "auto-markers" not in result.stderr
 
 
+@pytest.mark.system
 @third_party_noise
 def test_patches_add_callbacks_once(tmp_path: Path) -> None:
     """The patches the import hook applies, on subclasses so nothing global changes."""
@@ -294,6 +304,7 @@ def test_patches_add_callbacks_once(tmp_path: Path) -> None:
     assert [c for c in callbacks if type(c).__name__ == "WattlabLightningCallback"] == [mine]
 
 
+@pytest.mark.system
 def test_record_with_auto_markers_marks_plain_torch(tmp_path: Path) -> None:
     """End to end: a real session records the optimizer steps of an unmodified script."""
     need("torch")

@@ -13,6 +13,8 @@ from wattlab.analysis.iterations.iteration_stream import DetectedIteration, Iter
 from wattlab.analysis.iterations.power_segments import segment
 from wattlab.hardware.training_schedule import TrainingLoop, simulated_training
 
+pytestmark = pytest.mark.fast
+
 
 def feed(stream: IterationStream, t, p, seconds: float) -> list[DetectedIteration]:
     """Push ``seconds`` of samples at a time, then finish."""

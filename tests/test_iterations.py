@@ -18,6 +18,8 @@ from wattlab.runfile.reader import MarkerRow
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Marker, SourceDescriptor
 
+pytestmark = pytest.mark.fast
+
 
 def periodic(period_s=0.37, rate=1000.0, duration=20.0, noise=30.0, seed=1):
     rng = np.random.default_rng(seed)

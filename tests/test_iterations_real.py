@@ -34,6 +34,7 @@ def training_window(run):
     return begins[0] / 1e9 - 0.3 * period_s, ends[-1] / 1e9 + 0.1
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", RESOLVED)
 def test_power_alone_finds_the_marked_steps(name):
     with wattlab.open(str(data_file(f"traces/{name}.h5"))) as run:
@@ -54,6 +55,7 @@ def test_power_alone_finds_the_marked_steps(name):
     assert auto.count == truth.count
 
 
+@pytest.mark.fast
 def test_online_pushes_agree_with_the_offline_pass():
     with wattlab.open(str(data_file("traces/h100_torch-long.h5"))) as run:
         a, b = training_window(run)
@@ -69,6 +71,7 @@ def test_online_pushes_agree_with_the_offline_pass():
                                                         rel=0.01)
 
 
+@pytest.mark.fast
 def test_steps_shorter_than_the_samples_are_not_resolved():
     """4.6 ms steps at 50 Hz: the power alone says it cannot, markers + counter can."""
     with wattlab.open(str(data_file("traces/h100_torch-short.h5"))) as run:
@@ -91,6 +94,7 @@ def test_steps_shorter_than_the_samples_are_not_resolved():
     assert 0 < auto.energy_per_iteration_se_j < auto.energy_per_iteration_j
 
 
+@pytest.mark.fast
 def test_square_wave_cycles_are_iterations():
     path = str(data_file("traces/h100_square-1hz.h5"))
     with wattlab.open(path) as run:
@@ -100,6 +104,7 @@ def test_square_wave_cycles_are_iterations():
     assert power.count == 30 and power.period_s == pytest.approx(1.0, rel=0.01)
 
 
+@pytest.mark.fast
 def test_cli_json_and_text_name_the_method(capsys):
     path = str(data_file("traces/h100_lightning.h5"))
     assert main(["iterations", path, "--source", SRC, "--markers", "none", "--json"]) == 0
@@ -115,6 +120,7 @@ def test_cli_json_and_text_name_the_method(capsys):
     assert "no 3+ begin or point markers named 'nosuch'" in capsys.readouterr().err
 
 
+@pytest.mark.bench
 def test_the_benchmark_runs_and_meets_the_goal(tmp_path):
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run([sys.executable, str(root / "bench" / "iterations_real.py"),

@@ -30,6 +30,8 @@ from wattlab.layers.kernel_trace import (
     template,
 )
 
+pytestmark = pytest.mark.fast
+
 MAIN, AUTOGRAD = 10, 11
 
 

@@ -30,6 +30,7 @@ def train(model: torch.nn.Module, steps: int) -> None:
         opt.zero_grad()
 
 
+@pytest.mark.fast
 def test_phases_per_layer_on_every_nth_step() -> None:
     seen: list[tuple[str, str, dict[str, object]]] = []
     clock = iter(range(10**9))
@@ -70,6 +71,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.system
 def test_record_auto_markers_layers(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(CHILD)

@@ -20,6 +20,8 @@ from wattlab.layers.in_step import BETWEEN, split_steps, summarise  # noqa: E402
 from wattlab.layers.plan_hooks import traced_step  # noqa: E402
 from wattlab.layers.sim_backend import HOST_S, SimBackend  # noqa: E402
 
+pytestmark = pytest.mark.fast
+
 
 class Block(nn.Module):
     """A residual block as torchvision's: the residual added in place to a BN's output."""

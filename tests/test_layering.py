@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parent.parent / "src" / "wattlab"
 # modules that exist only to run the simulated GPU: they may import it when imported
 SIMULATOR_ONLY = {"acquisition/markers/simulated_phases.py", "layers/sim_backend.py"}
@@ -44,6 +46,7 @@ def simulator_imports_at_import_time(rel: str, source: str) -> list[str]:
             if any(name.startswith("wattlab.hardware") for name in imported_names(n))]
 
 
+@pytest.mark.system
 def test_runtime_modules_import_no_simulator_when_imported() -> None:
     offenders = []
     for path in sorted(SRC.rglob("*.py")):
@@ -55,6 +58,7 @@ def test_runtime_modules_import_no_simulator_when_imported() -> None:
                              f"inside the --simulate function instead): {offenders}")
 
 
+@pytest.mark.fast
 def test_the_check_sees_a_module_level_simulator_import() -> None:
     planted = ("from wattlab.hardware.simulated_gpu import SimulatedGpu\n"
                "def f():\n    from wattlab.hardware import fake_nvml\n")
@@ -86,12 +90,14 @@ def oversized(rel: str, source: str) -> list[str]:
     return found
 
 
+@pytest.mark.system
 def test_no_function_over_100_lines_and_no_class_over_300() -> None:
     found = [hit for path in sorted(SRC.rglob("*.py"))
              for hit in oversized(path.relative_to(SRC).as_posix(), path.read_text())]
     assert found == []
 
 
+@pytest.mark.fast
 def test_the_size_check_sees_a_long_function() -> None:
     def function(body_lines: int) -> str:
         return "def f():\n" + "".join(f"    x{i} = {i}\n" for i in range(body_lines))
@@ -100,6 +106,7 @@ def test_the_size_check_sees_a_long_function() -> None:
     assert oversized("m.py", function(99)) == []
 
 
+@pytest.mark.fast
 def test_no_package_folder_over_15_modules() -> None:
     crowded = {}
     for folder in [SRC, *(p for p in SRC.rglob("*") if p.is_dir())]:
@@ -140,6 +147,7 @@ def imports_past_a_surface(module: str, source: str, packages: set[str]) -> list
     return found
 
 
+@pytest.mark.system
 def test_other_packages_import_through_a_package_surface() -> None:
     packages = surface_packages()
     found = []
@@ -151,6 +159,7 @@ def test_other_packages_import_through_a_package_surface() -> None:
     assert found == []
 
 
+@pytest.mark.fast
 def test_the_surface_check_sees_an_import_past_it() -> None:
     source = "from wattlab.runfile.reader import Run\nfrom wattlab.runfile import Run\n"
     assert imports_past_a_surface("wattlab.analysis.x", source, {"wattlab.runfile"}) == [
@@ -163,6 +172,7 @@ def shadowed_modules(exported: set[str], modules: set[str]) -> set[str]:
     return exported & modules
 
 
+@pytest.mark.fast
 def test_no_surface_name_hides_a_module() -> None:
     found = {}
     for init in SRC.rglob("__init__.py"):

@@ -31,6 +31,7 @@ def wattlab(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 
 
+@pytest.mark.fast
 def test_small_cnn_macs_by_hand() -> None:
     count = count_layers(small_cnn(), (2, 3, 16, 16), train=True)
     conv1 = 2 * 8 * 16 * 16 * (3 * 3 * 3)  # out elements x (in channels x kernel)
@@ -50,6 +51,7 @@ def test_small_cnn_macs_by_hand() -> None:
     assert fwd["2"].work_flops == 2 * 8 * 16 * 16 and fwd["2"].flops == 0
 
 
+@pytest.mark.system
 def test_cli_counts_json_and_bad_input() -> None:
     out = wattlab("tests.layer_models:small_cnn", "--input", "1x3x16x16", "--json")
     assert out.returncode == 0, out.stderr
@@ -64,6 +66,7 @@ def test_cli_counts_json_and_bad_input() -> None:
     assert out.returncode == 2 and "nope" in out.stderr
 
 
+@pytest.mark.fast
 def test_torchvision_totals_within_3_percent() -> None:
     pytest.importorskip("torchvision", reason="torchvision is not importable beside this "
                         "torch build (see BENCHMARKS.md for the count in its own venv)")
@@ -79,6 +82,7 @@ def small_physics() -> LayerPhysics:
     return LayerPhysics(full.roofline, (1980, 1500, 1005, 510), (2619, 1593), switch_s=2e-5)
 
 
+@pytest.mark.fast
 def test_exhaustive_plan_is_the_brute_force_optimum() -> None:
     count = count_layers(tiny_mlp(), (512, 64))
     surface = study.surface_of(small_physics(), count.rows)
@@ -96,6 +100,7 @@ def test_exhaustive_plan_is_the_brute_force_optimum() -> None:
         assert plan.energy_j == pytest.approx(min(feasible), rel=1e-3)
 
 
+@pytest.mark.fast
 def test_simulated_measurement_matches_true_cost() -> None:
     physics = simulated_h100_physics()
     job = [("run", 4e9, 30e6), ("run", 1e6, 60e6)]
@@ -106,6 +111,7 @@ def test_simulated_measurement_matches_true_cost() -> None:
     assert m.window_s >= 1.0 * 0.98
 
 
+@pytest.mark.system
 def test_cli_measure_plan_store_report(tmp_path: Path) -> None:
     from tests.test_report import write_synthetic_run
     from wattlab.analysis.report.html_report import build_report

@@ -102,6 +102,7 @@ def real_record(tmp_path: Path) -> LayersRecord:
         physics, clocks, count, (0.0, 0.1), calls=call_sequence(model, count)))
 
 
+@pytest.mark.system
 def test_the_simulated_study_stores_the_dict_era_bytes(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]
                                                        ) -> None:
@@ -117,6 +118,7 @@ def test_the_simulated_study_stores_the_dict_era_bytes(tmp_path: Path,
     assert "executed on the simulated GPU: exhaustive 10%" in capsys.readouterr().out
 
 
+@pytest.mark.system
 def test_the_real_gpu_study_stores_the_dict_era_bytes(tmp_path: Path) -> None:
     want = fixture("real")
     run = empty_run(tmp_path / "new.h5")
@@ -127,6 +129,7 @@ def test_the_real_gpu_study_stores_the_dict_era_bytes(tmp_path: Path) -> None:
     assert stored(old) == want
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", ["simulated", "real"])
 def test_a_record_reads_back_equal_and_writes_the_same_bytes(name: str, tmp_path: Path) -> None:
     text = fixture(name)
@@ -138,6 +141,7 @@ def test_a_record_reads_back_equal_and_writes_the_same_bytes(name: str, tmp_path
     assert read_layers(run) == record and stored(run) == text
 
 
+@pytest.mark.fast
 def test_each_form_reads_as_its_class() -> None:
     simulated = LayersRecord.from_json(fixture("simulated"))
     assert all(isinstance(r.measured, GroupMeasured) for r in simulated.rows)
@@ -157,6 +161,7 @@ def test_each_form_reads_as_its_class() -> None:
                                                                                    224),)
 
 
+@pytest.mark.fast
 def test_a_record_of_counts_only_leaves_the_other_keys_out() -> None:
     count = count_layers(small_cnn(), (2, 3, 16, 16))
     record = study.count_record(count, simulated_h100_physics().roofline,
@@ -168,6 +173,7 @@ def test_a_record_of_counts_only_leaves_the_other_keys_out() -> None:
     assert LayersRecord.from_json(record.to_json()) == record
 
 
+@pytest.mark.fast
 def test_a_real_check_without_a_between_row_keeps_its_zeros() -> None:
     doc = json.loads(fixture("real"))
     check = doc["checks"]["training step"]
@@ -192,6 +198,7 @@ def spoil(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, A
     return out
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("path", "value", "said"), [
     (("model",), ..., "lacks model"),
     (("rows", 0, "calls"), "1", "rows[0].calls: expected int, got str"),
@@ -213,6 +220,7 @@ def test_a_bad_record_names_its_key(path: tuple[Any, ...], value: Any, said: str
     assert said in str(e.value)
 
 
+@pytest.mark.fast
 def test_a_bad_document_or_a_bad_stored_record_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RunFileError, match="not JSON"):
         LayersRecord.from_json("{")
@@ -224,6 +232,7 @@ def test_a_bad_document_or_a_bad_stored_record_is_refused(tmp_path: Path) -> Non
         read_layers(run)
 
 
+@pytest.mark.system
 def test_the_report_draws_a_real_gpu_record(tmp_path: Path) -> None:
     from wattlab.analysis.report.layers_view import layers_panel
 

@@ -39,6 +39,7 @@ def write_run(path: Path, finished: bool = True) -> None:
     writer.close({"session_end_monotonic_ns": T0 + 2 * S} if finished else None)
 
 
+@pytest.mark.fast
 def test_sparkline_scales_to_its_range() -> None:
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
     assert sparkline([5.0, 5.0]) == "▁▁"
@@ -46,6 +47,7 @@ def test_sparkline_scales_to_its_range() -> None:
     assert sparkline([]) == ""
 
 
+@pytest.mark.fast
 def test_follower_on_a_finished_file(tmp_path: Path) -> None:
     path = tmp_path / "run.h5"
     write_run(path)
@@ -61,6 +63,7 @@ def test_follower_on_a_finished_file(tmp_path: Path) -> None:
     assert statuses["gpu0.energy"].power_w is None
 
 
+@pytest.mark.fast
 def test_a_stale_handle_is_reopened_and_its_rows_read_then(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
@@ -84,6 +87,7 @@ def test_a_stale_handle_is_reopened_and_its_rows_read_then(tmp_path: Path,
     assert again["meter"].energy_j == pytest.approx(250.0 * 1.999)
 
 
+@pytest.mark.fast
 def test_follow_stops_on_event_and_waits_for_the_file(tmp_path: Path) -> None:
     path = tmp_path / "unfinished.h5"
     write_run(path, finished=False)
@@ -94,6 +98,7 @@ def test_follow_stops_on_event_and_waits_for_the_file(tmp_path: Path) -> None:
     assert main(["live", str(tmp_path / "never.h5"), "--wait", "0.2", "--interval", "0.05"]) == 2
 
 
+@pytest.mark.system
 def test_live_follows_a_real_recording(tmp_path: Path, spawn: Spawn) -> None:
     """A real recorder in another process; the panel ends when the file is closed."""
     path = tmp_path / "rec.h5"
@@ -118,6 +123,7 @@ def test_live_follows_a_real_recording(tmp_path: Path, spawn: Spawn) -> None:
                                                     rel=1e-6)
 
 
+@pytest.mark.fast
 def test_cli_live_is_quiet_when_not_a_terminal(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "run.h5"
@@ -129,6 +135,7 @@ def test_cli_live_is_quiet_when_not_a_terminal(tmp_path: Path,
     assert "meter" in out and "499.8" in out
 
 
+@pytest.mark.fast
 def test_live_panel_draws_in_a_thread_and_stops(tmp_path: Path) -> None:
     path = tmp_path / "run.h5"
     buffer = io.StringIO()
@@ -146,6 +153,7 @@ def test_live_panel_draws_in_a_thread_and_stops(tmp_path: Path) -> None:
         assert not any(t.name == "wattlab-live" for t in threading.enumerate())
 
 
+@pytest.mark.system
 def test_live_on_a_file_whose_recorder_is_gone_says_so_instead_of_waiting(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A recorder that died without closing its file: no more rows will come."""

@@ -44,6 +44,7 @@ def report_of(path: Path, by_marker: bool = False) -> dict:
         return energy_report(run, by_marker=by_marker)
 
 
+@pytest.mark.system
 def test_folders_expand_to_their_run_files_at_any_depth(runs):
     assert expand_runs([str(runs)]) == [str(runs / "nested" / "copy.h5"),
                                         str(runs / "seed1.h5"), str(runs / "seed2.h5")]
@@ -56,6 +57,7 @@ def test_folders_expand_to_their_run_files_at_any_depth(runs):
         expand_runs([str(empty)])
 
 
+@pytest.mark.system
 def test_energy_of_a_folder_in_two_processes_matches_each_file_alone(runs, capsys):
     assert main(["energy", str(runs), "--jobs", "2", "--json"]) == 0
     reports = json.loads(capsys.readouterr().out)
@@ -70,6 +72,7 @@ def test_energy_of_a_folder_in_two_processes_matches_each_file_alone(runs, capsy
     assert f"== {runs / 'seed1.h5'}" in text and f"== {runs / 'seed2.h5'}" in text
 
 
+@pytest.mark.fast
 def test_reports_encoded_in_the_workers_join_into_the_list_json_writes() -> None:
     # `energy FOLDER --json` prints the list its workers encoded item by item: it must be
     # the text json.dumps(list, indent=2) gives, nested containers and all
@@ -79,6 +82,7 @@ def test_reports_encoded_in_the_workers_join_into_the_list_json_writes() -> None
         assert json_list(items) == json.dumps([results[k] for k in chosen], indent=2)
 
 
+@pytest.mark.system
 def test_a_bad_file_among_many_is_named_and_the_others_still_analysed(runs, tmp_path, capsys):
     bad = tmp_path / "broken.h5"
     bad.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
@@ -89,6 +93,7 @@ def test_a_bad_file_among_many_is_named_and_the_others_still_analysed(runs, tmp_
     assert f"{runs / 'seed1.h5'}: wattlab run format" in captured.out
 
 
+@pytest.mark.system
 def test_map_runs_gives_results_in_input_order_whatever_the_jobs(runs):
     paths = expand_runs([str(runs)]) * 3
     for jobs in (1, 2):
@@ -98,6 +103,7 @@ def test_map_runs_gives_results_in_input_order_whatever_the_jobs(runs):
         list(map_runs(str.upper, paths, 0))
 
 
+@pytest.mark.system
 def test_export_csv_and_parquet_hold_one_row_per_run_stream_and_phase(runs, tmp_path):
     pd = pytest.importorskip("pandas")
     paths = expand_runs([str(runs)])
@@ -124,6 +130,7 @@ def test_export_csv_and_parquet_hold_one_row_per_run_stream_and_phase(runs, tmp_
                       ["energy_j"].tolist())
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("reader", ["polars", "duckdb"])
 def test_polars_and_duckdb_read_the_exports_directly(runs, tmp_path, reader):
     module = pytest.importorskip(reader, reason=f"{reader} is not installed")
@@ -141,6 +148,7 @@ def test_polars_and_duckdb_read_the_exports_directly(runs, tmp_path, reader):
         assert total == pytest.approx(truth)
 
 
+@pytest.mark.system
 def test_export_refuses_to_overwrite_and_needs_a_format(runs, tmp_path, capsys):
     out = tmp_path / "t.csv"
     out.write_text("keep me")
@@ -151,6 +159,7 @@ def test_export_refuses_to_overwrite_and_needs_a_format(runs, tmp_path, capsys):
     assert "--format csv or --format parquet" in capsys.readouterr().err
 
 
+@pytest.mark.system
 def test_fit_reads_several_tables_in_parallel_as_one(capsys):
     files = [PROFILES / "A40+resnet18+gpu0.csv", PROFILES / "A40+resnet50+gpu0.csv"]
     assert main(["fit", *map(str, files), "--jobs", "2", "--json"]) == 0

@@ -45,6 +45,7 @@ def rows(readings: list[Reading]) -> np.ndarray:
     return np.vstack([r.values for r in readings if isinstance(r, Chunk)])
 
 
+@pytest.mark.system
 def test_every_update_once_values_energy_and_restore(emu: Mcp39f511Emulator) -> None:
     acq = Mcp39f511Acquirer(emu.path)
     (desc,) = acq.open()
@@ -72,6 +73,7 @@ def test_every_update_once_values_energy_and_restore(emu: Mcp39f511Emulator) -> 
     assert emu.register(0xA8, "<H") == 4 and emu.register(0xA0, "<I") == 0  # as found
 
 
+@pytest.mark.system
 def test_faults_are_retried(emu: Mcp39f511Emulator) -> None:
     """NAK and a bad checksum cost a retry; a reply cut short costs the read timeout too."""
     acq = Mcp39f511Acquirer(emu.path)
@@ -85,6 +87,7 @@ def test_faults_are_retried(emu: Mcp39f511Emulator) -> None:
     acq.close()
 
 
+@pytest.mark.system
 def test_a_stall_loses_updates_but_not_energy(emu: Mcp39f511Emulator) -> None:
     acq = Mcp39f511Acquirer(emu.path)
     (desc,) = acq.open()
@@ -106,6 +109,7 @@ def test_a_stall_loses_updates_but_not_energy(emu: Mcp39f511Emulator) -> None:
     assert bridged > 0.4 * 225.0  # far more than the one update the power channels kept
 
 
+@pytest.mark.system
 def test_sixty_hertz_mains_updates_every_two_cycles() -> None:
     with running(Mcp39f511Emulator(lambda t: 150.0, line_hz=60.0)) as emu:
         acq = Mcp39f511Acquirer(emu.path)
@@ -116,6 +120,7 @@ def test_sixty_hertz_mains_updates_every_two_cycles() -> None:
     assert len(values) >= 17
 
 
+@pytest.mark.system
 def test_devices_recognises_the_board(emu: Mcp39f511Emulator, capsys: pytest.CaptureFixture[str]
                                       ) -> None:
     assert main(["devices", "--probe", emu.path, "--json"]) == 0
@@ -125,6 +130,7 @@ def test_devices_recognises_the_board(emu: Mcp39f511Emulator, capsys: pytest.Cap
     assert found[0]["meter_spec"] == f"mcp39f511:{emu.path}"
 
 
+@pytest.mark.system
 def test_record_with_meter_flag_and_energy_from_the_counters(emu: Mcp39f511Emulator,
                                                              tmp_path) -> None:
     out = tmp_path / "mcp.h5"
@@ -140,6 +146,7 @@ def test_record_with_meter_flag_and_energy_from_the_counters(emu: Mcp39f511Emula
     assert counter == pytest.approx(run_rows["power1_w"]["energy_j"], rel=0.1)
 
 
+@pytest.mark.system
 def test_bench_file_with_rails(emu: Mcp39f511Emulator, tmp_path) -> None:
     bench = tmp_path / "bench.toml"
     bench.write_text(f'[[device]]\nkind = "mcp39f511"\nport = "{emu.path}"\n'
@@ -153,6 +160,7 @@ def test_bench_file_with_rails(emu: Mcp39f511Emulator, tmp_path) -> None:
         assert "power2_w" in view.channel_names  # the outlet not named keeps its name
 
 
+@pytest.mark.fast
 def test_bench_file_errors_name_the_key(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     bench = tmp_path / "bad.toml"
     bench.write_text('[[device]]\nkind = "mcp39f511"\nport = "/dev/x"\naccumulation_n = 12\n')
@@ -161,6 +169,7 @@ def test_bench_file_errors_name_the_key(tmp_path, capsys: pytest.CaptureFixture[
     assert "bad.toml:4" in err and "accumulation_n must be a whole number from 0 to 8" in err
 
 
+@pytest.mark.system
 def test_emulate_serves_the_board_until_ctrl_c() -> None:
     with emulator_cli([sys.executable, "-m", "wattlab.cli", "emulate", "mcp39f511"]) as (
             proc, line):

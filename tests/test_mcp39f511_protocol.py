@@ -13,6 +13,8 @@ from wattlab.drivers.mcp39f511 import Mcp39f511, read_frame, write_frame
 from wattlab.errors import MeterProtocolError, MeterTimeoutError, UsageError
 from wattlab.testing import ExpectedProtocol, expected_protocol
 
+pytestmark = pytest.mark.fast
+
 PORT = "/dev/ttyACM0"
 READ_ACTIVE_POWER = bytes.fromhex("A5 08 41 00 16 4E 08 5A")  # PROTOCOLS.md §6, by hand
 ACTIVE_POWER_REPLY = bytes.fromhex("06 0B C0 5D 00 00 D2 04 00 00 04")  # 240.00 W, 12.34 W

@@ -83,11 +83,13 @@ def install_toy(site: Path) -> None:
                             for m in modules})
 
 
+@pytest.mark.fast
 def test_the_toy_driver_in_three_lines() -> None:
     with expected_protocol(ToyMeter, [(b"READ?\n", b"7,12.000,1.5000\n")]) as toy:
         assert toy.read() == ToySample(count=7, voltage_v=12.0, current_a=1.5)
 
 
+@pytest.mark.fast
 def test_the_toy_driver_names_its_port_when_another_meter_answers() -> None:
     with (
         expected_protocol(ToyMeter, [(b"*IDN?\n", b"PMD-USB\n")], name="/dev/ttyUSB3") as toy,
@@ -128,6 +130,7 @@ def toy_port(toy_site: Path) -> Iterator[str]:
         assert ctrl_c(proc, 20) == 0
 
 
+@pytest.mark.system
 def test_devices_recognises_the_toy_meter(toy_site: Path, toy_port: str, tmp_path: Path
                                           ) -> None:
     done = wattlab_cli(["devices", "--probe", toy_port, "--json"], toy_site, tmp_path)
@@ -137,6 +140,7 @@ def test_devices_recognises_the_toy_meter(toy_site: Path, toy_port: str, tmp_pat
         "toy", "TOY,METER,0001,1.0", f"toy:{toy_port}")
 
 
+@pytest.mark.system
 def test_a_bench_file_names_the_toy_meter(toy_site: Path, toy_port: str, tmp_path: Path
                                           ) -> None:
     bench = tmp_path / "bench.toml"
@@ -152,6 +156,7 @@ def test_a_bench_file_names_the_toy_meter(toy_site: Path, toy_port: str, tmp_pat
     assert done.returncode == 2 and "bad.toml:4" in done.stderr  # the registration's check
 
 
+@pytest.mark.system
 def test_record_writes_the_toy_meter_stream(toy_site: Path, toy_port: str, tmp_path: Path
                                             ) -> None:
     out = tmp_path / "run.h5"
@@ -172,6 +177,7 @@ def test_record_writes_the_toy_meter_stream(toy_site: Path, toy_port: str, tmp_p
     assert np.all((values[:, 2] > 0) & (values[:, 2] < 2000))  # a simulated GPU's power
 
 
+@pytest.mark.system
 def test_a_plugin_that_fails_to_import_is_named_and_left_out(tmp_path: Path) -> None:
     site = tmp_path / "site"
     install_toy(site)
@@ -193,6 +199,7 @@ def test_a_plugin_that_fails_to_import_is_named_and_left_out(tmp_path: Path) -> 
     assert isinstance(json.loads(found.stdout), list)
 
 
+@pytest.mark.system
 def test_a_plugin_taking_a_name_already_taken_is_left_out_whole(tmp_path: Path) -> None:
     module = ('from wattlab.acquisition.acquirers.meter_registry import MeterKind, register\n'
               'from wattlab.acquisition.acquirers.pmd_acquirer import KIND\n'

@@ -10,6 +10,8 @@ from wattlab.acquisition.meters.discovery import PROBE_KINDS, USB_CANDIDATES
 from wattlab.acquisition.meters.meter_specs import ALIASES, METER_KINDS, parse_meter_spec
 from wattlab.commands.emulate import emulated_kinds
 
+pytestmark = pytest.mark.fast
+
 SIMULATED_IN_PROCESS = {"amd"}  # a GPU library: faked inside the process (--simulate)
 
 

@@ -18,6 +18,7 @@ from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulato
 from wattlab.hardware.emulators.wt300e_emulator import Wt300eEmulator
 
 
+@pytest.mark.fast
 def test_meter_specs_parse_with_ids_aliases_and_visa_colons():
     spec = parse_meter_spec("wall=wt310e:TCPIP::127.0.0.1::5025::SOCKET")
     assert (spec.source_id, spec.kind, spec.address) == (
@@ -26,6 +27,7 @@ def test_meter_specs_parse_with_ids_aliases_and_visa_colons():
     assert parse_meter_spec("riser=powersensor3:/dev/ttyACM1").kind == "powersensor3"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("text", "message"),
     [("powersensor3", r"expected \[ID=\]KIND:ADDRESS"), ("geiger:/dev/x", "unknown meter kind"),
@@ -36,11 +38,13 @@ def test_bad_meter_specs_are_usage_errors(text, message):
         parse_meter_spec(text)
 
 
+@pytest.mark.fast
 def test_duplicate_stream_ids_are_refused():
     with pytest.raises(UsageError, match="used twice"):
         meter_acquirers(["ps3:/dev/a", "ps3:/dev/b"])
 
 
+@pytest.mark.system
 def test_record_with_emulated_meters_keeps_every_stream(tmp_path):
     out = tmp_path / "bench.h5"
     with running(PowerSensor3Emulator(lambda t: 300.0)) as ps3, \
@@ -73,6 +77,7 @@ def unplug_once_streaming(ps3: PowerSensor3Emulator, done: threading.Event) -> t
     return thread
 
 
+@pytest.mark.system
 def test_meter_unplugged_mid_run_leaves_a_gap_and_the_rest_records(tmp_path, capsys):
     out = tmp_path / "unplugged.h5"
     done = threading.Event()
@@ -111,6 +116,7 @@ def no_nvidia_driver(monkeypatch):
     monkeypatch.setattr(pynvml, "nvmlInit", missing)
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("mode", [[], ["--source-processes"]])
 def test_meters_record_without_a_gpu_driver_by_default(tmp_path, capsys, no_nvidia_driver,
                                                        mode):
@@ -127,6 +133,7 @@ def test_meters_record_without_a_gpu_driver_by_default(tmp_path, capsys, no_nvid
         assert abs(np.mean(run.source("ps3").channel("power_total_w")) - 120.0) < 5.0
 
 
+@pytest.mark.fast
 def test_gpus_named_or_nothing_else_still_need_the_driver(tmp_path, capsys, no_nvidia_driver):
     with running(PowerSensor3Emulator(lambda t: 120.0)) as ps3:
         assert main(["record", "--nvml", "0", "--meter", f"ps3:{ps3.path}", "--duration", "1",
@@ -137,6 +144,7 @@ def test_gpus_named_or_nothing_else_still_need_the_driver(tmp_path, capsys, no_n
     assert not (tmp_path / "a.h5").exists() and not (tmp_path / "b.h5").exists()
 
 
+@pytest.mark.system
 def test_wrong_port_is_a_clear_error_naming_it(tmp_path, capsys):
     code = main(["record", "--simulate", "--duration", "1", "-o", str(tmp_path / "x.h5"),
                  "--meter", "ps3:/dev/no-such-port"])
@@ -144,6 +152,7 @@ def test_wrong_port_is_a_clear_error_naming_it(tmp_path, capsys):
     assert "/dev/no-such-port" in capsys.readouterr().err
 
 
+@pytest.mark.system
 def test_emulate_prints_a_port_that_a_driver_can_open_and_stops_on_ctrl_c():
     from wattlab.drivers.powersensor3 import PowerSensor3
     from wattlab.drivers.transport import SerialTransport
@@ -160,11 +169,13 @@ def test_emulate_prints_a_port_that_a_driver_can_open_and_stops_on_ctrl_c():
         assert ctrl_c(proc, 20) == 0
 
 
+@pytest.mark.fast
 def test_emulate_unknown_instrument_is_a_usage_error(capsys):
     assert main(["emulate", "tricorder"]) == 2
     assert "tricorder" in capsys.readouterr().err
 
 
+@pytest.mark.system
 def test_emulated_analyser_serves_visa(tmp_path):
     from wattlab.drivers.scpi import ScpiTransport
 

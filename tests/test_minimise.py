@@ -10,6 +10,8 @@ from scipy.optimize import minimize, minimize_scalar
 
 from wattlab.analysis.calibration.minimise import golden_section, nelder_mead
 
+pytestmark = pytest.mark.fast
+
 
 def _rosenbrock(p: np.ndarray) -> float:
     return float(100 * (p[1] - p[0] ** 2) ** 2 + (1 - p[0]) ** 2)

@@ -39,6 +39,7 @@ def synthetic(workloads: int = 4, noise: float = 0.0, seed: int = 0) -> SweepTab
                       features={"demand": np.array([180.0 + 30 * int(n[1:]) for n in names])})
 
 
+@pytest.mark.fast
 def test_curve_families_fit_what_they_should() -> None:
     x = np.array([100.0, 150.0, 200.0, 250.0, 300.0, 350.0])
     y = 3.0 + 600.0 / x
@@ -56,6 +57,7 @@ def test_curve_families_fit_what_they_should() -> None:
     assert np.all(np.diff(iso(x)) <= 0)
 
 
+@pytest.mark.fast
 def test_loo_holds_out_each_row() -> None:
     t = synthetic(workloads=3)
     preds = loo_predictions(t, ("linear", "pchip"))
@@ -65,6 +67,7 @@ def test_loo_holds_out_each_row() -> None:
     assert np.all(np.isfinite(preds["pchip"].time_s))
 
 
+@pytest.mark.system
 def test_choice_is_the_best_loo_family_and_interval_brackets() -> None:
     t = synthetic(workloads=4, noise=0.01)
     report = fit_sweep(t, "energy", None, max_boost_holdout=12, boost=FAST_BOOST)
@@ -82,6 +85,7 @@ def test_choice_is_the_best_loo_family_and_interval_brackets() -> None:
     assert as_json["chosen_family"] == report.chosen
 
 
+@pytest.mark.fast
 def test_slowdown_bound_is_respected() -> None:
     t = synthetic(workloads=2)
     for bound in (0.0, 0.05, 0.5):
@@ -91,6 +95,7 @@ def test_slowdown_bound_is_respected() -> None:
     assert zero.predicted_saving >= 0.0
 
 
+@pytest.mark.fast
 def test_bad_input() -> None:
     t = synthetic(workloads=1)
     with pytest.raises(UsageError, match="objective"):
@@ -104,6 +109,7 @@ def test_bad_input() -> None:
         fit_sweep(tiny)
 
 
+@pytest.mark.system
 def test_zeus_a40_resnet50_profile_picks_175_w(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(PROFILE / "A40+resnet50+gpu0.csv")
     report = fit_sweep(load_table(path), "energy", None)
@@ -132,6 +138,7 @@ def measured_argmin(t: SweepTable, edp: bool = False) -> dict[str, float]:
     return best
 
 
+@pytest.mark.fast
 def test_kernel_tuner_a100_optima() -> None:
     t = load_table(str(KT_A100))
     energy, edp = fit_sweep(t, "energy"), fit_sweep(t, "edp")
@@ -144,6 +151,7 @@ def test_kernel_tuner_a100_optima() -> None:
     assert scores[energy.chosen] == min(scores.values()) < scores["linear"]
 
 
+@pytest.mark.system
 def test_zeus_a40_trace_optimum_is_often_not_the_lowest_limit() -> None:
     t = load_table(str(TRACE / "summary_power_a40.csv"))
     best = measured_argmin(t)
@@ -156,6 +164,7 @@ def test_zeus_a40_trace_optimum_is_often_not_the_lowest_limit() -> None:
     assert {r.workload: r.measured_best_x for r in report.recommendations} == best
 
 
+@pytest.mark.system
 def test_zeus_a40_trace_boosted_trees_chosen_by_loo_pick_the_measured_optimum() -> None:
     # issue 7 on A40. The old fixed 60 trees pooled the workloads' curves into one shape
     # (minimum at 175 W nearly everywhere): the LOO-chosen count is larger, and its picks
@@ -168,6 +177,7 @@ def test_zeus_a40_trace_boosted_trees_chosen_by_loo_pick_the_measured_optimum() 
     assert len({r.recommended_x for r in report.recommendations}) >= 4
 
 
+@pytest.mark.system
 def test_zeus_v100_trace_lowest_limit_is_the_usual_optimum() -> None:
     t = load_table(str(TRACE / "summary_power_v100.csv"))
     # (the spline family's GCV costs ~8 ms a fit: left out here to keep the suite fast)
@@ -180,6 +190,7 @@ def test_zeus_v100_trace_lowest_limit_is_the_usual_optimum() -> None:
     assert report.agreement >= 0.5
 
 
+@pytest.mark.system
 def test_powersensor3_energy_vs_clock() -> None:
     t = load_table(str(PS3))
     fastest = [w for w, _ in sorted({w: t.runtime_s[i] for i, w in enumerate(t.workload)}

@@ -21,6 +21,7 @@ def curves(noise: float, seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndar
     return features, group, y + noise * rng.standard_normal(y.shape[0])
 
 
+@pytest.mark.fast
 def test_batched_loo_is_refitting_without_the_row() -> None:
     x, group, y = curves(noise=0.02)
     model = BoostedCurves(n_trees=12, depth=3)
@@ -34,6 +35,7 @@ def test_batched_loo_is_refitting_without_the_row() -> None:
                                                    abs=1e-12)
 
 
+@pytest.mark.fast
 def test_tree_count_is_chosen_by_held_out_error() -> None:
     x, group, y = curves(noise=0.01)
     held = np.arange(y.shape[0])
@@ -45,6 +47,7 @@ def test_tree_count_is_chosen_by_held_out_error() -> None:
     assert count <= 10  # noise around each workload's level: trees only fit noise
 
 
+@pytest.mark.fast
 def test_unseen_workload_gets_the_mean_level() -> None:
     x, group, y = curves(noise=0.0)
     model = BoostedCurves(n_trees=20).fit(x[group < 7], group[group < 7], y[group < 7])
@@ -53,6 +56,7 @@ def test_unseen_workload_gets_the_mean_level() -> None:
     assert np.allclose(unseen - seen, model.base - model.offset[0])
 
 
+@pytest.mark.fast
 def test_boosted_is_cross_validated_on_every_row_with_its_tree_counts() -> None:
     t = synthetic(workloads=4, noise=0.01)
     report = fit_sweep(t, "energy", None, families=("pchip", "boosted"),
@@ -63,6 +67,7 @@ def test_boosted_is_cross_validated_on_every_row_with_its_tree_counts() -> None:
     assert report.to_json()["families"][1]["trees"] == boosted.trees
 
 
+@pytest.mark.system
 def test_unseen_workload_pick_ignores_the_workloads_own_runs() -> None:
     t = synthetic(workloads=5, noise=0.01)
     picks = unseen_workload_picks(t, "energy", (40, 40))

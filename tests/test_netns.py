@@ -22,6 +22,8 @@ from tests.test_agent import GOAL_MEDIAN_NS, GOAL_P99_NS, truth_error_ns
 from wattlab.acquisition.session.agent import SKEW_ENV, ClockSkew
 from wattlab.cli import main
 
+pytestmark = pytest.mark.system
+
 RECORDER_ADDR = "10.213.7.1"
 AGENT_ADDR = "10.213.7.2"
 PORT = 5560

@@ -47,6 +47,7 @@ def descriptors_of(case: str) -> dict[str, dict]:
         acquirer.close()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("case", "covers", "says", "energy"), [
     ("plain", ["gpu"], "the whole GPU board", "counter: gpu0.energy:energy_j"),
     ("pre_volta", ["gpu"], "the whole GPU board",
@@ -103,6 +104,7 @@ def true_power_scale(run: Run, emulator: PowercapEmulator, stream: str, channel:
     return float(w1 - w0) / 1e9 / float(edges[1] - edges[0])
 
 
+@pytest.mark.system
 def test_node_report_adds_gpus_cpu_and_dram_once_and_falls_back_with_a_reason(tmp_path):
     out, emulator = record(
         tmp_path, [gpu("plain", 0), gpu("pre_volta", 1)],
@@ -177,6 +179,7 @@ def record_stepped(tmp_path, zones: list[Zone], late_ms: list[float], flush_ms: 
 LOADED_MS = [0, 3, 1, 0, 2, 40, 0, 1, 0, 1, 4, 0, 70, 2, 0, 1, 0, 0, 3, 0]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("late_ms", "flush_ms"), [
     ([0] * 20, 1.0), ([0] * 20, 30.0), (LOADED_MS, 0.0)],
     ids=["flush-1ms-after", "flush-30ms-after", "late-reads"])
@@ -197,6 +200,7 @@ def test_rapl_power_is_exact_however_irregular_the_reads(tmp_path, late_ms, flus
     assert parts["dram"]["energy_j"] == pytest.approx(15.0 * seconds, abs=1e-6 + 1e-9)
 
 
+@pytest.mark.fast
 def test_the_energy_report_gives_a_rapl_zones_power_exactly_too(tmp_path):
     out = record_stepped(tmp_path, [Zone("intel-rapl:0", "package-0", [(1.0, 100.0)])],
                          [0] * 20, 1.0)
@@ -208,6 +212,7 @@ def test_the_energy_report_gives_a_rapl_zones_power_exactly_too(tmp_path):
                                             abs=1e-6 + 1e-9)
 
 
+@pytest.mark.system
 def test_a_module_counter_is_not_added_to_the_cpu_again(tmp_path):
     out, _ = record(tmp_path, [gpu("gh200", 0)], rapl=intel_server(packages=1))
     with wattlab.open(out) as run:
@@ -218,6 +223,7 @@ def test_a_module_counter_is_not_added_to_the_cpu_again(tmp_path):
     assert node["measured_j"] == pytest.approx(parts["module0"]["energy_j"] + 0.0)
 
 
+@pytest.mark.fast
 def test_wall_and_unmeasured_through_the_cli(demo_run, capsys):
     assert main(["energy", str(demo_run), "--node", "--json"]) == 0
     import json
@@ -229,6 +235,7 @@ def test_wall_and_unmeasured_through_the_cli(demo_run, capsys):
     assert main(["energy", str(demo_run), "--wall", "wall"]) == 2  # --wall needs --node
 
 
+@pytest.mark.system
 def test_a_job_over_three_nodes_through_agents_counts_each_node_once(tmp_path, capsys, spawn):
     """One recorder node and two agent nodes (simulated GPUs): each node's share and one
     job total equal to the sum of the nodes' own GPU counters."""

@@ -15,6 +15,8 @@ from wattlab.errors import NvmlError, UsageError
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.simulated_gpu import SimulatedGpu
 
+pytestmark = pytest.mark.fast
+
 S = 1_000_000_000
 UNIX0 = 1_700_000_000 * S
 

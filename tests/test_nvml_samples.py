@@ -20,6 +20,8 @@ from wattlab.drivers.nvml_samples import MAX_CAPACITY, SampleDrain, UnknownValue
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.simulated_gpu import SimulatedGpu
 
+pytestmark = pytest.mark.fast
+
 S = 1_000_000_000
 UNIX0 = 1_700_000_000 * S
 

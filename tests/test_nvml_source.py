@@ -97,6 +97,7 @@ def by_source(readings: list[Reading]) -> dict[str, Chunk]:
     return out
 
 
+@pytest.mark.fast
 def test_descriptors_of_the_four_streams() -> None:
     acq, gpu, _ = setup()
     descs = {d.source_id: d for d in acq.open()}
@@ -133,6 +134,7 @@ def test_descriptors_of_the_four_streams() -> None:
         assert d.to_json()["config"] == d.config
 
 
+@pytest.mark.fast
 def test_streams_on_a_fake_clock() -> None:
     acq, gpu, clock = setup()
     acq.open()
@@ -182,6 +184,7 @@ def test_streams_on_a_fake_clock() -> None:
     assert np.all(state.values[:, 4] == 700.0)
 
 
+@pytest.mark.fast
 def test_sample_integral_matches_energy_counter_within_2_percent() -> None:
     acq, _, clock = setup(schedule=WorkloadSchedule.random(4, 20.0))
     acq.open()
@@ -197,6 +200,7 @@ def test_sample_integral_matches_energy_counter_within_2_percent() -> None:
     assert integral_j == pytest.approx(counter_j, rel=0.02)
 
 
+@pytest.mark.fast
 def test_buffer_overflow_becomes_a_gap_without_duplicates() -> None:
     acq, _, clock = setup(intervals_s={"drain": 3.0})
     acq.open()
@@ -213,6 +217,7 @@ def test_buffer_overflow_becomes_a_gap_without_duplicates() -> None:
     assert np.all(np.diff(samples.t_raw) > 0)
 
 
+@pytest.mark.fast
 def test_missing_instant_field_is_left_out_not_zeros() -> None:
     acq, _, clock = setup(
         unsupported=frozenset({"NVML_FI_DEV_POWER_INSTANT", "nvmlDeviceGetTemperature"})
@@ -230,6 +235,7 @@ def test_missing_instant_field_is_left_out_not_zeros() -> None:
     assert data["gpu0.state"].values.shape[1] == 4
 
 
+@pytest.mark.fast
 def test_gpu_without_samples_or_energy_has_no_such_streams() -> None:
     acq, _, clock = setup(
         unsupported=frozenset({"nvmlDeviceGetSamples", "nvmlDeviceGetTotalEnergyConsumption"})
@@ -241,6 +247,7 @@ def test_gpu_without_samples_or_energy_has_no_such_streams() -> None:
     assert set(by_source(readings)) == {"gpu0.power", "gpu0.state"}
 
 
+@pytest.mark.fast
 def test_open_failure_is_clear_and_close_is_safe() -> None:
     lib = FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     acq = NvmlAcquirer(NvmlDriver(lib), 0)
@@ -249,6 +256,7 @@ def test_open_failure_is_clear_and_close_is_safe() -> None:
     acq.close()
 
 
+@pytest.mark.fast
 def test_open_of_a_missing_gpu_releases_nvml() -> None:
     clock = FakeClock()
     gpu = SimulatedGpu(clock_ns=clock)
@@ -260,6 +268,7 @@ def test_open_of_a_missing_gpu_releases_nvml() -> None:
     acq.close()
 
 
+@pytest.mark.system
 def test_real_time_run_against_a_simulated_gpu() -> None:
     gpu = SimulatedGpu(seed=2, schedule=WorkloadSchedule.demo(2, 5.0))
     acq = NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0, intervals_s={"drain": 0.3})
@@ -314,6 +323,7 @@ class FilteredNvml(FakeNvml):
         return stamps_us[keep], power_mw[keep]
 
 
+@pytest.mark.fast
 def test_a_hole_in_the_driver_buffer_becomes_a_gap() -> None:
     clock = FakeClock()
     gpu = SimulatedGpu(seed=3, clock_ns=clock, unix_offset_ns=UNIX_MINUS_MONO)
@@ -331,6 +341,7 @@ def test_a_hole_in_the_driver_buffer_becomes_a_gap() -> None:
     assert gaps[0].t_last_ns - gaps[0].t_first_ns == pytest.approx(0.12 * S, abs=0.02 * S)
 
 
+@pytest.mark.fast
 def test_large_jitter_is_not_a_gap() -> None:
     clock = FakeClock()
     model = GpuModel(sample_jitter_s=0.009)  # intervals up to 38 ms, as seen on a real H100
@@ -346,6 +357,7 @@ def test_large_jitter_is_not_a_gap() -> None:
 
 
 
+@pytest.mark.fast
 def test_real_h100_sample_stamps_drain_without_false_gaps() -> None:
     real = np.load(REAL_DATA)["samples"]  # stamp µs, mW, host ns when drained
     clock = FakeClock()
@@ -371,6 +383,7 @@ def test_real_h100_sample_stamps_drain_without_false_gaps() -> None:
     np.testing.assert_allclose(samples.values[:, 0], real[:, 1] / 1000)
 
 
+@pytest.mark.fast
 def test_fewer_streams_are_recorded_and_cost_fewer_wake_ups() -> None:
     full, _, full_clock = setup()
     lean, _, lean_clock = setup(streams="samples,energy")
@@ -392,6 +405,7 @@ def test_fewer_streams_are_recorded_and_cost_fewer_wake_ups() -> None:
         float(np.trapezoid(samples.values[:, 0], samples.t_raw / 1e6)), rel=0.02)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("text", "problem"), [
     ("samples,bogus", "no stream named 'bogus'"),
     ("", "none given"),
@@ -403,12 +417,14 @@ def test_bad_stream_lists_are_named(text: str, problem: str) -> None:
         setup(streams=text)
 
 
+@pytest.mark.fast
 def test_streams_are_kept_in_their_canonical_order() -> None:
     assert parse_streams("energy, SAMPLES") == ("samples", "energy")
     assert parse_streams(["state"]) == ("state",)
     assert parse_streams("all") == ("samples", "power", "energy", "state")
 
 
+@pytest.mark.fast
 def test_a_gpu_without_any_stream_asked_for_is_refused() -> None:
     acq, _, _ = setup(unsupported=frozenset({"nvmlDeviceGetSamples"}), streams="samples")
     with pytest.raises(NvmlError, match="supports none of the NVML streams asked for"):
@@ -416,6 +432,7 @@ def test_a_gpu_without_any_stream_asked_for_is_refused() -> None:
     assert acq.poll() == []
 
 
+@pytest.mark.fast
 def test_wake_ends_the_readers_long_sleep_at_once() -> None:
     gpu = SimulatedGpu(index=0, seed=3, schedule=WorkloadSchedule.demo(3, 20.0))
     acq = NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0, streams="samples",
@@ -434,6 +451,7 @@ def test_wake_ends_the_readers_long_sleep_at_once() -> None:
         acq.close()
 
 
+@pytest.mark.fast
 def test_rarer_reads_wake_once_per_cadence_and_lose_no_sample() -> None:
     """drain=emit=1.8 s: the reader sleeps 1.8 s at a time (no shorter cap), every sample kept."""
     acq, _, clock = setup(streams="samples,energy",
@@ -451,12 +469,14 @@ def test_rarer_reads_wake_once_per_cadence_and_lose_no_sample() -> None:
     assert len(by_source(readings)["gpu0.energy"].t_host_ns) == 2  # at the start and at the end
 
 
+@pytest.mark.fast
 def test_parse_intervals_accepts_text_and_tables() -> None:
     assert parse_intervals("") == {}
     assert parse_intervals(" Drain = 1.8 , emit=6,") == {"drain": 1.8, "emit": 6.0}
     assert parse_intervals({"energy": 60, "power": 0.02}) == {"energy": 60.0, "power": 0.02}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("value", "named"), [
     ("drain=2.01", "drain=2.01 s is longer than 2.0 s"), ("power=0.001", "power=0.001 must be"),
     ("emit=-1", "emit=-1 must be"), ("state=inf", "state=inf must be"),
@@ -468,11 +488,13 @@ def test_parse_intervals_refuses_bad_values_by_name(value: Any, named: str) -> N
     assert named in str(e.value)
 
 
+@pytest.mark.fast
 def test_the_acquirer_refuses_an_unknown_cadence() -> None:
     with pytest.raises(ValueError, match="no NVML cadence named 'poll'"):
         setup(intervals_s={"poll": 1.0})
 
 
+@pytest.mark.fast
 def test_drained_samples_wait_for_the_emit() -> None:
     """drain 0.3 s, emit 1.5 s: samples leave once per emit (fewer run-file writes), all kept."""
     acq, _, _ = setup(streams="samples", intervals_s={"drain": 0.3, "emit": 1.5})

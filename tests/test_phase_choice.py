@@ -61,6 +61,7 @@ def phased_table(repeats: int = 2, noise: float = 0.01, seed: int = 0) -> SweepT
                       phases=phases, origin="synthetic")
 
 
+@pytest.mark.fast
 def test_best_setting_per_phase_differs() -> None:
     report = choose_per_phase(phased_table(), "energy")
     best = {p.phase: p.best_x for p in report.phases}
@@ -77,6 +78,7 @@ def test_best_setting_per_phase_differs() -> None:
     assert "phase load: best 150 W" in text and "<- best" in text
 
 
+@pytest.mark.fast
 def test_slowdown_bound_per_phase() -> None:
     t = phased_table(noise=0.0)
     for bound in (0.0, 0.05, 0.3, None):
@@ -88,6 +90,7 @@ def test_slowdown_bound_per_phase() -> None:
     assert {p.phase: p.best_x for p in edp.phases}["compute"] == 300.0
 
 
+@pytest.mark.fast
 def test_phases_round_trip_and_select(tmp_path: Path) -> None:
     t = phased_table()
     path = str(tmp_path / "p.h5")
@@ -107,6 +110,7 @@ def test_phases_round_trip_and_select(tmp_path: Path) -> None:
     assert next(p for p in r.phases if p.phase == "load").settings[0].n == 1
 
 
+@pytest.mark.fast
 def test_no_phases_is_a_clear_error() -> None:
     t = phased_table()
     t.phases = None
@@ -128,6 +132,7 @@ for i in range(2):
 """
 
 
+@pytest.mark.system
 def test_simulated_sweep_with_phases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "ph.h5")
     assert main(["sweep", "--simulate", "--power-limits", "300,700", "-o", out, "--",
@@ -179,6 +184,7 @@ def test_simulated_sweep_with_phases(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "phase compute: best 300 W" in capsys.readouterr().out
 
 
+@pytest.mark.fast
 def test_each_phase_takes_energy_from_a_source_that_resolves_its_instances() -> None:
     """0.2 s steps: the 1 s average cannot resolve them, the 50 Hz samples can; a 3 s load
     stays on the average. The average's step energies are smeared flat (a wrong best)."""

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 import wattlab
 from tests.conftest import running
 from wattlab.cli import main
 from wattlab.hardware.emulators.pmd_emulator import PmdEmulator
+
+pytestmark = pytest.mark.system
 
 
 def test_devices_recognises_an_emulated_pmd(capsys):

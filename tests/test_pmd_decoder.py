@@ -69,6 +69,7 @@ def decode_all(dec: ContinuousDecoder, *parts: bytes) -> DecodedFrames:
         np.concatenate([o.resync for o in outs]), sum(o.skipped_bytes for o in outs), events)
 
 
+@pytest.mark.fast
 def test_example_values_sign_extension_and_offsets() -> None:
     offsets = (0, 0, 5, -2, 0, 0, 0, 0)
     dec = ContinuousDecoder(0xFF, 4, offsets, low_nibble_zero=False)
@@ -84,6 +85,7 @@ def test_example_values_sign_extension_and_offsets() -> None:
     assert out.words[3, 2] == 0xFFF0
 
 
+@pytest.mark.fast
 def test_rail_values_and_channels_follow_the_mask() -> None:
     values = np.array([[12.0, 2.0, 11.0, 3.0, 12.5, 1.0, 0.0, 0.0]])
     out = rail_values(values, 0xFF)
@@ -96,6 +98,7 @@ def test_rail_values_and_channels_follow_the_mask() -> None:
     np.testing.assert_allclose(out[0], [11.0, 4.0, 44.0, 44.0])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("ts_bytes", [2, 4])
 def test_ticks_unwrap_across_counter_wrap(ts_bytes: int) -> None:
     wrap = 1 << (8 * ts_bytes)
@@ -109,6 +112,7 @@ def test_ticks_unwrap_across_counter_wrap(ts_bytes: int) -> None:
     assert dec.period_ticks == PERIOD
 
 
+@pytest.mark.fast
 def test_byte_by_byte_feed_equals_one_feed() -> None:
     data, _, raws = stream(30)
     whole = decode_all(ContinuousDecoder(0xFF, 4), data)
@@ -118,6 +122,7 @@ def test_byte_by_byte_feed_equals_one_feed() -> None:
     np.testing.assert_array_equal(whole.words, [[word(x) for x in r] for r in raws])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("drop", [1, 2, 7, 13, 19, 20, 27])
 def test_dropped_bytes_are_detected_and_realigned_exactly(drop: int) -> None:
     data, ticks, raws = stream(60)
@@ -141,6 +146,7 @@ def test_dropped_bytes_are_detected_and_realigned_exactly(drop: int) -> None:
     assert f * out.n + out.skipped_bytes + dec.pending_bytes == len(bad)
 
 
+@pytest.mark.fast
 def test_damaged_frame_tail_is_not_passed_on() -> None:
     data, ticks, _raws = stream(30)
     bad = data[:64] + data[66:]  # frame 3 loses its first channel word; its timestamp is fine
@@ -150,6 +156,7 @@ def test_damaged_frame_tail_is_not_passed_on() -> None:
     assert out.skipped_bytes == 18 + 20 and out.n == 28
 
 
+@pytest.mark.fast
 def test_inserted_garbage_skipped_exactly_even_across_feeds() -> None:
     data, _, _ = stream(40)
     garbage = bytes(np.random.default_rng(3).integers(0, 256, 11, dtype=np.uint8))
@@ -163,6 +170,7 @@ def test_inserted_garbage_skipped_exactly_even_across_feeds() -> None:
     assert b.resync[0] and b.resync.sum() == 1
 
 
+@pytest.mark.fast
 def test_whole_frames_lost_keeps_alignment_and_time() -> None:
     data, _ticks, _ = stream(40)
     bad = data[:20 * 10] + data[20 * 13:]  # three whole frames missing
@@ -173,6 +181,7 @@ def test_whole_frames_lost_keeps_alignment_and_time() -> None:
     assert int(out.ticks[10] - out.ticks[9]) == 4 * PERIOD
 
 
+@pytest.mark.fast
 def test_stream_starting_mid_frame_locks_on() -> None:
     data, _, raws = stream(20)
     dec = ContinuousDecoder(0xFF, 4)
@@ -181,6 +190,7 @@ def test_stream_starting_mid_frame_locks_on() -> None:
     np.testing.assert_array_equal(out.words[0], [word(x) for x in raws[1]])
 
 
+@pytest.mark.fast
 def test_low_nibble_rule_is_learnt_then_used() -> None:
     data, _, _ = stream(40)
     dec = ContinuousDecoder(0xFF, 4)
@@ -198,6 +208,7 @@ def test_low_nibble_rule_is_learnt_then_used() -> None:
     assert other.nibble_rule is False
 
 
+@pytest.mark.fast
 def test_no_timestamp_mode_decodes_values_without_ticks() -> None:
     data, _, raws = stream(12, ts_bytes=0)
     out = decode_all(ContinuousDecoder(0xFF, 0), data)
@@ -205,6 +216,7 @@ def test_no_timestamp_mode_decodes_values_without_ticks() -> None:
     np.testing.assert_array_equal(out.words, [[word(x) for x in r] for r in raws])
 
 
+@pytest.mark.fast
 def test_tick_clock_lower_envelope_and_monotonic() -> None:
     clock = TickClock()
     ticks = np.arange(10, dtype=np.int64) * 3000  # 1 ms apart
@@ -224,6 +236,7 @@ def test_tick_clock_lower_envelope_and_monotonic() -> None:
     assert est4.all() and t4[-1] == 5_000
 
 
+@pytest.mark.fast
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(max_size=600), mask=st.integers(1, 255),
        ts_bytes=st.sampled_from([0, 1, 2, 4]), cuts=st.lists(st.integers(0, 600), max_size=4))
@@ -256,6 +269,7 @@ EDITS = st.lists(st.tuples(st.integers(0, 1199), st.sampled_from(["drop", "inser
                            st.integers(1, 45)), max_size=3)
 
 
+@pytest.mark.fast
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**16), edits=EDITS)
 def test_corrupted_stream_recovers(seed: int, edits: list[tuple[int, str, int]]) -> None:
@@ -270,6 +284,7 @@ def test_corrupted_stream_recovers(seed: int, edits: list[tuple[int, str, int]])
     assert out.n >= 60 - sum(k // 20 + 3 for _, _, k in edits) - 3
 
 
+@pytest.mark.system
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**16),
        drops=st.lists(st.tuples(st.integers(0, 1199), st.integers(1, 45)), max_size=3))

@@ -19,6 +19,8 @@ from wattlab.errors import MeterError
 from wattlab.hardware.emulators.pmd_emulator import DEFAULT_ADC_OFFSET, PmdEmulator
 from wattlab.samples import Gap, SampleFlag
 
+pytestmark = pytest.mark.system
+
 FRAME_BYTES = 20  # 4 timestamp bytes + 8 channels
 
 

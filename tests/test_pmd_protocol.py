@@ -11,6 +11,8 @@ from wattlab.drivers.pmd import Command, PmdUsb, crc16_ccitt_false
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError, UsageError
 from wattlab.testing import ExpectedProtocol, expected_protocol
 
+pytestmark = pytest.mark.fast
+
 PORT = "/dev/ttyUSB0"
 WELCOME = b"ElmorLabs PMD-USB"
 STOP = b"\x07\x00\x00\x00"

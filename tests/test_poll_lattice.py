@@ -10,6 +10,8 @@ import wattlab
 from tests.data_files import DATA
 from wattlab.analysis.calibration.poll_lattice import fit_poll_lattice
 
+pytestmark = pytest.mark.fast
+
 
 def polled(update_s: float, poll_s: float, seconds: float, *, jitter_s: float = 0.0,
            repeat_fraction: float = 0.0, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -48,6 +48,7 @@ def write_training(path: Path, n_bench: int = 14, noise: float = 0.0, seed: int 
     path.write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.fast
 def test_scaled_model_recovers_known_physics(tmp_path: Path) -> None:
     f = tmp_path / "micro.csv"
     write_training(f)
@@ -67,6 +68,7 @@ def test_scaled_model_recovers_known_physics(tmp_path: Path) -> None:
         m.predict(np.array([700.0]), np.array([3000.0]), np.zeros((1, 3)))
 
 
+@pytest.mark.fast
 def test_noise_shows_in_the_loo_error(tmp_path: Path) -> None:
     f = tmp_path / "micro.csv"
     write_training(f, noise=0.02, seed=3)
@@ -77,6 +79,7 @@ def test_noise_shows_in_the_loo_error(tmp_path: Path) -> None:
     assert r.chosen == "scaled"
 
 
+@pytest.mark.fast
 def test_published_model_layouts(tmp_path: Path) -> None:
     params = "10,20,0.01,0.002,0.05,0.08,0.01"
     # HPCA'18 layout: one row of core voltages per memory clock, memory voltage 1
@@ -101,6 +104,7 @@ def test_published_model_layouts(tmp_path: Path) -> None:
         m.predict(np.array([700.0]), np.array([3000.0]), u)
 
 
+@pytest.mark.fast
 def test_bad_files_are_named(tmp_path: Path) -> None:
     bad = tmp_path / "b.csv"
     bad.write_text("3\n1000,3000,1\n2,1\nA,B,C\n")
@@ -124,6 +128,7 @@ def test_bad_files_are_named(tmp_path: Path) -> None:
         power_model_report(str(bad), models=("forest",))
 
 
+@pytest.mark.fast
 def test_titan_x_hpca18_against_published_model() -> None:
     folder = GPM / "v1.0_HPCA2018" / "example_files"
     r = power_model_report(str(folder / "micro_gtxtitanx.csv"),
@@ -141,6 +146,7 @@ def test_titan_x_hpca18_against_published_model() -> None:
     assert r.apps_vs_published_mape is not None and r.apps_vs_published_mape < 4.0
 
 
+@pytest.mark.system
 def test_titan_x_tpds19_cli(capsys: pytest.CaptureFixture[str]) -> None:
     micro, model, apps = titan_x_files(PUBLIC)
     assert main(["power-model", micro, "--published", model, "--apps", apps,

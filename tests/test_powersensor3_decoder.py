@@ -6,10 +6,13 @@ import itertools
 import time
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wattlab.drivers.powersensor3 import DeviceClock, FrameDecoder
+
+pytestmark = pytest.mark.fast
 
 STOP = b"\xff\x3f\xff\x3f"
 

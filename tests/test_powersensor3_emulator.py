@@ -21,6 +21,8 @@ from wattlab.errors import MeterError
 from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
 from wattlab.samples import Gap, Marker, SampleFlag
 
+pytestmark = pytest.mark.system
+
 RATE_HZ = 20000
 # A device buffer that no lag of a loaded emulator thread outlasts, for the tests whose
 # subject is not frames lost to a lag (the stall and frames-lost tests keep the real one)

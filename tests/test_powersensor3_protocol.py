@@ -12,6 +12,8 @@ from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError
 from wattlab.samples import SampleFlag
 from wattlab.testing import ExpectedProtocol, expected_protocol
 
+pytestmark = pytest.mark.fast
+
 STOP = b"\xff\x3f\xff\x3f"
 
 

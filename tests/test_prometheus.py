@@ -71,6 +71,7 @@ def window_energy_j(path: str, source: str, channel: str, last_unix_s: float) ->
     return float(row["energy_j"]), rows
 
 
+@pytest.mark.system
 def test_a_recording_scraped_over_http_agrees_with_wattlab_energy(tmp_path, spawn):
     out = tmp_path / "run.h5"
     port = free_port()
@@ -107,6 +108,7 @@ def test_a_recording_scraped_over_http_agrees_with_wattlab_energy(tmp_path, spaw
     assert dict(next(k[1] for k in last if k[0] == "wattlab_info"))["driver"]
 
 
+@pytest.mark.system
 def test_gaps_count_as_the_file_records_them(tmp_path, spawn):
     """A source killed mid-run (its own process) leaves a gap the counter shows."""
     out = tmp_path / "gap.h5"
@@ -136,6 +138,7 @@ def test_gaps_count_as_the_file_records_them(tmp_path, spawn):
     assert pick(scrapes[-1], "wattlab_gaps_total", source="gpu0.samples") == in_file
 
 
+@pytest.mark.system
 def test_agent_and_recorder_expose_streams_and_the_clock_offset(tmp_path, keys, spawn):
     """The agent serves its own streams; the recorder adds the agent host's clock offset."""
     out = tmp_path / "bench.h5"
@@ -177,6 +180,7 @@ def test_agent_and_recorder_expose_streams_and_the_clock_offset(tmp_path, keys, 
     assert 0 < rec_j <= agent_j * 1.001
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("address", "message"), [
     ("127.0.0.1:http", "expected HOST:PORT"),
     ("70000", "port from 0 to 65535"),
@@ -188,6 +192,7 @@ def test_bad_addresses_are_usage_errors(tmp_path, capsys, address, message):
     assert not (tmp_path / "x.h5").exists()
 
 
+@pytest.mark.system
 def test_a_taken_port_is_refused_before_recording(tmp_path, capsys):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -210,6 +215,7 @@ def promql(base: str, query: str) -> list[dict[str, Any]]:
     return list(body["data"]["result"])
 
 
+@pytest.mark.system
 @pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus server binary is not installed "
                     "(Debian: apt-get install prometheus)")
 def test_a_real_prometheus_scrapes_a_recording_and_promql_gives_its_energy(tmp_path, spawn):

@@ -33,11 +33,13 @@ class EchoUpper(PtyDevice):
             self.send(b".")
 
 
+@pytest.mark.fast
 def test_path_before_start_is_an_error() -> None:
     with pytest.raises(WattlabError, match="not started"):
         _ = EchoUpper().path
 
 
+@pytest.mark.system
 def test_echo_through_pyserial() -> None:
     with EchoUpper() as dev:
         assert dev.path.startswith("/dev/pts/")
@@ -50,6 +52,7 @@ def test_echo_through_pyserial() -> None:
     assert dev.error is None
 
 
+@pytest.mark.system
 def test_tick_streams_and_large_writes_arrive_whole() -> None:
     with EchoUpper() as dev:
         t = SerialTransport(dev.path, timeout_s=1.0)
@@ -65,6 +68,7 @@ def test_tick_streams_and_large_writes_arrive_whole() -> None:
         assert dev.ticks > 0
 
 
+@pytest.mark.system
 def test_stall_delays_replies() -> None:
     with EchoUpper() as dev:
         t = SerialTransport(dev.path, timeout_s=1.0)
@@ -78,6 +82,7 @@ def test_stall_delays_replies() -> None:
             t.close()
 
 
+@pytest.mark.system
 def test_disconnect_makes_host_io_fail_not_hang() -> None:
     with EchoUpper() as dev:
         t = SerialTransport(dev.path, timeout_s=1.0)
@@ -91,6 +96,7 @@ def test_disconnect_makes_host_io_fail_not_hang() -> None:
             t.close()
 
 
+@pytest.mark.system
 def test_exclusive_lock_refuses_second_open() -> None:
     with EchoUpper() as dev:
         t = SerialTransport(dev.path)
@@ -108,6 +114,7 @@ class DiesOnTick(PtyDevice):
         raise RuntimeError("device thread bug")
 
 
+@pytest.mark.fast
 def test_running_fails_when_the_device_thread_died() -> None:
     with pytest.raises(AssertionError, match="device thread bug"), \
             running(DiesOnTick("dies")) as dev:

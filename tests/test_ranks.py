@@ -16,6 +16,7 @@ from wattlab.integrations.ranks import node_recorder
 JOB = Path(__file__).with_name("ddp_job.py")
 
 
+@pytest.mark.fast
 def test_only_local_rank_zero_holding_the_lock_records(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
     monkeypatch.setenv("LOCAL_RANK", "1")
@@ -31,6 +32,7 @@ def test_only_local_rank_zero_holding_the_lock_records(tmp_path, monkeypatch):
         assert again.records
 
 
+@pytest.mark.fast
 def test_a_bad_local_rank_is_a_usage_error(monkeypatch, tmp_path):
     monkeypatch.setenv("LOCAL_RANK", "zero")
     from wattlab.errors import UsageError
@@ -39,6 +41,7 @@ def test_a_bad_local_rank_is_a_usage_error(monkeypatch, tmp_path):
         pass
 
 
+@pytest.mark.system
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun (torch) is not installed: pip install torch")
 def test_torchrun_four_ranks_record_the_node_once(tmp_path):

@@ -52,6 +52,7 @@ def rows(readings, stream):
                            if not isinstance(c, Gap) and c.source_id == stream])
 
 
+@pytest.mark.fast
 def test_energy_is_exact_to_the_microjoule_across_wraps(tmp_path):
     # 5 J range at 37.3 W: a wrap every 134 ms; the counter starts 0.2 J before one
     zones = [Zone("intel-rapl:0", "package-0", [(0.3, 37.3), (0.2, 90.1)],
@@ -76,6 +77,7 @@ def test_energy_is_exact_to_the_microjoule_across_wraps(tmp_path):
     assert not [r for r in readings if isinstance(r, Gap)]
 
 
+@pytest.mark.fast
 def test_a_coarse_counter_unit_costs_less_than_one_unit_per_wrap(tmp_path):
     unit = INTEL_SERVER_UNIT_UJ
     zones = [Zone("intel-rapl:0", "package-0", [(1.0, 55.0)], energy_unit_uj=unit,
@@ -94,6 +96,7 @@ def test_a_coarse_counter_unit_costs_less_than_one_unit_per_wrap(tmp_path):
     assert zone.states == round(4e6 / unit) + 1
 
 
+@pytest.mark.fast
 def test_a_late_read_is_reported_as_a_gap(tmp_path):
     zones = [Zone("intel-rapl:0", "package-0", [(1.0, 50.0)], max_energy_range_uj=2_000_000,
                   max_power_w=100.0)]
@@ -105,6 +108,7 @@ def test_a_late_read_is_reported_as_a_gap(tmp_path):
     assert len(gaps) == 1 and "whole wraps may be missing" in gaps[0].reason
 
 
+@pytest.mark.fast
 def test_zones_say_what_they_measure_and_what_is_a_part(tmp_path):
     zones = [Zone("intel-rapl:0", "package-0", [(1.0, 20.0)],
                   children=[Zone("intel-rapl:0:0", "core", [(1.0, 10.0)]),
@@ -123,6 +127,7 @@ def test_zones_say_what_they_measure_and_what_is_a_part(tmp_path):
     assert "not its DRAM" in package.channels[0].meaning
 
 
+@pytest.mark.fast
 def test_no_zones_and_unreadable_counters_say_the_fix(tmp_path, monkeypatch):
     with pytest.raises(MeterError, match="virtual machine"):
         discover(tmp_path)
@@ -143,6 +148,7 @@ def test_no_zones_and_unreadable_counters_say_the_fix(tmp_path, monkeypatch):
         discover(tmp_path)
 
 
+@pytest.mark.system
 def test_record_rapl_records_the_emulated_tree(tmp_path, capsys):
     tree = tmp_path / "powercap"
     emulator = PowercapEmulator(tree, intel_server(packages=2)).start()

@@ -56,6 +56,7 @@ class RunningRecorder:
         return reply
 
 
+@pytest.mark.system
 def test_batches_reach_the_file_in_order_with_attributes(tmp_path):
     path = str(tmp_path / "run.h5")
     rec = RunningRecorder(path, flush_interval_s=0.05)
@@ -83,6 +84,7 @@ def test_batches_reach_the_file_in_order_with_attributes(tmp_path):
         assert run.attrs["format_version"] == "1"
 
 
+@pytest.mark.system
 def test_sequence_gap_and_missing_tail_are_recorded(tmp_path):
     path = str(tmp_path / "run.h5")
     rec = RunningRecorder(path)
@@ -102,6 +104,7 @@ def test_sequence_gap_and_missing_tail_are_recorded(tmp_path):
         assert len(run.source("meter")) == 400
 
 
+@pytest.mark.system
 def test_source_that_never_ends_is_reported(tmp_path):
     path = str(tmp_path / "run.h5")
     rec = RunningRecorder(path, drain_timeout_s=0.3)
@@ -115,6 +118,7 @@ def test_source_that_never_ends_is_reported(tmp_path):
         assert [g.reason for g in run.gaps] == ["source did not end cleanly"]
 
 
+@pytest.mark.system
 def test_publisher_that_starts_before_the_recorder_loses_nothing(tmp_path):
     """Slow joiner: everything sent before the recorder bound is delivered in order."""
     port = free_port()
@@ -134,6 +138,7 @@ def test_publisher_that_starts_before_the_recorder_loses_nothing(tmp_path):
         assert run.gaps == []
 
 
+@pytest.mark.system
 def test_batch_before_descriptor_triggers_a_describe_request(tmp_path):
     """A recorder that missed the descriptor (restart) asks the source to describe itself."""
     path = str(tmp_path / "run.h5")
@@ -157,6 +162,7 @@ def test_batch_before_descriptor_triggers_a_describe_request(tmp_path):
         assert run.gaps == []
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(
     "frames",
     [
@@ -192,6 +198,7 @@ def test_malformed_messages_are_rejected_and_the_session_goes_on(tmp_path, frame
         assert len(run.source("meter")) == 100
 
 
+@pytest.mark.system
 def test_wrong_channel_count_is_rejected_and_recorded_as_a_gap(tmp_path):
     path = str(tmp_path / "run.h5")
     rec = RunningRecorder(path)
@@ -208,6 +215,7 @@ def test_wrong_channel_count_is_rejected_and_recorded_as_a_gap(tmp_path):
         assert [g.reason for g in run.gaps] == ["malformed batch rejected: channel count"]
 
 
+@pytest.mark.system
 def test_existing_file_is_never_overwritten(tmp_path):
     path = tmp_path / "run.h5"
     path.write_bytes(b"precious")
@@ -216,6 +224,7 @@ def test_existing_file_is_never_overwritten(tmp_path):
     assert path.read_bytes() == b"precious"
 
 
+@pytest.mark.system
 def test_live_reader_follows_a_growing_file_and_late_sources(tmp_path):
     path = str(tmp_path / "run.h5")
     rec = RunningRecorder(path, expected_sources=["meter"], flush_interval_s=0.05)
@@ -243,6 +252,7 @@ def test_live_reader_follows_a_growing_file_and_late_sources(tmp_path):
         assert len(run.source("meter")) == 200
 
 
+@pytest.mark.system
 def test_flags_and_raw_time_are_kept(tmp_path):
     path = str(tmp_path / "run.h5")
     rec = RunningRecorder(path)
@@ -268,6 +278,7 @@ def test_flags_and_raw_time_are_kept(tmp_path):
         np.testing.assert_allclose(data["time_s"].values, [10e-9, 20e-9, 30e-9])
 
 
+@pytest.mark.fast
 def test_reader_errors_name_the_file(tmp_path):
     with pytest.raises(RunFileError, match="no such file"):
         wattlab.open(str(tmp_path / "missing.h5"))

@@ -57,6 +57,7 @@ def dataset_lengths(path: Path) -> dict[str, int]:
                                                              "flags")}
 
 
+@pytest.mark.system
 def test_torn_tails_are_trimmed_and_every_whole_row_kept(tmp_path):
     """Rows after the last /progress record that every dataset holds are kept; rows in a
     chunk never written, rows sized but blank, and one dataset's overhang are trimmed."""
@@ -99,6 +100,7 @@ def test_torn_tails_are_trimmed_and_every_whole_row_kept(tmp_path):
     assert (gap.source, gap.reason) == ("meter", CUT_OFF_REASON)
 
 
+@pytest.mark.system
 def test_sized_but_unwritten_rows_are_trimmed(tmp_path):
     path = tmp_path / "blank.h5"
     crash_writer(path, """
@@ -119,6 +121,7 @@ def test_sized_but_unwritten_rows_are_trimmed(tmp_path):
     assert dataset_lengths(path)["time"] == 15
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("swmr", [False, True])
 def test_readers_open_a_crash_left_file_without_changing_it(tmp_path, capsys, swmr):
     """Killed before SWMR started (flags 0x1: not even SWMR readers open it) or after:
@@ -149,6 +152,7 @@ def test_readers_open_a_crash_left_file_without_changing_it(tmp_path, capsys, sw
     assert json.loads(capsys.readouterr().out)["needs_repair"] is False
 
 
+@pytest.mark.fast
 def test_a_file_being_recorded_is_never_repaired(tmp_path):
     path = str(tmp_path / "live.h5")
     writer = RunFileWriter(path, {}, 0)  # this very process is its writer: alive
@@ -162,6 +166,7 @@ def test_a_file_being_recorded_is_never_repaired(tmp_path):
         writer.close(fit_device_clocks=False)
 
 
+@pytest.mark.system
 def test_a_writer_that_cannot_be_checked_needs_force(tmp_path, capsys):
     path = tmp_path / "elsewhere.h5"
     crash_writer(path, """
@@ -175,6 +180,7 @@ def test_a_writer_that_cannot_be_checked_needs_force(tmp_path, capsys):
         assert json.loads(f.attrs[REPAIR_JSON])["writer"]["host"] == "another-host"
 
 
+@pytest.mark.fast
 def test_a_clean_file_is_left_as_it_is(tmp_path, capsys):
     path = tmp_path / "clean.h5"
     RunFileWriter(str(path), {}, 0).close(fit_device_clocks=False)
@@ -187,6 +193,7 @@ def test_a_clean_file_is_left_as_it_is(tmp_path, capsys):
     assert main(["repair", str(tmp_path / "missing.h5")]) == 2
 
 
+@pytest.mark.system
 @pytest.mark.skipif(shutil.which("h5clear") is None,
                     reason="h5clear (Debian package hdf5-tools) is not installed")
 def test_flags_are_cleared_exactly_as_h5clear_clears_them(tmp_path):
@@ -203,6 +210,7 @@ def test_flags_are_cleared_exactly_as_h5clear_clears_them(tmp_path):
     assert path.read_bytes() == theirs.read_bytes()
 
 
+@pytest.mark.system
 def test_a_killed_writer_not_yet_reaped_counts_as_gone():
     """A kill -9'd recorder whose parent died too stays a zombie until something reaps it;
     it holds no file and writes nothing, so repair must not wait for it."""

@@ -98,6 +98,7 @@ def trials(tmp_path_factory) -> list[Trial]:
     return runs
 
 
+@pytest.mark.system
 def test_every_killed_session_repairs_and_keeps_every_row_info_saw(trials):
     readable = [t for t in trials if t.seen is not None]
     # a kill in the first milliseconds may leave a file HDF5 never finished creating;
@@ -127,6 +128,7 @@ def test_every_killed_session_repairs_and_keeps_every_row_info_saw(trials):
             assert trial.repair_status == 2
 
 
+@pytest.mark.system
 @pytest.mark.skipif(shutil.which("h5dump") is None,
                     reason="h5dump (Debian package hdf5-tools) is not installed; plain h5py "
                            "is checked in the test above")
@@ -140,6 +142,7 @@ def test_h5dump_reads_every_repaired_file(trials):
         assert "/sources" in result.stdout or 'GROUP "sources"' in result.stdout
 
 
+@pytest.mark.fast
 def test_repair_refuses_a_file_that_is_not_hdf5(tmp_path):
     path = tmp_path / "junk.h5"
     path.write_bytes(b"not hdf5 at all")

@@ -142,6 +142,7 @@ def cal_run_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _written(tmp_path_factory, "cal", write_calibration_run)
 
 
+@pytest.mark.fast
 def test_phases_pair_by_name_and_nest() -> None:
     rows = [MarkerRow(t, name, kind, "w", {}) for t, name, kind in [
         (0, "epoch", "begin"), (1, "step", "begin"), (2, "step", "end"), (3, "step", "begin"),
@@ -155,6 +156,7 @@ def test_phases_pair_by_name_and_nest() -> None:
     assert any("'open'" in w and "never end" in w for w in found.warnings)
 
 
+@pytest.mark.fast
 def test_row_at_bisects(run_path: Path) -> None:
     with Run(str(run_path)) as run:
         view = run.source("gpu0.samples")
@@ -163,6 +165,7 @@ def test_row_at_bisects(run_path: Path) -> None:
         assert row_at(view, 10 * S) == len(view)
 
 
+@pytest.mark.system
 def test_report_is_one_self_contained_page(run_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "page.html"
     result = build_report(str(run_path), str(out))
@@ -184,6 +187,7 @@ def test_report_is_one_self_contained_page(run_path: Path, tmp_path: Path) -> No
     assert any(n.startswith("NVML calibration") and "overlap" in n for n in result.notes)
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
 def test_report_files_get_the_users_umask(run_path: Path, tmp_path: Path, umask: int) -> None:
     """A report is made to be shared: not 0600 (tempfile.mkstemp's mode), the umask's."""
@@ -199,6 +203,7 @@ def test_report_files_get_the_users_umask(run_path: Path, tmp_path: Path, umask:
         Path(p).name for p in [result.html_path, *result.png_paths])  # no temp file left
 
 
+@pytest.mark.system
 def test_energy_per_phase_is_what_wattlab_energy_says(
         run_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The page's table sums `wattlab energy --by-marker` rows per phase name, exactly."""
@@ -224,6 +229,7 @@ def test_energy_per_phase_is_what_wattlab_energy_says(
     assert f"<td class=\"\">{step_ps3:.2f}</td>" in page
 
 
+@pytest.mark.system
 def test_calibration_panel_fits_nvml_against_the_meter(cal_run_path: Path,
                                                        tmp_path: Path) -> None:
     result = build_report(str(cal_run_path), str(tmp_path / "cal.html"))
@@ -249,6 +255,7 @@ def test_calibration_panel_fits_nvml_against_the_meter(cal_run_path: Path,
         assert "analysis" not in f  # the report never writes into the run
 
 
+@pytest.mark.system
 def test_calibration_stored_by_wattlab_calibrate_is_drawn(cal_run_path: Path,
                                                          tmp_path: Path) -> None:
     copy = tmp_path / "stored.h5"
@@ -283,6 +290,7 @@ def write_sweep_file(path: Path) -> SweepTable:
     return table
 
 
+@pytest.mark.system
 def test_sweep_report_draws_model_curves_and_the_choice(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep.h5"
     write_sweep_file(sweep)
@@ -301,6 +309,7 @@ def test_sweep_report_draws_model_curves_and_the_choice(tmp_path: Path) -> None:
     assert "power limit (W)" in page
 
 
+@pytest.mark.fast
 def test_family_curves_go_through_the_measured_means(tmp_path: Path) -> None:
     table = write_sweep_file(tmp_path / "s.h5")
     rows = np.array([w == "bert" for w in table.workload])
@@ -312,6 +321,7 @@ def test_family_curves_go_through_the_measured_means(tmp_path: Path) -> None:
     assert not np.allclose(curves["linear"][0], t_mean, rtol=1e-3)
 
 
+@pytest.mark.system
 def test_cli_report_and_bad_input(run_path: Path, tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli.html"
@@ -339,6 +349,7 @@ def test_cli_report_and_bad_input(run_path: Path, tmp_path: Path,
     assert run_path.read_bytes()[:4] == b"\x89HDF"
 
 
+@pytest.mark.fast
 def test_run_without_power_sources_still_reports(tmp_path: Path) -> None:
     path = tmp_path / "state.h5"
     writer = RunFileWriter(str(path), {}, T0)

@@ -17,6 +17,8 @@ from wattlab.runfile.reader import Run
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, SourceDescriptor
 
+pytestmark = pytest.mark.fast
+
 T0 = 1_000_000_000_000
 ROWS = 50_000
 NAMES = ("current_a", "voltage_v", "power_w")

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
+
+pytestmark = pytest.mark.fast
 
 
 def desc(source_id: str) -> SourceDescriptor:

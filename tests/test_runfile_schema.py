@@ -140,10 +140,12 @@ def spelled_names(src: Path, exempt: Mapping[tuple[str, str], str]) -> list[str]
             if (module, name) not in exempt]
 
 
+@pytest.mark.system
 def test_no_module_outside_runfile_spells_a_run_file_name() -> None:
     assert spelled_names(SRC, EXEMPT) == []
 
 
+@pytest.mark.system
 def test_what_is_left_out_or_exempt_is_in_the_schema_and_still_needed() -> None:
     assert LEFT_OUT.keys() <= set(schema.NAMES)
     assert {name for _, name in EXEMPT} <= SEARCHED | PATH_PARTS
@@ -151,6 +153,7 @@ def test_what_is_left_out_or_exempt_is_in_the_schema_and_still_needed() -> None:
     assert [key for key in EXEMPT if key not in spelled] == []
 
 
+@pytest.mark.fast
 def test_a_planted_literal_is_found_and_prose_or_runfile_is_not(tmp_path: Path) -> None:
     (tmp_path / "acquisition").mkdir()
     (tmp_path / "runfile").mkdir()
@@ -213,10 +216,12 @@ def doc_problems(text: str) -> list[str]:
                for t, f, d in sorted(documented - schema_fields(), key=str)])
 
 
+@pytest.mark.fast
 def test_the_doc_names_what_the_schema_declares() -> None:
     assert doc_problems(DOC.read_text(encoding="utf-8")) == []
 
 
+@pytest.mark.fast
 def test_a_doc_that_drifts_is_caught() -> None:
     text = DOC.read_text(encoding="utf-8")
     dropped = text.replace("| `/gaps` | `reason` | S128 | |\n", "")
@@ -345,15 +350,18 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.fast
 def test_a_written_file_has_exactly_the_schemas_layout(written: Path) -> None:
     assert layout_problems(written, whole=True) == []
 
 
+@pytest.mark.fast
 def test_recorded_files_hold_nothing_the_schema_leaves_out() -> None:
     assert len(RECORDED) >= 10
     assert [p for path in RECORDED for p in layout_problems(path, whole=False)] == []
 
 
+@pytest.mark.fast
 def test_a_file_that_drifts_is_caught(written: Path, tmp_path: Path) -> None:
     drifted = tmp_path / "drifted.h5"
     shutil.copy(written, drifted)
@@ -365,6 +373,7 @@ def test_a_file_that_drifts_is_caught(written: Path, tmp_path: Path) -> None:
     assert "drifted.h5: lacks /progress dataset" in problems
 
 
+@pytest.mark.fast
 def test_the_tuning_record_types_name_the_schemas_columns() -> None:
     assert [f.name for f in fields(TuningProbes)] == ["settings", *schema.PROBE_COLUMNS]
     assert [f.name for f in fields(TuningIterations)] == list(schema.ITERATION_COLUMNS)

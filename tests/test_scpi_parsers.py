@@ -17,6 +17,8 @@ from wattlab.errors import MeterProtocolError
 from wattlab.hardware.emulators.scpi_server import Pattern, parse_command
 from wattlab.samples import SampleFlag
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(
     ("text", "flag"),

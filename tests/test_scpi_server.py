@@ -22,6 +22,7 @@ def echo(cmd: ScpiCommand) -> str | bytes | None:
     return None
 
 
+@pytest.mark.system
 def test_queries_compound_lines_and_blocks(rm: Any) -> None:
     server = ScpiTcpServer(echo)
     try:
@@ -40,6 +41,7 @@ def test_queries_compound_lines_and_blocks(rm: Any) -> None:
         server.close()
 
 
+@pytest.mark.system
 def test_close_ends_open_connections() -> None:
     server = ScpiTcpServer(echo)
     client = socket.create_connection(("127.0.0.1", server.port))
@@ -54,6 +56,7 @@ def test_close_ends_open_connections() -> None:
         client.close()
 
 
+@pytest.mark.fast
 def test_wall_load_efficiency_curve() -> None:
     load = WallLoad(lambda t: 0.0, rest_w=0.0)
     for dc_w in (100.0, 500.0, 1000.0, 1500.0, 2000.0):
@@ -61,6 +64,7 @@ def test_wall_load_efficiency_curve() -> None:
     assert load.efficiency(1000.0) == pytest.approx(0.94)
 
 
+@pytest.mark.system
 def test_emulate_cli_serves_until_interrupted(rm: Any) -> None:
     code = "from wattlab.hardware.emulators.scpi_server import run_emulator_cli as r; " \
            "raise SystemExit(r('wt310e'))"
@@ -75,6 +79,7 @@ def test_emulate_cli_serves_until_interrupted(rm: Any) -> None:
         assert ctrl_c(proc, 5) == 0
 
 
+@pytest.mark.fast
 def test_emulate_cli_rejects_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
     from wattlab.hardware.emulators.scpi_server import run_emulator_cli
 
@@ -94,6 +99,7 @@ class Faulty(ScpiDevice):
         raise RuntimeError("handler bug")
 
 
+@pytest.mark.system
 def test_a_handler_failure_outlives_close_and_fails_running() -> None:
     """``running`` reads the record after the close, where it was once dropped (the check
     could not fail); the client never sees the failure, only the record has it."""

@@ -79,6 +79,7 @@ class RemoteRecorder:
             self.thread.join(20)
 
 
+@pytest.mark.fast
 def test_keys_are_private_files_and_never_overwritten(keys, tmp_path):
     for path in keys.glob("*.key*"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
@@ -95,6 +96,7 @@ def test_keys_are_private_files_and_never_overwritten(keys, tmp_path):
     assert sorted(load_allowed_keys(keys / "allowed").values()) == ["node1", "node2"]
 
 
+@pytest.mark.system
 def test_listening_needs_keys_and_tcp(tmp_path, keys):
     base = {"endpoint": local_endpoint(), "session_start_ns": 0}
     with pytest.raises(UsageError, match="secret key"):
@@ -108,6 +110,7 @@ def test_listening_needs_keys_and_tcp(tmp_path, keys):
     assert not (tmp_path / "a.h5").exists()
 
 
+@pytest.mark.system
 def test_unlisted_or_keyless_peers_are_refused_and_inject_nothing(tmp_path, keys, caplog):
     rec = RemoteRecorder(tmp_path, keys)
     context = zmq.Context.instance()
@@ -154,6 +157,7 @@ def test_unlisted_or_keyless_peers_are_refused_and_inject_nothing(tmp_path, keys
         assert [m.name for m in run.markers] == ["real"]
 
 
+@pytest.mark.system
 def test_an_agent_can_only_speak_for_its_own_streams(tmp_path, keys):
     rec = RemoteRecorder(tmp_path, keys)
     node1 = BusPublisher(rec.listen, linger_ms=2000, security=client(keys, "node1"))

@@ -53,6 +53,7 @@ def _findings(path: Path, root: Path) -> list[str]:
     return found
 
 
+@pytest.mark.fast
 def test_the_scan_sees_what_it_looks_for(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("import pickle\nfrom marshal import loads\neval('1')\n"
@@ -61,6 +62,7 @@ def test_the_scan_sees_what_it_looks_for(tmp_path: Path) -> None:
     assert _code_only(probe).count("pickle") == 2
 
 
+@pytest.mark.system
 def test_no_pickle_eval_or_exec_anywhere_in_the_package() -> None:
     files = _sources()
     assert len(files) > 30
@@ -78,6 +80,7 @@ def _code_only(path: Path) -> str:
     return " ".join(out)
 
 
+@pytest.mark.system
 def test_the_words_pickle_eval_exec_appear_only_in_prose() -> None:
     """A plain grep, as the review asked, over code (comments and strings may explain)."""
     for path in _sources():
@@ -86,6 +89,7 @@ def test_the_words_pickle_eval_exec_appear_only_in_prose() -> None:
             assert word not in code, f"{path.relative_to(SRC)}: {word!r} in code"
 
 
+@pytest.mark.fast
 def test_local_bus_endpoints_are_private() -> None:
     endpoint = local_endpoint()
     assert endpoint.startswith("ipc://")
@@ -96,6 +100,7 @@ def test_local_bus_endpoints_are_private() -> None:
         folder.rmdir()
 
 
+@pytest.mark.system
 def test_remote_bus_defaults_to_loopback_and_needs_keys(tmp_path: Path) -> None:
     assert DEFAULT_LISTEN.startswith("tcp://127.0.0.1:")
     with pytest.raises(UsageError, match="secret key"):
@@ -104,6 +109,7 @@ def test_remote_bus_defaults_to_loopback_and_needs_keys(tmp_path: Path) -> None:
     assert not (tmp_path / "r.h5").exists()
 
 
+@pytest.mark.fast
 def test_run_files_are_created_exclusively(tmp_path: Path) -> None:
     """O_EXCL semantics all the way down: h5py mode 'x', never 'w'."""
     for path in _sources():

@@ -12,6 +12,8 @@ from wattlab.device_models.workload_schedule import Segment, WorkloadSchedule
 from wattlab.errors import UsageError
 from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu, simulated_gpus
 
+pytestmark = pytest.mark.fast
+
 S = 1_000_000_000
 UNIX0 = 1_700_000_000 * S
 

@@ -35,6 +35,7 @@ def energy_rows(path: Path) -> list[dict]:
     return [r for r in json.loads(done.stdout)["rows"] if r["phase"] == "run"]
 
 
+@pytest.mark.system
 def test_two_tasks_record_one_job_into_one_run_file(tmp_path, spawn):
     out = tmp_path / "job.h5"
     args = ["slurm", "-o", str(out), "--simulate", "--nvml-streams", "samples,power",
@@ -69,6 +70,7 @@ def test_two_tasks_record_one_job_into_one_run_file(tmp_path, spawn):
         assert abs(float(f["sync/node1"].attrs["offset_ns"])) < OFFSET_GOAL_NS
 
 
+@pytest.mark.fast
 def test_outside_a_slurm_step_it_says_so(tmp_path, monkeypatch, capsys):
     for key in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(key, raising=False)
@@ -148,6 +150,7 @@ def slurm_cluster(tmp_path):
                 p.wait()
 
 
+@pytest.mark.system
 def test_a_real_slurm_job_records_both_tasks_and_sets_the_comment(tmp_path, slurm_cluster):
     env = slurm_cluster
     script = tmp_path / "job.sh"

@@ -27,6 +27,7 @@ def sparse_csv(path: Path, table: SweepTable, workload: str, keep: tuple[float, 
     return path
 
 
+@pytest.mark.fast
 def test_spread_keeps_the_ends_and_random_keeps_the_default() -> None:
     rng = np.random.default_rng(0)
     assert measured_positions(9, 3, "spread", rng).tolist() == [0, 4, 8]
@@ -36,6 +37,7 @@ def test_spread_keeps_the_ends_and_random_keeps_the_default() -> None:
         assert pos.shape == (3,) and pos[-1] == 6 and len(set(pos.tolist())) == 3
 
 
+@pytest.mark.fast
 def test_backtest_finds_the_optimum_of_shared_shapes() -> None:
     # 8 workloads with the demand-limited shape of a GPU: the curves differ, but each is
     # singled out by 3 points, so the pick is the measured best or one step off
@@ -47,6 +49,7 @@ def test_backtest_finds_the_optimum_of_shared_shapes() -> None:
         assert r.measured_x == [100.0, 200.0, 300.0]
 
 
+@pytest.mark.fast
 def test_backtest_pick_never_sees_the_hidden_settings() -> None:
     t = synthetic(workloads=8, noise=0.002)
     hidden = np.array([w == "w3" and x == 125.0 for w, x in zip(t.workload, t.x, strict=True)])
@@ -60,6 +63,7 @@ def test_backtest_pick_never_sees_the_hidden_settings() -> None:
     assert after.best_x == 125.0 != before.best_x and not after.within_one_step
 
 
+@pytest.mark.fast
 def test_recommendation_from_a_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     t = synthetic(workloads=8, noise=0.002)
     csv = sparse_csv(tmp_path / "new.csv", t, "w3", (100.0, 200.0, 300.0))
@@ -76,6 +80,7 @@ def test_recommendation_from_a_csv(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "<- recommended" in capsys.readouterr().out
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("argv, message", [
     (["--measured", "9"], "N = 9 settings, got 9"),
     (["--measured", "0"], "1 to N-1"),
@@ -90,6 +95,7 @@ def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("header, missing", [
     ("workload,power_limit_w,runtime_s", "energy_j, power_w"),
     ("workload,runtime_s,energy_j", "power_limit_w, sm_clock_mhz, mem_clock_mhz"),
@@ -104,6 +110,7 @@ def test_csv_missing_columns_exit_2_naming_file_and_column(
     assert str(csv) in err and missing in err
 
 
+@pytest.mark.fast
 def test_power_column_is_energy_over_time(tmp_path: Path) -> None:
     csv = tmp_path / "p.csv"
     csv.write_text("workload,sm_clock_mhz,runtime_s,power_w\na,1000,2.0,100\na,1500,1.5,150\n")
@@ -111,6 +118,7 @@ def test_power_column_is_energy_over_time(tmp_path: Path) -> None:
     assert t.x_name == "sm_clock_mhz" and t.energy_j.tolist() == [200.0, 225.0]
 
 
+@pytest.mark.system
 def test_zeus_a40_k3_within_one_step() -> None:
     # measured 2026-11-24: 48/53 workloads (91 %) within one 25 W step with k = 3 spread
     # (100, 200, 300 W), mean energy regret 1.1 %; the margin allows two workloads to move

@@ -34,6 +34,7 @@ from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.simulated_gpu import SimulatedGpu
 
 
+@pytest.mark.fast
 def test_parse_settings() -> None:
     assert parse_settings("150:300:25", "power_limit") == [150, 175, 200, 225, 250, 275, 300]
     assert parse_settings("345, 600,600", "sm_clock") == [345, 600]
@@ -42,6 +43,7 @@ def test_parse_settings() -> None:
             parse_settings(bad, "power_limit")
 
 
+@pytest.mark.fast
 def test_dry_run_prints_plan_and_checks_range(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sweep", "--simulate", "--power-limits", "200:700:250", "--repeat", "2",
                  "--dry-run"]) == 0
@@ -58,6 +60,7 @@ def test_dry_run_prints_plan_and_checks_range(capsys: pytest.CaptureFixture[str]
     assert "memory clock unlocked" in out and "memory clock 1593 MHz, repeat 1/1" in out
 
 
+@pytest.mark.system
 def test_sweep_records_each_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "s.h5")
     assert main(["sweep", "--simulate", "--sm-clocks", "600,1980", "--sim-work", "0.3",
@@ -86,6 +89,7 @@ def test_sweep_records_each_setting(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["sweep", "--simulate", "--sm-clocks", "600", "-o", out]) == 2  # no overwrite
 
 
+@pytest.mark.system
 def test_error_mid_sweep_restores(tmp_path: Path) -> None:
     driver, gpu, _ = open_driver(True, 0)
     calls = []
@@ -116,6 +120,7 @@ def test_error_mid_sweep_restores(tmp_path: Path) -> None:
         driver.close()
 
 
+@pytest.mark.system
 def test_failing_workload_is_recorded_and_sweep_goes_on(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "f.h5")
@@ -128,6 +133,7 @@ def test_failing_workload_is_recorded_and_sweep_goes_on(tmp_path: Path,
     assert json.loads(t.attrs["restored_json"]) == {"power_limit_w": 700.0}
 
 
+@pytest.mark.system
 def test_a_command_run_keeps_recording_past_its_end(tmp_path: Path) -> None:
     """The counter's last in-step read must come after the window's end (see SIM_TAIL_S)."""
     out = str(tmp_path / "c.h5")
@@ -141,6 +147,7 @@ def test_a_command_run_keeps_recording_past_its_end(tmp_path: Path) -> None:
     assert in_step[-1] > end_ns + 0.1e9
 
 
+@pytest.mark.system
 def test_a_command_run_ends_with_the_command_not_the_simulated_work(tmp_path: Path) -> None:
     """--sim-work is the run's length only without a command: a command slower than the
     simulated work (a slow start on a busy machine) was killed by SIGTERM as "failed"."""
@@ -151,6 +158,7 @@ def test_a_command_run_ends_with_the_command_not_the_simulated_work(tmp_path: Pa
     assert t.status == ["ok"] and t.runtime_s[0] >= 1.0
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_mid_sweep_restores(tmp_path: Path, signum: int, spawn: Spawn) -> None:
     out = str(tmp_path / "sig.h5")
@@ -187,6 +195,7 @@ def _fixed_clock_gpu(util: float = 1.0) -> tuple[SimulatedGpu, list[int]]:
     return gpu, now
 
 
+@pytest.mark.fast
 def test_memory_clock_physics_of_the_simulated_gpu() -> None:
     s = 1_000_000_000
     base, _ = _fixed_clock_gpu()
@@ -224,6 +233,7 @@ def test_memory_clock_physics_of_the_simulated_gpu() -> None:
     assert (base.work_done(0, 2 * s), base.true_energy_j(0, 2 * s)) == untouched
 
 
+@pytest.mark.fast
 def test_memory_clock_driver_setters_through_fake_nvml() -> None:
     gpu, _ = _fixed_clock_gpu()
     fake = FakeNvml([gpu])
@@ -242,6 +252,7 @@ def test_memory_clock_driver_setters_through_fake_nvml() -> None:
             driver.reset_memory_clocks(0)
 
 
+@pytest.mark.system
 def test_memory_clock_sweep_restores_on_error(tmp_path: Path) -> None:
     driver, gpu, _ = open_driver(True, 0)
     seen = []

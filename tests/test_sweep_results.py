@@ -21,6 +21,8 @@ from wattlab.analysis.models.sweep_results import (
 )
 from wattlab.errors import RunFileError, UsageError
 
+pytestmark = pytest.mark.fast
+
 
 def test_round_trip(tmp_path: Path) -> None:
     t = SweepTable("power_limit_w", ["a", "a", "b"], np.array([100.0, 100.0, 200.0]),

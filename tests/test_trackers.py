@@ -46,6 +46,7 @@ def by_name(metrics: list[Metric]) -> dict[str, dict[int, float]]:
     return out
 
 
+@pytest.mark.system
 def test_metrics_are_the_node_total_and_each_phase(tmp_path, capsys):
     out = record(tmp_path)
     with wattlab.open(out) as run:
@@ -70,6 +71,7 @@ def test_metrics_are_the_node_total_and_each_phase(tmp_path, capsys):
     assert main(["log", out, "--to", "tensorboard"]) == 2  # a folder is needed
 
 
+@pytest.mark.system
 def test_tensorboard_from_an_announcement_and_from_wattlab_log(tmp_path, capsys):
     event_accumulator = pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator",
@@ -90,6 +92,7 @@ def test_tensorboard_from_an_announcement_and_from_wattlab_log(tmp_path, capsys)
         assert total.value == pytest.approx(expected["energy/total_j"][0], rel=1e-6)
 
 
+@pytest.mark.system
 def test_mlflow_active_run_is_announced_and_gets_the_energy(tmp_path, monkeypatch):
     pytest.importorskip("mlflow", reason="mlflow not installed (pip install mlflow-skinny)")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3: a file store in tmp
@@ -109,6 +112,7 @@ def test_mlflow_active_run_is_announced_and_gets_the_energy(tmp_path, monkeypatc
     assert total.value == pytest.approx(expected["energy/total_j"][0])
 
 
+@pytest.mark.system
 def test_wandb_offline_run_gets_the_energy(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="wandb not installed (pip install wandb)")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -159,6 +163,7 @@ def wandb_records(path: Path) -> Iterator[Any]:
             pending = b""
 
 
+@pytest.mark.fast
 def test_a_missing_tracker_package_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     with pytest.raises(UsageError, match="pip install tensorboard"):
@@ -168,6 +173,7 @@ def test_a_missing_tracker_package_says_how_to_install(monkeypatch, tmp_path):
         log_wandb([])
 
 
+@pytest.mark.system
 def test_dry_run_prints_the_metrics(tmp_path, capsys):
     out = record(tmp_path)
     capsys.readouterr()

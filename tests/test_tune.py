@@ -39,6 +39,7 @@ def surfaces():
     return public_surfaces(PUBLIC)
 
 
+@pytest.mark.fast
 def test_every_published_table_gives_surfaces(surfaces):
     counts = {k: len(v) for k, v in surfaces.items()}
     assert counts["zeus-a40"] > 40 and counts["zeus-v100"] > 40
@@ -48,6 +49,7 @@ def test_every_published_table_gives_surfaces(surfaces):
     assert list(titan.axes) == ["mem_clock", "sm_clock"] and titan.energy_j.shape == (4, 16)
 
 
+@pytest.mark.system
 def test_search_settles_near_the_oracle_within_the_bound(surfaces):
     """A100 tutorial kernel: its EDP optimum is published (1140 MHz); energy's is 1005."""
     a100 = surfaces["kt-a100"][0]
@@ -59,6 +61,7 @@ def test_search_settles_near_the_oracle_within_the_bound(surfaces):
         assert out.explore_energy_frac < 0.05, out
 
 
+@pytest.mark.system
 def test_search_respects_the_slowdown_bound(surfaces):
     for s in surfaces["zeus-a40"][:10]:
         out = simulate(s, SearchConfig(max_slowdown=0.05),
@@ -66,6 +69,7 @@ def test_search_respects_the_slowdown_bound(surfaces):
         assert out.settled_slowdown <= 0.05, out
 
 
+@pytest.mark.system
 def test_exploring_keeps_to_its_share_of_a_run_of_known_length(surfaces):
     """A short run: told its length, the search stops exploring at 4.8 % of its energy."""
     picked = surfaces["kt-rtx4000ada"][::60]
@@ -76,6 +80,7 @@ def test_exploring_keeps_to_its_share_of_a_run_of_known_length(surfaces):
     assert max(o.explore_energy_frac for o in free) > 0.05
 
 
+@pytest.mark.fast
 def test_the_budget_left_is_what_a_last_revisit_may_take():
     budget = ExploreBudget(0.05, expected_iterations=1000)
     for _ in range(100):
@@ -89,6 +94,7 @@ def test_the_budget_left_is_what_a_last_revisit_may_take():
     assert budget.affordable(10.0, 8.0, 1000) < 20
 
 
+@pytest.mark.fast
 def test_a_challenger_the_budget_cannot_certify_is_not_worth_revisiting():
     # 4.9 % +- 0.2 %: likely within 5 %, but a budget that takes its SE only to 0.18 %
     # leaves little chance that its estimate plus one SE comes within the bound
@@ -101,6 +107,7 @@ def test_a_challenger_the_budget_cannot_certify_is_not_worth_revisiting():
     assert p_certifiable(0.049, 0.002, 0.002, 0.05, 1.0) == 0.0
 
 
+@pytest.mark.fast
 def test_the_kept_setting_is_rechecked_and_left_once_too_slow():
     """The job slows down at the kept setting after settling: the search steps back."""
     time_s = {(0,): 0.30, (1,): 0.24, (2,): 0.205, (3,): 0.20}
@@ -145,6 +152,7 @@ def _near_bound_run(seed: int, slowdown_on_trial: float | None = None,
     return search, on_trial_j
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("seed", [0, 3])
 def test_a_challenger_near_the_bound_runs_on_trial_until_certified(seed):
     search, _ = _near_bound_run(seed)
@@ -156,6 +164,7 @@ def test_a_challenger_near_the_bound_runs_on_trial_until_certified(seed):
     assert summary["trial"] is None and summary["trials"] == search.trials
 
 
+@pytest.mark.fast
 def test_a_refuted_trial_is_charged_to_the_exploring_budget():
     search, on_trial_j = _near_bound_run(0, slowdown_on_trial=0.10)
     assert [t["outcome"] for t in search.trials] == ["refuted"]
@@ -166,6 +175,7 @@ def test_a_refuted_trial_is_charged_to_the_exploring_budget():
     assert any(d["action"] == "trial refuted" for d in search.decisions)
 
 
+@pytest.mark.fast
 def test_no_trials_when_told_and_bad_trial_settings_are_refused():
     search, on_trial_j = _near_bound_run(0, config=SearchConfig(expected_iterations=20000,
                                                                  trial_gain=None))
@@ -176,6 +186,7 @@ def test_no_trials_when_told_and_bad_trial_settings_are_refused():
         SearchConfig(trial_p_keep=0.05).check()
 
 
+@pytest.mark.fast
 def test_a_pending_trial_counts_against_the_share_until_resolved():
     budget = ExploreBudget(0.05, expected_iterations=100)
     for _ in range(90):
@@ -192,6 +203,7 @@ def test_a_pending_trial_counts_against_the_share_until_resolved():
     assert budget.explore_j == 40.0 and budget.pending_j == 0.0
 
 
+@pytest.mark.fast
 def test_search_abandons_a_setting_it_cannot_measure():
     search = Search({"sm_clock": (500.0, 1000.0, 1500.0, 2000.0)}, FAST)
     for _ in range(10):
@@ -218,6 +230,7 @@ def tuned(tmp_path_factory):
     return out, gpu, outcome
 
 
+@pytest.mark.system
 def test_api_tunes_the_simulated_gpu_and_records_the_search(tuned):
     out, gpu, outcome = tuned
     assert gpu.locked_clocks_mhz is None and outcome.restored == {"sm_clocks": "reset"}
@@ -232,6 +245,7 @@ def test_api_tunes_the_simulated_gpu_and_records_the_search(tuned):
         h5py.File(out)["analysis/tuning"].attrs["changes_json"]))
 
 
+@pytest.mark.system
 def test_report_shows_the_search(tuned, tmp_path):
     from wattlab.analysis.report.html_report import build_report
 
@@ -242,6 +256,7 @@ def test_report_shows_the_search(tuned, tmp_path):
     assert any(p.endswith("_tuning.png") for p in result.png_paths)
 
 
+@pytest.mark.system
 def test_report_lists_the_trials(tuned, tmp_path):
     """A run whose search ran trials (those of a near-bound search) lists each one."""
     import shutil
@@ -261,6 +276,7 @@ def test_report_lists_the_trials(tuned, tmp_path):
     assert f"{search.trials[-1]['end']}, kept</li>" in page
 
 
+@pytest.mark.system
 def test_cli_tunes_and_restores(tmp_path, capsys):
     out = tmp_path / "c.h5"
     code = main(["tune", "--simulate", "--duration", "6", "--knobs", "sm_clock",
@@ -274,6 +290,7 @@ def test_cli_tunes_and_restores(tmp_path, capsys):
     assert record.summary["config"]["trial_gain"] is None
 
 
+@pytest.mark.system
 def test_restored_after_an_exception_in_the_controller(tmp_path, monkeypatch):
     driver, gpu = _sim()
     original = online.Controller._iteration
@@ -292,6 +309,7 @@ def test_restored_after_an_exception_in_the_controller(tmp_path, monkeypatch):
     assert record is not None and record.summary["restored"] == {"sm_clocks": "reset"}
 
 
+@pytest.mark.system
 def test_dry_run_changes_nothing(tmp_path):
     driver, gpu = _sim(settable=False)
     calls = []
@@ -306,6 +324,7 @@ def test_dry_run_changes_nothing(tmp_path):
     assert s["dry_run"] and s["would_apply_next"] is not None and s["baseline"][0] > 0
 
 
+@pytest.mark.system
 def test_cli_falls_back_to_dry_run_without_permission(tmp_path, capsys, monkeypatch):
     from wattlab.commands import tune as tune_cmd
 
@@ -320,6 +339,7 @@ def test_cli_falls_back_to_dry_run_without_permission(tmp_path, capsys, monkeypa
     assert "cannot be changed here" in captured.err and "dry run:" in captured.out
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("argv, message", [
     (["--objective", "speed"], "--objective must be one of energy, edp"),
     (["--max-slowdown", "1.5"], "--max-slowdown is a fraction in [0, 1]"),
@@ -349,6 +369,7 @@ def _tuner(spawn: Spawn, tmp_path, duration_s: float) -> tuple[subprocess.Popen[
     return proc, log
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_restored_on_signal(tmp_path, sig, spawn):
     proc, log = _tuner(spawn, tmp_path, 60.0)
@@ -359,6 +380,7 @@ def test_restored_on_signal(tmp_path, sig, spawn):
     assert read_tuning(str(tmp_path / "s.h5")) is not None
 
 
+@pytest.mark.system
 def test_watchdog_restores_when_the_tuner_is_killed(tmp_path, spawn):
     proc, log = _tuner(spawn, tmp_path, 60.0)
     proc.kill()
@@ -382,6 +404,7 @@ for i in range(60):
 """
 
 
+@pytest.mark.system
 def test_step_markers_are_the_iteration_source_when_named(tmp_path):
     driver, gpu = _sim()
     out = tmp_path / "m.h5"

@@ -12,6 +12,8 @@ import pytest
 from wattlab.tuning.search import SearchConfig
 from wattlab.tuning.surfaces import Surface
 
+pytestmark = pytest.mark.fast
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from wattlab.analysis.models.sweep_results import SweepTable
 
+pytestmark = pytest.mark.fast
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 LIMITS = np.array([100.0, 125.0, 150.0, 175.0])
 FREE_J = np.array([600.0, 590.0, 540.0, 600.0])  # the same run four times: noise only

@@ -17,6 +17,8 @@ from wattlab.errors import MeterError, MeterTimeoutError
 from wattlab.hardware.emulators.wt300e_emulator import Wt300eEmulator
 from wattlab.samples import SampleFlag
 
+pytestmark = pytest.mark.system
+
 
 def ramp_w(t_ns: int) -> float:
     return 400.0 + 50.0 * math.sin(t_ns / 3e8)

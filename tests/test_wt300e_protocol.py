@@ -11,6 +11,8 @@ from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError, Us
 from wattlab.samples import Gap, SampleFlag
 from wattlab.testing import Reply, ScriptedTextTransport, expected_scpi
 
+pytestmark = pytest.mark.fast
+
 IDN = "YOKOGAWA,WT310E,C2XA00001,F1.03"
 
 

@@ -46,9 +46,11 @@ _SOCKET_EVENTS = {"socket.bind": "bound a socket", "socket.connect": "connected 
 _DEVICE_PREFIXES = ("/dev/pts", "/dev/tty", "/dev/ptmx")
 
 
-def tier_of(item: pytest.Item) -> str | None:
-    """The closest tier marker: a function's own overrides its module's ``pytestmark``."""
-    return next((m.name for m in item.iter_markers() if m.name in TIERS), None)
+def tiers_of(item: pytest.Item) -> set[str]:
+    """Every tier marker on the test, its own and its module's. Exactly one is right: ``-m``
+    selects a test by any marker it carries, so a function's marker cannot override its
+    module's (a module of mixed tiers marks each test instead)."""
+    return {m.name for m in item.iter_markers() if m.name in TIERS}
 
 
 class _Watch:
@@ -114,12 +116,13 @@ class TierPlugin:
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         if self.survey_path:
             return
-        missing = [item.nodeid for item in items if tier_of(item) is None]
-        if missing:
-            listed = "\n  ".join(missing[:20])
+        wrong = [f"{item.nodeid}: {sorted(tiers_of(item)) or 'none'}" for item in items
+                 if len(tiers_of(item)) != 1]
+        if wrong:
+            listed = "\n  ".join(wrong[:20])
             raise pytest.UsageError(
-                f"{len(missing)} test(s) carry no tier marker ({', '.join(TIERS)}; see "
-                f"tests/tiers.py and docs/development.md):\n  {listed}")
+                f"{len(wrong)} test(s) carry no tier marker or more than one (one of "
+                f"{', '.join(TIERS)}; see tests/tiers.py and docs/development.md):\n  {listed}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> None:
@@ -142,7 +145,7 @@ class TierPlugin:
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
         with self.watch.watching(True):
             result = yield
-        if self.watch.seen and tier_of(item) == "fast" and not self.survey_path:
+        if self.watch.seen and tiers_of(item) == {"fast"} and not self.survey_path:
             pytest.fail(f"{item.nodeid} is marked fast but it "
                         f"{'; '.join(self.watch.seen)}: mark it system", pytrace=False)
         return result

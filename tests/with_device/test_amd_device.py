@@ -18,9 +18,9 @@ import wattlab
 from wattlab.analysis.energy.node_energy import node_report
 
 pytestmark = [
+    pytest.mark.device,
     pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
                        reason="needs a real GPU: set WATTLAB_DEVICE=1"),
-    pytest.mark.device,
 ]
 
 

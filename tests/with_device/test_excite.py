@@ -11,8 +11,11 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
-                                reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1")
+pytestmark = [
+    pytest.mark.device,
+    pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
+                       reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1"),
+]
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -24,8 +24,11 @@ import pytest
 
 from tests.gpu_marker_goals import assert_goals, measure
 
-pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
-                                reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1")
+pytestmark = [
+    pytest.mark.device,
+    pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
+                       reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1"),
+]
 
 HERE = Path(__file__).resolve().parent
 @pytest.fixture(scope="module", params=["lightning", "torch", "hf"])

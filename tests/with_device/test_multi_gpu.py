@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
-                                reason="needs real NVIDIA GPUs: set WATTLAB_DEVICE=1")
+pytestmark = [
+    pytest.mark.device,
+    pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
+                       reason="needs real NVIDIA GPUs: set WATTLAB_DEVICE=1"),
+]
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "multi_gpu.py"
 
 

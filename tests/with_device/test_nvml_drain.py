@@ -14,8 +14,11 @@ import pytest
 
 from wattlab.drivers.nvml_samples import SampleDrain
 
-pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
-                                reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1")
+pytestmark = [
+    pytest.mark.device,
+    pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
+                       reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1"),
+]
 
 
 @pytest.fixture

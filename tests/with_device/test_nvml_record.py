@@ -21,8 +21,11 @@ import pytest
 import wattlab
 from wattlab.acquisition.acquirers.nvml_cadence import FRUGAL_INTERVALS
 
-pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
-                                reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1")
+pytestmark = [
+    pytest.mark.device,
+    pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
+                       reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1"),
+]
 
 HERE = Path(__file__).resolve().parent
 

@@ -22,8 +22,11 @@ import pytest
 from wattlab.runfile.reader import Run
 from wattlab.runfile.tuning_record import read_tuning
 
-pytestmark = pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
-                                reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1")
+pytestmark = [
+    pytest.mark.device,
+    pytest.mark.skipif(os.environ.get("WATTLAB_DEVICE") != "1",
+                       reason="needs a real NVIDIA GPU: set WATTLAB_DEVICE=1"),
+]
 
 HERE = Path(__file__).resolve().parent
 
