@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import machine, write_json
+from common import RESULTS, machine, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.tiers import BUDGET_S, TIERS  # noqa: E402  (the budgets are the suite's own)
 
-_SUMMARY = re.compile(r"=+ (.*) in ([0-9.]+)s")
+_SUMMARY = re.compile(r"^=* ?(\d+ (?:passed|failed|error).*?) in ([0-9.]+)s", re.M)
 
 
 def run_tier(tier: str, workers: int) -> dict[str, Any]:
@@ -38,6 +38,8 @@ def run_tier(tier: str, workers: int) -> dict[str, Any]:
     started = time.monotonic()
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
     seconds = time.monotonic() - started
+    RESULTS.mkdir(parents=True, exist_ok=True)  # the failures' reasons, kept beside the JSON
+    (RESULTS / f"tiers_{tier}_n{workers}.log").write_text(done.stdout + done.stderr)
     closing = _SUMMARY.findall(done.stdout)
     return {"tier": tier, "workers": workers, "seconds": round(seconds, 1),
             "budget_s": BUDGET_S.get(tier), "exit": done.returncode,

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import wattlab
+from tests.conftest import Spawn
 from wattlab.errors import RunFileError
 from wattlab.runfile.crash_flags import clear_crash_flags, crash_flags, lookup3
 from wattlab.runfile.writer import RunFileWriter
@@ -37,11 +38,12 @@ def batch(seq: int, source_id: str = "meter") -> SampleBatch:
     return SampleBatch(source_id, seq, t, np.column_stack([index * 0.5, index]))
 
 
-def start_recorder(path: str, endpoint: str, **config: Any) -> subprocess.Popen[bytes]:
+def start_recorder(spawn: Spawn, path: str, endpoint: str, **config: Any
+                   ) -> subprocess.Popen[bytes]:
     cfg = RecorderConfig(endpoint=endpoint, output=path, session_start_ns=0,
                          root_attrs={"command": "[]"}, **{"flush_interval_s": 0.2, **config})
-    return subprocess.Popen([sys.executable, "-m", "wattlab.sync.recorder", cfg.to_json()],
-                            stderr=subprocess.PIPE)
+    return spawn([sys.executable, "-m", "wattlab.sync.recorder", cfg.to_json()],
+                 stderr=subprocess.PIPE)
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
@@ -92,10 +94,10 @@ def index_column(path: str) -> np.ndarray:
 
 
 @pytest.mark.system
-def test_kill_9_leaves_a_readable_file_up_to_the_last_flush(tmp_path):
+def test_kill_9_leaves_a_readable_file_up_to_the_last_flush(tmp_path, spawn):
     path = str(tmp_path / "run.h5")
     endpoint = local_endpoint()
-    recorder = start_recorder(path, endpoint)
+    recorder = start_recorder(spawn, path, endpoint)
     control = ControlClient(endpoint)
     pub = BusPublisher(endpoint, linger_ms=0, backlog_bytes=1 << 20)
     try:
@@ -119,10 +121,11 @@ def test_kill_9_leaves_a_readable_file_up_to_the_last_flush(tmp_path):
 
 
 @pytest.mark.system
-def test_restarted_recorder_resumes_the_file_and_loses_nothing(tmp_path):
+def test_restarted_recorder_resumes_the_file_and_loses_nothing(tmp_path, spawn):
     path = str(tmp_path / "run.h5")
     endpoint = local_endpoint()
-    recorder = start_recorder(path, endpoint, flush_interval_s=1.0)  # always something unflushed
+    # a flush interval long enough that something is always unflushed
+    recorder = start_recorder(spawn, path, endpoint, flush_interval_s=1.0)
     control = ControlClient(endpoint)
     pub = BusPublisher(endpoint, backlog_bytes=8 << 20)
     pub.announce(descriptor())
@@ -135,7 +138,7 @@ def test_restarted_recorder_resumes_the_file_and_loses_nothing(tmp_path):
     kill(recorder)  # mid-run: rows after the last flush are only in the sources' windows
     assert len(index_column(path)) < seq * ROWS, "the kill found every row on disk"
     seq = send_for(pub, seq, 0.3)
-    recorder = start_recorder(path, endpoint, resume=True)
+    recorder = start_recorder(spawn, path, endpoint, resume=True)
     seq = send_for(pub, seq, 1.0)
     pub.end("meter", seq - 1)
     pub.close()
@@ -151,12 +154,12 @@ def test_restarted_recorder_resumes_the_file_and_loses_nothing(tmp_path):
 
 
 @pytest.mark.system
-def test_loss_beyond_the_replay_window_is_recorded_exactly(tmp_path):
+def test_loss_beyond_the_replay_window_is_recorded_exactly(tmp_path, spawn):
     """Away longer than window + backlog: the publisher stalls, says hello to the new
     recorder, resends its window, and the rest is one exact gap."""
     path = str(tmp_path / "run.h5")
     endpoint = local_endpoint()
-    recorder = start_recorder(path, endpoint, flush_interval_s=0.5)
+    recorder = start_recorder(spawn, path, endpoint, flush_interval_s=0.5)
     control = ControlClient(endpoint)
     batch_bytes = ROWS * (8 + 16) + 200
     pub = BusPublisher(endpoint, window_bytes=150 * batch_bytes, backlog_bytes=50 * batch_bytes)
@@ -166,7 +169,7 @@ def test_loss_beyond_the_replay_window_is_recorded_exactly(tmp_path):
     wait_until(lambda: rows_received(control) > 0)
     kill(recorder)
     seq = send_for(pub, seq, 2.0)  # ~400 batches: far more than window + backlog
-    recorder = start_recorder(path, endpoint, resume=True)
+    recorder = start_recorder(spawn, path, endpoint, resume=True)
     seq = send_for(pub, seq, 1.0)
     pub.end("meter", seq - 1)
     pub.close()

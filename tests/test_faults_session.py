@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import wattlab
+from tests.conftest import Spawn
 
 pytestmark = [
     pytest.mark.system,
@@ -48,10 +49,11 @@ def child_pid(session: subprocess.Popen[bytes], needle: str, timeout_s: float = 
     raise AssertionError(f"no child process with {needle!r}")
 
 
-def record(path: Path, *extra: str, duration_s: float = 4.0) -> subprocess.Popen[bytes]:
+def record(spawn: Spawn, path: Path, *extra: str, duration_s: float = 4.0
+           ) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "wattlab.cli", "record", "--simulate", "--simulated-gpus", "2",
             "--duration", str(duration_s), "-o", str(path), *extra]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return spawn(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def finish(session: subprocess.Popen[bytes]) -> tuple[int, str]:
@@ -82,9 +84,9 @@ def kill_after_data(session: subprocess.Popen[bytes], needle: str, path: Path) -
     return time.monotonic()
 
 
-def test_killed_source_process_is_a_gap_and_the_others_go_on(tmp_path):
+def test_killed_source_process_is_a_gap_and_the_others_go_on(tmp_path, spawn):
     path = tmp_path / "run.h5"
-    session = record(path, "--source-processes")
+    session = record(spawn, path, "--source-processes")
     kill_after_data(session, '"name": "gpu0"', path)
     code, err = finish(session)
     assert code == 1, err  # a source failed: the session says so
@@ -101,9 +103,9 @@ def test_killed_source_process_is_a_gap_and_the_others_go_on(tmp_path):
         assert power.time_last_ns is not None and power.time_last_ns > gpu0[-1]
 
 
-def test_restart_sources_brings_a_killed_source_back(tmp_path):
+def test_restart_sources_brings_a_killed_source_back(tmp_path, spawn):
     path = tmp_path / "run.h5"
-    session = record(path, "--restart-sources")
+    session = record(spawn, path, "--restart-sources")
     kill_after_data(session, '"name": "gpu0"', path)
     code, err = finish(session)
     assert code == 0, err
@@ -117,9 +119,9 @@ def test_restart_sources_brings_a_killed_source_back(tmp_path):
         assert np.all(np.diff(t) > 0)
 
 
-def test_killed_recorder_is_restarted_and_nothing_is_lost(tmp_path):
+def test_killed_recorder_is_restarted_and_nothing_is_lost(tmp_path, spawn):
     path = tmp_path / "run.h5"
-    session = record(path, "--source-processes", duration_s=4.0)
+    session = record(spawn, path, "--source-processes", duration_s=4.0)
     kill_after_data(session, "wattlab.sync.recorder", path)
     code, err = finish(session)
     assert code == 0, err
@@ -135,9 +137,9 @@ def test_killed_recorder_is_restarted_and_nothing_is_lost(tmp_path):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_signal_stops_a_process_session_cleanly(tmp_path, signum):
+def test_signal_stops_a_process_session_cleanly(tmp_path, signum, spawn):
     path = tmp_path / "run.h5"
-    session = record(path, "--source-processes", duration_s=30.0)
+    session = record(spawn, path, "--source-processes", duration_s=30.0)
     wait_for_rows(path)
     time.sleep(1.0)
     if signum == signal.SIGINT:  # Ctrl-C reaches the whole process group

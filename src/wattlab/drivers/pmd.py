@@ -339,7 +339,10 @@ class ContinuousDecoder:
         return int(rows.shape[0]) if bool(ok.all()) else int(np.argmin(ok))
 
     def _search(self, buf: npt.NDArray[np.uint8], p: int) -> int | None:
-        """First offset ≥ p starting CONFIRM_FRAMES consistent frames; None if none yet."""
+        """First offset ≥ p starting CONFIRM_FRAMES consistent frames; None if none yet.
+
+        A first confirmation also sets the period the following run is checked against.
+        """
         f = self.frame_bytes
         last = buf.shape[0] - CONFIRM_FRAMES * f
         lo = p
@@ -360,6 +363,11 @@ class ContinuousDecoder:
                     ok &= (med >= self.period_ticks / 2) & (med <= 2 * self.period_ticks)
             hits = np.flatnonzero(ok)
             if hits.size:
+                if self.has_clock and self.period_ticks is None:
+                    # the confirmed frames' spacing bounds the run that follows them: with
+                    # only the loose cap, a frame spliced by a cut and the garbage after it
+                    # were taken as one more step (found by the property test)
+                    self.period_ticks = float(med[hits[0]])
                 return lo + int(hits[0])
             lo = hi
         return None
