@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 import pyvisa
+from hypothesis import settings
 
 from tests import tiers
 from tests.data_files import H100_CAPTURE, data_file
@@ -46,6 +47,18 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     load_wattlab_plugin(config)
     tiers.configure(config)
+    choose_hypothesis_profile()
+
+
+def choose_hypothesis_profile() -> None:
+    """Under CI (``CI`` set, as CI services and bench/suite_runs.py set it) the property tests
+    draw the same examples every run: a red CI is then this commit's doing, reproducible,
+    never an unlucky draw. A developer's run explores new examples (and keeps what fails in
+    .hypothesis/ to replay); a defect found there is pinned with ``@example``.
+    """
+    settings.register_profile("ci", derandomize=True, database=None)
+    if os.environ.get("CI"):
+        settings.load_profile("ci")
 
 
 def load_wattlab_plugin(config: pytest.Config) -> None:
