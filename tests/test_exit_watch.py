@@ -301,10 +301,10 @@ def test_session_supervisor_and_command_wait_sleep_until_something_happens(tmp_p
 @pytest.mark.system
 @needs_pidfd
 @needs_proc
-def test_a_source_process_sleeps_until_stopped_or_orphaned(tmp_path):
+def test_a_source_process_sleeps_until_stopped_or_orphaned(tmp_path, spawn):
     """Its main thread once looked 5 times a second for a stop, its runner and its parent."""
     path = tmp_path / "processes.h5"
-    session = record(path, "--source-processes", duration_s=60.0)
+    session = record(spawn, path, "--source-processes", duration_s=60.0)
     try:
         # not the recorder
         source = child_pid(session, "-m wattlab.acquisition.session.source_child")
@@ -322,10 +322,10 @@ def test_a_source_process_sleeps_until_stopped_or_orphaned(tmp_path):
 
 @pytest.mark.system
 @needs_proc
-def test_session_killed_by_sigkill_its_processes_close_the_file(tmp_path):
+def test_session_killed_by_sigkill_its_processes_close_the_file(tmp_path, spawn):
     """The recorder and the source processes see their parent die, finish and exit."""
     path = tmp_path / "orphaned.h5"
-    session = record(path, "--source-processes", duration_s=60.0)
+    session = record(spawn, path, "--source-processes", duration_s=60.0)
     try:
         wait_for_rows(path)
         orphans = list(children(session.pid))
