@@ -18,7 +18,7 @@ from wattlab.cli import main
 from wattlab.errors import UsageError
 from wattlab.runfile.crash_flags import clear_crash_flags, crash_flags
 from wattlab.runfile.repair import CUT_OFF_REASON, repair_run, writer_status
-from wattlab.runfile.schema import REPAIR_JSON, WRITER_JSON
+from wattlab.runfile.schema import REPAIR_JSON, UNFINISHED, WRITER_JSON
 from wattlab.runfile.writer import RunFileWriter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,11 +43,15 @@ def rows(first, n):
 """
 
 
-def crash_writer(path: Path, body: str) -> None:
-    """Run ``body`` after CHILD_HEAD in a process that then dies without closing (``_exit``)."""
+def crash_writer(path: Path, body: str, *, flags_left: bool = True) -> None:
+    """Run ``body`` after CHILD_HEAD in a process that then dies without closing (``_exit``).
+
+    ``flags_left=False``: ``body`` closed the HDF5 file itself (the writer died between two
+    of its closes).
+    """
     code = CHILD_HEAD + textwrap.dedent(body) + "\nos._exit(0)\n"
     subprocess.run([sys.executable, "-c", code, str(path)], check=True, cwd=REPO)
-    assert crash_flags(str(path)) != 0
+    assert (crash_flags(str(path)) != 0) == flags_left
 
 
 def dataset_lengths(path: Path) -> dict[str, int]:
@@ -180,6 +184,45 @@ def test_a_writer_that_cannot_be_checked_needs_force(tmp_path, capsys):
         assert json.loads(f.attrs[REPAIR_JSON])["writer"]["host"] == "another-host"
 
 
+def assert_repaired_with_every_row(path: Path, rows: int, capsys) -> None:
+    """Found unfinished, repaired: the record, the cut-off gap and every row written."""
+    assert writer_status(str(path)).needs_repair
+    assert main(["info", str(path)]) == 0
+    assert "wattlab repair" in capsys.readouterr().out
+    report = repair_run(str(path))
+    assert report.repaired and report.gaps_added == ["meter"]
+    assert not writer_status(str(path)).open
+    with h5py.File(path, "r") as f:
+        assert REPAIR_JSON in f.attrs and UNFINISHED not in f.attrs
+        assert f["sources/meter/time"].shape[0] == rows
+    with wattlab.open(str(path)) as run:
+        assert [g.reason for g in run.gaps] == [CUT_OFF_REASON]
+
+
+@pytest.mark.system
+def test_a_writer_killed_between_two_closes_is_repaired(tmp_path, capsys):
+    """A writer closes and reopens its file (a new stream, the final rewrite): a kill in
+    between leaves superblock flags that say "closed", and only the unfinished mark tells."""
+    path = tmp_path / "between.h5"
+    crash_writer(path, """
+        w.append("meter", *rows(0, 100))
+        w.flush()
+        w._file.close()
+    """, flags_left=False)
+    assert_repaired_with_every_row(path, 100, capsys)
+
+
+@pytest.mark.system
+def test_a_repair_killed_after_clearing_the_flags_is_repaired_again(tmp_path, capsys):
+    path = tmp_path / "twice.h5"
+    crash_writer(path, """
+        w.append("meter", *rows(0, 100))
+        w.flush()
+    """)
+    clear_crash_flags(str(path))  # repair's first step: a kill here left "nothing to repair"
+    assert_repaired_with_every_row(path, 100, capsys)
+
+
 @pytest.mark.fast
 def test_a_clean_file_is_left_as_it_is(tmp_path, capsys):
     path = tmp_path / "clean.h5"
@@ -190,6 +233,7 @@ def test_a_clean_file_is_left_as_it_is(tmp_path, capsys):
     assert path.read_bytes() == before
     with h5py.File(path, "r") as f:
         assert json.loads(f.attrs[WRITER_JSON])["pid"] > 0
+        assert UNFINISHED not in f.attrs
     assert main(["repair", str(tmp_path / "missing.h5")]) == 2
 
 

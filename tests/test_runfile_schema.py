@@ -281,8 +281,10 @@ def layout_problems(path: Path, *, whole: bool) -> list[str]:
     """What the file holds beyond the schema (and, ``whole``, what it lacks of it)."""
     with h5py.File(path, "r", locking=False) as f:
         held = file_layout(f)
+    while_writing = {f"/ @{a}" for a in schema.WRITING_ROOT_ATTRS}  # gone once closed
     return ([f"{path.name}: undeclared {x}" for x in sorted(held - schema_layout())]
-            + [f"{path.name}: lacks {x}" for x in sorted(schema_layout() - held) if whole])
+            + [f"{path.name}: lacks {x}" for x in sorted(schema_layout() - held - while_writing)
+               if whole])
 
 
 LAYERS = LayersRecord(

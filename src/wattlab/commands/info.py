@@ -19,7 +19,7 @@ def describe(run: Run) -> dict[str, Any]:
     status = writer_status(run.path)
     return {
         "path": run.path,
-        "open_for_writing": status.flags != 0,
+        "open_for_writing": status.open,
         "writer_alive": status.alive,
         "needs_repair": status.needs_repair,
         "attrs": attrs,
@@ -86,7 +86,7 @@ def show(path: str, as_json: bool) -> int:
               f"created {attrs.get(schema.CREATED, '?')} on {attrs.get(schema.HOST, '?')}")
         print(f"command: {' '.join(json.loads(attrs.get(schema.COMMAND, '[]'))) or '-'}")
         status = writer_status(run_file.path)
-        if status.flags:
+        if status.open:
             print(("needs repair: " if status.needs_repair else "") + status.describe(
                 run_file.path))
         if schema.REPAIR_JSON in attrs:

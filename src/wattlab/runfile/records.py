@@ -26,7 +26,7 @@ def add_record(path: str, where: tuple[str, ...], fill: Callable[[h5py.Group], N
     """
     target = "/".join(("", schema.ANALYSIS, *where))
     status = writer_status(path)
-    if status.flags:
+    if status.open:
         raise RunFileError(f"cannot add {target}: {status.describe(path)}{hint}")
     try:
         with h5py.File(path, "r+", locking=False) as f:

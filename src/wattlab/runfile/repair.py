@@ -36,23 +36,32 @@ CUT_OFF_REASON = "recording cut off by a crash (file repaired)"
 class WriterStatus:
     """Whether a run file is still open for writing, and by a process that still runs."""
 
-    flags: int  # the superblock's consistency flags; 0: closed cleanly
+    flags: int  # the superblock's consistency flags; 0: closed (by HDF5, at least once)
     writer: dict[str, Any]  # host, pid, ... as the recorder stamped them ({}: older file)
     alive: bool | None  # None: cannot tell (another host, or no stamp)
+    unfinished: bool = False  # the writer's clean close never ran (schema.UNFINISHED)
+
+    @property
+    def open(self) -> bool:
+        """Still owned by a writer, or left so: flags set, or a close that never finished."""
+        return self.flags != 0 or self.unfinished
 
     @property
     def needs_repair(self) -> bool:
         """Left open by a writer that is gone (or may be): `wattlab repair` makes it whole."""
-        return self.flags != 0 and self.alive is not True
+        return self.open and self.alive is not True
 
     def describe(self, path: str) -> str:
         """One line for `wattlab info` and repair's refusals."""
         who = (f"pid {self.writer.get('pid')} on {self.writer.get('host')}" if self.writer
                else "a recorder that did not record its process")
-        if self.flags == 0:
+        if not self.open:
             return f"{path}: closed cleanly"
         if self.alive:
             return f"{path}: being recorded now by {who}"
+        if self.flags == 0:
+            return (f"{path}: its writer ({who}) stopped between two closes of the file, "
+                    f"before its clean close; `wattlab repair {path}` finishes it")
         if self.alive is False:
             return (f"{path}: left open by a recorder that is gone ({who}); HDF5 tools other "
                     f"than wattlab refuse it until `wattlab repair {path}`")
@@ -63,11 +72,12 @@ class WriterStatus:
 def writer_status(path: str) -> WriterStatus:
     """The superblock's flags and, if set, whether the process that set them still runs."""
     flags = crash_flags(path)
-    if flags == 0:
-        return WriterStatus(0, {}, None)
     with open_read_only(path) as f:
-        writer = recorded_writer(f.attrs)
-    return WriterStatus(flags, writer, writer_alive(writer) if writer else None)
+        unfinished = schema.UNFINISHED in f.attrs
+        writer = recorded_writer(f.attrs) if flags or unfinished else {}
+    if not (flags or unfinished):
+        return WriterStatus(0, {}, None)
+    return WriterStatus(flags, writer, writer_alive(writer) if writer else None, unfinished)
 
 
 @dataclass
@@ -95,7 +105,7 @@ def repair_run(path: str, *, force: bool = False) -> RepairReport:
         raise RunFileError(f"{path}: no such file")
     check_not_truncated(path)
     status = writer_status(path)
-    if status.flags == 0:
+    if not status.open:
         return RepairReport(path, repaired=False)
     if status.alive:
         raise UsageError(f"{status.describe(path)}: repair it once the recording has ended")
@@ -127,7 +137,7 @@ def repair_run(path: str, *, force: bool = False) -> RepairReport:
         if end_ns is not None:
             final[schema.SESSION_END_MONOTONIC_NS] = session_start_ns + end_ns
     except BaseException:
-        writer.close(fit_device_clocks=False)
+        writer.close(finished=False)
         raise
     writer.close(final)
     return report

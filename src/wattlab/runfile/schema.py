@@ -52,6 +52,7 @@ DEMO_SEED = "demo_seed"
 EXCITE_SEED = "excite_seed"
 IMPORTED_FROM = "imported_from"
 IMPORT_FORMAT = "import_format"
+UNFINISHED = "unfinished"
 
 WRITER_ROOT_ATTRS = (FORMAT_VERSION_ATTR, SESSION_START_MONOTONIC_NS, WRITER_JSON)
 """What the writer itself sets when it creates a file."""
@@ -63,7 +64,13 @@ CLOSE_ROOT_ATTRS = (SESSION_END_MONOTONIC_NS, RECORDER_STATUS_JSON)
 OCCASIONAL_ROOT_ATTRS = (REPAIR_JSON, STOPPED_BY, DISK_FULL_JSON, SWEEP_SETTING_JSON,
                          TUNE_JSON, DEMO_SEED, EXCITE_SEED, IMPORTED_FROM, IMPORT_FORMAT)
 """Set by repair, a full disk, the command that recorded, or an importer."""
-ROOT_ATTRS = WRITER_ROOT_ATTRS + SESSION_ROOT_ATTRS + CLOSE_ROOT_ATTRS + OCCASIONAL_ROOT_ATTRS
+WRITING_ROOT_ATTRS = (UNFINISHED,)
+"""Set while a writer owns the file, removed as the last step of its clean close.
+
+Why beside the superblock's flags: a writer closes and reopens the file (a new stream, the
+final rewrite), and a kill between the two leaves flags that say "closed cleanly"."""
+ROOT_ATTRS = (WRITER_ROOT_ATTRS + SESSION_ROOT_ATTRS + CLOSE_ROOT_ATTRS + OCCASIONAL_ROOT_ATTRS
+              + WRITING_ROOT_ATTRS)
 
 # ------------------------------------------------------------ one group per stream
 KIND = "kind"

@@ -30,6 +30,8 @@ CLOSE_PASS_ROWS = 1 << 20  # rows per read when re-timing or fitting at close
 # low bound of "latest" would write HDF5-2.0 compound types that HDF5 1.10/1.12 tools
 # (h5dump, HDFView, MATLAB) cannot read.
 LIBVER = ("v110", "latest")
+UNFINISHED_MEANING = ("a writer has this file; its clean close removes this attribute, so a "
+                      "file that still holds it after its writer is gone needs wattlab repair")
 
 @dataclass(frozen=True)
 class ResumePoint:
@@ -185,6 +187,7 @@ class RunFileWriter:
         self._file.attrs[schema.FORMAT_VERSION_ATTR] = schema.FORMAT_VERSION
         self._file.attrs[schema.SESSION_START_MONOTONIC_NS] = session_start_ns
         self._file.attrs[schema.WRITER_JSON] = json.dumps(writer_identity())
+        self._file.attrs[schema.UNFINISHED] = UNFINISHED_MEANING
         self._file.create_group(schema.SOURCES)
         for name, dtype in schema.TABLES.items():
             _growable(self._file, name, dtype, chunk_rows=64, compression="gzip",
@@ -239,6 +242,7 @@ class RunFileWriter:
             self._tables = self._open_tables()
             if stamp_writer:
                 self._file.attrs[schema.WRITER_JSON] = json.dumps(writer_identity())
+                self._file.attrs[schema.UNFINISHED] = UNFINISHED_MEANING
         except (RunFileError, KeyError, ValueError) as e:
             self._file.close()
             if isinstance(e, RunFileError):
@@ -426,6 +430,7 @@ class RunFileWriter:
         sync: dict[str, tuple[npt.NDArray[Any], dict[str, Any]]] | None = None,
         remaps: dict[str, Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]]] | None = None,
         fit_device_clocks: bool = True,
+        finished: bool = True,
     ) -> None:
         """Close; what needs new objects or rewrites happens in a short non-SWMR reopen.
 
@@ -434,10 +439,12 @@ class RunFileWriter:
         ``time`` is recomputed from ``time_host_raw`` (the live mapping only extrapolated).
         ``fit_device_clocks``: fit every device-clocked source's raw time against its
         session time and store the fit under ``/sources/<id>/clock_fit``.
+        ``finished=False``: release the file only (an error path); it stays marked unfinished,
+        for `wattlab repair`.
         """
         self.flush()
         self._file.close()
-        if not (final_attrs or sync or remaps or fit_device_clocks):
+        if not finished:
             return
         with h5py.File(self.path, "r+", libver=LIBVER, locking=False) as f:
             for key, value in (final_attrs or {}).items():
@@ -457,6 +464,8 @@ class RunFileWriter:
                     nominal = NOMINAL_NS_PER_UNIT.get(desc.time_raw)
                     if nominal is not None and desc.time_raw.startswith("device_"):
                         _fit_clock(f[schema.SOURCES][source_id], nominal)
+            if schema.UNFINISHED in f.attrs:  # last: everything above is on disk
+                del f.attrs[schema.UNFINISHED]
 
 
 def _layout(desc: SourceDescriptor) -> dict[str, Any]:

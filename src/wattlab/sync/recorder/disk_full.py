@@ -206,8 +206,8 @@ def _finish(request: SealRequest, report: DiskFullReport, room: bool) -> None:
                             point.seq_next, -1, t_first, request.failed_at_ns))
     report.spans = [s for s in report.spans if not points[s.source].ended]
     report.held_until_s = _held_until(report.spans, report.failed_at_s)
-    if not room:  # the cut only: it rewrites in place
-        writer.close(fit_device_clocks=False)
+    if not room:  # the cut only: it rewrites in place; repair finishes it once there is room
+        writer.close(finished=False)
         return
     if gaps:
         writer.add_gaps(gaps)
