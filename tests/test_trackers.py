@@ -125,8 +125,12 @@ def test_wandb_offline_run_gets_the_energy(tmp_path, monkeypatch):
         assert run.summary["energy/total_j"] == 12.75
     finally:
         run.finish()
+        # the file is written by wandb's service process; finish() returned once with only
+        # its header on disk (a loaded suite run): teardown ends that process, so it is whole
+        wandb.teardown()
     (path,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     records = list(wandb_records(Path(path)))
+    assert records, f"{path}: {Path(path).stat().st_size} bytes, no record"
     logged = {float(item.value_json) for record in records if record.HasField("history")
               for item in record.history.item
               if (item.key or "/".join(item.nested_key)) == "energy/epoch_j"}
