@@ -2,6 +2,7 @@
 # Records the real training traces the analyses are tested on (read-only on the card):
 # each job of tests/with_device/training_jobs.py under `wattlab record --nvml 0
 # --auto-markers`, into one tarball in $OUT (or bench/results/traces.tar.gz locally).
+#     WATTLAB_COMMIT=<sha> bash bench/record_traces.sh ["JOB --steps N" ...]
 set -uo pipefail
 : "${WATTLAB_COMMIT:?set WATTLAB_COMMIT=<sha of the commit you run>}"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -12,8 +13,12 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 dest="${OUT:-$PWD/bench/results}"
 work=$(mktemp -d)
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.sm --format=csv
-for spec in "torch-long --steps 40" "torch-medium --steps 150" "torch-short --steps 2000" \
-            "lightning --steps 48" "hf-trainer --steps 48" "square-1hz --steps 30"; do
+# the jobs to record: the arguments, or the set the iteration tests were first built on
+specs=("$@")
+[ ${#specs[@]} -gt 0 ] || specs=("torch-long --steps 40" "torch-medium --steps 150" \
+    "torch-short --steps 2000" "lightning --steps 48" "hf-trainer --steps 48" \
+    "square-1hz --steps 30")
+for spec in "${specs[@]}"; do
     name=${spec%% *}
     echo "== $name"
     timeout 150 python3 -m wattlab.cli record --nvml 0 --auto-markers -o "$work/$name.h5" \

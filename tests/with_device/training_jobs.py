@@ -212,6 +212,126 @@ def square(args: argparse.Namespace) -> None:
             time.sleep(max(0.0, t0 + k + 1.0 - time.monotonic()))
 
 
+# ------------------------------------------------------------------ nested periods (issue 38)
+STEP_TARGET_S = 0.072  # the issue's ResNet50 step: ~3.6 spacings of NVML's 50 Hz buffer
+
+
+def resnet_at_step_time(target_s: float) -> tuple[nn.Module, torch.Tensor, torch.Tensor, int]:
+    """ResNet50 (random weights, no download) with the batch that makes one training step
+    take about ``target_s`` on this GPU: the traces then have the same shape on any card."""
+    import torchvision
+
+    torch.backends.cudnn.benchmark = True
+    model = torchvision.models.resnet50(weights=None).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def step_s(batch: int) -> float:
+        x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (batch,), device="cuda")
+        for _ in range(3):
+            nn.functional.cross_entropy(model(x), y).backward()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            nn.functional.cross_entropy(model(x), y).backward()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / 5
+
+    batch = max(8, min(1024, round(64 * target_s / step_s(64))))
+    opt.zero_grad(set_to_none=True)
+    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    wattlab.mark("setup", model="resnet50", batch=batch, step_ms=round(step_s(batch) * 1e3, 1))
+    return model, x, y, batch
+
+
+def resnet_loop(args: argparse.Namespace, *, group: int, stall_s: float, accumulate: int,
+                loader_s: Callable[[random.Random], float], eval_every: int) -> None:
+    """A plain ResNet50 loop with the rhythms real training has inside a period.
+
+    ``group`` steps back to back, then a loader stall of ``stall_s``; ``accumulate``
+    micro-batches per optimizer step (each micro-batch is a ``truth_step``, each optimizer
+    step a ``truth_group``); an evaluation pass every ``eval_every`` optimizer steps.
+    """
+    rng = random.Random(args.seed)
+    model, x, y, _ = resnet_at_step_time(STEP_TARGET_S)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    torch.cuda.synchronize()
+    time.sleep(1.0)
+    optimizer_steps = 0
+    for step in range(args.steps):
+        if group and step and step % group == 0:
+            time.sleep(stall_s)
+        time.sleep(loader_s(rng))
+        if step % accumulate == 0:
+            torch.cuda.synchronize()
+            wattlab.mark("truth_group", "begin")
+        with truth_step(step):
+            nn.functional.cross_entropy(model(x), y).backward()
+        if step % accumulate == accumulate - 1:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            wattlab.mark("truth_group", "end")
+            optimizer_steps += 1
+            if eval_every and optimizer_steps % eval_every == 0:
+                with torch.no_grad(), wattlab.phase("eval"):
+                    for _ in range(8):
+                        model(x)
+                    torch.cuda.synchronize()
+    time.sleep(1.0)
+
+
+@job("resnet-stall")
+def resnet_stall(args: argparse.Namespace) -> None:
+    """The issue's trace: groups of 7 steps of ~72 ms, then the loader stalls ~0.4 s."""
+    resnet_loop(args, group=7, stall_s=0.4, accumulate=1, loader_s=lambda r: 0.0,
+                eval_every=0)
+
+
+@job("resnet-accum")
+def resnet_accum(args: argparse.Namespace) -> None:
+    """Gradient accumulation: 4 micro-batches (~72 ms each) per optimizer step, 5-15 ms of
+    loading between micro-batches."""
+    resnet_loop(args, group=0, stall_s=0.0, accumulate=4,
+                loader_s=lambda r: r.uniform(0.005, 0.015), eval_every=0)
+
+
+@job("resnet-eval")
+def resnet_eval(args: argparse.Namespace) -> None:
+    """An evaluation pass (8 forward batches) every 10 steps, 10-30 ms of loading a step."""
+    resnet_loop(args, group=0, stall_s=0.0, accumulate=1,
+                loader_s=lambda r: r.uniform(0.01, 0.03), eval_every=10)
+
+
+@job("resnet-jitter")
+def resnet_jitter(args: argparse.Namespace) -> None:
+    """A jittery loader: log-normal waits, median 40 ms, one in ten over ~150 ms."""
+    resnet_loop(args, group=0, stall_s=0.0, accumulate=1,
+                loader_s=lambda r: min(1.0, r.lognormvariate(-3.2, 1.0)), eval_every=0)
+
+
+@job("mlp-stall-3")
+def mlp_stall(args: argparse.Namespace) -> None:
+    """Groups of 3 MLP steps of ~170 ms, then a 1 s stall (a loader refilling its queue)."""
+    rng = random.Random(args.seed)
+    model = mlp(8192)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(16384, 4096, device="cuda")
+    y = torch.randint(0, 10, (16384,), device="cuda")
+    for _ in range(3):
+        nn.functional.cross_entropy(model(x), y).backward()
+    torch.cuda.synchronize()
+    time.sleep(1.0)
+    for step in range(args.steps):
+        time.sleep(1.0 if step and step % 3 == 0 else rng.uniform(0.0, 0.01))
+        with truth_step(step):
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    time.sleep(1.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("job", choices=sorted(JOBS))
