@@ -52,9 +52,12 @@ def describe(source: str, r: IterationResult) -> str:
         lines = [f"{source}: no iterations found by {by} (confidence 0)"]
     else:
         iqr = f", IQR {r.period_iqr_s * 1e3:.2f} ms" if r.period_iqr_s is not None else ""
-        se_ms = (r.period_se_s or 0.0) * 1e3
-        lines = [f"{source}: {r.count} iterations by {by}, period {r.period_s * 1e3:.2f} ± "
-                 f"{se_ms:.2f} ms{iqr}, confidence {r.confidence:.2f}"]
+        se = f" ± {r.period_se_s * 1e3:.2f}" if r.period_se_s is not None else ""
+        lines = [f"{source}: {r.count} iterations by {by}, period {r.period_s * 1e3:.2f}{se} "
+                 f"ms{iqr}, confidence {r.confidence:.2f}"]
+        if r.groups is not None and r.group_period_s is not None:
+            lines.append(f"  in {r.groups} groups of ~{r.steps_per_group:.0f} steps, "
+                         f"{r.group_period_s * 1e3:.0f} ms apart (the power bursts once a group)")
         if r.energy_per_iteration_j is not None:
             es = r.energy_per_iteration_se_j
             pm = f" ± {es:.3f}" if es is not None else ""
@@ -62,7 +65,10 @@ def describe(source: str, r: IterationResult) -> str:
                          f"{r.energy_per_iteration_j:.3f}{pm} J")
     if not r.resolvable:
         lines.append("  single steps are not resolvable in this stream")
-    if r.method != "markers" and r.confidence < 0.3:
+    if r.method == "steps-in-bursts" and r.confidence < 0.3:
+        lines.append("  low confidence: the steps inside the bursts are told apart by their "
+                     "rhythm alone")
+    elif r.method != "markers" and r.confidence < 0.3:
         lines.append("  low confidence: the power may not repeat (or the period is out of "
                      "range)")
     lines += [f"  warning: {w}" for w in r.warnings]

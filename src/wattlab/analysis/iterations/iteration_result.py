@@ -8,14 +8,14 @@ autocorrelation period, so each method fills the same fields and says which it w
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.alignment import json_safe
-from wattlab.analysis.iterations.iteration_stream import quartiles
+from wattlab.analysis.iterations.iteration_stream import DetectedIteration, quartiles
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -42,6 +42,10 @@ class IterationResult:
     ``separation``: busy vs idle power levels in noise sds; ``regular_fraction``: share of
     periods 0.5–1.6× the median; ``period_spacings``: median period in sample spacings;
     ``thin_dips``: share of steps parted by a single idle sample (the confidence's inputs).
+    ``groups``..``inner_integrality`` (method ``steps-in-bursts``): the power bursts once
+    per group of steps (a loader stall every few steps); ``count`` and ``period_s`` are then
+    the steps found inside the bursts (``inner_rhythm``), ``groups`` and
+    ``group_period_s`` the bursts'.
     """
 
     period_s: float | None
@@ -62,7 +66,14 @@ class IterationResult:
     period_spacings: float | None = None
     thin_dips: float | None = None
     iterations_used: int = 0
+    groups: int | None = None
+    group_period_s: float | None = None
+    steps_per_group: float | None = None
+    inner_strength: float | None = None
+    inner_integrality: float | None = None
     warnings: list[str] = field(default_factory=list)
+    bursts: list[DetectedIteration] = field(default_factory=list, repr=False)
+    """The bursts segmentation found (not in the JSON): where ``inner_rhythm`` looks."""
 
     @property
     def iterations(self) -> int:
@@ -70,7 +81,8 @@ class IterationResult:
         return self.count
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = asdict(replace(self, bursts=[]))
+        del out["bursts"]
         out["iterations"] = self.count
         return dict(json_safe(out))
 

@@ -90,7 +90,7 @@ def from_segments(found: list[DetectedIteration], stream: IterationStream,
     stats = steady_stats(periods, [i.energy_j for i in found])
     spacing = stream.spacing_s or math.nan
     result = IterationResult(None, None, 0.0, stream.steps_seen, mean_power_w, None, None,
-                             rate_hz, separation=stream.separation)
+                             rate_hz, separation=stream.separation, bursts=found)
     if stats is None or len(found) < MIN_ITERATIONS:
         result.count = 0
         return result

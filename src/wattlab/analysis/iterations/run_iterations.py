@@ -35,6 +35,7 @@ from wattlab.analysis.iterations.iteration_stream import quartiles
 from wattlab.analysis.iterations.marker_steps import StepMarks, step_marks
 from wattlab.analysis.iterations.period_autocorr import detect_period
 from wattlab.analysis.iterations.power_segments import segment
+from wattlab.analysis.iterations.steps_in_bursts import with_steps_in_bursts
 from wattlab.errors import UsageError
 from wattlab.runfile import Run, SourceView
 
@@ -145,7 +146,9 @@ def iterations(run: Run, spec: str, *, markers: str = "auto", rate_hz: float | N
                                    "marked steps: steps may not map to GPU bursts")
         return result
     if segs.count and segs.resolvable:
-        return segs
+        chunks = list(window_chunks(view, channel, a_ns, b_ns))
+        return with_steps_in_bursts(segs, np.concatenate([t for t, _ in chunks]),
+                                    np.concatenate([p for _, p in chunks]))
     return autocorrelation_fallback(run, view, channel, segs, (a, b),
                                     rate_hz=rate_hz, min_period_s=min_period_s,
                                     max_period_s=max_period_s)

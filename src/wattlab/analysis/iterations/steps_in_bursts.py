@@ -1,0 +1,98 @@
+"""A power-segments result checked for steps inside its bursts, and recounted by them.
+
+Why: segmentation counts bursts, and a burst is one step only where the GPU idles between
+steps. Where the bursts hold a rhythm of several steps each (``inner_rhythm``), the result
+reports both levels: the steps (count, period, energy per step) and the groups (count,
+period, steps per group). Where a burst holds room for several steps but no clear rhythm,
+the burst count is not trusted: its confidence drops below one half and it says why.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from wattlab.analysis.iterations.inner_rhythm import MIN_STRENGTH, InnerRhythm, inner_rhythm
+from wattlab.analysis.iterations.iteration_result import IterationResult
+from wattlab.analysis.iterations.iteration_stream import DetectedIteration
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+MIN_STEPS_PER_GROUP = 3
+"""Bursts holding two cycles are not taken for two steps: a forward and a backward pass of
+one step look the same (the single-step H100 traces show exactly that)."""
+UNSURE_CONFIDENCE = 0.3
+"""The burst count's confidence where its bursts may hold several steps each."""
+STEP_CONFIDENCE_COEF = np.array([0.054, -0.28, 0.121, 2.14, -0.33, 0.0])
+"""Logistic coefficients for ``step_features``, fitted by bench/iterations_nested.py
+(``--fit``) on simulated loops with stalls every few steps; BENCHMARKS.md has the check."""
+
+
+def step_features(rhythm: InnerRhythm, spacing_s: float) -> FloatArray:
+    """The step logistic's inputs.
+
+    1, log strength over its minimum, integrality ×10, log steps per group over 3, log
+    period over 3 sample spacings, −log10 of the chance of noise over 10.
+    """
+    per_group = float(np.median(rhythm.steps_per_burst))
+    return np.array([1.0, math.log(max(rhythm.strength, 1e-3) / MIN_STRENGTH),
+                     10.0 * rhythm.integrality, math.log(per_group / MIN_STEPS_PER_GROUP),
+                     math.log(rhythm.period_s / (3.0 * spacing_s)),
+                     -math.log10(max(rhythm.false_alarm, 1e-30)) / 10.0])
+
+
+def _trailing_burst(bursts: list[DetectedIteration], t_ns: IntArray, p_w: FloatArray,
+                    spacing_s: float) -> DetectedIteration | None:
+    """The last burst, which no later edge closed: its steps count too."""
+    if not bursts:
+        return None
+    tail = t_ns >= bursts[-1].end_ns
+    if not tail.any():
+        return None
+    return DetectedIteration(bursts[-1].end_ns, int(t_ns[-1]) + 1,
+                             float(p_w[tail].sum()) * spacing_s)
+
+
+def with_steps_in_bursts(segs: IterationResult, t_ns: IntArray, p_w: FloatArray
+                         ) -> IterationResult:
+    """``segs`` recounted by the steps inside its bursts, or marked unsure, or as it is."""
+    if len(segs.bursts) < 2 or t_ns.size < 2:
+        return segs
+    spacing_s = float(np.median(np.diff(t_ns))) / 1e9
+    trailing = _trailing_burst(segs.bursts, t_ns, p_w, spacing_s)
+    bursts = segs.bursts + ([trailing] if trailing else [])
+    idle_w, busy_w = np.percentile(p_w, [10, 90])
+    rhythm = inner_rhythm(t_ns, p_w, bursts, float(idle_w + 0.5 * (busy_w - idle_w)),
+                          spacing_s)
+    if rhythm is None or np.median(rhythm.steps_per_burst) < MIN_STEPS_PER_GROUP:
+        return segs
+    per_group = float(np.median(rhythm.steps_per_burst))
+    if not rhythm.clear:
+        segs.confidence = min(segs.confidence, UNSURE_CONFIDENCE)
+        segs.warnings.append(
+            f"each burst has room for ~{per_group:.0f} steps of {rhythm.period_s * 1e3:.0f} ms "
+            f"but no clear step rhythm inside it (strength {rhythm.strength:.2f}, chance "
+            f"of noise {rhythm.false_alarm:.1e}, integrality {rhythm.integrality:.2f}): the "
+            "count may be of groups of steps; "
+            "mark the steps (--auto-markers) to count them")
+        return segs
+    z = float(STEP_CONFIDENCE_COEF @ step_features(rhythm, spacing_s))
+    step_confidence = 1.0 / (1.0 + math.exp(-z))
+    segs.groups, segs.group_period_s, segs.steps_per_group = (
+        segs.count, segs.period_s, per_group)
+    segs.inner_strength, segs.inner_integrality = rhythm.strength, rhythm.integrality
+    segs.method, segs.count, segs.period_s = "steps-in-bursts", rhythm.steps, rhythm.period_s
+    segs.period_se_s = segs.period_iqr_s = None
+    segs.energy_per_iteration_j = rhythm.energy_per_step_j
+    segs.energy_per_iteration_se_j = rhythm.energy_per_step_se_j
+    segs.iterations_used = rhythm.steps
+    segs.period_spacings = rhythm.period_s / spacing_s
+    segs.confidence *= step_confidence
+    segs.warnings.append(
+        f"the power bursts once per group of ~{per_group:.0f} steps ({segs.groups} groups, "
+        f"{(segs.group_period_s or 0.0) * 1e3:.0f} ms apart): steps counted by the rhythm "
+        "inside the bursts; energy per step leaves the stalls between groups out")
+    return segs
