@@ -102,10 +102,10 @@ def test_a_dead_recorder_not_restarted_exits_1_with_its_file_repaired(
     _, err_bytes = session.communicate(timeout=60)
     err = err_bytes.decode()
     assert session.returncode == 1, err  # not 130: nobody pressed Ctrl-C
-    assert "the recorder killed by SIGKILL and was not restarted" in err
+    assert "the recorder was killed by SIGKILL and was not restarted" in err
     counts = kept_and_sent(err)
     assert counts and all(sent >= kept for kept, sent in counts.values())
-    check_repaired(path, counts, "recorder killed by SIGKILL")
+    check_repaired(path, counts, "recorder was killed by SIGKILL")
     with wattlab.open(str(path)) as run:
         assert len(run.gaps) >= len(counts) - 1  # a stream that ended needs none
 
@@ -135,7 +135,7 @@ def test_rows_sent_are_the_rows_of_a_clean_run(tmp_path: Path, processes: bool) 
 @pytest.mark.fast
 def test_a_repair_that_cannot_run_prints_the_repair_command(tmp_path: Path) -> None:
     path = str(tmp_path / "gone.h5")
-    done = salvage(path, "the recorder killed by SIGKILL and was not restarted",
+    done = salvage(path, "the recorder was killed by SIGKILL and was not restarted",
                    {"gpu0.power": 12}, time.monotonic_ns())
     assert done.error is not None
     assert done.line().endswith(f"run `wattlab repair {path}`")
@@ -144,7 +144,7 @@ def test_a_repair_that_cannot_run_prints_the_repair_command(tmp_path: Path) -> N
 
 @pytest.mark.fast
 def test_a_lost_recorder_is_exit_status_1_whatever_else_happened() -> None:
-    lost = Salvage("r.h5", "the recorder killed by SIGKILL and was not restarted",
+    lost = Salvage("r.h5", "the recorder was killed by SIGKILL and was not restarted",
                    {"gpu0.power": 10}, {"gpu0.power": 7}, 1)
     assert lost.rows_lost == 3 and "gpu0.power 7/10" in lost.line()
     for interrupted in (False, True):

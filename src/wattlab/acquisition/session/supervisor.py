@@ -441,7 +441,7 @@ def _recorder_lost(recorder: subprocess.Popen[bytes], disk_full: DiskFullReport 
     code = recorder.returncode
     if code in (0, None) or disk_full is not None or code == DISK_FULL_EXIT:
         return None
-    how = (f"killed by {signal.Signals(-code).name}" if code < 0 and -code in
+    how = (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in
            signal.valid_signals() else f"exited with status {code}")
     return f"the recorder {how} and was not restarted"
 
