@@ -13,6 +13,7 @@ the child ignores SIGINT.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -161,9 +162,8 @@ class ProcessSourceRunner:
         if "descriptors" not in reply:
             status.close()
             self.stop(2.0)
-            why = reply.get("error") if isinstance(reply, dict) else None
-            why = why or (f"did not open in {open_timeout_s} s" if not ready
-                          else f"exited with status {self._proc.returncode}")
+            why = reply.get("error") or (f"did not open in {open_timeout_s} s" if not ready
+                                         else f"exited with status {self._proc.returncode}")
             raise WattlabError(f"source {self.name}: {why}")
         self._status = status
         self.descriptors = [SourceDescriptor.from_json(d) for d in reply["descriptors"]]
@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         # the session gone (its pidfd; getppid where pidfds are missing): finish cleanly
         while not (stop.is_set() or ended.is_set() or os.getppid() != parent):
             watch.wait([parent], None)
-        runner.stop(args.linger_s + 5.0)
-        with status:
+        runner.stop()
+        with contextlib.suppress(BrokenPipeError), status:  # no reader: the session is gone
             _report(status, {"rows_sent": runner.rows_sent})
     finally:
         # the interpreter's shutdown restores SIGTERM's default action: a late one must not
