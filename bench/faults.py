@@ -7,17 +7,25 @@ sessions with source processes, kill -9, a slow disk, hostile peers, broken file
 reports: samples lost, whether the loss is in /gaps (never silent), whether the session
 survived. Prints the table (for BENCHMARKS.md and docs/reliability.md), adds the soak
 figures from bench/results/soak.json when present, writes bench/results/faults.json.
+
+The "rows" scenarios run a whole session in this process (the Python API, so its result
+holds the rows each source sent per stream) with two simulated GPUs in source processes,
+inject the fault into the real recorder process, and give a second table: rows kept /
+rows sent, the gap rows, the rows those gap rows account for, and the exit status
+`wattlab record` would return (docs/reliability.md, "Rows kept against rows sent").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +34,8 @@ from typing import Any
 import numpy as np
 
 from common import RESULTS, write_json
+from wattlab.acquisition.session import Session, SessionResult, SourceSpec
+from wattlab.commands.record import exit_status
 from wattlab.runfile import Run
 from wattlab.samples import Channel, SampleBatch, SourceDescriptor
 from wattlab.sync.bus import BusPublisher, ControlClient
@@ -184,6 +194,45 @@ def session_kill(folder: str, victim: str, *extra: str) -> dict[str, Any]:
             "gpu0 stopped, gpu1 went on"}
 
 
+def session_rows(folder: str, fault: str, **options: Any) -> dict[str, Any]:
+    """A session in this process; the recorder stalled (SIGSTOP) or killed (-9) mid-run.
+
+    Rows kept (in the file, after the session's own repair where it made one) against the
+    rows the sources sent, the gap rows and what they account for, the exit status.
+    """
+    path = Path(folder) / f"rows_{fault}_{len(options)}.h5"
+    specs = [SourceSpec(f"gpu{i}", "nvml", gpu_index=i, simulate=True, simulated_gpus=2)
+             for i in range(2)]
+    session = Session(str(path), [], source_specs=specs, duration_s=10.0, stop_timeout_s=2.0,
+                      **options)
+    box: dict[str, SessionResult] = {}
+    runner = threading.Thread(target=lambda: box.update(result=session.run()))
+    started = time.monotonic()
+    runner.start()
+    recorder = _child(os.getpid(), "wattlab.sync.recorder")
+    try:
+        _wait_for_rows(path)
+        time.sleep(1.0)
+        if fault != "none":
+            os.kill(recorder, signal.SIGSTOP if fault == "stall" else signal.SIGKILL)
+        runner.join(180)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # never leave a stopped recorder
+            os.kill(recorder, signal.SIGCONT)
+    result = box["result"]
+    with Run(str(path)) as run:
+        kept = sum(len(run.source(sid)) for sid in run.sources)
+        gaps = run.gaps
+    sent = sum(result.rows_sent.values())
+    in_gaps = sum(g.samples_lost for g in gaps if g.samples_lost > 0)
+    return {"samples_lost": sent - kept, "in_gaps": in_gaps,
+            "survived": f"yes (exit {exit_status(result)})",
+            "note": (result.salvage.line().removeprefix("wattlab: ").split(";")[0]
+                     if result.salvage else f"{result.recorder_restarts} recorder restart(s)"),
+            "rows": f"{kept} / {sent}", "gap_rows": len(gaps),
+            "exit": exit_status(result), "seconds": round(time.monotonic() - started, 1)}
+
+
 FLOOD = r"""
 import json, sys, time
 import numpy as np
@@ -297,6 +346,11 @@ SCENARIOS: list[tuple[str, Callable[[str], dict[str, Any]]]] = [
     ("flood into a disk 10x too slow", slow_disk),
     ("1000 random messages on the bus", hostile_peer),
     ("corrupt / foreign run files", bad_files),
+    ("rows: clean session", lambda d: session_rows(d, "none")),
+    ("rows: recorder kill -9, restarted", lambda d: session_rows(d, "kill")),
+    ("rows: recorder kill -9, --no-restart-recorder",
+     lambda d: session_rows(d, "kill", restart_recorder=False)),
+    ("rows: recorder stalled (SIGSTOP), --stop-timeout 2", lambda d: session_rows(d, "stall")),
 ]
 
 
@@ -330,8 +384,16 @@ def main() -> int:
                      f"{soak['ps3_lost']} of {soak['ps3_frames_sent']} PS3 frames | "
                      f"{len(soak['gaps'])} gaps | exit {soak['exit_status']} | RSS start->end, "
                      f"CPU % of a core: {procs} |")
+    counted = [r for r in rows if "rows" in r]
+    rows_table = ["| fault | rows kept / rows sent | gap rows | rows in gap rows | exit status "
+                  "| session s |", "|---|---|---|---|---|---|"]
+    rows_table += [f"| {r['fault'].removeprefix('rows: ')} | {r['rows']} | {r['gap_rows']} | "
+                   f"{r['in_gaps']} | {r['exit']} | {r['seconds']} |" for r in counted]
     print("\n".join(lines))
-    write_json("faults", {"benchmark": "faults", "scenarios": rows, "table": lines})
+    if counted:
+        print("\n" + "\n".join(rows_table))
+    write_json("faults", {"benchmark": "faults", "scenarios": rows, "table": lines,
+                          "rows_table": rows_table if counted else []})
     return 0 if all(r["survived"] != "NO" for r in rows) else 1
 
 

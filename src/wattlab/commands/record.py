@@ -39,12 +39,14 @@ from wattlab.acquisition.meters import (
     parse_meter_spec,
 )
 from wattlab.acquisition.session import Session, SessionResult, SourceSpec, live_panel
+from wattlab.acquisition.session.supervisor import STOP_TIMEOUT_S
 from wattlab.analysis.energy import format_table, summarise
 from wattlab.errors import UsageError
 from wattlab.runfile import GapRow, Run
 from wattlab.sync.recorder import DiskFullReport
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5560"
+MAX_STOP_TIMEOUT_S = 3600.0
 NVML_STREAMS_HELP = (
     "NVML streams to record: 'all' (default) or a comma list of samples (the driver's 50 Hz "
     "buffer), power (instant and 1 s average, polled every 90 ms, for calibrate), energy "
@@ -135,10 +137,18 @@ def nvml_choice(args: argparse.Namespace, bench: BenchConfig | None) -> NvmlChoi
 
 
 def report(result: SessionResult) -> None:
-    """Print the per-source summary of a finished session."""
+    """Print the per-source summary of a finished session.
+
+    A file the session could not repair after losing its recorder gets the one line that
+    says so (with the `wattlab repair` command), not a summary read from a file left open.
+    """
     full = result.disk_full
     if full is not None and not full.in_gaps:
         lost_spans(full)
+    salvaged = result.salvage
+    if salvaged is not None and salvaged.error is not None:
+        print(salvaged.line(), file=sys.stderr)
+        return
     with Run(result.output) as run:
         print(format_table(summarise(run)))
         gaps = run.gaps
@@ -158,6 +168,8 @@ def report(result: SessionResult) -> None:
     if rejected:
         print(f"wattlab: the recorder rejected {rejected} malformed message(s): "
               f"{result.recorder_status.get('last_rejection')}", file=sys.stderr)
+    if salvaged is not None:
+        print(salvaged.line(), file=sys.stderr)
 
 
 def log_trackers(output: str) -> None:
@@ -194,10 +206,10 @@ def lost_spans(full: DiskFullReport) -> None:
 def exit_status(result: SessionResult) -> int:
     """The exit status of a finished session.
 
-    1 if the disk filled; else the command's own status; 130 after Ctrl-C; 1 if a source
-    failed.
+    1 if the disk filled or the recorder was lost (died unrestarted, or killed when it did
+    not stop); else the command's own status; 130 after Ctrl-C; 1 if a source failed.
     """
-    if result.disk_full is not None:
+    if result.disk_full is not None or result.salvage is not None:
         return 1
     code = result.command_exit_code
     if code is not None and code != 0:
@@ -261,6 +273,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         help="per source: unsent data kept while the recorder is slow or "
                              "away; beyond it batches are dropped and recorded as gaps "
                              "(default 32)")
+    faults.add_argument("--stop-timeout", type=float, default=STOP_TIMEOUT_S, metavar="S",
+                        help="at the end, how long the recorder may take to close the file "
+                             "and to exit; one that does not (a stalled disk) is killed and "
+                             "the session repairs the file and exits 1 (default "
+                             f"{STOP_TIMEOUT_S:g}, at most {MAX_STOP_TIMEOUT_S:g})")
     remote = p.add_argument_group("remote agents (see `wattlab agent`, `wattlab keys`)")
     remote.add_argument("--listen", nargs="?", const=DEFAULT_LISTEN, metavar="tcp://ADDR:PORT",
                         help=f"accept agents here, CurveZMQ only (default {DEFAULT_LISTEN}: "
@@ -344,7 +361,11 @@ def fault_options(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, name)
         if not 0 < value <= 65536:
             raise UsageError(f"--{name.replace('_', '-')} must be in (0, 65536] MB, got {value}")
+    if not 0 < args.stop_timeout <= MAX_STOP_TIMEOUT_S:
+        raise UsageError(f"--stop-timeout must be in (0, {MAX_STOP_TIMEOUT_S:g}] s, "
+                         f"got {args.stop_timeout}")
     return {"restart_sources": args.restart_sources, "max_restarts": args.max_restarts,
+            "stop_timeout_s": args.stop_timeout,
             "restart_recorder": not args.no_restart_recorder,
             "window_bytes": int(args.replay_buffer_mb * 2**20),
             "backlog_bytes": int(args.backlog_mb * 2**20)}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +31,20 @@ from wattlab.runfile.writer_identity import recorded_writer, writer_alive
 from wattlab.samples import Gap
 
 CUT_OFF_REASON = "recording cut off by a crash (file repaired)"
+
+
+@dataclass(frozen=True)
+class CutOff:
+    """What the caller knows about the cut (a session repairing its own file).
+
+    ``rows_sent``: rows each stream's source sent, so a cut-off gap row carries the rows
+    lost (sent - kept) and a stream that ended but lacks rows gets one too; ``until_ns``:
+    when the recording was cut (monotonic), the gap rows' end.
+    """
+
+    reason: str = CUT_OFF_REASON
+    rows_sent: Mapping[str, int] = field(default_factory=dict)
+    until_ns: int = -1
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,7 @@ class RepairReport:
     sources: dict[str, dict[str, int]] = field(default_factory=dict)
     tables_trimmed: dict[str, int] = field(default_factory=dict)
     gaps_added: list[str] = field(default_factory=list)
+    rows_sent: dict[str, int] = field(default_factory=dict)  # as the session counted them
 
     @property
     def rows_trimmed(self) -> int:
@@ -99,7 +115,8 @@ class RepairReport:
         return asdict(self)
 
 
-def repair_run(path: str, *, force: bool = False) -> RepairReport:
+def repair_run(path: str, *, force: bool = False, cut_off: CutOff | None = None
+               ) -> RepairReport:
     """Repair ``path`` in place; refuses while its recorder runs (``force``: when unknown)."""
     if not os.path.isfile(path):
         raise RunFileError(f"{path}: no such file")
@@ -118,14 +135,18 @@ def repair_run(path: str, *, force: bool = False) -> RepairReport:
                                "run files written by `wattlab record` can be repaired")
         session_start_ns = int(f.attrs[schema.SESSION_START_MONOTONIC_NS])
     writer, points = RunFileWriter.resume(path, session_start_ns, keep_unconfirmed=True)
+    cut_off = cut_off or CutOff()
     report = RepairReport(path, True, status.flags,
                           {sid: _source_record(p) for sid, p in points.items()},
-                          dict(writer.tables_dropped))
+                          dict(writer.tables_dropped), rows_sent=dict(cut_off.rows_sent))
     try:
         last_ns = writer.last_time_ns()
-        cut = [Gap(sid, CUT_OFF_REASON, p.seq_next if not p.rows_unconfirmed else -1,
-                   t_first_ns=-1 if (t := last_ns.get(sid)) is None else session_start_ns + t)
-               for sid, p in points.items() if not p.ended]
+        cut = [Gap(sid, cut_off.reason, p.seq_next if not p.rows_unconfirmed else -1,
+                   t_first_ns=-1 if (t := last_ns.get(sid)) is None else session_start_ns + t,
+                   t_last_ns=cut_off.until_ns, samples_lost=_rows_lost(cut_off, sid, p))
+               for sid, p in points.items() if not p.ended or _rows_lost(cut_off, sid, p) > 0]
+        cut += [Gap(sid, cut_off.reason, t_last_ns=cut_off.until_ns, samples_lost=rows)
+                for sid, rows in cut_off.rows_sent.items() if sid not in points and rows > 0]
         if cut:
             writer.add_gaps(cut)
         report.gaps_added = [g.source for g in cut]
@@ -141,6 +162,13 @@ def repair_run(path: str, *, force: bool = False) -> RepairReport:
         raise
     writer.close(final)
     return report
+
+
+def _rows_lost(cut_off: CutOff, source_id: str, point: ResumePoint) -> int:
+    """Rows sent but not kept; -1 where unknown (or where the count cannot be right)."""
+    sent = cut_off.rows_sent.get(source_id)
+    lost = -1 if sent is None else sent - point.rows - point.rows_unconfirmed
+    return lost if lost >= 0 else -1
 
 
 def _source_record(point: ResumePoint) -> dict[str, int]:

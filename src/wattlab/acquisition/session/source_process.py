@@ -4,13 +4,16 @@ Why processes: a source that crashes, hangs in a driver or is killed must not ta
 session (or the other sources) with it, and the supervisor can only restart what it can
 kill. The child builds its acquirer from a :class:`SourceSpec` (plain JSON: no objects
 cross the process boundary), runs the usual :class:`SourceRunner`, reports its
-descriptors (or why it could not open) on a pipe, and stops cleanly on SIGTERM or when
-its parent disappears. Ctrl-C is the session's to handle, so the child ignores SIGINT.
+descriptors (or why it could not open) on a pipe, at its end the rows it sent per stream
+on the same pipe (so the session knows them even when the recorder died), and stops
+cleanly on SIGTERM or when its parent disappears. Ctrl-C is the session's to handle, so
+the child ignores SIGINT.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -20,11 +23,12 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import IO, Any
 
 from wattlab.acquisition.acquirers import Acquirer
 from wattlab.acquisition.session.source_runner import (
     SOURCE_BACKLOG_BYTES,
+    SOURCE_LINGER_S,
     SOURCE_WINDOW_BYTES,
     SourceRunner,
 )
@@ -98,18 +102,23 @@ class ProcessSourceRunner:
 
     def __init__(
         self, spec: SourceSpec, endpoint: str, *, window_bytes: int = SOURCE_WINDOW_BYTES,
-        backlog_bytes: int = SOURCE_BACKLOG_BYTES,
+        backlog_bytes: int = SOURCE_BACKLOG_BYTES, linger_s: float = SOURCE_LINGER_S,
     ) -> None:
         self.spec = spec
         self.name = spec.name
         self.endpoint = endpoint
         self.window_bytes = window_bytes
         self.backlog_bytes = backlog_bytes
+        self.linger_s = linger_s
         self.descriptors: list[SourceDescriptor] = []
         self.error: str | None = None
         self.restarts = 0
+        # rows sent per stream, summed over the children that reported them (a child
+        # killed before its end reports nothing: its streams' counts are then short)
+        self.rows_sent: dict[str, int] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._status_fd: int | None = None
+        self._status: IO[bytes] | None = None  # the child's pipe, read again at its end
         self._stopping = False
 
     @property
@@ -124,10 +133,12 @@ class ProcessSourceRunner:
 
     def launch(self, continue_seq: bool = False) -> None:
         """Start the child without waiting (sessions start all their children at once)."""
+        self._collect_rows_sent()  # a child that died: what it said before it went
         read_fd, write_fd = os.pipe()
         args = [sys.executable, "-m", "wattlab.acquisition.session.source_child",
                 self.spec.to_json(), self.endpoint, "--status-fd", str(write_fd), "--window-bytes",
-                str(self.window_bytes), "--backlog-bytes", str(self.backlog_bytes)]
+                str(self.window_bytes), "--backlog-bytes", str(self.backlog_bytes),
+                "--linger-s", str(self.linger_s)]
         if continue_seq:
             args.append("--continue-seq")
         self._stopping = False
@@ -144,22 +155,35 @@ class ProcessSourceRunner:
         """The child's report: its descriptors, or why its instrument did not open."""
         if self._status_fd is None or self._proc is None:
             raise WattlabError(f"source {self.name}: not launched")
-        with os.fdopen(self._status_fd, "rb") as status:
-            self._status_fd = None
-            ready, _, _ = select.select([status], [], [], open_timeout_s)
-            line = status.readline() if ready else b""
-        try:
-            reply = json.loads(line) if line else {}
-        except ValueError:
-            reply = {}
-        if not isinstance(reply, dict) or "descriptors" not in reply:
+        status = os.fdopen(self._status_fd, "rb")
+        self._status_fd = None
+        ready, _, _ = select.select([status], [], [], open_timeout_s)
+        reply = _reply(status.readline()) if ready else {}
+        if "descriptors" not in reply:
+            status.close()
             self.stop(2.0)
-            why = reply.get("error") if isinstance(reply, dict) else None
-            why = why or (f"did not open in {open_timeout_s} s" if not ready
-                          else f"exited with status {self._proc.returncode}")
+            why = reply.get("error") or (f"did not open in {open_timeout_s} s" if not ready
+                                         else f"exited with status {self._proc.returncode}")
             raise WattlabError(f"source {self.name}: {why}")
+        self._status = status
         self.descriptors = [SourceDescriptor.from_json(d) for d in reply["descriptors"]]
         return self.descriptors
+
+    def _collect_rows_sent(self) -> None:
+        """Add what an ended child reported on its pipe (nothing, if it was killed)."""
+        status, self._status = self._status, None
+        if status is None:
+            return
+        with status:
+            while select.select([status], [], [], 0)[0]:
+                line = status.readline()
+                if not line:
+                    break
+                sent = _reply(line).get("rows_sent")
+                if isinstance(sent, dict):
+                    for source_id, rows in sent.items():
+                        if isinstance(rows, int):
+                            self.rows_sent[source_id] = self.rows_sent.get(source_id, 0) + rows
 
     def request_stop(self) -> None:
         """SIGTERM (once): the child reads what is left, says "end" and closes."""
@@ -177,15 +201,17 @@ class ProcessSourceRunner:
         """
         self.request_stop()
 
-    def stop(self, timeout_s: float = 15.0) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the child; killed after ``timeout_s`` (default: its linger time and 5 s)."""
         self.request_stop()
         if self._proc is None:
             return
         try:
-            self._proc.wait(timeout_s)
+            self._proc.wait(self.linger_s + 5.0 if timeout_s is None else timeout_s)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        self._collect_rows_sent()
         code = self._proc.returncode
         if code not in (0, None) and self.error is None:
             self.error = describe_exit(code)
@@ -219,9 +245,18 @@ def describe_exit(code: int) -> str:
     return f"source process exited with status {code}"
 
 
-def _report(fd: int, reply: dict[str, Any]) -> None:
-    with os.fdopen(fd, "wb") as out:
-        out.write(json.dumps(reply).encode() + b"\n")
+def _reply(line: bytes) -> dict[str, Any]:
+    """One JSON object line from a child's pipe ({} for anything else)."""
+    try:
+        reply = json.loads(line) if line else {}
+    except ValueError:
+        return {}
+    return reply if isinstance(reply, dict) else {}
+
+
+def _report(out: IO[bytes], reply: dict[str, Any]) -> None:
+    out.write(json.dumps(reply).encode() + b"\n")
+    out.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-fd", type=int, required=True)
     parser.add_argument("--window-bytes", type=int, default=SOURCE_WINDOW_BYTES)
     parser.add_argument("--backlog-bytes", type=int, default=SOURCE_BACKLOG_BYTES)
+    parser.add_argument("--linger-s", type=float, default=SOURCE_LINGER_S)
     parser.add_argument("--continue-seq", action="store_true")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -245,24 +281,28 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: set_and_wake(stop))
     parent = os.getppid()
     cleanup: Callable[[], None] = lambda: None  # noqa: E731
+    status = os.fdopen(args.status_fd, "wb")
     try:
         spec = SourceSpec.from_json(args.spec_json)
         acquirer, cleanup = spec.build()
         runner = SourceRunner(spec.name, acquirer, args.endpoint, window_bytes=args.window_bytes,
                               backlog_bytes=args.backlog_bytes, continue_seq=args.continue_seq,
-                              on_end=lambda: set_and_wake(ended))
+                              on_end=lambda: set_and_wake(ended), linger_s=args.linger_s)
         descriptors = runner.start()
     except WattlabError as e:
-        _report(args.status_fd, {"error": str(e)})
+        _report(status, {"error": str(e)})
+        status.close()
         cleanup()
         watch.close()
         return EXIT_OPEN_FAILED
-    _report(args.status_fd, {"descriptors": [d.to_json() for d in descriptors]})
+    _report(status, {"descriptors": [d.to_json() for d in descriptors]})
     try:
         # the session gone (its pidfd; getppid where pidfds are missing): finish cleanly
         while not (stop.is_set() or ended.is_set() or os.getppid() != parent):
             watch.wait([parent], None)
         runner.stop()
+        with contextlib.suppress(BrokenPipeError), status:  # no reader: the session is gone
+            _report(status, {"rows_sent": runner.rows_sent})
     finally:
         # the interpreter's shutdown restores SIGTERM's default action: a late one must not
         # turn a clean stop into "killed"

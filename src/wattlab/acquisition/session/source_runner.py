@@ -23,6 +23,8 @@ COALESCE_ROWS = 65536
 # recorder), then unsent; beyond both, batches are dropped and the loss sent as a gap.
 SOURCE_WINDOW_BYTES = 64 * 1024 * 1024
 SOURCE_BACKLOG_BYTES = 32 * 1024 * 1024
+# At the end, how long a source waits for the recorder to confirm its last batches on disk.
+SOURCE_LINGER_S = 10.0
 
 
 class SourceRunner:
@@ -32,12 +34,14 @@ class SourceRunner:
         self, name: str, acquirer: Acquirer, endpoint: str, *,
         window_bytes: int = SOURCE_WINDOW_BYTES, backlog_bytes: int = SOURCE_BACKLOG_BYTES,
         continue_seq: bool = False, on_end: Callable[[], None] | None = None,
+        linger_s: float = SOURCE_LINGER_S,
     ) -> None:
         """Prepare (the thread starts in ``start``).
 
         ``continue_seq``: number batches on from where the recorder has the stream (a
         restarted source process), after waiting for the recorder's acknowledgement.
         ``on_end``: called by the thread as its last act, so a watcher can sleep until then.
+        ``linger_s``: at the end, how long to wait for the recorder's last confirmations.
         """
         self.name = name
         self.acquirer = acquirer
@@ -46,6 +50,10 @@ class SourceRunner:
         self.backlog_bytes = backlog_bytes
         self.continue_seq = continue_seq
         self.on_end = on_end
+        self.linger_s = linger_s
+        # rows handed to the bus per stream (dropped ones too: they leave as gap rows), so
+        # the session can say what a recorder that died never kept
+        self.rows_sent: dict[str, int] = {}
         self.descriptors: list[SourceDescriptor] = []
         self.error: str | None = None
         self.dropped_batches = 0
@@ -77,10 +85,11 @@ class SourceRunner:
         self._abandoned = True
         self.request_stop()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop and wait for the thread (default: its linger time and 5 s)."""
         self.request_stop()
         if self._thread.ident is not None:  # never started (an earlier source failed)
-            self._thread.join(timeout_s)
+            self._thread.join(self.linger_s + 5.0 if timeout_s is None else timeout_s)
 
     @property
     def alive(self) -> bool:
@@ -94,6 +103,8 @@ class SourceRunner:
             if isinstance(item, Chunk):
                 seq = self._seq.get(item.source_id, 0)
                 self._seq[item.source_id] = seq + 1
+                self.rows_sent[item.source_id] = (self.rows_sent.get(item.source_id, 0)
+                                                  + len(item.t_host_ns))
                 publisher.send_batch(
                     SampleBatch(item.source_id, seq, item.t_host_ns, item.values,
                                 item.t_raw, item.flags)
@@ -106,6 +117,7 @@ class SourceRunner:
 
     def _run(self) -> None:
         publisher = BusPublisher(self.endpoint, coalesce_rows=COALESCE_ROWS,
+                                 linger_ms=round(self.linger_s * 1000),
                                  window_bytes=self.window_bytes, backlog_bytes=self.backlog_bytes)
         try:
             try:
@@ -116,6 +128,7 @@ class SourceRunner:
                 return
             for desc in self.descriptors:
                 self._seq[desc.source_id] = 0
+                self.rows_sent[desc.source_id] = 0
                 publisher.announce(desc)
             if self.continue_seq:
                 publisher.wait_ready(30.0)

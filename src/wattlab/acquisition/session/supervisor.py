@@ -8,6 +8,10 @@ While the workload runs a supervisor thread watches the processes: a recorder th
 is restarted on the same file (it resumes from the last flush and the sources resend
 what it lacks, see docs/reliability.md); a source process that dies is recorded in
 ``/gaps`` and, when asked (``restart_sources``), started again, numbering on.
+
+A recorder that is not restarted, or that does not answer ``stop`` in time (a stalled
+disk, a flood) and is killed, leaves its file open: the session repairs it itself
+(``salvage``), with the rows its sources sent per stream, and the result says so.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from wattlab.acquisition.acquirers import Acquirer
 from wattlab.acquisition.markers import BUS_ENV
+from wattlab.acquisition.session.salvage import Salvage, salvage
 from wattlab.acquisition.session.source_process import (
     ABANDON_WAIT_S,
     ProcessSourceRunner,
@@ -36,6 +41,7 @@ from wattlab.acquisition.session.source_process import (
 )
 from wattlab.acquisition.session.source_runner import (
     SOURCE_BACKLOG_BYTES,
+    SOURCE_LINGER_S,
     SOURCE_WINDOW_BYTES,
     SourceRunner,
 )
@@ -55,6 +61,9 @@ from wattlab.sync.recorder import (
 
 RECORDER_START_TIMEOUT_S = 20.0
 HANDSHAKE_TIMEOUT_S = 15.0
+# at the end: how long the recorder may take to answer "stop" (it drains and closes the
+# file first), and then to exit after SIGTERM before it is killed
+STOP_TIMEOUT_S = 30.0
 PROGRESS_TICK_S = 0.05
 Runner = SourceRunner | ProcessSourceRunner
 
@@ -64,7 +73,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class SessionResult:
-    """A finished session: the file, the workload's exit status, the recorder's counts."""
+    """A finished session: the file, the workload's exit status, the recorder's counts.
+
+    ``rows_sent``: rows the sources sent per stream (a source process killed before its
+    end did not report its own); ``salvage``: set when the recorder did not close the file
+    (it died and was not restarted, or stalled and was killed), with what the session's
+    repair kept.
+    """
 
     output: str
     command_exit_code: int | None
@@ -74,6 +89,8 @@ class SessionResult:
     recorder_restarts: int = 0
     source_restarts: dict[str, int] = field(default_factory=dict)
     disk_full: DiskFullReport | None = None  # the disk filled: the recording stopped there
+    rows_sent: dict[str, int] = field(default_factory=dict)
+    salvage: Salvage | None = None
 
 
 @dataclass
@@ -101,11 +118,20 @@ class Session:
     restart_recorder: bool = True
     window_bytes: int = SOURCE_WINDOW_BYTES
     backlog_bytes: int = SOURCE_BACKLOG_BYTES
+    # the end's waits on the recorder: its answer to "stop", its exit after SIGTERM, and
+    # (at most SOURCE_LINGER_S of it) the sources' wait for their last confirmations
+    stop_timeout_s: float = STOP_TIMEOUT_S
     _stop: threading.Event = field(default_factory=threading.Event)
+    _interrupted: threading.Event = field(default_factory=threading.Event)
     _watch: ExitWatch | None = field(default=None, init=False, repr=False)
 
     def request_stop(self) -> None:
-        """Stop at the next opportunity (Ctrl-C / SIGTERM call this)."""
+        """Stop at the next opportunity (Ctrl-C / SIGTERM call this): the run is interrupted."""
+        self._interrupted.set()
+        self._halt()
+
+    def _halt(self) -> None:
+        """End the session early for a reason of its own (the recorder is gone)."""
         self._stop.set()
         watch = self._watch
         if watch is not None:
@@ -145,7 +171,7 @@ class Session:
             if self._stop.is_set():
                 return  # stopping before the workload started: no need to wait
             if recorder.poll() == DISK_FULL_EXIT:
-                self.request_stop()  # the result says where the disk filled
+                self._halt()  # the result says where the disk filled
                 return
             if recorder.poll() is not None:
                 raise WattlabError(f"recorder exited with status {recorder.returncode} ({what})")
@@ -165,14 +191,17 @@ class Session:
     def _run_on(self, endpoint: str) -> SessionResult:
         t0_ns = time.monotonic_ns()
         window, backlog = self.window_bytes, self.backlog_bytes
+        linger_s = min(SOURCE_LINGER_S, self.stop_timeout_s)
         runners: list[Runner] = [
-            SourceRunner(name, acq, endpoint, window_bytes=window, backlog_bytes=backlog)
+            SourceRunner(name, acq, endpoint, window_bytes=window, backlog_bytes=backlog,
+                         linger_s=linger_s)
             for name, acq in self.acquirers]
-        runners += [ProcessSourceRunner(spec, endpoint, window_bytes=window, backlog_bytes=backlog)
+        runners += [ProcessSourceRunner(spec, endpoint, window_bytes=window, backlog_bytes=backlog,
+                                        linger_s=linger_s)
                     for spec in self.source_specs]
         recorder = self._start_recorder(endpoint, t0_ns, [])
         control = ControlClient(endpoint)
-        marker_pub = BusPublisher(endpoint)
+        marker_pub = BusPublisher(endpoint, linger_ms=round(linger_s * 1000))
         supervisor = _Supervisor(self, endpoint, t0_ns, recorder, runners)
         exit_code: int | None = None
         # from here on Ctrl-C / SIGTERM stop the session cleanly, even while it starts
@@ -202,6 +231,7 @@ class Session:
                                               {"command_exit_code": exit_code}))
                 self._stop.wait(self.tail_s)  # a stop (Ctrl-C) cuts the tail short
             finally:
+                sources_stop_ns = time.monotonic_ns()  # the last readings are from here
                 gone = (supervisor.disk_full is not None
                         or supervisor.recorder.poll() == DISK_FULL_EXIT)
                 for runner in runners:
@@ -216,15 +246,21 @@ class Session:
                         runner.stop()
                 marker_pub.close(wait=not gone)
                 supervisor.stop()
-                status = self._stop_recorder(control, supervisor.recorder)
+                status, killed = self._stop_recorder(control, supervisor.recorder)
                 control.close()
                 disk_full = supervisor.disk_full or _reap(supervisor.recorder)
         errors = {r.name: r.error for r in runners if r.error}
         errors.update(supervisor.errors)
-        interrupted = self._stop.is_set() and disk_full is None  # Ctrl-C, not the disk
+        interrupted = self._interrupted.is_set() and disk_full is None  # Ctrl-C, not the disk
+        rows_sent: dict[str, int] = {}
+        for runner in runners:
+            rows_sent.update(runner.rows_sent)
+        lost = killed or _recorder_lost(supervisor.recorder, disk_full)
         return SessionResult(self.output, exit_code, status, errors, interrupted,
                              supervisor.recorder_restarts, dict(supervisor.source_restarts),
-                             disk_full)
+                             disk_full, rows_sent,
+                             None if lost is None
+                             else salvage(self.output, lost, rows_sent, sources_stop_ns))
 
     def _run_workload(self, endpoint: str, runners: list[Runner]) -> int | None:
         started = time.monotonic()
@@ -273,20 +309,26 @@ class Session:
 
     def _stop_recorder(
         self, control: ControlClient, recorder: subprocess.Popen[bytes]
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], str | None]:
+        """Its final status, and why it had to be killed (None: it stopped by itself)."""
         status: dict[str, Any] = {}
+        killed = None
         if recorder.poll() is None:
             try:
-                status = control.request("stop", timeout_s=30.0)
+                status = control.request("stop", timeout_s=self.stop_timeout_s)
             except BusError as e:
                 status = {"error": str(e)}
+                killed = (f"the recorder did not answer 'stop' within {self.stop_timeout_s:g} s "
+                          "and was killed")
                 recorder.terminate()
         try:
-            recorder.wait(30)
+            recorder.wait(self.stop_timeout_s)
         except subprocess.TimeoutExpired:
+            killed = killed or (f"the recorder did not exit within {self.stop_timeout_s:g} s "
+                                "of 'stop' and was killed")
             recorder.kill()
             recorder.wait()
-        return status
+        return status, killed
 
 
 class _Supervisor:
@@ -352,12 +394,12 @@ class _Supervisor:
         report = _reap(self.recorder)
         if code == DISK_FULL_EXIT:  # a new recorder would fail on the same disk
             self.disk_full = report
-            self.session.request_stop()
+            self.session._halt()
             self._done.set()
             return
         if not self.session.restart_recorder or self.recorder_restarts >= self.session.max_restarts:
             self.errors["recorder"] = f"recorder exited with status {code}; not restarted"
-            self.session.request_stop()
+            self.session._halt()
             self._done.set()
             return
         self.recorder_restarts += 1
@@ -391,6 +433,17 @@ class _Supervisor:
         except WattlabError as e:
             self.errors[runner.name] = f"{how}; restart failed: {e}"
             runner.stop(1.0)
+
+
+def _recorder_lost(recorder: subprocess.Popen[bytes], disk_full: DiskFullReport | None
+                   ) -> str | None:
+    """Why the last recorder left its file open (None: it closed it, or the disk filled)."""
+    code = recorder.returncode
+    if code in (0, None) or disk_full is not None or code == DISK_FULL_EXIT:
+        return None
+    how = (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in
+           signal.valid_signals() else f"exited with status {code}")
+    return f"the recorder {how} and was not restarted"
 
 
 def _reap(recorder: subprocess.Popen[bytes]) -> DiskFullReport | None:
