@@ -26,7 +26,7 @@ MIN_STEPS_PER_GROUP = 3
 one step look the same (the single-step H100 traces show exactly that)."""
 UNSURE_CONFIDENCE = 0.3
 """The burst count's confidence where its bursts may hold several steps each."""
-STEP_CONFIDENCE_COEF = np.array([0.054, -0.28, 0.121, 2.14, -0.33, 0.0])
+STEP_CONFIDENCE_COEF = np.array([-1.552, 0.871, 0.801, 2.671, 2.759, -1.822])
 """Logistic coefficients for ``step_features``, fitted by bench/iterations_nested.py
 (``--fit``) on simulated loops with stalls every few steps; BENCHMARKS.md has the check."""
 
