@@ -197,3 +197,17 @@ def test_a_total_of_figures_some_invalid_is_invalid_and_says_which():
     rows[1].valid = True
     _totals(rows)
     assert rows[-1].invalid_parts == []
+
+
+def test_node_split_marks_a_part_from_an_invalid_figure_and_its_total(tmp_path, capsys):
+    path = str(_run(tmp_path, counter=lambda t_s: np.full(t_s.shape, 1234.0)))
+    assert main(["energy", path, "--node", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    (node,) = rep["nodes"]
+    gpu = next(p for p in node["parts"] if p["part"] == "gpu0")
+    assert gpu["valid"] is False and "no_silent_zero" in " ".join(gpu["invalid"])
+    assert node["measured_valid"] is False and node["invalid_parts"] == ["gpu0"]
+    assert rep["valid"] is False
+    assert main(["energy", path, "--node", "--strict"]) == 1
+    assert "[INVALID: sums invalid gpu0]" in capsys.readouterr().out
+    assert main(["energy", str(_run(tmp_path / "good")), "--node", "--strict"]) == 0

@@ -156,4 +156,4 @@ def node_run(args: argparse.Namespace) -> int:
     with Run(paths[0]) as run_file:
         report = node_report(run_file, wall=args.wall)
     print(json.dumps(report, indent=2) if args.json else format_node_report(report))
-    return 0
+    return verdict_status([report], args.strict)
