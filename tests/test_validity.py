@@ -6,6 +6,7 @@ samples and an energy counter read every second, and a 1 kHz meter, 10 s at 200 
 
 from __future__ import annotations
 
+import csv
 import json
 
 import numpy as np
@@ -211,3 +212,14 @@ def test_node_split_marks_a_part_from_an_invalid_figure_and_its_total(tmp_path, 
     assert main(["energy", path, "--node", "--strict"]) == 1
     assert "[INVALID: sums invalid gpu0]" in capsys.readouterr().out
     assert main(["energy", str(_run(tmp_path / "good")), "--node", "--strict"]) == 0
+
+
+def test_export_carries_the_verdict_as_columns(tmp_path):
+    path = _run(tmp_path, counter=lambda t_s: np.full(t_s.shape, 1234.0))
+    out = tmp_path / "t.csv"
+    assert main(["export", str(path), "-o", str(out)]) == 0
+    with out.open(encoding="utf-8") as f:
+        rows = {r["source"]: r for r in csv.DictReader(f)}
+    assert rows["gpu0.energy"]["valid"] == "False"
+    assert rows["gpu0.energy"]["failed_checks"] == "counter_vs_integral no_silent_zero"
+    assert rows["meter"]["valid"] == "True" and rows["meter"]["failed_checks"] == ""
