@@ -223,3 +223,15 @@ def test_export_carries_the_verdict_as_columns(tmp_path):
     assert rows["gpu0.energy"]["valid"] == "False"
     assert rows["gpu0.energy"]["failed_checks"] == "counter_vs_integral no_silent_zero"
     assert rows["meter"]["valid"] == "True" and rows["meter"]["failed_checks"] == ""
+
+
+def test_the_report_page_sums_mark_an_invalid_instance(tmp_path):
+    from wattlab.analysis.report.html_report import _energy_table, phase_energy
+
+    with wattlab.open(str(_run(tmp_path, counter=lambda t_s: np.full(t_s.shape, 1234.0)))) \
+            as run:
+        energy = phase_energy(run)
+    j = energy.streams.index("gpu0.energy:energy_j")
+    assert energy.invalid[0, j] == 1
+    assert energy.failed_checks[(0, j)] == ["counter_vs_integral", "no_silent_zero"]
+    assert "no: 1 of 1 (counter_vs_integral, no_silent_zero)" in _energy_table(energy)
