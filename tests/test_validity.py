@@ -235,3 +235,15 @@ def test_the_report_page_sums_mark_an_invalid_instance(tmp_path):
     assert energy.invalid[0, j] == 1
     assert energy.failed_checks[(0, j)] == ["counter_vs_integral", "no_silent_zero"]
     assert "no: 1 of 1 (counter_vs_integral, no_silent_zero)" in _energy_table(energy)
+
+
+def test_iterations_carry_the_streams_verdict_over_their_span(tmp_path):
+    from wattlab.analysis.iterations import iterations
+
+    t = np.arange(0, 10_001) * 0.001
+    with wattlab.open(str(_run(tmp_path, meter_t_s=t[(t < 4.0) | (t > 4.05)]))) as run:
+        cut = iterations(run, "meter:power_w", markers="none")
+        whole = iterations(run, "gpu0.samples:power_w", markers="none")
+    assert cut.valid is False and cut.to_json()["checks"]["coverage"]["ok"] is False
+    assert any(w.startswith("invalid (docs/validity.md): coverage:") for w in cut.warnings)
+    assert whole.valid is True

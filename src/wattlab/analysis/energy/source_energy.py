@@ -406,6 +406,24 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
     })
 
 
+def span_verdict(run: Run, view: SourceView, channel: str, t0_s: float, t1_s: float
+                 ) -> EnergyRow:
+    """One stream's figure over [t0, t1] with its verdict (docs/validity.md).
+
+    For analyses that report a figure of their own over a span (``iterations``).
+    """
+    phase = [Phase("span", 0, t0_s, t1_s, "")]
+    method = "counter" if view.unit(channel) == "J" else "power"
+    if scan_times(view).backwards_s.size:
+        row = _unintegrated(view, channel, method, phase)[0]
+    elif method == "counter":
+        row = counter_energy(view, channel, phase, shape_source(run, view))[0]
+    else:
+        row = integrate_power(run, view, [channel], phase)[channel][0][0]
+    judge(run, [row], (t0_s, t1_s), {})
+    return row
+
+
 def _report_phases(run: Run, streams: list[tuple[SourceView, str, str]], by_marker: bool,
                    windows: Sequence[tuple[float, float]]
                    ) -> tuple[list[Phase], dict[str, tuple[float, float]]]:

@@ -63,6 +63,8 @@ class IterationResult:
     thin_dips: float | None = None
     iterations_used: int = 0
     warnings: list[str] = field(default_factory=list)
+    valid: bool | None = None  # the stream's verdict over the span (docs/validity.md)
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def iterations(self) -> int:
