@@ -247,3 +247,10 @@ def test_iterations_carry_the_streams_verdict_over_their_span(tmp_path):
     assert cut.valid is False and cut.to_json()["checks"]["coverage"]["ok"] is False
     assert any(w.startswith("invalid (docs/validity.md): coverage:") for w in cut.warnings)
     assert whole.valid is True
+
+
+def test_the_runs_edges_as_printed_are_inside_it(tmp_path):
+    path = _run(tmp_path, meter_t_s=np.arange(0, 10_001) * 0.001 + 0.0004)
+    rep = _report(path, windows=[(0.0, 10.0), (0.0, 9.0)])
+    assert _row(rep, "meter", "window")["valid"]  # 0.4 ms cut: the run starts at 0.0004 s
+    assert _row(rep, "meter", "window#1")["valid"]

@@ -132,11 +132,14 @@ class EnergyRow:
     parts: list[str] = field(default_factory=list)  # the phases a total sums
     invalid_parts: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, checks: bool = True) -> dict[str, Any]:
+        """The row as JSON; ``checks=False`` leaves the verdict's checks out (to add later)."""
         # field by field, not ``asdict``: its deep copy cost ~1 ms per demo file's report
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if checks
+               or f.name != "checks"}
         out["notes"] = list(self.notes)
-        out["checks"] = dict(self.checks)
+        if checks:
+            out["checks"] = dict(self.checks)
         out["parts"], out["invalid_parts"] = list(self.parts), list(self.invalid_parts)
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                 for k, v in out.items()}
@@ -389,21 +392,26 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
     if ref_key is not None:
         _errors_against_reference(rows + group_rows, ref_key)
     invalid = [r for r in rows + group_rows if not r.valid]
-    return json_safe({
+    out = json_safe({
         "path": run.path,
         "valid": not invalid,
         "invalid_figures": len(invalid),
         "reference": None if ref_key is None else f"{ref_key[0]}:{ref_key[1]}",
         "calibration": None if calibration is None else calibration.key.to_json(),
         "phases": [asdict(p) | {"label": p.label} for p in phases],
-        "rows": [r.to_json() for r in rows],
+        "rows": [r.to_json(checks=False) for r in rows],
         "groups": [asdict(p) | {"label": p.label} for p in group_phases],
-        "group_rows": [r.to_json() for r in group_rows],
+        "group_rows": [r.to_json(checks=False) for r in group_rows],
         "chosen": [asdict(c) for c in resolution.choose(
             rows + group_rows, phases + group_phases,
             None if ref_key is None else f"{ref_key[0]}:{ref_key[1]}")],
         "notes": notes,
     })
+    # the checks are strict JSON already (bools and text): json_safe need not walk them
+    for key, got in (("rows", rows), ("group_rows", group_rows)):
+        for row_json, row in zip(out[key], got, strict=True):
+            row_json["checks"] = row.checks
+    return cast(dict[str, Any], out)
 
 
 def span_verdict(run: Run, view: SourceView, channel: str, t0_s: float, t1_s: float

@@ -21,6 +21,9 @@ from wattlab.runfile import Run
 if TYPE_CHECKING:
     from wattlab.analysis.energy.source_energy import EnergyRow
 
+UNPAIRED = not_applicable("not an energy counter, nor the 50 Hz samples one is compared with")
+NO_FIGURE = failed("no figure: nothing in the window to integrate")
+
 
 def judge(run: Run, rows: Sequence[EnergyRow], run_s: tuple[float, float],
           asked: Mapping[str, tuple[float, float]]) -> None:
@@ -36,13 +39,12 @@ def judge(run: Run, rows: Sequence[EnergyRow], run_s: tuple[float, float],
             "coverage": coverage(scan, r.t0_s, r.t1_s, r.method, r.uncovered_s),
             "time": time_order(scan, r.t0_s, r.t1_s, r.energy_j is not None),
             "identity": ident[r.source],
-            "counter_vs_integral": cross.get((r.source, r.channel, r.phase), not_applicable(
-                "not an energy counter, nor the 50 Hz samples one is compared with")),
+            "counter_vs_integral": cross.get((r.source, r.channel, r.phase), UNPAIRED),
             "no_silent_zero": no_silent_zero(run, r, by_phase[r.phase]),
             "window": window_check(asked.get(r.phase), (r.t0_s, r.t1_s), run_s),
         }
         if r.energy_j is None and all(c.ok for c in checks.values()):
-            checks["coverage"] = failed("no figure: nothing in the window to integrate")
+            checks["coverage"] = NO_FIGURE
         r.checks = checks_json(checks)
         r.valid = all(c.ok for c in checks.values())
     _totals(rows)

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from wattlab.analysis.energy.source_energy import EnergyRow
 
 ZERO_J = 1e-9
+MOVED = passed("the counter moved")
+NOT_A_COUNTER = not_applicable("not an energy counter's figure")
 
 
 def no_silent_zero(run: Run, row: EnergyRow, phase_rows: Sequence[EnergyRow]) -> Check:
@@ -29,7 +31,7 @@ def no_silent_zero(run: Run, row: EnergyRow, phase_rows: Sequence[EnergyRow]) ->
         if row.energy_j is None or not math.isfinite(row.energy_j):
             return failed("the counter gave no figure for the window")
         if abs(row.energy_j) > ZERO_J:
-            return passed("the counter moved")
+            return MOVED
         me = device_identity(view)
         drawing = [r for r in phase_rows if r.method == "power" and r.mean_power_w
                    and r.mean_power_w > 0 and me
@@ -43,4 +45,4 @@ def no_silent_zero(run: Run, row: EnergyRow, phase_rows: Sequence[EnergyRow]) ->
     if source.startswith("integrated:"):
         return passed(f"no energy counter on this GPU ({source.partition(', because ')[2]}): "
                       f"its energy is {source.split()[1].rstrip(',')}, integrated")
-    return not_applicable("not an energy counter's figure")
+    return NOT_A_COUNTER

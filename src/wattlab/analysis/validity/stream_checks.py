@@ -15,6 +15,9 @@ from wattlab.analysis.validity.verdict import Check, failed, not_applicable, pas
 from wattlab.runfile import SourceView
 
 EDGE_TOLERANCE_S = 1e-9  # a window edge on the first or last row is inside it
+BRACKETED = passed("the counter's reads bracket the window")
+COVERED = passed(f"rows throughout, none further apart than {HOLE_SPACINGS:g} spacings")
+ORDERED = passed("times never go backwards in the window")
 
 
 def coverage(scan: TimeScan, t0_s: float, t1_s: float, method: str,
@@ -37,21 +40,22 @@ def coverage(scan: TimeScan, t0_s: float, t1_s: float, method: str,
         if problems:
             return failed("the counter's reads do not bracket the window: it "
                           + "; it ".join(problems))
-        return passed("the counter's reads bracket the window")
+        return BRACKETED
     holes = scan.holes_in(t0_s, t1_s)
     if holes.size:
         longest = float((holes[:, 1] - holes[:, 0]).max())
         problems.append(f"has {len(holes)} hole(s) longer than {HOLE_SPACINGS:g} spacings of "
                         f"{scan.spacing_s * 1e3:.3g} ms, the longest {longest * 1e3:.3g} ms "
                         f"from {float(holes[0, 0]):.3f} s")
-    in_holes_s = float(np.sum(np.minimum(holes[:, 1], t1_s) - np.maximum(holes[:, 0], t0_s)))
+    in_holes_s = float(np.sum(np.minimum(holes[:, 1], t1_s) - np.maximum(holes[:, 0], t0_s))) \
+        if holes.size else 0.0
     unexplained_s = uncovered_s - max(0.0, before) - max(0.0, after) - in_holes_s
     if unexplained_s > 1e-6:
         problems.append(f"{unexplained_s:.3f} s more the integral could not cover "
                         "(a non-finite value or a gap the recorder wrote)")
     if problems:
         return failed("the window " + "; ".join(problems))
-    return passed(f"rows throughout, none further apart than {HOLE_SPACINGS:g} spacings")
+    return COVERED
 
 
 def time_order(scan: TimeScan, t0_s: float, t1_s: float, integrated: bool) -> Check:
@@ -69,7 +73,7 @@ def time_order(scan: TimeScan, t0_s: float, t1_s: float, integrated: bool) -> Ch
         a = float(scan.backwards_s[0, 0])
         return failed(f"time goes backwards at {a:.6f} s (outside this window): the stream "
                       "was not integrated at all")
-    return passed("times never go backwards in the window")
+    return ORDERED
 
 
 def device_identity(view: SourceView) -> str:

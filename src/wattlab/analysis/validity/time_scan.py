@@ -38,6 +38,8 @@ class TimeScan:
 
     def backwards_in(self, t0_s: float, t1_s: float) -> FloatArray:
         """Steps back whose doubtful span (between the two rows' times) reaches into [t0, t1]."""
+        if not self.backwards_s.size:  # the usual case: asked once per figure
+            return self.backwards_s
         low = np.minimum(self.backwards_s[:, 0], self.backwards_s[:, 1])
         high = np.maximum(self.backwards_s[:, 0], self.backwards_s[:, 1])
         return self.backwards_s[(low <= t1_s) & (high >= t0_s)]
@@ -45,7 +47,7 @@ class TimeScan:
     def holes_in(self, t0_s: float, t1_s: float) -> FloatArray:
         """Holes that overlap (t0, t1)."""
         h = self.holes_s
-        return h[(h[:, 0] < t1_s) & (h[:, 1] > t0_s)]
+        return h[(h[:, 0] < t1_s) & (h[:, 1] > t0_s)] if h.size else h
 
 
 def scan_times(view: SourceView) -> TimeScan:
@@ -59,9 +61,9 @@ def scan_times(view: SourceView) -> TimeScan:
         for start in range(0, n, SCAN_ROWS):  # one row of overlap joins the slices
             t = view.time_slice(max(0, start - 1), min(n, start + SCAN_ROWS))
             dt = np.diff(t)
-            pairs = np.column_stack((t[:-1], t[1:])).astype(np.float64) / 1e9
-            back.append(pairs[dt < 0])
-            holes.append(pairs[dt > limit_ns])
+            for found, at in ((back, np.flatnonzero(dt < 0)), (holes, np.flatnonzero(
+                    dt > limit_ns))):
+                found.append(np.column_stack((t[at], t[at + 1])).astype(np.float64) / 1e9)
         first, last = view.first_last_ns()
         return TimeScan(float(first) / 1e9, float(last) / 1e9, spacing_s,
                         np.concatenate(back or [np.empty((0, 2))]).reshape(-1, 2),

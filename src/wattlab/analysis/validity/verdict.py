@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 CHECKS = ("coverage", "time", "identity", "counter_vs_integral", "no_silent_zero", "window")
@@ -22,7 +23,9 @@ class Check:
     reason: str
     applies: bool = True
 
-    def to_json(self) -> dict[str, Any]:
+    @cached_property
+    def json(self) -> dict[str, Any]:
+        """As JSON; made once: the checks a run's figures share (a pass) are one object."""
         return {"ok": self.ok, "applies": self.applies, "reason": self.reason}
 
 
@@ -43,7 +46,7 @@ def checks_json(checks: Mapping[str, Check]) -> dict[str, dict[str, Any]]:
     missing = [name for name in CHECKS if name not in checks]
     if missing:
         raise ValueError(f"validity: checks not judged: {', '.join(missing)}")
-    return {name: checks[name].to_json() for name in CHECKS}
+    return {name: checks[name].json for name in CHECKS}
 
 
 def invalid_reasons(figure: Mapping[str, Any]) -> list[str]:

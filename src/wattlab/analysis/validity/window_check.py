@@ -14,6 +14,11 @@ from __future__ import annotations
 from wattlab.analysis.validity.verdict import Check, failed, not_applicable, passed
 from wattlab.errors import UsageError
 
+CUT_TOLERANCE_S = 0.0005  # the run's edges as printed (to the ms) are inside it
+NOT_ASKED = not_applicable("not a requested window: markers' and the run's edges are checked "
+                           "per stream (coverage)")
+INSIDE = passed("inside the run")
+
 
 def clip_window(t0_s: float, t1_s: float, run_s: tuple[float, float]) -> tuple[float, float]:
     """The part of [t0, t1] inside the run's span; UsageError where there is none."""
@@ -29,11 +34,10 @@ def window_check(asked: tuple[float, float] | None, used: tuple[float, float],
                  run_s: tuple[float, float]) -> Check:
     """``asked``: the window as requested (None for the run and marker phases)."""
     if asked is None:
-        return not_applicable("not a requested window: markers' and the run's edges are "
-                              "checked per stream (coverage)")
-    if asked == used:
-        return passed("inside the run")
+        return NOT_ASKED
     cut = (used[0] - asked[0]) + (asked[1] - used[1])
+    if cut <= CUT_TOLERANCE_S:
+        return INSIDE
     return failed(f"asked {asked[0]:g}..{asked[1]:g} s, the run covers {run_s[0]:.3f}.."
                   f"{run_s[1]:.3f} s: clipped to {used[0]:.3f}..{used[1]:.3f} s "
                   f"({cut:.3f} s cut)")
