@@ -254,3 +254,15 @@ def test_the_runs_edges_as_printed_are_inside_it(tmp_path):
     rep = _report(path, windows=[(0.0, 10.0), (0.0, 9.0)])
     assert _row(rep, "meter", "window")["valid"]  # 0.4 ms cut: the run starts at 0.0004 s
     assert _row(rep, "meter", "window#1")["valid"]
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_strict_over_several_runs_fails_if_any_holds_an_invalid_figure(tmp_path, capsys,
+                                                                         as_json):
+    good = str(_run(tmp_path / "good"))
+    frozen = str(_run(tmp_path / "frozen", counter=lambda t_s: np.full(t_s.shape, 1.0)))
+    out = ["--json"] if as_json else []
+    assert main(["energy", good, good, "--strict", "--jobs", "1", *out]) == 0
+    assert main(["energy", good, frozen, "--strict", "--jobs", "1", *out]) == 1
+    assert main(["energy", good, frozen, "--jobs", "1", *out]) == 0
+    capsys.readouterr()
