@@ -266,3 +266,19 @@ def test_strict_over_several_runs_fails_if_any_holds_an_invalid_figure(tmp_path,
     assert main(["energy", good, frozen, "--strict", "--jobs", "1", *out]) == 1
     assert main(["energy", good, frozen, "--jobs", "1", *out]) == 0
     capsys.readouterr()
+
+
+def test_identity_tells_an_agents_gpus_apart(tmp_path):
+    path = tmp_path / "agent.h5"
+    w = RunFileWriter(str(path), {}, 0)
+    t_ns = np.arange(0, 101) * 20 * MS
+    for gpu in ("gpu0", "gpu1"):
+        w.add_source(SourceDescriptor(f"node1.{gpu}.samples", "nvml", "m",
+                                      (Channel("power_w", "W"),),
+                                      config={"uuid": f"GPU-{gpu}", "sample_period_s": 0.02}),
+                     remote_host="node1")
+        w.append(f"node1.{gpu}.samples", t_ns, t_ns, np.full((t_ns.size, 1), POWER_W),
+                 np.zeros(t_ns.size, np.uint8), t_sender_ns=t_ns)
+    w.close()
+    rep = _report(path)
+    assert all(r["checks"]["identity"]["ok"] for r in rep["rows"]), rep["rows"]

@@ -83,8 +83,13 @@ def device_identity(view: SourceView) -> str:
 
 
 def device_name(view: SourceView) -> tuple[str, str]:
-    """(host, device): the streams of one device share the source id before its first dot."""
-    return view.remote_host, view.source_id.split(".", 1)[0]
+    """(host, device): a device's streams share the source id before its first dot.
+
+    After an agent's prefix: ``node1.gpu0.samples`` is node1's ``gpu0``.
+    """
+    host = view.remote_host
+    local = view.source_id.removeprefix(f"{host}.") if host else view.source_id
+    return host, local.split(".", 1)[0]
 
 
 def identities(views: Sequence[SourceView]) -> dict[str, Check]:
