@@ -28,7 +28,7 @@ NO_FIGURE = failed("no figure: nothing in the window to integrate")
 def judge(run: Run, rows: Sequence[EnergyRow], run_s: tuple[float, float],
           asked: Mapping[str, tuple[float, float]]) -> None:
     """Set ``valid`` and ``checks`` on each row (``asked``: requested windows by label)."""
-    ident = identities([run.source(s) for s in dict.fromkeys(r.source for r in rows)])
+    ident = identities(list(run.sources.values()))  # every stream names its device's identity
     by_phase: dict[str, list[EnergyRow]] = {}
     for r in rows:
         by_phase.setdefault(r.phase, []).append(r)
