@@ -288,3 +288,27 @@ def test_cli_energy_window_bad_input_is_a_usage_error(tmp_path, capsys, text, me
 def test_api_window_must_start_before_it_ends(gap_run):
     with wattlab.open(str(gap_run)) as run, pytest.raises(UsageError, match="window 5:2"):
         energy_report(run, windows=[(5.0, 2.0)])
+
+
+def test_a_window_past_the_end_is_clipped_to_the_run_not_extrapolated(tmp_path):
+    path = _shaped_run(tmp_path)  # 30 s
+    (row,) = _window_rows(path, [(20.0, 60.0)])
+    assert row["t1_s"] == pytest.approx(30.0)
+    assert row["energy_j"] == pytest.approx(_true_energy_j(30.0) - _true_energy_j(20.0),
+                                            rel=2e-3)
+    assert row["valid"] is False and not row["checks"]["window"]["ok"]
+
+
+def test_a_stream_whose_time_goes_backwards_is_reported_not_a_crash(tmp_path, capsys):
+    path = tmp_path / "back.h5"
+    w = RunFileWriter(str(path), {}, 0)
+    t = np.arange(0, 2001) * MS
+    t[1500:] -= 300 * MS
+    _add(w, "meter", "meter", t, np.full(t.size, 50.0))
+    _add(w, "other", "meter", np.arange(0, 2001) * MS, np.full(2001, 50.0))
+    w.close()
+    assert main(["energy", str(path), "--json"]) == 0
+    rows = {r["source"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["meter"]["energy_j"] is None and not rows["meter"]["checks"]["time"]["ok"]
+    # the run is the span both cover: the stepped stream's last row is at 1.7 s
+    assert rows["other"]["energy_j"] == pytest.approx(85.0) and rows["other"]["valid"]

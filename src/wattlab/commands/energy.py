@@ -68,7 +68,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="with --node: the stream that measures the node's AC power (default: "
                         "a stream named wall)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 if any figure fails a validity check (docs/validity.md); "
+                        "without it an invalid figure is marked and the exit status is 0")
     return p
+
+
+def verdict_status(reports: list[dict[str, Any]], strict: bool) -> int:
+    """1 under --strict where some report holds an invalid figure, else 0."""
+    return int(strict and not all(r["valid"] for r in reports))
 
 
 def report_of(path: str, options: dict[str, Any], records: list[CalibrationRecord],
@@ -114,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if len(paths) == 1:
         report = one(paths[0])
         print(json.dumps(report, indent=2) if args.json else format_report(report))
-        return 0
+        return verdict_status([report], args.strict)
     outcomes = []
     for outcome in map_runs(partial(json_item, one) if args.json else one, paths, args.jobs):
         outcomes.append(outcome)
@@ -124,7 +132,10 @@ def run(args: argparse.Namespace) -> int:
         print(format_report(outcome.result))
     if args.json:  # each report encoded in its worker
         print(json_list([o.result for o in outcomes if not o.error]))
-    return report_errors(outcomes)
+    # parsed back only under --strict: each item is the worker's encoded report
+    reports = [json.loads(o.result) if args.json else o.result for o in outcomes
+               if not o.error and args.strict]
+    return report_errors(outcomes) or verdict_status(reports, args.strict)
 
 
 def node_run(args: argparse.Namespace) -> int:
@@ -145,4 +156,4 @@ def node_run(args: argparse.Namespace) -> int:
     with Run(paths[0]) as run_file:
         report = node_report(run_file, wall=args.wall)
     print(json.dumps(report, indent=2) if args.json else format_node_report(report))
-    return 0
+    return verdict_status([report], args.strict)

@@ -26,6 +26,7 @@ from typing import Any
 from wattlab.analysis.alignment import json_safe, parse_spec, power_channel
 from wattlab.analysis.energy.counter_plausibility import counter_checks, describe
 from wattlab.analysis.energy.source_energy import energy_report
+from wattlab.analysis.validity import invalid_reasons
 from wattlab.errors import UsageError
 from wattlab.runfile import Run, SourceView
 
@@ -44,6 +45,8 @@ class Part:
     streams: list[str]
     how: str
     added: bool = True  # counted in the node's measured total
+    valid: bool | None = None  # every figure it takes is valid (docs/validity.md)
+    invalid: list[str] = field(default_factory=list)  # "stream: check: reason" per failure
 
 
 @dataclass
@@ -57,6 +60,17 @@ class NodeTotals:
         got = [p for p in self.parts if p.added and p.energy_j is not None]
         return (sum(p.energy_j or 0.0 for p in got),
                 math.sqrt(sum((p.uncertainty_j or 0.0) ** 2 for p in got)))
+
+    def invalid_parts(self) -> list[str]:
+        """The added parts whose figure is invalid: the measured total is invalid with them."""
+        return [p.part for p in self.parts if p.added and not p.valid]
+
+
+def verdict(rows: list[dict[str, Any]]) -> tuple[bool, list[str]]:
+    """(valid, reasons) of a part from the energy rows it takes."""
+    reasons = [f"{r['source']}:{r['channel']}: {why}" for r in rows
+               for why in invalid_reasons(r)]
+    return bool(rows) and all(r["valid"] for r in rows), reasons
 
 
 def node_of(view: SourceView) -> str:
@@ -128,7 +142,8 @@ def _gpu_parts(run: Run, rows: dict[tuple[str, str], dict[str, Any]],
                    (method + rest[len(spec):] if candidates and how else
                     how or "counter, else integrated power (file predates energy_source)")
                    + (f"; {scope['measures']}" if scope.get("measures") else ""),
-                   added=row is not None and row["energy_j"] is not None)
+                   row is not None and row["energy_j"] is not None,
+                   *verdict([] if row is None else [row]))
 
 
 def _rapl_parts(run: Run, rows: dict[tuple[str, str], dict[str, Any]]) -> Iterable[Part]:
@@ -148,7 +163,7 @@ def _rapl_parts(run: Run, rows: dict[tuple[str, str], dict[str, Any]]) -> Iterab
         yield Part(node, part, energy_j, unc_j, [f"{r['source']}:{r['channel']}" for r in got],
                    "RAPL counters" if part != "psys" else
                    "RAPL psys: the platform as the SoC sees it, covering the packages: "
-                   "listed, not added", added=part != "psys" and energy_j is not None)
+                   "listed, not added", part != "psys" and energy_j is not None, *verdict(got))
 
 
 def _wall_views(run: Run, wall: str | None) -> list[tuple[SourceView, str]]:
@@ -191,29 +206,37 @@ def node_report(run: Run, wall: str | None = None) -> dict[str, Any]:
         node.parts.append(Part(node.node, "wall", None if row is None else row["energy_j"],
                                None if row is None else row["uncertainty_j"],
                                [f"{view.source_id}:{channel}"], "AC power at the socket",
-                               added=False))
+                               False, *verdict([] if row is None else [row])))
     job_j = sum(n.measured()[0] for n in nodes.values())
     out_nodes = []
     for node in nodes.values():
         measured_j, measured_unc_j = node.measured()
         walls = [p for p in node.parts if p.part == "wall" and p.energy_j is not None]
+        invalid = node.invalid_parts()
         unmeasured = None
         if walls:
             unmeasured = {"energy_j": (walls[0].energy_j or 0.0) - measured_j,
                           "uncertainty_j": math.hypot(walls[0].uncertainty_j or 0.0,
                                                       measured_unc_j),
                           "how": "wall minus the measured parts: power-supply loss, fans, "
-                                 "disks, network and whatever else no stream measures"}
+                                 "disks, network and whatever else no stream measures",
+                          "valid": bool(walls[0].valid) and not invalid}
         out_nodes.append({
             "node": node.node, "parts": [vars(p) for p in node.parts],
             "measured_j": measured_j, "measured_uncertainty_j": measured_unc_j,
+            "measured_valid": not invalid, "invalid_parts": invalid,
             "share_pct": 100 * measured_j / job_j if job_j else None,
             "unmeasured": unmeasured,
             "missing": [] if walls else ["wall: no wall meter, so what the parts leave out "
                                          "is unknown (--wall SRC names one)"]})
+    # every figure the split reports: each node's total, each wall and what it leaves out
+    valid = all(not n.invalid_parts() and all(p.valid for p in n.parts if p.part == "wall")
+                for n in nodes.values())
     return json_safe({"path": run.path, "span_s": [report["phases"][0]["t0_s"],
                                                    report["phases"][0]["t1_s"]],
-                      "nodes": out_nodes, "job_measured_j": job_j, "notes": notes})
+                      "nodes": out_nodes, "job_measured_j": job_j,
+                      "job_valid": not any(n.invalid_parts() for n in nodes.values()),
+                      "valid": valid, "notes": notes})
 
 
 def format_node_report(report: dict[str, Any]) -> str:
@@ -233,23 +256,29 @@ def format_node_report(report: dict[str, Any]) -> str:
 
     def part_line(node: str, p: dict[str, Any]) -> str:
         added = "" if p["added"] or p["part"] == "wall" else " [not added]"
+        invalid = "" if p["valid"] or p["energy_j"] is None else \
+            f" [INVALID: {'; '.join(p['invalid'])}]"
         return line(node, p["part"], p["energy_j"], p["uncertainty_j"],
-                    f"{', '.join(p['streams']) or '-'}: {p['how']}{added}")
+                    f"{', '.join(p['streams']) or '-'}: {p['how']}{added}{invalid}")
 
     for n in report["nodes"]:
         lines += [part_line(n["node"], p) for p in n["parts"] if p["part"] != "wall"]
         share = n["share_pct"]
         lines.append(line(n["node"], "measured", n["measured_j"], n["measured_uncertainty_j"],
                           "sum of the parts above" + (f", {share:.1f} % of the job"
-                                                      if share is not None else "")))
+                                                      if share is not None else "")
+                          + (f" [INVALID: sums invalid {', '.join(n['invalid_parts'])}]"
+                             if n["invalid_parts"] else "")))
         lines += [part_line(n["node"], p) for p in n["parts"] if p["part"] == "wall"]
         if n["unmeasured"] is not None:
             u = n["unmeasured"]
             lines.append(line(n["node"], "unmeasured", u["energy_j"], u["uncertainty_j"],
-                              u["how"]))
+                              u["how"] + ("" if u["valid"] else " [INVALID: a figure it "
+                                                                "subtracts is invalid]")))
         lines += [f"{n['node']:<14} {'missing':<11} {m}" for m in n["missing"]]
     if len(report["nodes"]) > 1:
         lines.append(line("job", "measured", report["job_measured_j"], None,
-                          f"{len(report['nodes'])} nodes"))
+                          f"{len(report['nodes'])} nodes"
+                          + ("" if report["job_valid"] else " [INVALID: a node's is]")))
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)

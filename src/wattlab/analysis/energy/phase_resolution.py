@@ -72,6 +72,7 @@ class Choice:
     energy_j: float | None
     uncertainty_j: float | None
     reason: str
+    valid: bool | None = None  # the chosen figure's verdict (docs/validity.md)
 
 
 def choose(rows: Sequence[EnergyRow], phases: Sequence[Phase], reference: str | None
@@ -94,7 +95,7 @@ def choose(rows: Sequence[EnergyRow], phases: Sequence[Phase], reference: str | 
             r = (ref or good)[0]
             why = "the reference" if ref else f"edge {1e3 * (r.edge_s or 0):.0f} ms"
             out.append(Choice(p.label, f"{r.source}:{r.channel}", r.energy_j,
-                              r.uncertainty_j, why))
+                              r.uncertainty_j, why, r.valid))
         elif mine:
             shortest = min(RESOLVE_EDGES * (r.edge_s or 0.0) for r in mine)
             out.append(Choice(p.label, None, None, None,
@@ -181,6 +182,7 @@ def _sum_row(part: Sequence[EnergyRow], group: Phase, method: str, between_s: fl
                     sum(r.measured_j or 0.0 for r in part), covered,
                     sum(r.uncovered_s for r in part), sum(r.gaps for r in part))
     row.edge_s, row.resolves = edge, group.duration_s >= RESOLVE_EDGES * edge
+    row.parts = [r.phase for r in part]
     row.notes.append(f"sum of {len(part)} phases no stream resolves one by one; interval: "
                      f"the group's two outer edges and {between_s:.3f} s between phases")
     return row

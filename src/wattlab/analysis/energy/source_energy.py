@@ -36,6 +36,8 @@ from wattlab.analysis.energy.counter_ticks import (
     GRID_COUNTER_KINDS,
     at_updates,
 )
+from wattlab.analysis.validity import clip_window, invalid_reasons, judge
+from wattlab.analysis.validity.time_scan import scan_times
 from wattlab.errors import UsageError
 from wattlab.runfile import CalibrationRecord, Estimate, MarkerRow, Run, SourceView
 
@@ -125,11 +127,20 @@ class EnergyRow:
     edge_s: float | None = None  # how far in time an edge may be misplaced (``resolution``)
     resolves: bool | None = None  # whether the phase lasts long enough for this stream
     notes: list[str] = field(default_factory=list)
+    valid: bool | None = None  # the validity verdict (docs/validity.md), set by ``judge``
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    parts: list[str] = field(default_factory=list)  # the phases a total sums
+    invalid_parts: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, checks: bool = True) -> dict[str, Any]:
+        """The row as JSON; ``checks=False`` leaves the verdict's checks out (to add later)."""
         # field by field, not ``asdict``: its deep copy cost ~1 ms per demo file's report
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if checks
+               or f.name != "checks"}
         out["notes"] = list(self.notes)
+        if checks:
+            out["checks"] = dict(self.checks)
+        out["parts"], out["invalid_parts"] = list(self.parts), list(self.invalid_parts)
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                 for k, v in out.items()}
 
@@ -364,7 +375,7 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
     streams = energy_streams(run)
     if not streams:
         raise UsageError(f"{run.path}: no power or energy channel to integrate")
-    phases = _report_phases(run, streams, by_marker, windows)
+    phases, asked = _report_phases(run, streams, by_marker, windows)
     ref_key = _reference_key(run, reference)
     rows, notes = _stream_rows(run, streams, phases, calibration)
     if fusion is not None:
@@ -377,26 +388,58 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
     group_phases, group_rows, group_notes = resolution.group_rows(
         rows, [p for p in phases if p.name != "window"])
     notes += group_notes
+    judge(run, rows + group_rows, (phases[0].t0_s, phases[0].t1_s), asked)
     if ref_key is not None:
         _errors_against_reference(rows + group_rows, ref_key)
-    return json_safe({
+    invalid = [r for r in rows + group_rows if not r.valid]
+    out = json_safe({
         "path": run.path,
+        "valid": not invalid,
+        "invalid_figures": len(invalid),
         "reference": None if ref_key is None else f"{ref_key[0]}:{ref_key[1]}",
         "calibration": None if calibration is None else calibration.key.to_json(),
         "phases": [asdict(p) | {"label": p.label} for p in phases],
-        "rows": [r.to_json() for r in rows],
+        "rows": [r.to_json(checks=False) for r in rows],
         "groups": [asdict(p) | {"label": p.label} for p in group_phases],
-        "group_rows": [r.to_json() for r in group_rows],
+        "group_rows": [r.to_json(checks=False) for r in group_rows],
         "chosen": [asdict(c) for c in resolution.choose(
             rows + group_rows, phases + group_phases,
             None if ref_key is None else f"{ref_key[0]}:{ref_key[1]}")],
         "notes": notes,
     })
+    # the checks are strict JSON already (bools and text): json_safe need not walk them
+    for key, got in (("rows", rows), ("group_rows", group_rows)):
+        for row_json, row in zip(out[key], got, strict=True):
+            row_json["checks"] = row.checks
+    return cast(dict[str, Any], out)
+
+
+def span_verdict(run: Run, view: SourceView, channel: str, t0_s: float, t1_s: float
+                 ) -> EnergyRow:
+    """One stream's figure over [t0, t1] with its verdict (docs/validity.md).
+
+    For analyses that report a figure of their own over a span (``iterations``).
+    """
+    phase = [Phase("span", 0, t0_s, t1_s, "")]
+    method = "counter" if view.unit(channel) == "J" else "power"
+    if scan_times(view).backwards_s.size:
+        row = _unintegrated(view, channel, method, phase)[0]
+    elif method == "counter":
+        row = counter_energy(view, channel, phase, shape_source(run, view))[0]
+    else:
+        row = integrate_power(run, view, [channel], phase)[channel][0][0]
+    judge(run, [row], (t0_s, t1_s), {})
+    return row
 
 
 def _report_phases(run: Run, streams: list[tuple[SourceView, str, str]], by_marker: bool,
-                   windows: Sequence[tuple[float, float]]) -> list[Phase]:
-    """The whole run (the span every stream covers, else any covers), markers, windows."""
+                   windows: Sequence[tuple[float, float]]
+                   ) -> tuple[list[Phase], dict[str, tuple[float, float]]]:
+    """The whole run (the span every stream covers, else any covers), markers, windows.
+
+    Windows are clipped to the run (``validity.clip_window``); the second value holds each
+    window as asked, by label, for its window check.
+    """
     spans = [span_s(v) for v, _, _ in streams]
     a, b = max(s[0] for s in spans), min(s[1] for s in spans)
     if b <= a:
@@ -404,11 +447,13 @@ def _report_phases(run: Run, streams: list[tuple[SourceView, str, str]], by_mark
     phases = [Phase("run", 0, a, b, "")]
     if by_marker:
         phases += phases_from_markers(run.markers)
+    asked: dict[str, tuple[float, float]] = {}
     for i, (t0_s, t1_s) in enumerate(windows):
         if not t0_s < t1_s:
             raise UsageError(f"window {t0_s:g}:{t1_s:g}: the end must come after the start")
-        phases.append(Phase("window", i, t0_s, t1_s, ""))
-    return phases
+        phases.append(Phase("window", i, *clip_window(t0_s, t1_s, (a, b)), ""))
+        asked[phases[-1].label] = (t0_s, t1_s)
+    return phases, asked
 
 
 def _reference_key(run: Run, reference: str | None) -> tuple[str, str] | None:
@@ -430,14 +475,23 @@ def _stream_rows(run: Run, streams: list[tuple[SourceView, str, str]], phases: l
     notes: list[str] = []
     rows: list[EnergyRow] = []
     integrated = {}  # one pass per source for all its power channels
+    backwards = {v.source_id for v, _, _ in streams if scan_times(v).backwards_s.size}
     for view in {id(v): v for v, _, m in streams if m == "power"}.values():
+        if view.source_id in backwards:
+            continue
         chans = [ch for v, ch, m in streams if v is view and m == "power"]
         shift = (correction_terms(calibration)[2][0],) if calibration and any(
             record_applies(calibration, view, ch) is not None for ch in chans) else ()
         integrated[view.source_id] = integrate_power(run, view, chans, phases, shift)
     for view, channel, method in streams:
+        if view.source_id in backwards:
+            rows += _unintegrated(view, channel, method, phases)
+            continue
         if method == "counter":
-            rows += counter_energy(view, channel, phases, shape_source(run, view))
+            shape = shape_source(run, view)
+            if shape is not None and shape.view.source_id in backwards:
+                shape = None
+            rows += counter_energy(view, channel, phases, shape)
             continue
         warn = record_applies(calibration, view, channel) if calibration else None
         got, shifted = integrated[view.source_id][channel]
@@ -446,6 +500,22 @@ def _stream_rows(run: Run, streams: list[tuple[SourceView, str, str]], phases: l
             notes += [f"{view.source_id}:{channel}: {w}" for w in warn]
         rows += got
     return rows, notes
+
+
+def _unintegrated(view: SourceView, channel: str, method: str, phases: list[Phase]
+                  ) -> list[EnergyRow]:
+    """Rows with no figure for a stream whose time goes backwards (the integral refuses it).
+
+    Kept, so that the verdict marks them; the note says where the time steps back.
+    """
+    at_s = float(scan_times(view).backwards_s[0, 0])
+    rows = []
+    for p in phases:
+        row = EnergyRow(view.source_id, channel, method, p.label, p.t0_s, p.t1_s, None, None,
+                        None, None, None, None, 0.0, p.duration_s, 0)
+        row.notes.append(f"time goes backwards at {at_s:.6f} s: not integrated")
+        rows.append(row)
+    return rows
 
 
 def _correct_rows(rows: list[EnergyRow], shifted: dict[float, FloatArray],
@@ -503,12 +573,13 @@ def channel_meaning(view: SourceView, channel: str) -> str:
 def format_report(report: dict[str, Any]) -> str:
     """A fixed-width table: one block per phase (then per group), one line per stream.
 
-    A ``~`` after the energy: the phase is shorter than that stream resolves.
+    A ``~`` after the energy: the phase is shorter than that stream resolves. ``valid``:
+    the figure's verdict (docs/validity.md); under the block, each failed check's reason.
     """
     corrected = any(r["corrected_j"] is not None for r in report["rows"])
     head = (f"{'stream':<40} {'energy J':>12} {'± J':>8} {'mean W':>9} {'uncov s':>8} "
             f"{'err %':>7}" + (f" {'corr J':>11} {'± J':>8} {'corr err %':>10}" if corrected
-                               else ""))
+                               else "") + " valid")
     lines = [f"reference: {report['reference'] or '- (no external meter in this run)'}"]
     by_phase: dict[str, list[dict[str, Any]]] = {}
     for r in report["rows"] + report.get("group_rows", []):
@@ -535,10 +606,14 @@ def format_report(report: dict[str, Any]) -> str:
                 line += (f" {num(r['corrected_j'], '.2f', 11)} "
                          f"{num(r['corrected_se_j'], '.2f', 8)} "
                          f"{num(r['corrected_error_pct'], '.2f', 10)}")
-            lines.append(line)
+            lines.append(line + (" yes" if r["valid"] else " NO"))
+        lines += [f"  ! {r['source']}:{r['channel']}: {why}" for r in rows
+                  for why in invalid_reasons(r)]
     unresolved = [c for c in report.get("chosen", []) if c["stream"] is None]
     if unresolved:
         lines += ["", f"~ {len(unresolved)} phase(s) no stream resolves, e.g. "
                   f"{unresolved[0]['phase']}: {unresolved[0]['reason']}"]
     lines += [f"note: {n}" for n in report["notes"]]
+    if not report["valid"]:
+        lines.append(f"invalid: {report['invalid_figures']} figure(s) (docs/validity.md)")
     return "\n".join(lines)

@@ -74,6 +74,8 @@ class IterationResult:
     warnings: list[str] = field(default_factory=list)
     bursts: list[DetectedIteration] = field(default_factory=list, repr=False)
     """The bursts segmentation found (not in the JSON): where ``inner_rhythm`` looks."""
+    valid: bool | None = None  # the stream's verdict over the span (docs/validity.md)
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def iterations(self) -> int:

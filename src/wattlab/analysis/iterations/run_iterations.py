@@ -25,6 +25,7 @@ from wattlab.analysis.alignment import (
     span_s,
 )
 from wattlab.analysis.energy import Phase, counter_energy, phases_from_markers, shape_source
+from wattlab.analysis.energy.source_energy import span_verdict
 from wattlab.analysis.iterations.burst_edges import MIN_SEPARATION
 from wattlab.analysis.iterations.iteration_result import (
     RESOLVABLE_SPACINGS,
@@ -36,6 +37,7 @@ from wattlab.analysis.iterations.marker_steps import StepMarks, step_marks
 from wattlab.analysis.iterations.period_autocorr import detect_period
 from wattlab.analysis.iterations.power_segments import segment
 from wattlab.analysis.iterations.steps_in_bursts import with_steps_in_bursts
+from wattlab.analysis.validity import invalid_reasons
 from wattlab.errors import UsageError
 from wattlab.runfile import Run, SourceView
 
@@ -122,8 +124,28 @@ def counter_stream(run: Run, view: SourceView) -> tuple[SourceView, str] | None:
 def iterations(run: Run, spec: str, *, markers: str = "auto", rate_hz: float | None = None,
                min_period_s: float = 0.01, max_period_s: float | None = None,
                t0_s: float | None = None, t1_s: float | None = None) -> IterationResult:
-    """Iterations of a run in a stream ``SRC[:CHANNEL]`` (``markers``: a name, auto, none)."""
+    """Iterations of a run in a stream ``SRC[:CHANNEL]`` (``markers``: a name, auto, none).
+
+    The result carries the stream's verdict over the span analysed (docs/validity.md); a
+    failed check is also a warning.
+    """
     view, channel = resolve(run, spec)
+    result = _iterations(run, view, channel, spec, markers=markers, rate_hz=rate_hz,
+                         min_period_s=min_period_s, max_period_s=max_period_s, t0_s=t0_s,
+                         t1_s=t1_s)
+    a, b = span_s(view)
+    figure = span_verdict(run, view, channel, a if t0_s is None else max(a, t0_s),
+                          b if t1_s is None else min(b, t1_s))
+    result.valid, result.checks = figure.valid, figure.checks
+    result.warnings += [f"invalid (docs/validity.md): {why}"
+                        for why in invalid_reasons(figure.to_json())]
+    return result
+
+
+def _iterations(run: Run, view: SourceView, channel: str, spec: str, *, markers: str,
+                rate_hz: float | None, min_period_s: float, max_period_s: float | None,
+                t0_s: float | None, t1_s: float | None) -> IterationResult:
+    """``iterations`` without the verdict."""
     a, b = span_s(view)
     a = a if t0_s is None else max(a, t0_s)
     b = b if t1_s is None else min(b, t1_s)

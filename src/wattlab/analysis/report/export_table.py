@@ -2,7 +2,8 @@
 
 Why tidy: pandas, polars, DuckDB and spreadsheets group and pivot a long table with
 one value per row directly, where nested JSON needs code. The figures are exactly
-``wattlab energy --by-marker``'s (the whole run, then every marked phase). CSV always
+``wattlab energy --by-marker``'s (the whole run, then every marked phase), each with its
+validity verdict (``valid``, ``failed_checks``). CSV always
 works; Parquet (typed, compressed) needs pyarrow, an optional dependency.
 """
 
@@ -25,6 +26,7 @@ COLUMNS: dict[str, str] = {
     "energy_j": "float64", "uncertainty_j": "float64", "low_j": "float64", "high_j": "float64",
     "mean_power_w": "float64", "covered_s": "float64", "uncovered_s": "float64",
     "gaps": "int64", "reference": "string", "error_pct": "float64", "resolves": "bool",
+    "valid": "bool", "failed_checks": "string",
 }
 FORMATS = ("csv", "parquet")
 
@@ -52,6 +54,9 @@ def tidy_rows(path: str) -> list[dict[str, Any]]:
             **{k: r[k] for k in ("energy_j", "uncertainty_j", "low_j", "high_j", "mean_power_w",
                                  "covered_s", "uncovered_s", "gaps", "error_pct", "resolves")},
             "reference": report["reference"] or "",
+            # the verdict (docs/validity.md): the names of the checks failed, space-separated
+            "valid": r["valid"],
+            "failed_checks": " ".join(k for k, c in r["checks"].items() if not c["ok"]),
         })
     return out
 

@@ -254,6 +254,10 @@ class PhaseEnergy:
     covered_s: FloatArray
     uncovered_s: FloatArray
     per_instance: InstanceEnergy | None = None
+    # the verdict (docs/validity.md): per phase name x stream, how many instances' figures
+    # are invalid (a sum of them is), and the names of the checks they fail
+    invalid: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    failed_checks: dict[tuple[int, int], list[str]] = field(default_factory=dict)
 
     @property
     def reference(self) -> str | None:
@@ -331,11 +335,18 @@ def phase_energy(run: Run) -> PhaseEnergy:
     sums = {k: np.zeros(shape) for k in ("energy_j", "uncertainty_j", "measured_j",
                                           "covered_s", "uncovered_s")}
     seen = np.zeros(shape, dtype=bool)
+    invalid = np.zeros(shape, dtype=np.int64)
+    failed: dict[tuple[int, int], list[str]] = {}
     for r in report["rows"]:
         i, j = names.index(name_of[r["phase"]]), streams.index(f"{r['source']}:{r['channel']}")
         for key, total in sums.items():
             total[i, j] += r[key] or 0.0
         seen[i, j] |= r["energy_j"] is not None
+        if not r["valid"]:
+            invalid[i, j] += 1
+            names_failed = failed.setdefault((i, j), [])
+            names_failed += [k for k, c in r["checks"].items()
+                             if not c["ok"] and k not in names_failed]
     for key in ("energy_j", "uncertainty_j", "measured_j"):
         sums[key][~seen] = np.nan
     instances = [sum(1 for p in report["phases"] if p["name"] == n) for n in names]
@@ -346,7 +357,7 @@ def phase_energy(run: Run) -> PhaseEnergy:
     per_instance = instance_energy(report["rows"] + report["group_rows"],
                                    report["phases"] + report["groups"], streams)
     return PhaseEnergy(report, names, streams, instances, durations, **sums,
-                       per_instance=per_instance)
+                       per_instance=per_instance, invalid=invalid, failed_checks=failed)
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -941,19 +952,25 @@ def _energy_table(energy: PhaseEnergy) -> str:
             if uncovered > 0.01 * duration:
                 unc_text = f"<span class='low'>{unc_text}</span>"
             first = j == 0
+            bad = int(energy.invalid[i, j])
+            valid = "yes" if not bad else (
+                f"<span class='low'>no: {bad} of {energy.instances[i]} "
+                f"({_e(', '.join(energy.failed_checks[(i, j)]))})</span>")
             body.append([_e(name) if first else "", str(energy.instances[i]) if first else "",
                          _num(duration, ".3f") if first else "", _e(stream),
                          _num(float(energy.energy_j[i, j])),
                          _num(float(energy.uncertainty_j[i, j])), _num(float(mean[i, j])),
-                         unc_text, _num(float(error[i, j]), "+.2f")])
+                         unc_text, _num(float(error[i, j]), "+.2f"), valid])
     ref = energy.reference or "- (no external meter in this run)"
     return (_table(["phase", "instances", "duration (s)", "stream", "energy (J)", "± (J)",
-                    "mean power (W)", "uncovered (s)", f"vs {ref} (%)"], body)
+                    "mean power (W)", "uncovered (s)", f"vs {ref} (%)", "valid"], body)
             + "<p class='cap'>The numbers of <code>wattlab energy --by-marker</code>, summed "
               "over the instances of each phase name. Holes in a stream are never integrated "
               "over: their time is uncovered (red above 1 % of the phase) and widens the "
               "interval; mean power is over observed time. Energy counters are read at the "
-              f"phase edges. Errors are relative to {_e(ref)}.</p>")
+              f"phase edges. Errors are relative to {_e(ref)}. Valid: every instance's "
+              "figure passes the checks of docs/validity.md; a sum with an invalid one "
+              "is invalid, and the failed checks are named.</p>")
 
 
 def _calibration_table(view: CalibrationView) -> str:

@@ -86,7 +86,11 @@ def families(snap: MetricsSnapshot, counter: Any, gauge: Any) -> list[Any]:
     gaps = counter("wattlab_gaps", "Gaps recorded (lost or missing data)", labels=["source"])
     last = gauge("wattlab_last_sample_timestamp_seconds",
                  "Wall time of the stream's newest sample (unix s)", labels=["source"])
+    valid = gauge("wattlab_power_valid", "1 while the stream's energy so far passes the "
+                  "validity checks made live (no gap, time never backwards, every value "
+                  "finite; docs/validity.md), else 0", labels=["source"])
     for s in snap.streams:
+        valid.add_metric([s.source], int(s.valid))
         for ch, p_w, e_j in zip(s.channels, s.power_w, s.energy_j, strict=True):
             power.add_metric([s.source, ch], p_w)
             energy.add_metric([s.source, ch], e_j)
@@ -103,7 +107,7 @@ def families(snap: MetricsSnapshot, counter: Any, gauge: Any) -> list[Any]:
                  "driver version", labels=keys)
     for labels in snap.info:
         info.add_metric([labels.get(k, "") for k in keys], 1)
-    return [power, energy, samples, gaps, last, offset, info]
+    return [power, energy, samples, gaps, last, offset, info, valid]
 
 
 class _Quiet(WSGIRequestHandler):

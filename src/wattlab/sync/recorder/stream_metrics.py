@@ -39,6 +39,13 @@ class StreamFigures:
     samples: int = 0
     gaps: int = 0
     last_unix_s: float | None = None  # wall time of the newest sample
+    # what of docs/validity.md can be judged live: time never went back, every value finite
+    ordered_and_finite: bool = True
+
+    @property
+    def valid(self) -> bool:
+        """The energy so far passes the live checks: those above, and no gap recorded."""
+        return self.ordered_and_finite and self.gaps == 0
 
 
 @dataclass
@@ -106,6 +113,7 @@ class StreamMetrics:
                 w = np.concatenate((stream.last_w[None, :], w))
             else:
                 t = t_ns
+            fig.ordered_and_finite &= bool(np.all(np.diff(t) >= 0) and np.isfinite(w).all())
             if len(t) > 1:
                 mid = 0.5 * (w[1:] + w[:-1]) * (np.diff(t) * 1e-9)[:, None]
                 added = np.nansum(mid, axis=0)  # a non-finite reading adds nothing
@@ -135,7 +143,8 @@ class StreamMetrics:
     def snapshot(self) -> MetricsSnapshot:
         with self._lock:
             streams = [StreamFigures(f.source, list(f.channels), list(f.power_w),
-                                     list(f.energy_j), f.samples, f.gaps, f.last_unix_s)
+                                     list(f.energy_j), f.samples, f.gaps, f.last_unix_s,
+                                     f.ordered_and_finite)
                        for f in (s.figures for s in self._streams.values())]
             return MetricsSnapshot(streams, [dict(v) for v in self._info.values()],
                                    dict(self._offsets_s))
