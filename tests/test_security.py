@@ -144,7 +144,7 @@ def test_unlisted_or_keyless_peers_are_refused_and_inject_nothing(tmp_path, keys
         legit.close()
         status = rec.wait(lambda s: s["sources"].get("node1.meter", {}).get("ended"))
         assert status["refused_peers"] >= 1
-        assert "refused a peer" in caplog.text
+        assert "peer(s) with an unknown CURVE key" in caplog.text
     finally:
         for pub in intruders:
             pub.close()

@@ -16,6 +16,7 @@ import zmq
 from wattlab.errors import UsageError
 from wattlab.sync.bus import message
 from wattlab.sync.recorder.config import RecorderConfig
+from wattlab.sync.recorder.limits import MAX_FRAME_BYTES
 from wattlab.sync.recorder.source_state import SourceState
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ class RecorderSockets:
         self.local.setsockopt(zmq.RCVHWM, RECV_HWM)
         self.local.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
         self.local.setsockopt(zmq.LINGER, LINGER_MS)
+        # a larger frame drops its connection before it is received whole (issue 36)
+        self.local.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.remote: zmq.Socket[Any] | None = None
         self._remote_context: zmq.Context[Any] | None = None
         self.curve: CurveServer | None = None
@@ -66,6 +69,7 @@ class RecorderSockets:
         self.remote = self._remote_context.socket(zmq.ROUTER)
         self.remote.setsockopt(zmq.RCVHWM, REMOTE_RECV_HWM)
         self.remote.setsockopt(zmq.LINGER, LINGER_MS)
+        self.remote.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.curve.apply(self.remote)
         try:
             self.remote.bind(config.listen)
