@@ -38,8 +38,9 @@ def flag_suspect_rows(t_ns: npt.NDArray[np.int64], values: npt.NDArray[Any],
     previous[:1] = last_t_ns
     previous[1:] = t_ns[:-1]
     out_of_range = _out_of_range(t_ns, now_ns)
-    # after a row out of range (or none: -1) the next one is judged by its own time only
-    backwards = (t_ns < previous) & ~_out_of_range(previous, now_ns)
+    # a row out of range counts as that only; after one (or none: -1) the next row is
+    # judged by its own time
+    backwards = (t_ns < previous) & ~_out_of_range(previous, now_ns) & ~out_of_range
     given = flags if flags is not None else np.zeros(n, dtype=np.uint8)
     bad_values = ~np.isfinite(values).all(axis=1) & ((given & SampleFlag.NO_DATA) == 0)
     if not (backwards.any() or out_of_range.any() or bad_values.any()):
