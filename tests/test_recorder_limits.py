@@ -63,7 +63,15 @@ def test_new_streams_from_one_client_are_rate_limited(tmp_path, monkeypatch):
     monkeypatch.setattr(process, "NEW_STREAMS_BURST", 3)
     monkeypatch.setattr(process, "NEW_STREAMS_PER_S", 1e-6)
     path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path)
+    # in SWMR mode from the first flush on (a stream that never comes is expected)
+    rec = RunningRecorder(path, expected_sources=["later"], swmr_after_s=0.0,
+                          flush_interval_s=0.05)
+    control = ControlClient(rec.endpoint)
+    try:
+        while not control.request("status", timeout_s=5)["swmr"]:
+            pass
+    finally:
+        control.close()
     flood = dealer(rec.endpoint)
     try:
         for i in range(8):

@@ -13,9 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_FRAME_BYTES = 32 * 1024 * 1024  # one frame (ZMQ_MAXMSGSIZE): 65,536 rows x 64 f8 channels
-MAX_STREAMS = 1024  # streams one recording takes
-NEW_STREAMS_BURST = 256  # new streams a client may describe at once ...
-NEW_STREAMS_PER_S = 4.0  # ... and then this many a second
+MAX_STREAMS = 512  # streams one recording takes
+# once the file is in SWMR mode each new stream closes and reopens it (~0.1 s, and the
+# 802 MB of issue 36): then a client may add this many at once ...
+NEW_STREAMS_BURST = 32
+NEW_STREAMS_PER_S = 2.0  # ... and then this many a second (before SWMR: no rate, they are
+# cheap; a refused stream's publisher describes it again when its batches are not taken)
 MARKERS_BURST = 10_000  # markers a client may send at once ...
 MARKERS_PER_S = 1_000.0  # ... and then this many a second
 MAX_ORPHAN_STREAMS = 64  # undescribed streams whose batches wait for a descriptor ...

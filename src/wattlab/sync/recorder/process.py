@@ -259,11 +259,11 @@ class Recorder:
             self.writer.start_swmr()
 
     def _check_new_stream(self, peer: bytes | str, source_id: str) -> None:
-        """Each new stream reopens the file: at most ``MAX_STREAMS``, and a rate per client."""
+        """At most ``MAX_STREAMS``; in SWMR mode (a new stream reopens the file) a rate each."""
         if len(self._sources) >= MAX_STREAMS:
             raise Refused("new stream(s) over the limit",
                           f"stream {source_id!r}: a recording takes at most {MAX_STREAMS}")
-        if not self._new_streams.allow(peer):
+        if self.writer.swmr and not self._new_streams.allow(peer):
             raise Refused("new stream(s) over the limit",
                           f"stream {source_id!r}: over {NEW_STREAMS_BURST} new streams at "
                           f"once, then {NEW_STREAMS_PER_S:g}/s, from one client")

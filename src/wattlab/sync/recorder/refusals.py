@@ -14,7 +14,7 @@ from wattlab.errors import MalformedMessageError
 from wattlab.samples import Gap
 from wattlab.sync.bus.refusal_log import RefusalLog
 
-MAX_DROP_KEYS = 256  # (stream, reason) pairs summed apart per flush; the rest go together
+MAX_DROP_KEYS = 32  # (stream, reason) pairs summed apart per flush; the rest go together
 OTHER_STREAMS = "recorder"  # the gap rows' source for drops past MAX_DROP_KEYS
 
 

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from wattlab.sync.bus import CurveServer
 
 RECV_BURST = 256
-RECV_HWM = 10_000
+# messages queued per local client: a flooding client holds at most this many frames of
+# the recorder's memory (10,000 small batches of a flood were 160 MB; issue 36)
+RECV_HWM = 1000
 REMOTE_RECV_HWM = 100_000
 # kernel socket buffer: large messages cross in fewer system calls and wake-ups
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
