@@ -97,3 +97,49 @@ def test_a_restarted_source_takes_over_its_ended_stream(tmp_path):
     assert reply["refused"] == {}
     with wattlab.open(path) as run:
         assert len(run.source("meter")) == 200
+
+
+@pytest.mark.system
+def test_a_batch_whose_sequence_numbers_were_taken_is_a_gap_row_not_silence(tmp_path):
+    path = str(tmp_path / "run.h5")
+    rec = RunningRecorder(path)
+    owner = zmq.Context.instance().socket(zmq.DEALER)
+    owner.setsockopt(zmq.LINGER, 0)
+    owner.connect(rec.endpoint)
+    try:
+        owner.send_multipart(message.encode_descriptor(descriptor("meter")))
+        for seq in (0, 1, 1):
+            owner.send_multipart(message.encode_batch(batch("meter", seq)), copy=False)
+        owner.send_multipart(message.encode_end("meter", 1))
+        synced(owner)
+    finally:
+        owner.close(0)
+    reply = rec.stop()
+    assert reply["sources"]["meter"]["duplicates"] == 1
+    with wattlab.open(path) as run:
+        assert len(run.source("meter")) == 200
+        gaps = [(g.source, g.reason, g.samples_lost) for g in run.gaps]
+    assert gaps == [("meter", "batch with sequence numbers already taken: 1 dropped", 100)]
+
+
+@pytest.mark.system
+def test_waiting_batches_of_another_client_are_not_taken_with_the_descriptor(tmp_path):
+    """Batches that came before any descriptor belong to whoever then describes the stream."""
+    path = str(tmp_path / "run.h5")
+    rec = RunningRecorder(path)
+    stranger = zmq.Context.instance().socket(zmq.DEALER)
+    stranger.setsockopt(zmq.LINGER, 0)
+    stranger.connect(rec.endpoint)
+    try:
+        stranger.send_multipart(message.encode_batch(forged("meter", 0)), copy=False)
+        synced(stranger)
+    finally:
+        stranger.close(0)
+    owner = BusPublisher(rec.endpoint)
+    owner.announce(descriptor("meter"))
+    owner.send_batch(batch("meter", 0))
+    owner.end("meter", 0)
+    owner.close()
+    rec.stop()
+    with wattlab.open(path) as run:
+        np.testing.assert_array_equal(run.source("meter").values, batch("meter", 0).values)
