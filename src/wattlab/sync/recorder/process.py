@@ -3,7 +3,10 @@
 Small messages are coalesced per source and written in large slices (one HDF5 write per
 source every flush interval or every ``COALESCE_ROWS`` rows), which is what lets the
 recorder keep up with many fast sources. Every sequence gap it sees becomes a row in
-``/gaps``; a malformed message is rejected, counted and logged, and the session goes on.
+``/gaps``; a malformed message is rejected, counted and logged (at most a line a second per
+kind), and the session goes on. A local stream's messages are taken only from the client
+that described it, and one client's floods are bounded (``limits``): a second client
+cannot drop, overwrite or stop another's rows (docs/reliability.md, threat model).
 
 Remote agents (``listen``) reach a second ROUTER socket that speaks CURVE only and asks a
 ZAP authenticator about every peer. Each remote message carries its peer's name (the key
@@ -185,17 +188,21 @@ class Recorder:
         if kind == "batch":
             rows = head.get("n")
             self._refusals.drop_rows(source_id, "batch from a client that does not own the "
-                                     "stream", rows if isinstance(rows, int) else -1)
+                                     "stream", rows if isinstance(rows, int) else 0)
         raise Refused("message(s) for streams other clients described", why)
 
-    def _add_marker(self, peer: bytes | str, marker: Marker) -> None:
-        """A marker, unless its sender is over its rate (then a gap row counts it)."""
+    def _add_marker(self, identity: bytes, marker: Marker) -> None:
+        self._check_marker_rate(identity, marker)
+        self._flusher.markers.append(marker)
+
+    def _check_marker_rate(self, peer: bytes | str, marker: Marker) -> None:
+        """A client or agent over its marker rate: refused, and a gap row counts them."""
         if not self._markers.allow(peer):
             self._refusals.drop_rows(marker.source, "marker over its sender's rate limit "
                                      f"({MARKERS_PER_S:g}/s)", 0)
             raise Refused("marker(s) over the rate limit",
-                          f"marker {marker.name!r} over {MARKERS_PER_S:g}/s")
-        self._flusher.markers.append(marker)
+                          f"marker {marker.name!r} from {marker.source!r} over "
+                          f"{MARKERS_PER_S:g}/s")
 
     def _check_remote_source(self, host: str, source_id: str) -> None:
         """An agent may only speak for streams named after it (and already its own)."""
@@ -226,11 +233,7 @@ class Recorder:
             if marker.source != host and not marker.source.startswith(f"{host}."):
                 raise MalformedMessageError(
                     f"host {host!r} sent a marker for source {marker.source!r}")
-            if not self._markers.allow(host):
-                self._refusals.drop_rows(marker.source, "marker over its sender's rate limit "
-                                         f"({MARKERS_PER_S:g}/s)", 0)
-                raise Refused("marker(s) over the rate limit",
-                              f"marker {marker.name!r} of host {host!r} over {MARKERS_PER_S:g}/s")
+            self._check_marker_rate(host, marker)
             self._clocks.when_clock(host, lambda: self._flusher.markers.append(
                 self._clocks.marker_to_local(host, marker)))
         elif kind in ("batch", "gap", "end"):
