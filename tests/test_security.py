@@ -144,7 +144,7 @@ def test_unlisted_or_keyless_peers_are_refused_and_inject_nothing(tmp_path, keys
         legit.close()
         status = rec.wait(lambda s: s["sources"].get("node1.meter", {}).get("ended"))
         assert status["refused_peers"] >= 1
-        assert "refused a peer" in caplog.text
+        assert "peer(s) with an unknown CURVE key" in caplog.text
     finally:
         for pub in intruders:
             pub.close()
@@ -202,3 +202,20 @@ def test_an_agent_can_only_speak_for_its_own_streams(tmp_path, keys):
         assert run.markers == []
         status = json.loads(run.attrs["recorder_status_json"])
         assert status["hosts"]["node1"]["sources"] == ["node1.meter"]
+
+
+@pytest.mark.fast
+def test_a_flood_of_unknown_keys_is_one_log_line_a_second_with_its_count(caplog):
+    """A client retrying with fresh keys wrote a line per handshake (9,744 in 10 s)."""
+    from wattlab.sync.bus.security import _AllowList
+
+    allow = _AllowList({b"k" * 40: "node1"})
+    with caplog.at_level("WARNING", logger="wattlab.security"):
+        for i in range(1000):
+            assert not allow.callback("global", b"x%039d" % i)
+        assert allow.callback("global", b"k" * 40)
+    assert allow.refused == 1000
+    lines = [r.getMessage() for r in caplog.records if "unknown CURVE key" in r.getMessage()]
+    assert len(lines) == 1, len(lines)
+    allow.log.flush_lines()  # at close: the rest with their count
+    assert "refused 999 peer(s) with an unknown CURVE key (1000 in all" in caplog.text

@@ -32,6 +32,11 @@ class SampleFlag(enum.IntFlag):
     RESYNC = 8
     MARKER = 16
     ESTIMATED_TIME = 32
+    # set by the recorder at ingest (never by a source): the time goes backwards from the
+    # stream's previous row, is negative, or is over an hour past the recorder's clock
+    TIME_INVALID = 64
+    # set by the recorder at ingest: a value is NaN or infinite and the row is not NO_DATA
+    NOT_FINITE = 128
 
 
 def flag_names() -> dict[str, int]:

@@ -42,7 +42,7 @@ from wattlab.acquisition.session import Session, SessionResult, SourceSpec, live
 from wattlab.acquisition.session.supervisor import STOP_TIMEOUT_S
 from wattlab.analysis.energy import format_table, summarise
 from wattlab.errors import UsageError
-from wattlab.runfile import GapRow, Run
+from wattlab.runfile import RECORDER_STATUS_JSON, GapRow, Run
 from wattlab.sync.recorder import DiskFullReport
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5560"
@@ -59,6 +59,12 @@ NVML_INTERVALS_HELP = (
     + ", ".join(f"{k}={v:g}" for k, v in DEFAULT_INTERVALS_S.items())
     + f" (drain: the 50 Hz buffer, at most {MAX_DRAIN_S:g} s; emit: send to the recorder); "
     f"'{FRUGAL_INTERVALS}' costs the least CPU")
+
+
+# simulated GPUs one recording takes, as many as a real host has: 16 recorded 3 s in 16 s
+# on a 2-core machine, 64 missed the start handshake's 15 s (BENCHMARKS.md-style figures in
+# docs/reliability.md); 100,000 grew to 7.9 GB before failing (issue 36)
+MAX_SIMULATED_GPUS = 16
 
 
 def default_output(prefix: str) -> str:
@@ -130,10 +136,35 @@ def nvml_choice(args: argparse.Namespace, bench: BenchConfig | None) -> NvmlChoi
     """Which GPUs to read and how, from the bench file or the flags."""
     if bench is not None:
         return nvml_selection(bench)
+    check_simulated_gpus(args.simulated_gpus)
     gpus = args.nvml or ("none" if args.amd else "all")  # an AMD host has no NVIDIA GPU
     return NvmlChoice(gpus, args.simulate, 1 if args.simulated_gpus is None
                       else args.simulated_gpus, args.seed or 0, args.nvml_streams or "all",
                       args.nvml_intervals or "")
+
+
+def check_simulated_gpus(count: int | None) -> None:
+    """Refuse up front what would grow for a minute before failing (issue 36, item 8)."""
+    if count is not None and not 1 <= count <= MAX_SIMULATED_GPUS:
+        raise UsageError(f"--simulated-gpus must be 1 to {MAX_SIMULATED_GPUS}, got {count}")
+
+
+def summary_table(run: Run) -> str:
+    """The per-stream table; a stream the summary cannot integrate is said, not a crash.
+
+    The rows are on disk whatever the table can show: the recorder flagged the ones that
+    cannot be right (``time_invalid``, ``not_finite``: docs/run-file.md).
+    """
+    try:
+        return format_table(summarise(run))
+    except UsageError as e:
+        status = json.loads(run.attrs.get(RECORDER_STATUS_JSON) or "{}")
+        flagged = {sid: counts for sid, source in status.get("sources", {}).items()
+                   if (counts := source.get("flagged"))}
+        print(f"wattlab: no summary table for {run.path}: {e}; rows flagged at ingest: "
+              f"{flagged or 'none'} (time_invalid, not_finite: docs/run-file.md)",
+              file=sys.stderr)
+        return ""
 
 
 def report(result: SessionResult) -> None:
@@ -150,7 +181,7 @@ def report(result: SessionResult) -> None:
         print(salvaged.line(), file=sys.stderr)
         return
     with Run(result.output) as run:
-        print(format_table(summarise(run)))
+        print(summary_table(run))
         gaps = run.gaps
         markers = run.markers
     print(f"run file: {result.output} ({len(markers)} markers, {len(gaps)} gaps)")

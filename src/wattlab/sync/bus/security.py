@@ -26,6 +26,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from wattlab.errors import UsageError
 from wattlab.samples import SOURCE_ID_PATTERN
+from wattlab.sync.bus.refusal_log import RefusalLog
 
 PUBLIC_SUFFIX = ".key"
 SECRET_SUFFIX = ".key_secret"
@@ -152,20 +153,25 @@ def load_allowed_keys(folder: str | Path) -> dict[bytes, str]:
 
 
 class _AllowList:
-    """ZAP credentials callback: listed keys pass; every refusal is logged and counted."""
+    """ZAP credentials callback: listed keys pass; every refusal is counted.
+
+    Refusals are logged at most once a second, with their count: a client retrying with
+    fresh keys must not fill the disk with log lines (issue 36).
+    """
 
     def __init__(self, allowed: dict[bytes, str]) -> None:
         self.allowed = allowed
         self.refused = 0
         self.last_refused = ""
+        self.log = RefusalLog(log.warning)
 
     def callback(self, domain: str, key: bytes) -> bool:
         if key in self.allowed:
             return True
         self.refused += 1
         self.last_refused = key.decode(errors="replace")
-        log.warning("refused a peer with unknown CURVE key %s (domain %s)", self.last_refused,
-                    domain)
+        self.log.note("peer(s) with an unknown CURVE key",
+                      f"the last: key {self.last_refused} (domain {domain})")
         return False
 
 
@@ -203,3 +209,4 @@ class CurveServer:
 
     def stop(self) -> None:
         self._auth.stop()
+        self.allow_list.log.flush_lines()

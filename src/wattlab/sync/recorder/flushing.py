@@ -26,6 +26,7 @@ from wattlab.sync.bus import message
 from wattlab.sync.recorder.config import RecorderConfig
 from wattlab.sync.recorder.disk_full import disk_full_error, free_reserve, make_reserve
 from wattlab.sync.recorder.gap_book import GapBook
+from wattlab.sync.recorder.ingest_flags import flag_suspect_rows
 from wattlab.sync.recorder.remote_clocks import Remaps, SyncTables
 from wattlab.sync.recorder.sockets import RecorderSockets
 from wattlab.sync.recorder.source_state import SourceState
@@ -86,7 +87,7 @@ class Flusher:
             host = self.writer.remote_host(source_id) or None
             self._sources[source_id] = SourceState(
                 desc, next_seq=point.seq_next, rows=point.rows, ended=point.ended, host=host,
-                acked_seq=point.seq_next, resync=not point.ended)
+                acked_seq=point.seq_next, resync=not point.ended, resumed=True)
         cut = sum(p.rows_dropped for p in points.values())
         self.markers.append(Marker(time.monotonic_ns(), "recorder restarted", "point",
                                    "recorder", {"rows_cut": cut}))
@@ -113,7 +114,9 @@ class Flusher:
         if batch.n == 0:
             return
         t_raw = batch.t_raw if batch.t_raw is not None else batch.t_host_ns
-        flags = batch.flags if batch.flags is not None else np.zeros(batch.n, dtype=np.uint8)
+        flags = flag_suspect_rows(t_local_ns, batch.values, batch.flags,
+                                  last_t_ns=state.last_t_ns, now_ns=time.monotonic_ns(),
+                                  counts=state.flagged)
         state.pending.append((t_local_ns, t_raw, batch.values, flags, sender))
         state.pending_rows += batch.n
         state.rows += batch.n

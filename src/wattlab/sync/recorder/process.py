@@ -3,7 +3,10 @@
 Small messages are coalesced per source and written in large slices (one HDF5 write per
 source every flush interval or every ``COALESCE_ROWS`` rows), which is what lets the
 recorder keep up with many fast sources. Every sequence gap it sees becomes a row in
-``/gaps``; a malformed message is rejected, counted and logged, and the session goes on.
+``/gaps``; a malformed message is rejected, counted and logged (at most a line a second per
+kind), and the session goes on. A local stream's messages are taken only from the client
+that described it, and one client's floods are bounded (``limits``): a second client
+cannot drop, overwrite or stop another's rows (docs/reliability.md, threat model).
 
 Remote agents (``listen``) reach a second ROUTER socket that speaks CURVE only and asks a
 ZAP authenticator about every peer. Each remote message carries its peer's name (the key
@@ -34,12 +37,21 @@ import zmq
 from wattlab.errors import MalformedMessageError, WattlabError
 from wattlab.exit_watch import open_pidfd
 from wattlab.runfile import RECORDER_HOST, RECORDER_STATUS_JSON, SESSION_END_MONOTONIC_NS
-from wattlab.samples import SourceDescriptor
+from wattlab.samples import Marker, SourceDescriptor
 from wattlab.sync.bus import message
 from wattlab.sync.recorder.config import RecorderConfig
 from wattlab.sync.recorder.disk_full import SealRequest, disk_full_error, stop_recording
 from wattlab.sync.recorder.flushing import Flusher, open_run_file
 from wattlab.sync.recorder.gap_book import GapBook
+from wattlab.sync.recorder.limits import (
+    MARKERS_BURST,
+    MARKERS_PER_S,
+    MAX_STREAMS,
+    NEW_STREAMS_BURST,
+    NEW_STREAMS_PER_S,
+    PeerBuckets,
+)
+from wattlab.sync.recorder.refusals import Refusals, Refused
 from wattlab.sync.recorder.remote_clocks import RemoteClocks
 from wattlab.sync.recorder.sockets import RecorderSockets
 from wattlab.sync.recorder.source_state import SourceState
@@ -79,6 +91,9 @@ class Recorder:
             raise
         self.rejected = 0
         self.last_rejection = ""
+        self._refusals = Refusals()
+        self._new_streams = PeerBuckets(NEW_STREAMS_BURST, NEW_STREAMS_PER_S)
+        self._markers = PeerBuckets(MARKERS_BURST, MARKERS_PER_S)
         self._sources: dict[str, SourceState] = {}
         self._gaps = GapBook()
         self._clocks = RemoteClocks(config.clock_interval_s, config.clock_window_s,
@@ -86,7 +101,7 @@ class Recorder:
         self._flusher = Flusher(self.writer, config, sources=self._sources, gaps=self._gaps,
                                 sockets=self._sockets, metrics=self._metrics)
         self._order = StreamOrder(self._sources, self._gaps, self._flusher, self._clocks,
-                                  self._sockets)
+                                  self._sockets, refusals=self._refusals)
         self._stop_requested: tuple[bytes, str] | None = None
         self._drain_deadline_s = 0.0
         if config.resume:
@@ -112,11 +127,11 @@ class Recorder:
         return self._sockets.listen_endpoint
 
     # ---- message handling -------------------------------------------------------------
-    def _reject(self, identity: bytes, reason: str) -> None:
+    def _reject(self, identity: bytes, reason: str, kind: str = "malformed message(s)") -> None:
+        """Count and (at most once a second per kind) log a message the recorder refused."""
         self.rejected += 1
         self.last_rejection = reason
-        print(f"wattlab recorder: rejected a message from peer {identity.hex()[:12]}: {reason}",
-              file=sys.stderr)
+        self._refusals.note(kind, identity, reason)
 
     def handle(self, frames: list[Any], host: str | None = None, t_recv_ns: int = 0) -> None:
         """One message; ``host`` is the authenticated name of a remote peer (None: local)."""
@@ -130,13 +145,13 @@ class Recorder:
                 return
             kind = head["type"]
             if kind in ("descriptor", "batch", "gap", "end"):
-                self._check_local_source(head["source"])
+                self._check_local_source(identity, head)
             if kind == "batch":
                 self._order.on_batch(identity, message.decode_batch(head, body))
             elif kind == "descriptor":
                 self._on_descriptor(identity, message.decode_descriptor(head))
             elif kind == "marker":
-                self._flusher.markers.append(message.decode_marker(head))
+                self._add_marker(identity, message.decode_marker(head))
             elif kind == "gap":
                 self._order.on_gap(message.decode_gap(head), identity)
             elif kind == "end":
@@ -145,13 +160,49 @@ class Recorder:
                 self._on_control(identity, head)
             else:
                 raise MalformedMessageError(f"message type {kind!r} is not for the recorder")
+        except Refused as e:
+            self._reject(identity, str(e), e.kind)
         except MalformedMessageError as e:
             self._reject(identity, str(e))
 
-    def _check_local_source(self, source_id: str) -> None:
+    def _check_local_source(self, identity: bytes, head: dict[str, Any]) -> None:
+        """A stream's messages are taken only from the client that described it.
+
+        A new descriptor for a stream that ended is a restarted source carrying on; a
+        stream resumed from a crashed recorder's file belongs to the first client that
+        speaks for it. A refused batch is a gap row (its rows are lost to whoever sent it).
+        """
+        source_id, kind = head["source"], head["type"]
         state = self._sources.get(source_id)
-        if state is not None and state.host is not None:
-            raise MalformedMessageError(f"stream {source_id!r} belongs to host {state.host!r}")
+        if state is None:
+            return
+        if state.host is not None:
+            why = f"stream {source_id!r} belongs to host {state.host!r}"
+        elif state.owner is None or state.owner == identity:
+            state.owner = identity
+            return
+        elif kind == "descriptor" and state.ended:
+            return
+        else:
+            why = f"{kind} for stream {source_id!r} from a client that did not describe it"
+        if kind == "batch":
+            rows = head.get("n")
+            self._refusals.drop_rows(source_id, "batch from a client that does not own the "
+                                     "stream", rows if isinstance(rows, int) else 0)
+        raise Refused("message(s) for streams other clients described", why)
+
+    def _add_marker(self, identity: bytes, marker: Marker) -> None:
+        self._check_marker_rate(identity, marker)
+        self._flusher.markers.append(marker)
+
+    def _check_marker_rate(self, peer: bytes | str, marker: Marker) -> None:
+        """A client or agent over its marker rate: refused, and a gap row counts them."""
+        if not self._markers.allow(peer):
+            self._refusals.drop_rows(marker.source, "marker over its sender's rate limit "
+                                     f"({MARKERS_PER_S:g}/s)", 0)
+            raise Refused("marker(s) over the rate limit",
+                          f"marker {marker.name!r} from {marker.source!r} over "
+                          f"{MARKERS_PER_S:g}/s")
 
     def _check_remote_source(self, host: str, source_id: str) -> None:
         """An agent may only speak for streams named after it (and already its own)."""
@@ -182,6 +233,7 @@ class Recorder:
             if marker.source != host and not marker.source.startswith(f"{host}."):
                 raise MalformedMessageError(
                     f"host {host!r} sent a marker for source {marker.source!r}")
+            self._check_marker_rate(host, marker)
             self._clocks.when_clock(host, lambda: self._flusher.markers.append(
                 self._clocks.marker_to_local(host, marker)))
         elif kind in ("batch", "gap", "end"):
@@ -202,10 +254,22 @@ class Recorder:
     def _on_descriptor(
         self, identity: bytes, desc: SourceDescriptor, host: str | None = None
     ) -> None:
+        if desc.source_id not in self._sources:
+            self._check_new_stream(identity if host is None else host, desc.source_id)
         self._flusher.add_source(desc, host)
         self._order.on_descriptor(identity, desc, host)
         if set(self.config.expected_sources) <= set(self._sources):
             self.writer.start_swmr()
+
+    def _check_new_stream(self, peer: bytes | str, source_id: str) -> None:
+        """At most ``MAX_STREAMS``; in SWMR mode (a new stream reopens the file) a rate each."""
+        if len(self._sources) >= MAX_STREAMS:
+            raise Refused("new stream(s) over the limit",
+                          f"stream {source_id!r}: a recording takes at most {MAX_STREAMS}")
+        if self.writer.swmr and not self._new_streams.allow(peer):
+            raise Refused("new stream(s) over the limit",
+                          f"stream {source_id!r}: over {NEW_STREAMS_BURST} new streams at "
+                          f"once, then {NEW_STREAMS_PER_S:g}/s, from one client")
 
     def _on_control(self, identity: bytes, head: dict[str, Any], host: str | None = None) -> None:
         command = head.get("command")
@@ -227,12 +291,15 @@ class Recorder:
 
     def flush(self) -> None:
         """Write everything pending, say in /progress how far each source is, confirm it."""
+        for gap in self._refusals.take_gaps():
+            self._gaps.add(gap)
         self._flusher.flush()
 
     def status(self) -> dict[str, Any]:
         return recorder_status(self.config, self._sources, writer=self.writer,
                                clocks=self._clocks, sockets=self._sockets,
-                               rejected=self.rejected, last_rejection=self.last_rejection)
+                               rejected=self.rejected, last_rejection=self.last_rejection,
+                               refused=self._refusals.status())
 
     # ---- main loop ----------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -335,6 +402,7 @@ class Recorder:
             self._gaps.add(gap)
         self._order.finish()
         self.flush()
+        self._refusals.log.flush_lines()
         final = self.status()
         sync, remaps = self._clocks.final_models(self._sources)
         self._flusher.close({

@@ -22,6 +22,9 @@ from wattlab.sync.recorder.stream_metrics import MetricsSnapshot, StreamMetrics
 
 LOOPBACK = "127.0.0.1"
 SCRAPE_TIMEOUT_S = 5.0
+# scrapes served at once, one thread each; more connections are closed at once (a slowloris
+# client held 204 threads, issue 36): scrapers are one or two Prometheus servers
+MAX_SCRAPES_IN_FLIGHT = 8
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -126,6 +129,10 @@ class Exporter:
         from prometheus_client.exposition import ThreadingWSGIServer
 
         host, port = parse_address(address)
+        self.refused_connections = 0  # closed at once: MAX_SCRAPES_IN_FLIGHT were served
+
+        slots = threading.BoundedSemaphore(MAX_SCRAPES_IN_FLIGHT)
+        exporter = self
 
         class Server(ThreadingWSGIServer):
             address_family = _family(host)
@@ -133,6 +140,19 @@ class Exporter:
             # the scraper a status line without headers or body
             daemon_threads = False
             block_on_close = True
+
+            def process_request(self, request: Any, client_address: Any) -> None:
+                if not slots.acquire(blocking=False):
+                    exporter.refused_connections += 1
+                    self.shutdown_request(request)
+                    return
+                super().process_request(request, client_address)
+
+            def process_request_thread(self, request: Any, client_address: Any) -> None:
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    slots.release()
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(WattlabCollector(metrics))

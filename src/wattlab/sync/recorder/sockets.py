@@ -16,13 +16,16 @@ import zmq
 from wattlab.errors import UsageError
 from wattlab.sync.bus import message
 from wattlab.sync.recorder.config import RecorderConfig
+from wattlab.sync.recorder.limits import MAX_FRAME_BYTES
 from wattlab.sync.recorder.source_state import SourceState
 
 if TYPE_CHECKING:
     from wattlab.sync.bus import CurveServer
 
 RECV_BURST = 256
-RECV_HWM = 10_000
+# messages queued per local client: a flooding client holds at most this many frames of
+# the recorder's memory (10,000 small batches of a flood were 160 MB; issue 36)
+RECV_HWM = 1000
 REMOTE_RECV_HWM = 100_000
 # kernel socket buffer: large messages cross in fewer system calls and wake-ups
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
@@ -39,6 +42,8 @@ class RecorderSockets:
         self.local.setsockopt(zmq.RCVHWM, RECV_HWM)
         self.local.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
         self.local.setsockopt(zmq.LINGER, LINGER_MS)
+        # a larger frame drops its connection before it is received whole (issue 36)
+        self.local.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.remote: zmq.Socket[Any] | None = None
         self._remote_context: zmq.Context[Any] | None = None
         self.curve: CurveServer | None = None
@@ -66,6 +71,7 @@ class RecorderSockets:
         self.remote = self._remote_context.socket(zmq.ROUTER)
         self.remote.setsockopt(zmq.RCVHWM, REMOTE_RECV_HWM)
         self.remote.setsockopt(zmq.LINGER, LINGER_MS)
+        self.remote.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.curve.apply(self.remote)
         try:
             self.remote.bind(config.listen)

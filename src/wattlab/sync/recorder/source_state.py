@@ -32,6 +32,11 @@ class SourceState:
     pending: list[tuple[Any, Any, Any, Any, Any]] = field(default_factory=list)
     pending_rows: int = 0
     identity: bytes | None = None  # the publisher that last sent for this stream
+    # the local client that described the stream: only its messages are taken for it
+    # (None: not known yet, a stream resumed from a crashed recorder's file)
+    owner: bytes | None = None
+    resumed: bool = False  # carried on from a crashed recorder's file: resends may repeat
+    flagged: dict[str, int] = field(default_factory=dict)  # rows flagged at ingest, by flag
     acked_seq: int = 0  # next_seq last confirmed to the publisher as on disk
     progress_dirty: bool = False
     resync: bool = False  # resumed after a crash: hold out-of-order batches, ask for resend

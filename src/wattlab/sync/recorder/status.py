@@ -38,7 +38,8 @@ def start_exporter(address: str) -> tuple[StreamMetrics | None, Exporter | None]
 
 def recorder_status(config: RecorderConfig, sources: dict[str, SourceState], *,
                     writer: RunFileWriter, clocks: RemoteClocks, sockets: RecorderSockets,
-                    rejected: int, last_rejection: str) -> dict[str, Any]:
+                    rejected: int, last_rejection: str,
+                    refused: dict[str, int]) -> dict[str, Any]:
     """The answer to ``status``: each stream's counts, each host's clock, what was refused."""
     return {
         "sources": {
@@ -50,11 +51,13 @@ def recorder_status(config: RecorderConfig, sources: dict[str, SourceState], *,
                 "duplicates": s.duplicates,
                 "ended": s.ended,
                 "held": len(s.held),
+                "flagged": dict(s.flagged),
             }
             for sid, s in sources.items()
         },
         "rejected": rejected,
         "last_rejection": last_rejection,
+        "refused": refused,
         "swmr": writer.swmr,
         "hosts": clocks.hosts_status(sources),
         "refused_peers": sockets.refused_peers,

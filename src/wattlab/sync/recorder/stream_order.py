@@ -16,6 +16,8 @@ from wattlab.samples import Gap, Marker, SampleBatch, SourceDescriptor
 from wattlab.sync.bus import message
 from wattlab.sync.recorder.flushing import Flusher
 from wattlab.sync.recorder.gap_book import GapBook
+from wattlab.sync.recorder.limits import MAX_ORPHAN_BYTES, MAX_ORPHAN_STREAMS
+from wattlab.sync.recorder.refusals import Refusals
 from wattlab.sync.recorder.remote_clocks import RemoteClocks
 from wattlab.sync.recorder.sockets import RecorderSockets
 from wattlab.sync.recorder.source_state import MAX_ANNOUNCED_SOURCES, SourceState, seq_of
@@ -29,8 +31,10 @@ class StreamOrder:
     """Puts each stream's items in sequence and hands them to the flusher and the gap book."""
 
     def __init__(self, sources: dict[str, SourceState], gaps: GapBook, flusher: Flusher,
-                 clocks: RemoteClocks, sockets: RecorderSockets) -> None:
+                 clocks: RemoteClocks, sockets: RecorderSockets, *, refusals: Refusals) -> None:
         self._sources = sources
+        self._refusals = refusals
+        self._orphan_bytes = 0
         self._gaps = gaps
         self._flusher = flusher
         self._clocks = clocks
@@ -47,6 +51,8 @@ class StreamOrder:
         state = self._sources.get(desc.source_id)
         if state is None:
             state = self._sources[desc.source_id] = SourceState(desc, host=host)
+        if host is None:
+            state.owner = identity  # a new stream, or an ended one a restarted source resumes
         elif state.ended:
             state.ended = False  # announced again: a restarted source carries on
             state.end_seq = None
@@ -57,19 +63,17 @@ class StreamOrder:
                                                 {"config_changed": changed}))
         self._sockets.reply(identity, ack=desc.source_id, next_seq=state.next_seq)
         for orphan_identity, batch in self._orphans.pop(desc.source_id, []):
+            self._orphan_bytes -= batch_bytes(batch)
+            if host is None and orphan_identity != identity:
+                self._refuse_batch(orphan_identity, batch, "batch from a client that did not "
+                                   "describe the stream")
+                continue
             self.on_batch(orphan_identity, batch)
 
     def on_batch(self, identity: bytes, batch: SampleBatch) -> None:
         state = self._sources.get(batch.source_id)
         if state is None:
-            orphans = self._orphans.setdefault(batch.source_id, [])
-            if not orphans:
-                self._sockets.reply(identity, describe=batch.source_id)
-            if len(orphans) < MAX_ORPHAN_BATCHES:
-                orphans.append((identity, batch))
-            else:
-                self._gaps.add(Gap(batch.source_id, "batch arrived with no descriptor; dropped",
-                                   batch.seq, batch.last_seq, samples_lost=batch.n))
+            self._keep_orphan(identity, batch)
             return
         width = len(state.desc.channels)
         if batch.values.shape[1] != width:
@@ -82,6 +86,34 @@ class StreamOrder:
             )
         state.identity = identity
         self._order(state, batch.seq, batch.last_seq, batch)
+
+    def _keep_orphan(self, identity: bytes, batch: SampleBatch) -> None:
+        """A batch of a stream not described yet waits for its descriptor, within bounds.
+
+        Past ``MAX_ORPHAN_STREAMS`` streams, ``MAX_ORPHAN_BATCHES`` batches of one or
+        ``MAX_ORPHAN_BYTES`` in all, it is refused: counted and summed into a gap row.
+        """
+        orphans = self._orphans.get(batch.source_id)
+        nbytes = batch_bytes(batch)
+        if orphans is None and len(self._orphans) >= MAX_ORPHAN_STREAMS:
+            why = f"batch of an undescribed stream past the first {MAX_ORPHAN_STREAMS}"
+        elif orphans is not None and len(orphans) >= MAX_ORPHAN_BATCHES:
+            why = f"batch of an undescribed stream past its first {MAX_ORPHAN_BATCHES}"
+        elif self._orphan_bytes + nbytes > MAX_ORPHAN_BYTES:
+            why = f"batch of an undescribed stream past {MAX_ORPHAN_BYTES >> 20} MiB held"
+        else:
+            if orphans is None:
+                orphans = self._orphans[batch.source_id] = []
+                self._sockets.reply(identity, describe=batch.source_id)
+            orphans.append((identity, batch))
+            self._orphan_bytes += nbytes
+            return
+        self._refuse_batch(identity, batch, why)
+
+    def _refuse_batch(self, identity: bytes, batch: SampleBatch, why: str) -> None:
+        self._refusals.note("batch(es) for streams over the limits or of other clients",
+                            identity, f"{why} ({batch.source_id!r})")
+        self._refusals.drop_rows(batch.source_id, why, batch.n)
 
     def on_gap(self, gap: Gap, identity: bytes | None = None) -> None:
         state = self._sources.get(gap.source)
@@ -127,6 +159,8 @@ class StreamOrder:
             state = self._sources.get(source_id) if isinstance(source_id, str) else None
             if state is None or state.host != host or not state.resync or state.held:
                 continue
+            if host is None and state.owner not in (None, identity):
+                continue  # another client's stream
             state.identity = identity
             self._sockets.send_to(state, message.encode_reply(resend=source_id,
                                                               from_seq=state.next_seq))
@@ -138,6 +172,10 @@ class StreamOrder:
         if last_seq < state.next_seq:
             if isinstance(item, SampleBatch):
                 state.duplicates += 1
+                if not state.resumed and item.n:  # a resend after a restart may repeat
+                    self._refusals.drop_rows(state.desc.source_id,
+                                             "batch with sequence numbers already taken",
+                                             item.n)
             return
         if seq > state.next_seq and state.resync:
             self._hold(state, item)
@@ -234,3 +272,9 @@ class StreamOrder:
         for source_id, orphans in self._orphans.items():
             self._gaps.add(Gap(source_id, "never described; batches dropped",
                                samples_lost=sum(b.n for _, b in orphans)))
+
+
+def batch_bytes(batch: SampleBatch) -> int:
+    """What a held batch costs in memory (its arrays)."""
+    extra = sum(a.nbytes for a in (batch.t_raw, batch.flags) if a is not None)
+    return int(batch.t_host_ns.nbytes + batch.values.nbytes + extra)
