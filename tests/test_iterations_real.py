@@ -130,5 +130,28 @@ def test_the_benchmark_runs_and_meets_the_goal(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((tmp_path / "iterations_real.json").read_text())
     goal = [r for r in data["traces"] if r["goal_applies"]]
-    assert len(goal) == 3 and all(r["right"] for r in goal)
+    # the H100 jobs (a step per burst) are right; the H200 jobs with nested rhythms are
+    # right or say they may not be (bench/iterations_nested.py measures them with their
+    # own truth: its energy per step leaves the stalls out)
+    assert sum(r["right"] for r in goal if r["trace"].startswith("h100_")) == 3
+    assert all(r["right"] or r["confidence"] < 0.5 for r in goal), goal
     assert len(data["simulated"]) == 12
+
+
+@pytest.mark.bench
+def test_the_nested_benchmark_runs_and_says_when_it_cannot_tell(tmp_path):
+    """bench/iterations_nested.py: every trace whose steps are ≥ 3 sample spacings is right
+    or below 0.5 confidence, and what it gives at ≥ 0.9 is right (issue 38's goal)."""
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, str(root / "bench" / "iterations_nested.py"),
+                             "--loops", "6"], cwd=root / "bench", capture_output=True,
+                            text=True, timeout=300, check=False,
+                            env={**os.environ, "WATTLAB_BENCH_RESULTS": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((tmp_path / "iterations_nested.json").read_text())
+    goal = [r for r in data["traces"] if r["goal_applies"]]
+    assert len(goal) >= 6 and all(r["right"] or r["confidence"] < 0.5 for r in goal), goal
+    assert all(r["right"] for r in data["traces"] if r["confidence"] >= 0.9)
+    assert {r["trace"] for r in data["traces"] if r["method"] == "steps-in-bursts"} >= {
+        "h200_resnet-stall", "h200_mlp-stall-3"}
+    assert len(data["simulated"]) == 6

@@ -30,7 +30,9 @@ MIN_SAMPLES = 6
 """A busy stretch needs this many samples to hold two steps of three samples each."""
 MAX_FREQUENCY_SPACINGS = 2.5
 """Steps shorter than this many sample spacings are not looked for (Nyquist is 2)."""
-FREQUENCY_STEP_HZ = 0.02
+FREQUENCIES_PER_RESOLUTION = 10
+"""Frequencies tried per 1/span (the spectrum's resolution): the peak is then refined by
+the whole-number fit."""
 MIN_STRENGTH = 0.25
 """Share of the within-burst variance the rhythm must explain, at least. Why this much:
 the 1 Hz square wave on the H100 (0.5 s bursts of one repeated matrix product, no steps
@@ -136,7 +138,7 @@ def inner_rhythm(t_ns: IntArray, p_w: FloatArray, bursts: list[DetectedIteration
     f_hi = 1.0 / (MAX_FREQUENCY_SPACINGS * spacing_s)
     if f_lo >= f_hi:
         return None
-    freqs = np.arange(f_lo, f_hi, FREQUENCY_STEP_HZ)
+    freqs = np.arange(f_lo, f_hi, 0.5 / longest_step_s / FREQUENCIES_PER_RESOLUTION)
     share = _explained_share(stretches, freqs)
     best = int(np.argmax(share))
     spans = np.array([s.span_s for s in found if s is not None])

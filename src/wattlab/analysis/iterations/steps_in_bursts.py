@@ -24,6 +24,8 @@ IntArray = npt.NDArray[np.int64]
 MIN_STEPS_PER_GROUP = 3
 """Bursts holding two cycles are not taken for two steps: a forward and a backward pass of
 one step look the same (the single-step H100 traces show exactly that)."""
+MIN_SPACING_S = 0.01
+"""Faster streams are averaged over bins of this before the rhythm is looked for."""
 UNSURE_CONFIDENCE = 0.3
 """The burst count's confidence where its bursts may hold several steps each."""
 STEP_CONFIDENCE_COEF = np.array([-1.552, 0.871, 0.801, 2.671, 2.759, -1.822])
@@ -56,12 +58,29 @@ def _trailing_burst(bursts: list[DetectedIteration], t_ns: IntArray, p_w: FloatA
                              float(p_w[tail].sum()) * spacing_s)
 
 
+def binned(t_ns: IntArray, p_w: FloatArray, bin_s: float) -> tuple[IntArray, FloatArray]:
+    """Means over bins of ``bin_s``.
+
+    Why: a kHz meter's samples are more than a rhythm of ≥ 25 ms steps needs, and the
+    spectrum's cost grows with their square.
+    """
+    bins = (t_ns - t_ns[0]) // round(bin_s * 1e9)
+    edges = np.flatnonzero(np.diff(bins)) + 1
+    starts = np.concatenate([[0], edges])
+    counts = np.diff(np.concatenate([starts, [t_ns.size]]))
+    return (np.add.reduceat(t_ns, starts) // counts,
+            np.add.reduceat(p_w, starts) / counts)
+
+
 def with_steps_in_bursts(segs: IterationResult, t_ns: IntArray, p_w: FloatArray
                          ) -> IterationResult:
     """``segs`` recounted by the steps inside its bursts, or marked unsure, or as it is."""
     if len(segs.bursts) < 2 or t_ns.size < 2:
         return segs
     spacing_s = float(np.median(np.diff(t_ns))) / 1e9
+    if spacing_s < MIN_SPACING_S:
+        t_ns, p_w = binned(t_ns, p_w, MIN_SPACING_S)
+        spacing_s = MIN_SPACING_S
     trailing = _trailing_burst(segs.bursts, t_ns, p_w, spacing_s)
     bursts = segs.bursts + ([trailing] if trailing else [])
     idle_w, busy_w = np.percentile(p_w, [10, 90])
