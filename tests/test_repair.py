@@ -105,6 +105,29 @@ def test_torn_tails_are_trimmed_and_every_whole_row_kept(tmp_path):
 
 
 @pytest.mark.system
+def test_a_stream_torn_between_two_resizes_reads_as_its_whole_rows(tmp_path, capsys):
+    """A kill between the resizes of a stream's datasets leaves its time column longer
+    than its values: readers take the rows every dataset holds (reading past the shortest
+    raised "selection + offset not within extent" in `info`, seen in test_repair_kill9)."""
+    path = tmp_path / "between_resizes.h5"
+    crash_writer(path, """
+        w.append("meter", *rows(0, 100))
+        w.flush()
+        w.start_swmr()
+        group = w._file["sources/meter"]
+        group["time"].resize(150, axis=0)
+        group["time"][100:150] = rows(100, 50)[0]
+        w._file.flush()
+    """)
+    with wattlab.open(str(path)) as run:
+        view = run.source("meter")
+        assert len(view) == 100
+        np.testing.assert_array_equal(view.channel("index"), np.arange(100))
+    assert main(["info", "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["sources"]["meter"]["rows"] == 100
+
+
+@pytest.mark.system
 def test_sized_but_unwritten_rows_are_trimmed(tmp_path):
     path = tmp_path / "blank.h5"
     crash_writer(path, """

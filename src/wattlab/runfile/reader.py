@@ -123,7 +123,14 @@ class SourceView:
         return cast(T, self._memo[key])
 
     def __len__(self) -> int:
-        return self.memo("rows", lambda: int(self._ds[schema.TIME].id.shape[0]))
+        """Rows every dataset of the stream holds.
+
+        Why not the time column's length: a live writer resizes the datasets one after
+        another, and a crash can leave one longer than the rest (until `wattlab repair`);
+        reading past the shortest raised "selection + offset not within extent".
+        """
+        return self.memo("rows", lambda: min(int(self._ds[name].id.shape[0])
+                                             for name in schema.STREAM_DATASETS))
 
     @property
     def remote_host(self) -> str:
@@ -201,7 +208,7 @@ class SourceView:
         """
         col = self.channel_index(name)
         values_ds = self._ds[schema.VALUES]
-        start, stop, _ = slice(start, stop).indices(int(values_ds.id.shape[0]))
+        start, stop, _ = slice(start, stop).indices(len(self))
         out = np.empty(max(0, stop - start), dtype=self.values_dtype)
         rows = np.empty((min(max(1, out.size), COLUMN_READ_BYTES // max(1, self.row_bytes) or 1),
                          len(self.channel_names)), dtype=self.values_dtype)
