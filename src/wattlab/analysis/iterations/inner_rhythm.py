@@ -65,6 +65,7 @@ class InnerRhythm:
     strength: float
     integrality: float
     false_alarm: float
+    median_span_s: float
 
     @property
     def steps(self) -> int:
@@ -154,4 +155,5 @@ def inner_rhythm(t_ns: IntArray, p_w: FloatArray, bursts: list[DetectedIteration
     independent = max(1.0, (f_hi - f_lo) * float(np.median(spans)))
     false_alarm = min(1.0, independent * float(
         chi2.sf(share[best] * samples, 2 * len(stretches))))
-    return InnerRhythm(period, steps, energy, float(share[best]), integrality, false_alarm)
+    return InnerRhythm(period, steps, energy, float(share[best]), integrality, false_alarm,
+                       float(np.median(spans)))

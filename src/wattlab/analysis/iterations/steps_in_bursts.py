@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.iterations.inner_rhythm import MIN_STRENGTH, InnerRhythm, inner_rhythm
-from wattlab.analysis.iterations.iteration_result import IterationResult
+from wattlab.analysis.iterations.iteration_result import RESOLVABLE_SPACINGS, IterationResult
 from wattlab.analysis.iterations.iteration_stream import DetectedIteration
 
 FloatArray = npt.NDArray[np.float64]
@@ -28,6 +28,11 @@ MIN_SPACING_S = 0.01
 """Faster streams are averaged over bins of this before the rhythm is looked for."""
 UNSURE_CONFIDENCE = 0.3
 """The burst count's confidence where its bursts may hold several steps each."""
+ROOM_FOR_STEPS = 4
+"""Bursts with room for this many steps of 3 sample spacings (240 ms at 50 Hz) and no clear
+rhythm may be groups: the simulated loops with a stall every 3-10 steps and dips the
+samples do not show were counted as groups at confidence 0.90-0.97 (24 of 1,000), every
+one wrong. Why not 3: single steps of 172 ms (the H100 traces) would then be unsure."""
 STEP_CONFIDENCE_COEF = np.array([-1.552, 0.871, 0.801, 2.671, 2.759, -1.822])
 """Logistic coefficients for ``step_features``, fitted by bench/iterations_nested.py
 (``--fit``) on simulated loops with stalls every few steps; BENCHMARKS.md has the check."""
@@ -86,18 +91,28 @@ def with_steps_in_bursts(segs: IterationResult, t_ns: IntArray, p_w: FloatArray
     idle_w, busy_w = np.percentile(p_w, [10, 90])
     rhythm = inner_rhythm(t_ns, p_w, bursts, float(idle_w + 0.5 * (busy_w - idle_w)),
                           spacing_s)
-    if rhythm is None or np.median(rhythm.steps_per_burst) < MIN_STEPS_PER_GROUP:
+    if rhythm is None:
         return segs
     per_group = float(np.median(rhythm.steps_per_burst))
-    if not rhythm.clear:
+    room = rhythm.median_span_s / (RESOLVABLE_SPACINGS * spacing_s)
+    if rhythm.clear and per_group >= MIN_STEPS_PER_GROUP:
+        return _recounted(segs, rhythm, spacing_s)
+    if per_group >= MIN_STEPS_PER_GROUP or room >= ROOM_FOR_STEPS:
         segs.confidence = min(segs.confidence, UNSURE_CONFIDENCE)
         segs.warnings.append(
-            f"each burst has room for ~{per_group:.0f} steps of {rhythm.period_s * 1e3:.0f} ms "
-            f"but no clear step rhythm inside it (strength {rhythm.strength:.2f}, chance "
-            f"of noise {rhythm.false_alarm:.1e}, integrality {rhythm.integrality:.2f}): the "
-            "count may be of groups of steps; "
+            f"each burst lasts ~{rhythm.median_span_s * 1e3:.0f} ms, room for "
+            f"{max(per_group, math.floor(room)):.0f} steps of {RESOLVABLE_SPACINGS:g} sample "
+            f"spacings, and shows no clear step rhythm (strength {rhythm.strength:.2f}, "
+            f"chance of noise {rhythm.false_alarm:.1e}, integrality "
+            f"{rhythm.integrality:.2f}): each may be one long step or a group of steps; "
             "mark the steps (--auto-markers) to count them")
-        return segs
+    return segs
+
+
+def _recounted(segs: IterationResult, rhythm: InnerRhythm, spacing_s: float
+               ) -> IterationResult:
+    """``segs`` with the steps of ``rhythm`` as its count, its bursts as the groups."""
+    per_group = float(np.median(rhythm.steps_per_burst))
     z = float(STEP_CONFIDENCE_COEF @ step_features(rhythm, spacing_s))
     step_confidence = 1.0 / (1.0 + math.exp(-z))
     segs.groups, segs.group_period_s, segs.steps_per_group = (
