@@ -10,25 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.decoder_streams import ps3_frame as frame
+from tests.decoder_streams import ps3_stream as stream
 from wattlab.drivers.powersensor3 import DeviceClock, FrameDecoder
 
 pytestmark = pytest.mark.fast
 
 STOP = b"\xff\x3f\xff\x3f"
-
-
-def frame(t: int, levels: list[int], marker: bool = False) -> bytes:
-    """One frame, built bit by bit from the PROTOCOLS.md description."""
-    out = [0xF0 | ((t >> 6) & 0xF), 0x40 | (t & 0x3F)]
-    for i, lv in enumerate(levels):
-        out += [0x80 | (i << 4) | (lv >> 6), (0x40 if marker and i == 0 else 0) | (lv & 0x3F)]
-    return bytes(out)
-
-
-def stream(n: int, t0: int = 0, step: int = 50, seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    return b"".join(frame((t0 + k * step) & 0x3FF, rng.integers(0, 1024, 8).tolist())
-                    for k in range(n))
 
 
 def feed_all(dec: FrameDecoder, chunks: list[bytes]) -> tuple[int, int, list]:
