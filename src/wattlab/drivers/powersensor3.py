@@ -377,6 +377,36 @@ def strictly_increasing(t_ns: npt.NDArray[np.int64], after_ns: int | None) -> np
 # ---------------------------------------------------------------------------------------
 # Scaling
 # ---------------------------------------------------------------------------------------
+VREF_RANGE_V = (0.0, FULL_SCALE_V)
+SENSITIVITY_RANGE = (1e-3, 10.0)  # |V per A| or |V per V|
+
+
+def check_physical(sensor: SensorConfig, index: int, port: str) -> None:
+    """Refuse a record in use whose numbers no sensor has (issue 36 item 10).
+
+    Its readings would be NaN, inf or 1e30 W with no flag.
+    ``vref_v`` is the ADC voltage at zero current (or zero volts): the ADC reads 0..3.3 V,
+    so a zero point outside that range is no sensor's. ``sensitivity`` (V per A, or V per V
+    of the voltage divider; negative inverts): under 1e-3 in magnitude the ADC's 3.3 V span
+    would be over 3,300 A or V, beyond any riser or cable; over 10 it would be under
+    0.33 A or V, which measures no GPU rail.
+    """
+    where = f"{port}: sensor {index} (pair {index // 2}, {sensor.type or 'no type'})"
+    lo, hi = VREF_RANGE_V
+    if not lo <= sensor.vref_v <= hi:  # NaN fails every comparison
+        raise MeterError(
+            f"{where} is in use with vref_v {sensor.vref_v!r}: the zero point must lie in "
+            f"the ADC's range {lo:g}..{hi:g} V (3.3 V full scale); fix the device's "
+            f"configuration (write_config) before recording")
+    lo, hi = SENSITIVITY_RANGE
+    if not lo <= abs(sensor.sensitivity) <= hi:
+        raise MeterError(
+            f"{where} is in use with sensitivity {sensor.sensitivity!r}: a physical sensor "
+            f"has {lo:g}..{hi:g} V per A (or V per V) in magnitude, else the 3.3 V ADC span "
+            f"is over 3,300 A or under 0.33 A; fix the device's configuration (write_config) "
+            f"before recording")
+
+
 class Scaling:
     """Levels → SI values per active pair (current A, voltage V, power W) and their total."""
 
@@ -390,10 +420,7 @@ class Scaling:
             raise MeterError(f"{port}: no sensor pair has both sensors in use; nothing to read")
         for p in self.pairs:
             for s in (2 * p, 2 * p + 1):
-                if config[s].sensitivity == 0 or not np.isfinite(config[s].sensitivity):
-                    raise MeterProtocolError(
-                        f"{port}: sensor {s} is in use with sensitivity {config[s].sensitivity}"
-                    )
+                check_physical(config[s], s, port)
         self.sensors = [s for p in self.pairs for s in (2 * p, 2 * p + 1)]
         self._vref = np.array([config[s].vref_v for s in self.sensors])
         self._sens = np.array([config[s].sensitivity for s in self.sensors])
