@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from wattlab.drivers.powersensor3 import Command, PowerSensor3, SensorConfig
+from wattlab.drivers.powersensor3 import READ_MAX_BYTES, Command, PowerSensor3, SensorConfig
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError
 from wattlab.samples import SampleFlag
 from wattlab.testing import ExpectedProtocol, expected_protocol
@@ -238,3 +238,27 @@ def test_config_without_active_pair_is_an_error() -> None:
                       name="ps")
     with pytest.raises(MeterError, match="ps: no sensor pair"):
         ps.connect()
+
+
+class Backlog:
+    """A port with more bytes waiting than one poll may take (a stalled host catching up)."""
+
+    port_name = "backlog"
+
+    def __init__(self) -> None:
+        self.given = 0
+
+    def write(self, data: bytes) -> None:
+        """Commands are not answered."""
+
+    def read_available(self, max_n: int) -> bytes:
+        self.given += max_n
+        return b"\xf0" * max_n  # what made a poll block for seconds (issue 36 item 7)
+
+
+def test_one_poll_reads_at_most_its_bound() -> None:
+    """A poll must stay near its ~0.1 s: it decodes at most READ_MAX_BYTES (1 MB took
+    seconds on faulty bytes); bench/decode.py times that bound on the worst input."""
+    port = Backlog()
+    PowerSensor3(port).read_stream(min_duration_s=10.0)  # type: ignore[arg-type]
+    assert port.given == READ_MAX_BYTES <= 1 << 17

@@ -216,6 +216,10 @@ V_MIN_RAW = -66  # -0.5 V: a rail is never below that
 I_MIN_RAW = -102  # -5 A: nor does current flow back that much
 CONFIRM_FRAMES = 4
 NIBBLE_LEARN_FRAMES = 32
+# One poll decodes at most this much: at the 2 MB/s the decoder holds on any bytes (10x
+# the 200 kB/s of 2 Mbaud 8N1; bench/decode.py) that is under 33 ms, within a poll's
+# ~0.1 s, and still 0.33 s of stream at 2 Mbaud, so a backlog drains (1 MB took 28-39 s)
+READ_MAX_BYTES = 1 << 16
 SHORT_RUN_FRAMES = 16  # a run is checked frame by frame this far, then in numpy slices
 
 
@@ -786,7 +790,8 @@ class PmdUsb:
         self.transport.write(bytes([Command.CONTINUOUS.value[0], 0, 0, 0]))
         self.streaming = False
 
-    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = 1 << 20) -> StreamBlock:
+    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = READ_MAX_BYTES
+                    ) -> StreamBlock:
         """Read what has arrived (for at least ``min_duration_s``), decode, time and scale."""
         if self.decoder is None:
             raise MeterError(f"{self.port}: read_stream before start_continuous")

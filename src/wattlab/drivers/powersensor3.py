@@ -60,6 +60,10 @@ FULL_SCALE_V = 3.3
 MAX_LEVEL = 1023
 DEVICE_CLOCK_WRAP_US = 1024
 WRAP_NS = DEVICE_CLOCK_WRAP_US * 1000
+# One poll decodes at most this much: at the 3.6 MB/s the decoder holds on any bytes (10x
+# the device's 20 kHz x 18 bytes; bench/decode.py) that is under 37 ms, within a poll's
+# ~0.1 s, and 0.36 s of stream, so a backlog drains at over 3x the line rate
+READ_MAX_BYTES = 1 << 17
 
 # High bits each of the 18 frame bytes must carry: (mask, expected) per position.
 _FRAME_MASK = np.array(
@@ -646,7 +650,8 @@ class PowerSensor3:
         return _concat(frames)
 
     # -- streaming -------------------------------------------------------------------------
-    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = 1 << 20) -> StreamBlock:
+    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = READ_MAX_BYTES
+                    ) -> StreamBlock:
         """Read what has arrived (for at least ``min_duration_s``) and decode it."""
         deadline = time.monotonic() + min_duration_s
         data = bytearray()
