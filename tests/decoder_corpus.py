@@ -34,11 +34,11 @@ class Case:
 
 
 def garbage(size: int = GARBAGE_BYTES, run_values: range = range(256)) -> Iterator[Case]:
-    rng = np.random.default_rng(36)
+    rng = np.random.default_rng(36)  # the patterns first: the same whatever the size
+    patterns = [rng.integers(0, 256, period, dtype=np.uint8).tobytes() for period in range(1, 65)]
     yield Case("random", rng.integers(0, 256, size, dtype=np.uint8).tobytes(), True)
-    for period in range(1, 65):
-        pattern = rng.integers(0, 256, period, dtype=np.uint8).tobytes()
-        yield Case(f"period{period}", (pattern * (size // period + 1))[:size], True)
+    for pattern in patterns:
+        yield Case(f"period{len(pattern)}", (pattern * (size // len(pattern) + 1))[:size], True)
     for value in run_values:
         yield Case(f"run{value:02x}", bytes([value]) * size, True)
 
