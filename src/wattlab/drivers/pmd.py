@@ -272,7 +272,8 @@ class FrameOffsets:
         for j in range(t if dec.has_clock else 0):
             self.ts |= buf[j:j + m].astype(np.int64) << (8 * j)
         self.step = (self.ts[f:] - self.ts[:max(0, m - f)]) % dec.wrap  # to the next frame
-        self.step_at = self.step.data  # scalar reads without numpy's per-item cost
+        self.ts_at = self.ts.data  # scalar reads without numpy's per-item cost
+        self.step_at = self.step.data
         self.use_rule(bool(dec.nibble_rule))
 
     def use_rule(self, nibble_rule: bool) -> None:
@@ -341,7 +342,8 @@ class ContinuousDecoder:
     def reset(self) -> None:
         """A new stream: forget alignment, clock and learnt period (not the nibble rule)."""
         self._carry = b""
-        self._held: npt.NDArray[np.uint8] | None = None  # accepted, successor not yet seen
+        # accepted, successor not yet seen: its bytes, or during a feed its offset in the read
+        self._held: npt.NDArray[np.uint8] | int | None = None
         self._held_ts = 0  # its timestamp
         self._prev_ts: int | None = None  # last emitted frame's timestamp
         self._ticks = 0
@@ -408,7 +410,7 @@ class ContinuousDecoder:
         if not ok[p]:
             return 0
         if (self.has_clock and not self._anchor and self._held is not None
-                and not 0 < (int(o.ts[p]) - self._held_ts) % self.wrap <= max_step):
+                and not 0 < (o.ts_at[p] - self._held_ts) % self.wrap <= max_step):
             return 0
         j = 1
         while j < min(k, SHORT_RUN_FRAMES):
@@ -448,7 +450,7 @@ class ContinuousDecoder:
         n, f = buf.shape[0], self.frame_bytes
         o = FrameOffsets(self, buf)
         p = 0
-        emitted: list[npt.NDArray[np.uint8]] = []
+        emitted: list[tuple[npt.NDArray[np.uint8] | int, int]] = []
         self._n_out = 0
         self._skipped = 0
         self._events: list[tuple[int, int]] = []
@@ -472,12 +474,11 @@ class ContinuousDecoder:
             if j:
                 self._learn(o, p, j)
                 if self._held is not None:
-                    self._emit(emitted, self._held[None, :])
+                    self._emit(emitted, self._held)
                 if j > 1:
-                    self._emit(emitted, buf[p:p + f * (j - 1)].reshape(j - 1, f))
-                last = p + f * (j - 1)
-                self._held = buf[last:last + f].copy()
-                self._held_ts = int(o.ts[last]) if self.has_clock else 0
+                    self._emit(emitted, p, j - 1)
+                self._held = last = p + f * (j - 1)
+                self._held_ts = o.ts_at[last] if self.has_clock else 0
                 self._anchor = False
                 p += f * j
             elif self._anchor:  # cannot happen after a search; never spin
@@ -486,7 +487,9 @@ class ContinuousDecoder:
             if j < k:
                 self._anchor = True
         self._carry = buf[p:].tobytes()
-        out = self._decode(emitted, prev_before)
+        if isinstance(self._held, int):
+            self._held = buf[self._held:self._held + f].copy()
+        out = self._decode(emitted, prev_before, buf)
         out.skipped_bytes = self._skipped
         out.skip_events = self._events
         return out
@@ -499,7 +502,7 @@ class ContinuousDecoder:
         and nothing after it can confirm the frame (found by the property test below it).
         """
         prev_before = self._prev_ts
-        emitted: list[npt.NDArray[np.uint8]] = []
+        emitted: list[tuple[npt.NDArray[np.uint8] | int, int]] = []
         self._n_out = 0
         self._skipped = 0
         self._events, self._resync_at = [], []
@@ -507,10 +510,10 @@ class ContinuousDecoder:
             if self._anchor or self._carry:  # its successor was bad or cut short: suspect
                 self._skip(self.frame_bytes)
             else:
-                self._emit(emitted, self._held[None, :])
+                self._emit(emitted, self._held)
             self._held = None
         self._anchor = True
-        out = self._decode(emitted, prev_before)
+        out = self._decode(emitted, prev_before, np.zeros(0, dtype=np.uint8))
         out.skipped_bytes = self._skipped
         out.skip_events = self._events
         return out
@@ -519,30 +522,44 @@ class ContinuousDecoder:
         self._skipped += nbytes
         self._skip_pending += nbytes
 
-    def _resolve_held(self, emitted: list[npt.NDArray[np.uint8]]) -> None:
+    def _resolve_held(self, emitted: list[tuple[npt.NDArray[np.uint8] | int, int]]) -> None:
         """After a search: keep the held frame only if no byte had to be skipped after it."""
         if self._held is not None:
             if self._skip_pending == 0:
-                self._emit(emitted, self._held[None, :])
+                self._emit(emitted, self._held)
             else:
                 self._skip(self.frame_bytes)
             self._held = None
         self._event_pending += self._skip_pending
         self._skip_pending = 0
 
-    def _emit(self, emitted: list[npt.NDArray[np.uint8]], rows: npt.NDArray[np.uint8]) -> None:
+    def _emit(self, emitted: list[tuple[npt.NDArray[np.uint8] | int, int]],
+              start: npt.NDArray[np.uint8] | int, count: int = 1) -> None:
+        """Pass on ``count`` frames from offset ``start`` of the read (or one kept row)."""
         if self._event_pending:
             self._events.append((self._n_out, self._event_pending))
             self._resync_at.append(self._n_out)
             self._event_pending = 0
-        emitted.append(rows)
-        self._n_out += int(rows.shape[0])
+        emitted.append((start, count))
+        self._n_out += count
 
-    def _decode(self, blocks: list[npt.NDArray[np.uint8]], prev_ts: int | None
-                ) -> DecodedFrames:
+    def _rows(self, emitted: list[tuple[npt.NDArray[np.uint8] | int, int]],
+              buf: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+        """The emitted frames' bytes, gathered at once (a row kept from the last read first)."""
+        f = self.frame_bytes
+        kept = [row[None, :] for row, _ in emitted if not isinstance(row, int)]
+        runs = np.array([(s, c) for s, c in emitted if isinstance(s, int)],
+                        dtype=np.int64).reshape(-1, 2)
+        counts = runs[:, 1]
+        total = int(counts.sum())
+        first = np.repeat(runs[:, 0] - f * (np.cumsum(counts) - counts), counts)
+        offsets = first + f * np.arange(total, dtype=np.int64)
+        return np.concatenate([*kept, buf[offsets[:, None] + np.arange(f)]])
+
+    def _decode(self, emitted: list[tuple[npt.NDArray[np.uint8] | int, int]],
+                prev_ts: int | None, buf: npt.NDArray[np.uint8]) -> DecodedFrames:
         n, nch = self._n_out, len(self.bits)
-        rows = (np.concatenate(blocks) if blocks
-                else np.zeros((0, self.frame_bytes), dtype=np.uint8))
+        rows = self._rows(emitted, buf)
         ts, words = self._fields(rows)
         values = (self._raw12(words) * self._scale).astype(np.float64)
         ticks: npt.NDArray[np.int64] | None = None
