@@ -412,10 +412,10 @@ class ContinuousDecoder:
         if (self.has_clock and not self._anchor and self._held is not None
                 and not 0 < (o.ts_at[p] - self._held_ts) % self.wrap <= max_step):
             return 0
-        j = 1
-        while j < min(k, SHORT_RUN_FRAMES):
+        j, short, clock, step_at = 1, min(k, SHORT_RUN_FRAMES), self.has_clock, o.step_at
+        while j < short:
             q = p + f * j
-            if not ok[q] or (self.has_clock and not 0 < o.step_at[q - f] <= max_step):
+            if not ok[q] or (clock and not 0 < step_at[q - f] <= max_step):
                 return j
             j += 1
         chunk = SHORT_RUN_FRAMES
