@@ -304,10 +304,11 @@ class FrameOffsets:
 class ContinuousDecoder:
     """Headerless frames → arrays, vectorised; finds the frame boundary again after loss.
 
-    A run of frames is accepted with numpy in one go while each frame is plausible (no
-    voltage below -0.5 V, no current below -5 A, learnt zero low nibbles) and each
-    timestamp step is positive and under 8 periods. At the first bad frame it searches, all
-    candidate offsets at once, for the first offset where ``CONFIRM_FRAMES`` consecutive
+    Each read is looked at once, every byte offset as a frame start (``FrameOffsets``). A
+    run of frames is accepted while each frame is plausible (no voltage below -0.5 V, no
+    current below -5 A, learnt zero low nibbles) and each timestamp step is positive and
+    under 8 periods. At the first bad frame it looks up the next offset where
+    ``CONFIRM_FRAMES`` consecutive
     frames are plausible and evenly spaced in time (every step under 10 ms and within
     ±50 % of their median, the median within 2× the learnt period); bytes before it are
     skipped and counted. The last accepted frame is held back until its successor is seen:
