@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.decoder_streams import damage, pmd_stream, ps3_frame, ps3_stream
 from wattlab.drivers.hmc8015 import Hmc8015, parse_log_csv
 from wattlab.drivers.pmd import ContinuousDecoder
 from wattlab.drivers.powersensor3 import FrameDecoder
@@ -166,3 +167,75 @@ def test_hmc8015_log_parser_raises_only_protocol_errors(data: bytes) -> None:
         assert "fuzz.csv" in str(e)
     else:
         assert log is not None
+
+
+# -- CI-sized decoder fuzz (issue 36 item 7) ---------------------------------------------
+# A few thousand inputs a decoder, as a faulty device sends them: random bytes, periodic
+# patterns, runs of one byte, a damaged valid stream between two of those; read in random
+# pieces. Under the "ci" profile (tests/conftest.py) the same inputs every run.
+CI_FUZZ = settings(max_examples=500, deadline=None,  # x4 timestamp widths: 2,000 for PMD
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+CI_FUZZ_PS3 = settings(CI_FUZZ, max_examples=1000)  # x2 terminator modes
+FAULTY = st.one_of(
+    st.binary(max_size=300),
+    st.tuples(st.binary(min_size=1, max_size=64), st.integers(0, 300)).map(
+        lambda pn: (pn[0] * (pn[1] // len(pn[0]) + 1))[:pn[1]]),
+    st.tuples(st.integers(0, 255), st.integers(0, 300)).map(lambda vn: bytes([vn[0]]) * vn[1]),
+)
+DAMAGE = st.lists(st.tuples(st.integers(0, 2000), st.sampled_from(["drop", "insert"]),
+                            st.integers(1, 40)), max_size=3)
+
+
+def around(before: bytes, stream: bytes, edits: list[tuple[int, str, int]], after: bytes,
+           seed: int) -> bytes:
+    edits = [(p % (len(stream) + 1), kind, k) for p, kind, k in edits]
+    return before + damage(stream, edits, seed) + after
+
+
+@pytest.mark.parametrize("ts_bytes", [0, 1, 2, 4])
+@CI_FUZZ
+@given(before=FAULTY, frames=st.integers(0, 40), edits=DAMAGE, after=FAULTY,
+       mask=st.integers(1, 255), cuts=st.lists(st.integers(0, 3000), max_size=5))
+def test_pmd_decoder_on_faulty_device_bytes(ts_bytes: int, before: bytes, frames: int,
+                                            edits: list[tuple[int, str, int]], after: bytes,
+                                            mask: int, cuts: list[int]) -> None:
+    nch = bin(mask).count("1")
+    data = around(before, pmd_stream(frames, ts_bytes, seed=frames, nch=nch)[0], edits,
+                  after, frames)
+    learning = ContinuousDecoder(mask, ts_bytes)
+    outs = [learning.feed(data), learning.flush()]
+    assert learning.frame_bytes * sum(o.n for o in outs) + sum(
+        o.skipped_bytes for o in outs) + learning.pending_bytes == len(data)
+    assert all(np.isfinite(o.values).all() for o in outs)
+    # Read boundaries do not matter with the nibble rule given: learnt, it is learnt per
+    # run and runs end at reads, so a read boundary can change it (as before issue 36's
+    # rewrite: the reference decoder does the same)
+    whole = ContinuousDecoder(mask, ts_bytes, low_nibble_zero=False)
+    one = [whole.feed(data), whole.flush()]
+    split = ContinuousDecoder(mask, ts_bytes, low_nibble_zero=False)
+    parts = [split.feed(p) for p in pieces(data, cuts)] + [split.flush()]
+    np.testing.assert_array_equal(np.concatenate([o.words for o in parts]),
+                                  np.concatenate([o.words for o in one]))
+    assert sum(o.skipped_bytes for o in parts) == sum(o.skipped_bytes for o in one)
+
+
+@pytest.mark.parametrize("stop", [False, True])
+@CI_FUZZ_PS3
+@given(before=FAULTY, frames=st.integers(0, 40), edits=DAMAGE, after=FAULTY,
+       cuts=st.lists(st.integers(0, 3000), max_size=5))
+def test_powersensor3_decoder_on_faulty_device_bytes(stop: bool, before: bytes, frames: int,
+                                                     edits: list[tuple[int, str, int]],
+                                                     after: bytes, cuts: list[int]) -> None:
+    data = around(before, ps3_stream(frames, seed=frames), edits, after, frames)
+    whole = FrameDecoder(stop_on_terminator=stop)
+    one = whole.feed(data)
+    split = FrameDecoder(stop_on_terminator=stop)
+    parts = [split.feed(p) for p in pieces(data, cuts)]
+    assert 18 * one.n + one.skipped_bytes + whole.pending_bytes + whole.ignored_bytes == len(data)
+    np.testing.assert_array_equal(np.concatenate([o.levels for o in parts] or [one.levels[:0]]),
+                                  one.levels)
+    assert sum(o.skipped_bytes for o in parts) == one.skipped_bytes
+    # a frame passed on has every fixed bit of the format: its bytes are in the input
+    for t, levels, marker in zip(one.device_t_us[:5], one.levels[:5], one.marker[:5],
+                                 strict=True):
+        assert ps3_frame(int(t), levels.tolist(), bool(marker))[:3] in data

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from wattlab.drivers.pmd import Command, PmdUsb, crc16_ccitt_false
+from wattlab.drivers.pmd import READ_MAX_BYTES, Command, PmdUsb, crc16_ccitt_false
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError, UsageError
 from wattlab.testing import ExpectedProtocol, expected_protocol
 
@@ -225,3 +225,32 @@ def test_invalid_stream_settings() -> None:
         pmd.start_continuous(mask=0xFF, ts_bytes=3)
     with pytest.raises(MeterError, match="before start_continuous"):
         pmd.read_stream()
+
+
+class Backlog:
+    """A port with more bytes waiting than one poll may take (a stalled host catching up)."""
+
+    port_name = "backlog"
+
+    def __init__(self) -> None:
+        self.given = 0
+
+    def write(self, data: bytes) -> None:
+        """Commands are not answered."""
+
+    def reset_input(self) -> None:
+        """Nothing to drop."""
+
+    def read_available(self, max_n: int) -> bytes:
+        self.given += max_n
+        return bytes([0x5A, 0xA5, 0x00]) * (max_n // 3) + bytes(max_n % 3)
+
+
+def test_one_poll_reads_at_most_its_bound() -> None:
+    """A poll must stay near its ~0.1 s: it decodes at most READ_MAX_BYTES (1 MB took
+    28-39 s on periodic bytes); bench/decode.py times that bound on the worst input."""
+    port = Backlog()
+    pmd = PmdUsb(port)  # type: ignore[arg-type]
+    pmd.start_continuous(0x03, 0)
+    pmd.read_stream(min_duration_s=10.0)
+    assert port.given == READ_MAX_BYTES <= 1 << 16

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from wattlab.drivers.powersensor3 import Command, PowerSensor3, SensorConfig
+from wattlab.drivers.powersensor3 import READ_MAX_BYTES, Command, PowerSensor3, SensorConfig
 from wattlab.errors import MeterError, MeterProtocolError, MeterTimeoutError
 from wattlab.samples import SampleFlag
 from wattlab.testing import ExpectedProtocol, expected_protocol
@@ -86,6 +86,42 @@ def test_connect_drops_frames_left_streaming_before_the_terminator() -> None:
     ps = PowerSensor3(proto, name="p")
     assert ps.connect().firmware == "F407-1.6.1-DEMO"
     proto.assert_consumed()
+
+
+@pytest.mark.parametrize(("sensor", "field", "value"), [
+    (0, "vref_v", float("nan")), (0, "vref_v", float("inf")), (5, "vref_v", -float("inf")),
+    (1, "vref_v", 4.0), (0, "sensitivity", 1e-30), (4, "sensitivity", -1e-30),
+    (1, "sensitivity", float("nan")), (5, "sensitivity", float("inf")), (0, "sensitivity", 0.0),
+    (1, "sensitivity", 1e4),
+])
+def test_connect_refuses_an_unphysical_configuration_naming_it(
+        sensor: int, field: str, value: float) -> None:
+    """Issue 36 item 10: NaN/inf vref or a 1e-30 sensitivity gave NaN/inf/1e30 W, unflagged."""
+    kind, name, vref, sens, in_use = struct.unpack("<16s16sff?", RECORDS[sensor])
+    vref, sens = (value, sens) if field == "vref_v" else (vref, value)
+    records = list(RECORDS)
+    records[sensor] = kind + name + struct.pack("<ff", vref, sens) + bytes([in_use])
+    ex: list[tuple[bytes | None, bytes]] = [(b"R", records[0])]
+    ex += [(b"s", r) for r in records[1:]] + [(b"s", b"D")]
+    proto = ExpectedProtocol([(b"X", STOP), (b"V", b"F411-1.6.1\r\n"), *ex])
+    with pytest.raises(MeterError) as err:
+        PowerSensor3(proto, name="/dev/ttyACM0", drain_timeout_s=0.05).connect()
+    text = str(err.value)
+    shown = repr(float(np.float32(value)))
+    assert all(s in text for s in ("/dev/ttyACM0", f"sensor {sensor}", f"pair {sensor // 2}",
+                                   field, shown)), text
+    assert ("3.3 V" if field == "vref_v" else "0.001") in text, text
+
+
+def test_an_unused_sensor_may_hold_any_configuration() -> None:
+    records = list(RECORDS)
+    records[2] = record("MLX10", "slot3v3", float("nan"), 1e-30, False)  # pair 1: not in use
+    ex: list[tuple[bytes | None, bytes]] = [(b"R", records[0])]
+    ex += [(b"s", r) for r in records[1:]] + [(b"s", b"D")]
+    proto = ExpectedProtocol([(b"X", STOP), (b"V", b"F411-1.6.1\r\n"), *ex])
+    ps = PowerSensor3(proto, name="p", drain_timeout_s=0.05)
+    ps.connect()
+    assert ps.scaling is not None and ps.scaling.pairs == [0, 2]
 
 
 def test_version_garbage_is_a_protocol_error() -> None:
@@ -202,3 +238,27 @@ def test_config_without_active_pair_is_an_error() -> None:
                       name="ps")
     with pytest.raises(MeterError, match="ps: no sensor pair"):
         ps.connect()
+
+
+class Backlog:
+    """A port with more bytes waiting than one poll may take (a stalled host catching up)."""
+
+    port_name = "backlog"
+
+    def __init__(self) -> None:
+        self.given = 0
+
+    def write(self, data: bytes) -> None:
+        """Commands are not answered."""
+
+    def read_available(self, max_n: int) -> bytes:
+        self.given += max_n
+        return b"\xf0" * max_n  # what made a poll block for seconds (issue 36 item 7)
+
+
+def test_one_poll_reads_at_most_its_bound() -> None:
+    """A poll must stay near its ~0.1 s: it decodes at most READ_MAX_BYTES (1 MB took
+    seconds on faulty bytes); bench/decode.py times that bound on the worst input."""
+    port = Backlog()
+    PowerSensor3(port).read_stream(min_duration_s=10.0)  # type: ignore[arg-type]
+    assert port.given == READ_MAX_BYTES <= 1 << 17

@@ -24,6 +24,7 @@ where this driver is deliberately tolerant, all **[unverified]**:
 
 from __future__ import annotations
 
+import bisect
 import enum
 import struct
 import time
@@ -215,7 +216,11 @@ V_MIN_RAW = -66  # -0.5 V: a rail is never below that
 I_MIN_RAW = -102  # -5 A: nor does current flow back that much
 CONFIRM_FRAMES = 4
 NIBBLE_LEARN_FRAMES = 32
-SEARCH_WINDOW = 4096
+# One poll decodes at most this much: at the 2 MB/s the decoder holds on any bytes (10x
+# the 200 kB/s of 2 Mbaud 8N1; bench/decode.py) that is under 33 ms, within a poll's
+# ~0.1 s, and still 0.33 s of stream at 2 Mbaud, so a backlog drains (1 MB took 28-39 s)
+READ_MAX_BYTES = 1 << 16
+SHORT_RUN_FRAMES = 16  # a run is checked frame by frame this far, then in numpy slices
 
 
 @dataclass
@@ -240,13 +245,70 @@ class DecodedFrames:
         return int(self.words.shape[0])
 
 
+class FrameOffsets:
+    """Every byte offset of one read taken as a frame start: what the checks need, at once.
+
+    Why: the decoder asks, after each loss, where the next run of consistent frames starts
+    and how long it runs. Computing that per question, over the rest of the read, made it
+    quadratic on garbage (12-48 kB/s on periodic bytes, issue 36); here each offset's
+    plausibility, timestamp and step to the frame after it are computed once per read, the
+    offsets that confirm a lock (CONFIRM_FRAMES consistent frames, the learnt period aside)
+    listed in order, and the decoder walks them.
+    """
+
+    def __init__(self, dec: ContinuousDecoder, buf: npt.NDArray[np.uint8]) -> None:
+        self.dec = dec
+        f, t, n = dec.frame_bytes, dec.ts_bytes, buf.shape[0]
+        m = max(0, n - f + 1)  # offsets where a whole frame fits
+        self.values_ok = np.ones(m, dtype=bool)
+        self.nibble_zero = np.ones(m, dtype=bool)
+        for c in range(len(dec.bits)):
+            low, high = buf[t + 2 * c:t + 2 * c + m], buf[t + 2 * c + 1:t + 2 * c + 1 + m]
+            word = low.astype(np.uint16) | (high.astype(np.uint16) << 8)
+            raw12 = word.view(np.int16) >> 4  # the 12-bit value, sign extended
+            self.values_ok &= raw12 >= int(dec._min_raw[c] - dec._offset[c])
+            self.nibble_zero &= (low & 0xF) == 0
+        self.ts = np.zeros(m, dtype=np.int64)
+        for j in range(t if dec.has_clock else 0):
+            self.ts |= buf[j:j + m].astype(np.int64) << (8 * j)
+        self.step = (self.ts[f:] - self.ts[:max(0, m - f)]) % dec.wrap  # to the next frame
+        self.ts_at = self.ts.data  # scalar reads without numpy's per-item cost
+        self.step_at = self.step.data
+        self.use_rule(bool(dec.nibble_rule))
+
+    def use_rule(self, nibble_rule: bool) -> None:
+        """Plausible frames, and the lock candidates, under the nibble rule now in force."""
+        dec, f = self.dec, self.dec.frame_bytes
+        self.ok = self.values_ok & self.nibble_zero if nibble_rule else self.values_ok
+        self.ok_bytes = self.ok.tobytes()
+        last = self.ok.shape[0] - (CONFIRM_FRAMES - 1) * f  # offsets with 4 frames after
+        if last <= 0:
+            self.starts: list[int] = []
+            self.medians: list[float] = []
+            return
+        lock = self.ok[:last].copy()
+        for i in range(1, CONFIRM_FRAMES):
+            lock &= self.ok[i * f:i * f + last]
+        if not dec.has_clock:
+            self.starts, self.medians = np.flatnonzero(lock).tolist(), []
+            return
+        s = np.stack([self.step[i * f:i * f + last] for i in range(CONFIRM_FRAMES - 1)])
+        lo, hi = s.min(axis=0), s.max(axis=0)
+        med = np.median(s, axis=0)
+        lock &= (lo > 0) & (hi <= min(dec.wrap // 2, MAX_PERIOD_TICKS))
+        lock &= (hi <= 1.5 * med) & (lo >= 0.5 * med)  # a clean, even run
+        idx = np.flatnonzero(lock)
+        self.starts, self.medians = idx.tolist(), med[idx].tolist()
+
+
 class ContinuousDecoder:
     """Headerless frames → arrays, vectorised; finds the frame boundary again after loss.
 
-    A run of frames is accepted with numpy in one go while each frame is plausible (no
-    voltage below -0.5 V, no current below -5 A, learnt zero low nibbles) and each
-    timestamp step is positive and under 8 periods. At the first bad frame it searches, all
-    candidate offsets at once, for the first offset where ``CONFIRM_FRAMES`` consecutive
+    Each read is looked at once, every byte offset as a frame start (``FrameOffsets``). A
+    run of frames is accepted while each frame is plausible (no voltage below -0.5 V, no
+    current below -5 A, learnt zero low nibbles) and each timestamp step is positive and
+    under 8 periods. At the first bad frame it looks up the next offset where
+    ``CONFIRM_FRAMES`` consecutive
     frames are plausible and evenly spaced in time (every step under 10 ms and within
     ±50 % of their median, the median within 2× the learnt period); bytes before it are
     skipped and counted. The last accepted frame is held back until its successor is seen:
@@ -281,7 +343,9 @@ class ContinuousDecoder:
     def reset(self) -> None:
         """A new stream: forget alignment, clock and learnt period (not the nibble rule)."""
         self._carry = b""
-        self._held: npt.NDArray[np.uint8] | None = None  # accepted, successor not yet seen
+        # accepted, successor not yet seen: its bytes, or during a feed its offset in the read
+        self._held: npt.NDArray[np.uint8] | int | None = None
+        self._held_ts = 0  # its timestamp
         self._prev_ts: int | None = None  # last emitted frame's timestamp
         self._ticks = 0
         self._anchor = True  # the next frame must be confirmed by a candidate search
@@ -310,13 +374,6 @@ class ContinuousDecoder:
         r12 = (words.astype(np.int64) >> 4) & 0xFFF
         return np.where(r12 >= 2048, r12 - 4096, r12) + self._offset
 
-    def _plausible(self, words: npt.NDArray[np.uint16]) -> npt.NDArray[np.bool_]:
-        ok: npt.NDArray[np.bool_] = np.asarray(
-            (self._raw12(words) >= self._min_raw).all(axis=-1))
-        if self.nibble_rule:
-            ok = ok & ((words & 0xF) == 0).all(axis=-1)
-        return ok
-
     def _max_step(self) -> int:
         cap = min(self.wrap // 2, MAX_STEP_TICKS)
         if self.period_ticks is not None:
@@ -324,75 +381,77 @@ class ContinuousDecoder:
         return cap
 
     # -- acceptance -------------------------------------------------------------------------
-    def _run_length(self, rows: npt.NDArray[np.uint8]) -> int:
-        """How many leading rows continue the held frame (or the confirmed start)."""
-        ts, words = self._fields(rows)
-        ok = self._plausible(words)
-        if self.has_clock:
-            held_ts = None if self._held is None else int(self._fields(self._held)[0])
-            prev = ts[0] if self._anchor or held_ts is None else held_ts
-            steps = np.diff(ts, prepend=prev) % self.wrap
-            good = (steps > 0) & (steps <= self._max_step())
-            if self._anchor or held_ts is None:
-                good[0] = True
-            ok &= good
-        return int(rows.shape[0]) if bool(ok.all()) else int(np.argmin(ok))
-
-    def _search(self, buf: npt.NDArray[np.uint8], p: int) -> int | None:
+    def _find(self, o: FrameOffsets, p: int) -> int | None:
         """First offset ≥ p starting CONFIRM_FRAMES consistent frames; None if none yet.
 
         A first confirmation also sets the period the following run is checked against.
         """
-        f = self.frame_bytes
-        last = buf.shape[0] - CONFIRM_FRAMES * f
-        lo = p
-        while lo <= last:
-            hi = min(last + 1, lo + SEARCH_WINDOW)
-            q = np.arange(lo, hi)
-            idx = (q[:, None, None] + (np.arange(CONFIRM_FRAMES) * f)[None, :, None]
-                   + np.arange(f)[None, None, :])
-            ts, words = self._fields(buf[idx])
-            ok = self._plausible(words).all(axis=1)
-            if self.has_clock:
-                steps = np.diff(ts, axis=1) % self.wrap
-                lo_s, hi_s = steps.min(axis=1), steps.max(axis=1)
-                med = np.median(steps, axis=1)
-                ok &= (lo_s > 0) & (hi_s <= min(self.wrap // 2, MAX_PERIOD_TICKS))
-                ok &= (hi_s <= 1.5 * med) & (lo_s >= 0.5 * med)  # a clean, even run
-                if self.period_ticks is not None:
-                    ok &= (med >= self.period_ticks / 2) & (med <= 2 * self.period_ticks)
-            hits = np.flatnonzero(ok)
-            if hits.size:
-                if self.has_clock and self.period_ticks is None:
-                    # the confirmed frames' spacing bounds the run that follows them: with
-                    # only the loose cap, a frame spliced by a cut and the garbage after it
-                    # were taken as one more step (found by the property test)
-                    self.period_ticks = float(med[hits[0]])
-                return lo + int(hits[0])
-            lo = hi
-        return None
+        i = bisect.bisect_left(o.starts, p)
+        if self.has_clock and self.period_ticks is not None:
+            lo, hi = self.period_ticks / 2, 2 * self.period_ticks
+            while i < len(o.starts) and not lo <= o.medians[i] <= hi:
+                i += 1
+        if i == len(o.starts):
+            return None
+        if self.has_clock and self.period_ticks is None:
+            # the confirmed frames' spacing bounds the run that follows them: with
+            # only the loose cap, a frame spliced by a cut and the garbage after it
+            # were taken as one more step (found by the property test)
+            self.period_ticks = o.medians[i]
+        return o.starts[i]
 
-    def _learn(self, ts: npt.NDArray[np.int64], words: npt.NDArray[np.uint16]) -> None:
-        if self.has_clock and ts.shape[0] > CONFIRM_FRAMES:
-            steps = np.diff(ts) % self.wrap
-            self.period_ticks = float(np.median(steps))
-        elif self.has_clock and self.period_ticks is None and ts.shape[0] > 1:
-            self.period_ticks = float(np.median(np.diff(ts) % self.wrap))
+    def _run_length(self, o: FrameOffsets, p: int, k: int) -> int:
+        """How many of the k frames from p continue the held frame (or the confirmed start).
+
+        The first few are checked one by one (a run in garbage is short), then in growing
+        numpy slices (a clean stream's run is the whole read).
+        """
+        f, ok = self.frame_bytes, o.ok_bytes
+        max_step = self._max_step() if self.has_clock else 0
+        if not ok[p]:
+            return 0
+        if (self.has_clock and not self._anchor and self._held is not None
+                and not 0 < (o.ts_at[p] - self._held_ts) % self.wrap <= max_step):
+            return 0
+        j, short, clock, step_at = 1, min(k, SHORT_RUN_FRAMES), self.has_clock, o.step_at
+        while j < short:
+            q = p + f * j
+            if not ok[q] or (clock and not 0 < step_at[q - f] <= max_step):
+                return j
+            j += 1
+        chunk = SHORT_RUN_FRAMES
+        while j < k:
+            hi = min(k, j + chunk)
+            good = o.ok[p + f * j:p + f * hi:f]
+            if self.has_clock:
+                steps = o.step[p + f * (j - 1):p + f * (hi - 1):f]
+                good = good & (steps > 0) & (steps <= max_step)
+            if not good.all():
+                return j + int(np.argmin(good))
+            j, chunk = hi, 4 * chunk
+        return j
+
+    def _learn(self, o: FrameOffsets, p: int, j: int) -> None:
+        f = self.frame_bytes
+        if self.has_clock and (j > CONFIRM_FRAMES or (self.period_ticks is None and j > 1)):
+            self.period_ticks = float(np.median(o.step[p:p + f * (j - 1):f]))
         if not self._nibble_fixed and self.nibble_rule is None:
-            if ((words & 0xF) != 0).any():
+            if not o.nibble_zero[p:p + f * j:f].all():
                 self.nibble_rule = False
             else:
-                self._nibble_seen += int(words.shape[0])
+                self._nibble_seen += j
                 if self._nibble_seen >= NIBBLE_LEARN_FRAMES:
                     self.nibble_rule = True
+                    o.use_rule(True)
 
     def feed(self, data: bytes) -> DecodedFrames:
         """Decode ``data`` plus what was kept from the last call."""
         buf = np.frombuffer(self._carry + data, dtype=np.uint8)
         self._carry = b""
         n, f = buf.shape[0], self.frame_bytes
+        o = FrameOffsets(self, buf)
         p = 0
-        emitted: list[npt.NDArray[np.uint8]] = []
+        emitted: list[tuple[npt.NDArray[np.uint8] | int, int]] = []
         self._n_out = 0
         self._skipped = 0
         self._events: list[tuple[int, int]] = []
@@ -400,7 +459,7 @@ class ContinuousDecoder:
         prev_before = self._prev_ts
         while True:
             if self._anchor:
-                q = self._search(buf, p)
+                q = self._find(o, p)
                 if q is None:
                     lim = max(p, n - CONFIRM_FRAMES * f + 1)
                     self._skip(lim - p)
@@ -412,16 +471,15 @@ class ContinuousDecoder:
             k = (n - p) // f
             if k == 0:
                 break
-            rows = buf[p:p + f * k].reshape(k, f)
-            j = self._run_length(rows)
+            j = self._run_length(o, p, k)
             if j:
-                ts, words = self._fields(rows[:j])
-                self._learn(ts, words)
+                self._learn(o, p, j)
                 if self._held is not None:
-                    self._emit(emitted, self._held[None, :])
+                    self._emit(emitted, self._held)
                 if j > 1:
-                    self._emit(emitted, rows[:j - 1])
-                self._held = rows[j - 1].copy()
+                    self._emit(emitted, p, j - 1)
+                self._held = last = p + f * (j - 1)
+                self._held_ts = o.ts_at[last] if self.has_clock else 0
                 self._anchor = False
                 p += f * j
             elif self._anchor:  # cannot happen after a search; never spin
@@ -430,7 +488,9 @@ class ContinuousDecoder:
             if j < k:
                 self._anchor = True
         self._carry = buf[p:].tobytes()
-        out = self._decode(emitted, prev_before)
+        if isinstance(self._held, int):
+            self._held = buf[self._held:self._held + f].copy()
+        out = self._decode(emitted, prev_before, buf)
         out.skipped_bytes = self._skipped
         out.skip_events = self._events
         return out
@@ -443,7 +503,7 @@ class ContinuousDecoder:
         and nothing after it can confirm the frame (found by the property test below it).
         """
         prev_before = self._prev_ts
-        emitted: list[npt.NDArray[np.uint8]] = []
+        emitted: list[tuple[npt.NDArray[np.uint8] | int, int]] = []
         self._n_out = 0
         self._skipped = 0
         self._events, self._resync_at = [], []
@@ -451,10 +511,10 @@ class ContinuousDecoder:
             if self._anchor or self._carry:  # its successor was bad or cut short: suspect
                 self._skip(self.frame_bytes)
             else:
-                self._emit(emitted, self._held[None, :])
+                self._emit(emitted, self._held)
             self._held = None
         self._anchor = True
-        out = self._decode(emitted, prev_before)
+        out = self._decode(emitted, prev_before, np.zeros(0, dtype=np.uint8))
         out.skipped_bytes = self._skipped
         out.skip_events = self._events
         return out
@@ -463,30 +523,44 @@ class ContinuousDecoder:
         self._skipped += nbytes
         self._skip_pending += nbytes
 
-    def _resolve_held(self, emitted: list[npt.NDArray[np.uint8]]) -> None:
+    def _resolve_held(self, emitted: list[tuple[npt.NDArray[np.uint8] | int, int]]) -> None:
         """After a search: keep the held frame only if no byte had to be skipped after it."""
         if self._held is not None:
             if self._skip_pending == 0:
-                self._emit(emitted, self._held[None, :])
+                self._emit(emitted, self._held)
             else:
                 self._skip(self.frame_bytes)
             self._held = None
         self._event_pending += self._skip_pending
         self._skip_pending = 0
 
-    def _emit(self, emitted: list[npt.NDArray[np.uint8]], rows: npt.NDArray[np.uint8]) -> None:
+    def _emit(self, emitted: list[tuple[npt.NDArray[np.uint8] | int, int]],
+              start: npt.NDArray[np.uint8] | int, count: int = 1) -> None:
+        """Pass on ``count`` frames from offset ``start`` of the read (or one kept row)."""
         if self._event_pending:
             self._events.append((self._n_out, self._event_pending))
             self._resync_at.append(self._n_out)
             self._event_pending = 0
-        emitted.append(rows)
-        self._n_out += int(rows.shape[0])
+        emitted.append((start, count))
+        self._n_out += count
 
-    def _decode(self, blocks: list[npt.NDArray[np.uint8]], prev_ts: int | None
-                ) -> DecodedFrames:
+    def _rows(self, emitted: list[tuple[npt.NDArray[np.uint8] | int, int]],
+              buf: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+        """The emitted frames' bytes, gathered at once (a row kept from the last read first)."""
+        f = self.frame_bytes
+        kept = [row[None, :] for row, _ in emitted if not isinstance(row, int)]
+        runs = np.array([(s, c) for s, c in emitted if isinstance(s, int)],
+                        dtype=np.int64).reshape(-1, 2)
+        counts = runs[:, 1]
+        total = int(counts.sum())
+        first = np.repeat(runs[:, 0] - f * (np.cumsum(counts) - counts), counts)
+        offsets = first + f * np.arange(total, dtype=np.int64)
+        return np.concatenate([*kept, buf[offsets[:, None] + np.arange(f)]])
+
+    def _decode(self, emitted: list[tuple[npt.NDArray[np.uint8] | int, int]],
+                prev_ts: int | None, buf: npt.NDArray[np.uint8]) -> DecodedFrames:
         n, nch = self._n_out, len(self.bits)
-        rows = (np.concatenate(blocks) if blocks
-                else np.zeros((0, self.frame_bytes), dtype=np.uint8))
+        rows = self._rows(emitted, buf)
         ts, words = self._fields(rows)
         values = (self._raw12(words) * self._scale).astype(np.float64)
         ticks: npt.NDArray[np.int64] | None = None
@@ -734,7 +808,8 @@ class PmdUsb:
         self.transport.write(bytes([Command.CONTINUOUS.value[0], 0, 0, 0]))
         self.streaming = False
 
-    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = 1 << 20) -> StreamBlock:
+    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = READ_MAX_BYTES
+                    ) -> StreamBlock:
         """Read what has arrived (for at least ``min_duration_s``), decode, time and scale."""
         if self.decoder is None:
             raise MeterError(f"{self.port}: read_stream before start_continuous")

@@ -60,6 +60,10 @@ FULL_SCALE_V = 3.3
 MAX_LEVEL = 1023
 DEVICE_CLOCK_WRAP_US = 1024
 WRAP_NS = DEVICE_CLOCK_WRAP_US * 1000
+# One poll decodes at most this much: at the 3.6 MB/s the decoder holds on any bytes (10x
+# the device's 20 kHz x 18 bytes; bench/decode.py) that is under 37 ms, within a poll's
+# ~0.1 s, and 0.36 s of stream, so a backlog drains at over 3x the line rate
+READ_MAX_BYTES = 1 << 17
 
 # High bits each of the 18 frame bytes must carry: (mask, expected) per position.
 _FRAME_MASK = np.array(
@@ -69,7 +73,6 @@ _FRAME_EXPECT = np.array(
     [0xF0, 0x40] + [v for i in range(N_SENSORS) for v in (0x80 | (i << 4), 0x00)],
     dtype=np.uint8,
 )
-_RESYNC_WINDOW = 4096
 
 
 @dataclass(frozen=True)
@@ -137,26 +140,58 @@ def _decode_rows(rows: npt.NDArray[np.uint8]) -> tuple[
     return levels.astype(np.uint16), marker, t.astype(np.uint16)
 
 
+def frame_starts(buf: npt.NDArray[np.uint8], lo: int = 0) -> npt.NDArray[np.bool_]:
+    """True at each offset ≥ ``lo`` where a whole frame with every byte's fixed bits starts.
+
+    Why this way: every offset is checked at once, the first two bytes over the whole
+    buffer and the other sixteen only where those held, so no pattern of bytes costs more
+    than a pass or two (a run of 0xF0 took a Python step per byte: 116 kB/s, issue 36).
+    """
+    n = buf.shape[0]
+    out = np.zeros(n, dtype=bool)
+    m = n - FRAME_BYTES + 1
+    if m <= lo:
+        return out
+    idx = lo + np.flatnonzero(((buf[lo:m] & _FRAME_MASK[0]) == _FRAME_EXPECT[0])
+                              & ((buf[lo + 1:m + 1] & _FRAME_MASK[1]) == _FRAME_EXPECT[1]))
+    for j in range(2, FRAME_BYTES):
+        idx = idx[(buf[idx + j] & _FRAME_MASK[j]) == _FRAME_EXPECT[j]]
+    out[idx] = True
+    return out
+
+
 def _valid_rows(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
     ok: npt.NDArray[np.bool_] = ((rows & _FRAME_MASK) == _FRAME_EXPECT).all(axis=1)
     return ok
 
 
-def _valid_prefix(buf: npt.NDArray[np.uint8]) -> bool:
-    m = buf.shape[0]
-    return bool(((buf & _FRAME_MASK[:m]) == _FRAME_EXPECT[:m]).all())
+def run_length(starts: npt.NDArray[np.bool_], p: int, stride: int) -> int:
+    """How many of ``starts[p], starts[p + stride], ...`` hold in a row.
+
+    Looked at in growing steps, so a short run costs little and a long one one pass.
+    """
+    j, step = 0, 16
+    while True:
+        seg = starts[p + stride * j:p + stride * (j + step):stride]
+        if not seg.all():
+            return j + int(np.argmin(seg))
+        j += int(seg.shape[0])
+        if seg.shape[0] < step:
+            return j
+        step *= 4
 
 
 class FrameDecoder:
     """Turns the 18-byte frame stream into arrays, whole blocks at a time.
 
-    Aligned data is checked and decoded with numpy over all complete frames at once; only
-    where a frame fails the positional bit check does a scan look for the next frame start
-    (or the ``FF 3F`` stop terminator), counting every byte it drops. A partial frame at the
-    end is kept for the next ``feed``. ``stop_on_terminator`` is switched off while
-    streaming: the firmware sends ``FF 3F`` only after ``X``, and two corrupt bytes must not
-    end a live acquisition. Invariant, for tests: ``18 · frames + skipped +
-    pending_bytes + ignored_bytes`` equals the bytes fed.
+    Every offset of a read is checked for a frame start at once (``frame_starts``); runs of
+    frames 18 bytes apart are taken whole, and where one ends the next frame start (or the
+    ``FF 3F`` stop terminator, or a possible partial frame at the end) is looked up, every
+    byte before it dropped and counted. A partial frame at the end is kept for the next
+    ``feed``. ``stop_on_terminator`` is switched off while streaming: the firmware sends
+    ``FF 3F`` only after ``X``, and two corrupt bytes must not end a live acquisition.
+    Invariant, for tests: ``18 · frames + skipped + pending_bytes + ignored_bytes`` equals
+    the bytes fed.
     """
 
     def __init__(self, stop_on_terminator: bool = True) -> None:
@@ -180,42 +215,49 @@ class FrameDecoder:
             self.ignored_bytes += len(data)
             return _empty(stopped=True)
         buf = np.frombuffer(self._carry + data, dtype=np.uint8)
+        self._carry = b""
         n = buf.shape[0]
         p = 0
         blocks: list[npt.NDArray[np.uint8]] = []
         starts: list[int] = []  # frame index at which a block follows a skip
-        n_frames = 0
-        skipped = 0
+        n_frames = skipped = 0
         events: list[tuple[int, int]] = []
         stopped = False
-        self._carry = b""
+        valid: npt.NDArray[np.bool_] | None = None  # found once the first run ends
+        resume = np.zeros(0, dtype=np.intp)  # offsets where decoding can go on
         while True:
-            k = (n - p) // FRAME_BYTES
-            if k:
-                rows = buf[p:p + FRAME_BYTES * k].reshape(k, FRAME_BYTES)
-                ok = _valid_rows(rows)
+            if valid is None:  # the common case: aligned frames to the end, one check
+                k = n // FRAME_BYTES
+                ok = _valid_rows(buf[:FRAME_BYTES * k].reshape(k, FRAME_BYTES))
                 j = k if bool(ok.all()) else int(np.argmin(ok))
-                if j:
-                    blocks.append(rows[:j])
-                    if self._resync_pending:
-                        starts.append(n_frames)
-                        self._resync_pending = False
-                    n_frames += j
-                    p += FRAME_BYTES * j
-            q, kind = self._next_start(buf, p, self.stop_on_terminator)
+            else:
+                j = run_length(valid, p, FRAME_BYTES) if p < n and valid[p] else 0
+            if j:
+                blocks.append(buf[p:p + FRAME_BYTES * j].reshape(j, FRAME_BYTES))
+                if self._resync_pending:
+                    starts.append(n_frames)
+                    self._resync_pending = False
+                n_frames += j
+                p += FRAME_BYTES * j
+            if valid is None:
+                valid = frame_starts(buf, p)
+                resume = np.sort(np.concatenate([np.flatnonzero(valid), self._terminators(buf, p),
+                                                 _partial_frames(buf, p)]))
+            i = int(np.searchsorted(resume, p))
+            q = int(resume[i]) if i < resume.shape[0] else n
             if q > p:
                 skipped += q - p
                 events.append((n_frames, q - p))
                 self._resync_pending = True
             p = q
-            if kind == "terminator":
-                stopped = True
-                self.stopped = True
+            if p < n and valid[p]:
+                continue
+            if self.stop_on_terminator and p + 1 < n and buf[p] == 0xFF and buf[p + 1] == 0x3F:
+                stopped = self.stopped = True
                 self.ignored_bytes += n - p
-                break
-            if kind == "tail":
+            else:
                 self._carry = buf[p:].tobytes()
-                break
+            break
         if not blocks:
             out = _empty(stopped=stopped)
         else:
@@ -228,24 +270,27 @@ class FrameDecoder:
         out.stopped = stopped
         return out
 
-    @staticmethod
-    def _next_start(buf: npt.NDArray[np.uint8], p: int, stop: bool) -> tuple[int, str]:
-        """First position ≥ p that starts a frame, the terminator, or a possible partial frame."""
-        n = buf.shape[0]
-        lo = p
-        while lo < n:
-            hi = min(n, lo + _RESYNC_WINDOW)
-            cands = np.flatnonzero((buf[lo:hi] & 0xF0) == 0xF0) + lo
-            for q in cands.tolist():
-                if stop and q + 1 < n and buf[q] == 0xFF and buf[q + 1] == 0x3F:
-                    return q, "terminator"
-                if q + FRAME_BYTES <= n:
-                    if _valid_prefix(buf[q:q + FRAME_BYTES]):
-                        return q, "frame"
-                elif _valid_prefix(buf[q:]):
-                    return q, "tail"
-            lo = hi
-        return n, "tail"
+    def _terminators(self, buf: npt.NDArray[np.uint8], lo: int) -> npt.NDArray[np.intp]:
+        if not self.stop_on_terminator:
+            return np.zeros(0, dtype=np.intp)
+        return lo + np.flatnonzero((buf[lo:-1] == STOP_TERMINATOR[0])
+                                   & (buf[lo + 1:] == STOP_TERMINATOR[1]))
+
+
+_TAIL_K = np.arange(FRAME_BYTES - 1)
+
+
+def _partial_frames(buf: npt.NDArray[np.uint8], lo: int) -> npt.NDArray[np.intp]:
+    """Offsets ≥ ``lo`` in the last 17 bytes where a frame may start whose rest is to come."""
+    first = max(lo, buf.shape[0] - FRAME_BYTES + 1)
+    tail = buf[first:]
+    r = tail.shape[0]
+    if r == 0:
+        return np.zeros(0, dtype=np.intp)
+    pos = np.arange(r)[:, None] + _TAIL_K[None, :]
+    b = tail[np.minimum(pos, r - 1)]
+    ok = ((b & _FRAME_MASK[:-1]) == _FRAME_EXPECT[:-1]) | (pos >= r)
+    return first + np.flatnonzero(ok.all(axis=1))
 
 
 def _empty(stopped: bool = False) -> DecodedFrames:
@@ -377,6 +422,36 @@ def strictly_increasing(t_ns: npt.NDArray[np.int64], after_ns: int | None) -> np
 # ---------------------------------------------------------------------------------------
 # Scaling
 # ---------------------------------------------------------------------------------------
+VREF_RANGE_V = (0.0, FULL_SCALE_V)
+SENSITIVITY_RANGE = (1e-3, 10.0)  # |V per A| or |V per V|
+
+
+def check_physical(sensor: SensorConfig, index: int, port: str) -> None:
+    """Refuse a record in use whose numbers no sensor has (issue 36 item 10).
+
+    Its readings would be NaN, inf or 1e30 W with no flag.
+    ``vref_v`` is the ADC voltage at zero current (or zero volts): the ADC reads 0..3.3 V,
+    so a zero point outside that range is no sensor's. ``sensitivity`` (V per A, or V per V
+    of the voltage divider; negative inverts): under 1e-3 in magnitude the ADC's 3.3 V span
+    would be over 3,300 A or V, beyond any riser or cable; over 10 it would be under
+    0.33 A or V, which measures no GPU rail.
+    """
+    where = f"{port}: sensor {index} (pair {index // 2}, {sensor.type or 'no type'})"
+    lo, hi = VREF_RANGE_V
+    if not lo <= sensor.vref_v <= hi:  # NaN fails every comparison
+        raise MeterError(
+            f"{where} is in use with vref_v {sensor.vref_v!r}: the zero point must lie in "
+            f"the ADC's range {lo:g}..{hi:g} V (3.3 V full scale); fix the device's "
+            f"configuration (write_config) before recording")
+    lo, hi = SENSITIVITY_RANGE
+    if not lo <= abs(sensor.sensitivity) <= hi:
+        raise MeterError(
+            f"{where} is in use with sensitivity {sensor.sensitivity!r}: a physical sensor "
+            f"has {lo:g}..{hi:g} V per A (or V per V) in magnitude, else the 3.3 V ADC span "
+            f"is over 3,300 A or under 0.33 A; fix the device's configuration (write_config) "
+            f"before recording")
+
+
 class Scaling:
     """Levels → SI values per active pair (current A, voltage V, power W) and their total."""
 
@@ -390,10 +465,7 @@ class Scaling:
             raise MeterError(f"{port}: no sensor pair has both sensors in use; nothing to read")
         for p in self.pairs:
             for s in (2 * p, 2 * p + 1):
-                if config[s].sensitivity == 0 or not np.isfinite(config[s].sensitivity):
-                    raise MeterProtocolError(
-                        f"{port}: sensor {s} is in use with sensitivity {config[s].sensitivity}"
-                    )
+                check_physical(config[s], s, port)
         self.sensors = [s for p in self.pairs for s in (2 * p, 2 * p + 1)]
         self._vref = np.array([config[s].vref_v for s in self.sensors])
         self._sens = np.array([config[s].sensitivity for s in self.sensors])
@@ -578,7 +650,8 @@ class PowerSensor3:
         return _concat(frames)
 
     # -- streaming -------------------------------------------------------------------------
-    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = 1 << 20) -> StreamBlock:
+    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = READ_MAX_BYTES
+                    ) -> StreamBlock:
         """Read what has arrived (for at least ``min_duration_s``) and decode it."""
         deadline = time.monotonic() + min_duration_s
         data = bytearray()
