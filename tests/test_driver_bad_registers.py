@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_mcp39f511_protocol import OPEN, PORT, request, reply
+from tests.test_mcp39f511_protocol import OPEN, PORT, reply, request
 from tests.test_wt300e_protocol import connected
 from wattlab.acquisition.acquirers.mcp39f511_acquirer import Mcp39f511Acquirer
 from wattlab.errors import MeterError, MeterProtocolError
