@@ -92,7 +92,8 @@ def test_numeric_option_refuses(words, option, value, capsys):
     status, err = _run([*words, option, value], capsys)
     _refused(status, err, option)
     number = next(a.type for a in PARSERS[words]._actions if _option(a) == option)
-    assert f"<= {number.high:g}" in err  # the stated maximum
+    if float(value) > number.high or value == "nan":
+        assert f"<= {number.high:g}" in err  # the stated maximum
 
 
 @pytest.mark.parametrize("value", ["-1", "0"])

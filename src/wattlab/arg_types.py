@@ -67,6 +67,11 @@ def seconds(high: float = MAX_TIMEOUT_S, *, zero: bool = False) -> Number:
     return Number(0.0, high, above=not zero, unit="s")
 
 
+def finite(high: float = MAX_SLOWDOWN) -> Number:
+    """Any finite number within ±``high``, where the caller's own check states the rule."""
+    return Number(-high, high)
+
+
 def count(low: int = 1, high: int = MAX_COUNT) -> Number:
     """A whole number of things (GPUs, rows, draws) in ``low``..``high``."""
     return Number(low, high, integer=True)
@@ -103,7 +108,7 @@ class InputFile:
         if os.path.isdir(text):
             raise argparse.ArgumentTypeError(f"{text}: is a folder, not a {self.what}")
         if not os.path.exists(text):
-            raise argparse.ArgumentTypeError(f"{text}: no such {self.what}")
+            raise argparse.ArgumentTypeError(f"{text}: no such file (the {self.what})")
         if not os.path.isfile(text):
             raise argparse.ArgumentTypeError(f"{text}: not a regular file (a {self.what})")
         return text

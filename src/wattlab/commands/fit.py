@@ -58,7 +58,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--by-phase", action="store_true",
                    help="also choose the best setting per marked phase (sweep files whose "
                         "workload used wattlab.phase)")
-    p.add_argument("--measured", type=count(), metavar="K",
+    p.add_argument("--measured", type=count(0), metavar="K",
                    help="sparse-sweep backtest: hold out each workload, keep K of its "
                         "settings, predict its best setting from the other workloads")
     p.add_argument("--choice", choices=CHOICES, default="spread",

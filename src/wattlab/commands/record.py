@@ -346,7 +346,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def add_min_free_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--min-free-mb", type=Number(0, 1e8, unit="MB"), metavar="MB",
+    p.add_argument("--min-free-mb", type=Number(0, 1e9, unit="MB"), metavar="MB",
                    help="warn when the output's disk has less free space than this "
                         "(default: the --duration's data, or five minutes of it); under a "
                         "minute of data the run is refused")

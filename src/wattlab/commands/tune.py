@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from wattlab.acquisition.experiments import open_driver
-from wattlab.arg_types import GPU_INDEX, RECORD_S, SEED, Number, OutputFile, count
+from wattlab.arg_types import GPU_INDEX, RECORD_S, SEED, OutputFile, count, finite
 from wattlab.commands.record import command_of, default_output, exit_status, report
 from wattlab.errors import UsageError
 from wattlab.tuning.guards import KNOBS
@@ -30,19 +30,20 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="run file to create (default: tune-<time>.h5)")
     p.add_argument("--objective", default="energy",
                    help=f"what to minimise: {' or '.join(OBJECTIVES)} (default energy)")
-    p.add_argument("--max-slowdown", type=Number(0, 1), default=0.05, metavar="FRAC",
+    # the fraction's own rule, [0, 1], is SearchConfig.check's (the API's too)
+    p.add_argument("--max-slowdown", type=finite(), default=0.05, metavar="FRAC",
                    help="time per iteration allowed above the default's, as a fraction "
                         "(default 0.05 = 5 %%)")
     p.add_argument("--knobs", default="sm_clock,power_limit", metavar="LIST",
                    help=f"comma list of {', '.join(KNOBS)} to tune, searched in this order "
                         "(default sm_clock,power_limit)")
     p.add_argument("--gpu", type=GPU_INDEX, default=0, metavar="I", help="GPU index (default 0)")
-    p.add_argument("--min-iters", type=count(), default=5, metavar="N",
+    p.add_argument("--min-iters", type=count(0), default=5, metavar="N",
                    help="iterations measured at least per setting (default 5)")
-    p.add_argument("--max-iters", type=count(), default=500, metavar="N",
+    p.add_argument("--max-iters", type=count(0), default=500, metavar="N",
                    help="iterations measured at most per setting (default 500; most "
                         "settings end far sooner, see docs/tune.md)")
-    p.add_argument("--expected-iterations", type=count(), metavar="N",
+    p.add_argument("--expected-iterations", type=count(0), metavar="N",
                    help="the run's length in iterations, if known: exploring is capped at "
                         "4.8 %% of the whole run's energy (without it, of the energy so far)")
     p.add_argument("--no-trials", action="store_true",
