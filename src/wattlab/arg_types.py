@@ -48,8 +48,8 @@ class Number:
     def rule(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
         kind = "a whole number" if self.integer else "a number"
-        low = f"> {self.low:g}" if self.above else f">= {self.low:g}"
-        return f"must be {kind} {low} and <= {self.high:g}{unit} (the stated maximum)"
+        low = f"> {self.low:.10g}" if self.above else f">= {self.low:.10g}"
+        return f"must be {kind} {low} and <= {self.high:.10g}{unit} (the stated maximum)"
 
     def __call__(self, text: str) -> float:
         try:
