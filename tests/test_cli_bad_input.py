@@ -296,3 +296,25 @@ def test_path_argument_refuses(argument, bad_path, good, tmp_path, capsys):
     assert _snapshot(bad_path) == before  # a refused input or output is left as it was
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith("new")]
     assert left == []  # no output file left behind
+
+
+# ---- numbers inside text options ---------------------------------------------------------
+
+NUMBERS_IN_TEXT = [
+    (["record", "--simulate", "--nvml-intervals", "power=1e308", "--duration", "1"],
+     "power=1e308"),  # was an OverflowError traceback
+    (["record", "--simulate", "--nvml-intervals", "energy=inf", "--duration", "1"],
+     "energy=inf"),
+    (["sweep", "--simulate", "--dry-run", "--sm-clocks", "100:inf:10"], "100:inf:10"),  # was
+    (["sweep", "--simulate", "--dry-run", "--sm-clocks", "100:1e9:1e-3"], "more than 1000"),
+    (["sweep", "--simulate", "--dry-run", "--power-limits", "nan"], "'nan'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "names"), NUMBERS_IN_TEXT, ids=lambda x: " ".join(x)
+                         if isinstance(x, list) else None)
+def test_numbers_inside_text_options_are_refused(argv, names, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    status, err = _run(argv, capsys)
+    _refused(status, err, names)
+    assert list(tmp_path.iterdir()) == []
