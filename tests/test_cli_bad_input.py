@@ -97,7 +97,7 @@ def test_numeric_option_refuses(words, option, value, capsys):
 
 
 @pytest.mark.parametrize("value", ["-1", "0"])
-def test_a_bad_number_is_refused_before_positionals_are_checked(value, capsys):
+def test_a_bad_number_is_refused_before_the_command_after_dashes_starts(value, capsys):
     status, err = _run(["record", "--duration", value, "--", "true"], capsys)
     _refused(status, err, "--duration")
 
