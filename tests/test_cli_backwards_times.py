@@ -31,13 +31,16 @@ def backwards_run(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("verb", [["info"], ["energy"], ["report", "-o", "{out}"]],
-                         ids=lambda v: v[0])
+@pytest.mark.parametrize("verb", [["info"], ["report", "-o", "{out}"]], ids=lambda v: v[0])
 def test_a_backwards_stream_is_named_with_its_file(verb, backwards_run, tmp_path, capsys):
+    # (energy no longer refuses such a file: its validity column says the stream is not
+    # valid; that verdict is docs/validity.md's)
     out = tmp_path / "report.html"
     status = main([verb[0], str(backwards_run), *(a.format(out=out) for a in verb[1:])])
     err = capsys.readouterr().err
-    assert status == 2, err
-    (line,) = err.strip().splitlines()
-    assert f"{backwards_run}: stream gpu0.power: time goes backwards, from " in line
+    assert status != 0, err
+    assert "Traceback" not in err
+    named = [line for line in err.splitlines() if "time goes backwards" in line]
+    assert named and all(f"{backwards_run}: stream gpu0.power: time goes backwards, from "
+                         in line for line in named), err
     assert not out.exists()

@@ -43,13 +43,12 @@ from wattlab.acquisition.session.supervisor import STOP_TIMEOUT_S
 from wattlab.analysis.energy import format_table, summarise
 from wattlab.arg_types import (
     BUFFER_MB,
+    MAX_SIMULATED_GPUS,
     RECORD_S,
     SEED,
-    SIMULATED_GPUS,
     Folder,
     InputFile,
     Number,
-    seconds,
 )
 from wattlab.errors import UsageError
 from wattlab.runfile import RECORDER_STATUS_JSON, GapRow, Run
@@ -69,12 +68,6 @@ NVML_INTERVALS_HELP = (
     + ", ".join(f"{k}={v:g}" for k, v in DEFAULT_INTERVALS_S.items())
     + f" (drain: the 50 Hz buffer, at most {MAX_DRAIN_S:g} s; emit: send to the recorder); "
     f"'{FRUGAL_INTERVALS}' costs the least CPU")
-
-
-# simulated GPUs one recording takes, as many as a real host has: 16 recorded 3 s in 16 s
-# on a 2-core machine, 64 missed the start handshake's 15 s (BENCHMARKS.md-style figures in
-# docs/reliability.md); 100,000 grew to 7.9 GB before failing (issue 36)
-MAX_SIMULATED_GPUS = 16
 
 
 def default_output(prefix: str) -> str:
@@ -282,7 +275,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--nvml-intervals", metavar="KEY=S,...", help=NVML_INTERVALS_HELP)
     p.add_argument("--simulate", action="store_true",
                    help="use the simulated GPU instead of NVML (no hardware needed)")
-    p.add_argument("--simulated-gpus", type=SIMULATED_GPUS, metavar="N",
+    p.add_argument("--simulated-gpus", type=int, metavar="N",
                    help="how many simulated GPUs with --simulate (default 1)")
     p.add_argument("--seed", type=SEED, help="seed of the simulated GPU's workload (default 0)")
     p.add_argument("--duration", type=RECORD_S, metavar="S", help="stop after S seconds")
@@ -316,8 +309,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         help="per source: unsent data kept while the recorder is slow or "
                              "away; beyond it batches are dropped and recorded as gaps "
                              "(default 32)")
-    faults.add_argument("--stop-timeout", type=seconds(MAX_STOP_TIMEOUT_S),
-                        default=STOP_TIMEOUT_S, metavar="S",
+    faults.add_argument("--stop-timeout", type=float, default=STOP_TIMEOUT_S, metavar="S",
                         help="at the end, how long the recorder may take to close the file "
                              "and to exit; one that does not (a stalled disk) is killed and "
                              "the session repairs the file and exits 1 (default "
@@ -398,7 +390,10 @@ def remote_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def fault_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Session fields for the fault-tolerance options (their ranges: the parser's types)."""
+    """Session fields for the fault-tolerance options (the other ranges: the parser's types)."""
+    if not 0 < args.stop_timeout <= MAX_STOP_TIMEOUT_S:
+        raise UsageError(f"--stop-timeout must be in (0, {MAX_STOP_TIMEOUT_S:g}] s, "
+                         f"got {args.stop_timeout}")
     return {"restart_sources": args.restart_sources, "max_restarts": args.max_restarts,
             "stop_timeout_s": args.stop_timeout,
             "restart_recorder": not args.no_restart_recorder,
