@@ -177,6 +177,10 @@ class _Holes:
     inside: npt.NDArray[np.bool_]
 
 
+class TimeGoesBackwards(RunFileError):
+    """A stream's rows are not in time order: its integral does not exist."""
+
+
 class StreamIntegral:
     """Running integrals of some channels of one stream at sorted query times, fed in chunks.
 
@@ -257,7 +261,9 @@ class StreamIntegral:
         dt = np.subtract(t[1:], t[:-1], out=self._dt[:t.size - 1])
         dt_min, dt_max = dt.min(), dt.max()
         if dt_min < 0:
-            raise RunFileError("stream time goes backwards; cannot integrate it")
+            i = int(np.argmax(dt < 0))
+            raise TimeGoesBackwards(f"time goes backwards, from {t[i] / self.per_s:.9g} s to "
+                                    f"{t[i + 1] / self.per_s:.9g} s; cannot integrate it")
         a = int(np.searchsorted(self._q, t[0], side="left"))
         b = int(np.searchsorted(self._q, t[-1], side="right"))
         holes = self._holes(t, dt, rows=(a, b)) if dt_max > self.gap_limit \
@@ -494,9 +500,12 @@ def integrate_view(
                          known_gaps=known_gaps_ns, hold=hold, per_s=1e9, bridges=bridges,
                          windows=windows_ns)
     rows = slice_rows(view)
-    for k, (t_ns, values) in enumerate(view.iter_rows(
-            rows, prefetch=READ_AHEAD and len(view) > rows, overlap=True)):
-        acc.feed(t_ns, values, continues=k > 0)
+    try:
+        for k, (t_ns, values) in enumerate(view.iter_rows(
+                rows, prefetch=READ_AHEAD and len(view) > rows, overlap=True)):
+            acc.feed(t_ns, values, continues=k > 0)
+    except TimeGoesBackwards as e:  # the integral knows neither the file nor the stream
+        raise TimeGoesBackwards(f"{view.path}: stream {view.source_id}: {e}") from e
     return acc.result()
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from wattlab.arg_types import JOBS
 from wattlab.errors import UsageError, WattlabError
 
 RUN_SUFFIXES = (".h5", ".hdf5")
@@ -39,7 +40,7 @@ def default_jobs() -> int:
 def add_runs_arguments(p: argparse.ArgumentParser, what: str = "run file") -> None:
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help=f"{what}(s), or folders of them (*.h5 at any depth)")
-    p.add_argument("--jobs", "-j", type=int, metavar="N",
+    p.add_argument("--jobs", "-j", type=JOBS, metavar="N",
                    help="worker processes for several files (default: one per CPU)")
 
 

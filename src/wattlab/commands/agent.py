@@ -17,6 +17,7 @@ from wattlab.acquisition.session import (
     ClockSkew,
     run_agent,
 )
+from wattlab.arg_types import SEED, SIMULATED_GPUS, InputFile, seconds
 from wattlab.commands.record import (
     NVML_INTERVALS_HELP,
     NVML_STREAMS_HELP,
@@ -42,12 +43,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "when the recording ends or on Ctrl-C.")
     p.add_argument("--connect", default=DEFAULT_ENDPOINT, metavar="tcp://HOST:PORT",
                    help=f"the recorder's --listen address (default {DEFAULT_ENDPOINT})")
-    p.add_argument("--key", required=True, metavar="NAME.key_secret",
+    p.add_argument("--key", required=True, type=InputFile("key file"), metavar="NAME.key_secret",
                    help="this agent's secret key file (from `wattlab keys NAME`); NAME becomes "
                         "the agent's name")
-    p.add_argument("--server-key", required=True, metavar="RECORDER.key",
+    p.add_argument("--server-key", required=True, type=InputFile("key file"),
+                   metavar="RECORDER.key",
                    help="the recorder's public key file")
-    p.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
+    p.add_argument("--connect-timeout", type=seconds(), default=DEFAULT_CONNECT_TIMEOUT_S,
                    metavar="S",
                    help="give up (exit 1) if no recorder has answered after S seconds; after "
                         f"{WARN_AFTER_S:g} s the agent says why it has not: key refused, wrong "
@@ -61,9 +63,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help=NVML_INTERVALS_HELP)
     p.add_argument("--simulate", action="store_true",
                    help="use the simulated GPU instead of NVML (no hardware needed)")
-    p.add_argument("--simulated-gpus", type=int, default=1, metavar="N",
+    p.add_argument("--simulated-gpus", type=SIMULATED_GPUS, default=1, metavar="N",
                    help="how many simulated GPUs with --simulate (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPU's workload")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the simulated GPU's workload")
     p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
                    help="an external meter on this node, as for `wattlab record` (repeatable)")
     add_prometheus_option(p)

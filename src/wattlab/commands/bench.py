@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from wattlab.acquisition.meters import check_bench, load_bench, write_template
+from wattlab.arg_types import InputFile, OutputFile, seconds
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -16,11 +17,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "`wattlab record --bench`.")
     verbs = p.add_subparsers(dest="bench_command", required=True)
     init = verbs.add_parser("init", help="write a commented bench file template")
-    init.add_argument("-o", "--output", default="bench.toml",
+    init.add_argument("-o", "--output", default="bench.toml", type=OutputFile("bench file"),
                       help="file to create (default bench.toml; never overwritten)")
     check = verbs.add_parser("check", help="validate a bench file and open every device")
-    check.add_argument("bench", help="bench file")
-    check.add_argument("--timeout", type=float, default=3.0, metavar="S",
+    check.add_argument("bench", type=InputFile("bench file"), help="bench file")
+    check.add_argument("--timeout", type=seconds(), default=3.0, metavar="S",
                        help="how long to wait for a first reading per device (default 3 s)")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     return p

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import TYPE_CHECKING, Any
 
-from wattlab.errors import UsageError
+from wattlab.arg_types import GRID_RATE, InputFile, OutputFile, seconds
 
 if TYPE_CHECKING:  # the parser is built without importing the run-file format
     from wattlab.runfile import Estimate
@@ -16,18 +15,19 @@ if TYPE_CHECKING:  # the parser is built without importing the run-file format
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "calibrate", help="fit lag, smoothing, gain and offset of a GPU power reading")
-    p.add_argument("run", help="run file")
+    p.add_argument("run", type=InputFile("run file"), help="run file")
     p.add_argument("--reference", required=True, metavar="SRC[:CHANNEL]",
                    help="the trusted stream (external meter, or NVML's 50 Hz samples)")
     p.add_argument("--target", required=True, metavar="SRC[:CHANNEL]",
                    help="the stream to calibrate (e.g. gpu0.power:average_power_w)")
-    p.add_argument("-o", "--output", help="write the calibration record (JSON) here")
+    p.add_argument("-o", "--output", type=OutputFile("calibration file"),
+                   help="write the calibration record (JSON) here")
     p.add_argument("--json", action="store_true", help="print the whole record as JSON")
     p.add_argument("--no-store", action="store_true",
                    help="do not add the record to the run under /analysis/calibration")
-    p.add_argument("--grid-rate", type=float, default=1000.0, metavar="HZ",
+    p.add_argument("--grid-rate", type=GRID_RATE, default=1000.0, metavar="HZ",
                    help="resolution of the reference grid (default 1000 Hz)")
-    p.add_argument("--min-phase", type=float, default=2.0, metavar="S",
+    p.add_argument("--min-phase", type=seconds(zero=True), default=2.0, metavar="S",
                    help="phases shorter than this are left out of the error summary")
     return p
 
@@ -45,8 +45,6 @@ def run(args: argparse.Namespace) -> int:
     from wattlab.analysis.calibration import calibrate, store_in_run
     from wattlab.runfile import Run
 
-    if args.output and os.path.exists(args.output):
-        raise UsageError(f"{args.output}: already exists; choose another -o")
     with Run(args.run) as run_file:
         record = calibrate(run_file, args.reference, args.target, grid_rate_hz=args.grid_rate,
                            min_phase_s=args.min_phase)

@@ -10,6 +10,7 @@ from wattlab.acquisition.acquirers import Acquirer
 from wattlab.acquisition.markers.simulated_phases import SchedulePhaseMarkers
 from wattlab.acquisition.meters import check_room, nvml_streams
 from wattlab.acquisition.session import Session
+from wattlab.arg_types import MAX_DEMO_S, SEED, OutputFile, seconds
 from wattlab.commands.record import add_min_free_option, default_output, exit_status, report
 from wattlab.errors import UsageError
 from wattlab.runfile import DEMO_SEED, Run
@@ -18,10 +19,11 @@ from wattlab.runfile import DEMO_SEED, Run
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo", help="record a simulated bench (no hardware) and summarise it")
-    p.add_argument("-o", "--output", help="run file to create (default: demo-<time>.h5)")
-    p.add_argument("--duration", type=float, default=20.0, metavar="S",
+    p.add_argument("-o", "--output", type=OutputFile("run file"),
+                   help="run file to create (default: demo-<time>.h5)")
+    p.add_argument("--duration", type=seconds(MAX_DEMO_S), default=20.0, metavar="S",
                    help="length of the simulated workload (default 20 s)")
-    p.add_argument("--seed", type=int, default=11, help="seed of the simulated workload")
+    p.add_argument("--seed", type=SEED, default=11, help="seed of the simulated workload")
     add_min_free_option(p)
     return p
 

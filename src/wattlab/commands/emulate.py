@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from wattlab.acquisition.acquirers import MeterKind, meter_kinds
+from wattlab.arg_types import SEED
 from wattlab.errors import UsageError
 
 
@@ -22,7 +23,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "VISA resource string. Readings follow a simulated GPU's true power under a "
                     "repeating demo workload. Stop with Ctrl-C.")
     p.add_argument("kind", help=f"one of {', '.join(emulated_kinds())}")
-    p.add_argument("--seed", type=int, default=11, help="seed of the simulated workload")
+    p.add_argument("--seed", type=SEED, default=11, help="seed of the simulated workload")
     return p
 
 

@@ -20,6 +20,7 @@ from wattlab.analysis.many_runs import (
     map_runs,
     report_errors,
 )
+from wattlab.arg_types import InputFile
 from wattlab.errors import UsageError
 
 if TYPE_CHECKING:  # the parser is built without importing the run-file format
@@ -49,7 +50,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "(repeatable)")
     p.add_argument("--reference", metavar="SRC[:CHANNEL]",
                    help="stream the errors are relative to (default: the first non-NVML meter)")
-    p.add_argument("--calibration", metavar="CAL.json", action="append", default=[],
+    p.add_argument("--calibration", metavar="CAL.json", type=InputFile("calibration file"),
+                   action="append", default=[],
                    help="correct NVML energy with a record from `wattlab calibrate -o` "
                         "(with --deconvolve, again for the instant reading's record)")
     p.add_argument("--deconvolve", action="store_true",

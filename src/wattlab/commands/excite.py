@@ -13,6 +13,7 @@ import math
 import sys
 from typing import Any
 
+from wattlab.arg_types import GPU_INDEX, MILLISECONDS, SEED, OutputFile, seconds
 from wattlab.errors import UsageError
 from wattlab.runfile import EXCITE_SEED
 
@@ -22,16 +23,17 @@ VIEWS = ("average_power_w", "instant_power_w")
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "excite", help="run a calibration load on a GPU, record it and calibrate NVML")
-    p.add_argument("-o", "--output", help="run file to create (default: excite-<time>.h5)")
-    p.add_argument("--gpu", type=int, default=0, help="GPU index (default 0)")
-    p.add_argument("--duration", type=float, default=60.0, metavar="S",
+    p.add_argument("-o", "--output", type=OutputFile("run file"),
+                   help="run file to create (default: excite-<time>.h5)")
+    p.add_argument("--gpu", type=GPU_INDEX, default=0, help="GPU index (default 0)")
+    p.add_argument("--duration", type=seconds(), default=60.0, metavar="S",
                    help="length of the load (default 60 s)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the random holds")
-    p.add_argument("--min-hold", type=float, default=0.1, metavar="S",
+    p.add_argument("--seed", type=SEED, default=1, help="seed of the random holds")
+    p.add_argument("--min-hold", type=seconds(3600), default=0.1, metavar="S",
                    help="shortest hold at one level (default 0.1 s)")
-    p.add_argument("--max-hold", type=float, default=3.0, metavar="S",
+    p.add_argument("--max-hold", type=seconds(3600), default=3.0, metavar="S",
                    help="longest hold at one level (default 3 s)")
-    p.add_argument("--target-se-ms", type=float, default=5.0, metavar="MS",
+    p.add_argument("--target-se-ms", type=MILLISECONDS, default=5.0, metavar="MS",
                    help="standard error of the kernel width to plan for (default 5 ms)")
     p.add_argument("--simulate", action="store_true",
                    help="the simulated GPU instead of a real one (no hardware, no PyTorch)")

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
-from wattlab.errors import UsageError
+from wattlab.arg_types import OutputFile
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -17,7 +17,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "marked phase), with the figures of `wattlab energy --by-marker`. "
                     "pandas, polars and DuckDB read the file directly.")
     add_runs_arguments(p)
-    p.add_argument("-o", "--output", required=True, metavar="TABLE",
+    p.add_argument("-o", "--output", required=True, metavar="TABLE", type=OutputFile("table"),
                    help="the table to write (.csv or .parquet); never overwritten")
     p.add_argument("--format", choices=("csv", "parquet"),
                    help="default: from the output's suffix; parquet needs pyarrow")
@@ -28,8 +28,6 @@ def run(args: argparse.Namespace) -> int:
     from wattlab.analysis.report import TableWriter, format_of, tidy_rows
 
     fmt = format_of(args.output, args.format)
-    if os.path.exists(args.output):
-        raise UsageError(f"{args.output}: already exists; export never overwrites")
     paths = expand_runs(args.runs)
     writer = TableWriter(args.output, fmt)
     outcomes = []
@@ -39,9 +37,22 @@ def run(args: argparse.Namespace) -> int:
             if not outcome.error:
                 writer.write(outcome.result)
                 outcome.result = None  # written: keep only whether it failed
-    finally:
-        writer.close()
+    except BaseException:
+        _discard(writer, args.output)
+        raise
     failed = sum(bool(o.error) for o in outcomes)
-    print(f"{args.output}: {writer.rows} rows from {len(paths) - failed} run file(s)"
-          + (f"; {failed} failed" if failed else ""))
+    if failed:  # a table without some runs reads as whole: none is better
+        _discard(writer, args.output)
+        print(f"{args.output}: not written: {failed} of {len(paths)} run file(s) failed")
+    else:
+        writer.close()
+        print(f"{args.output}: {writer.rows} rows from {len(paths)} run file(s)")
     return report_errors(outcomes)
+
+
+def _discard(writer: Any, output: str) -> None:
+    """Close and delete a table the export could not finish."""
+    try:
+        writer.close()
+    finally:
+        os.remove(output)

@@ -25,6 +25,7 @@ from wattlab.analysis.models import (
     recommend_sparse,
 )
 from wattlab.analysis.report import format_evaluation, format_recommendation
+from wattlab.arg_types import JOBS, SEED, SLOWDOWN, count
 from wattlab.errors import UsageError, WattlabError
 
 UNITS = {"power_limit_w": "W", "sm_clock_mhz": "MHz", "mem_clock_mhz": "MHz"}
@@ -38,34 +39,34 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("sweep", nargs="+",
                    help="sweep results file or published table; several are read in "
                         "parallel (--jobs) and fitted as one table")
-    p.add_argument("--jobs", "-j", type=int, metavar="N",
+    p.add_argument("--jobs", "-j", type=JOBS, metavar="N",
                    help="worker processes reading several tables (default: one per CPU)")
     p.add_argument("--x", choices=tuple(X_NAMES), help="setting to fit against "
                    "(default: the one the sweep varied)")
     p.add_argument("--objective", choices=OBJECTIVES, default="energy")
-    p.add_argument("--max-slowdown", type=float, metavar="F",
+    p.add_argument("--max-slowdown", type=SLOWDOWN, metavar="F",
                    help="largest accepted slowdown vs the default setting, e.g. 0.05 "
                         "(default: no bound)")
     p.add_argument("--families", default=",".join(FAMILIES),
                    help=f"model families to compare (default: {','.join(FAMILIES)})")
     p.add_argument("--workload", help="only workloads whose name contains this text")
-    p.add_argument("--max-boost-holdout", type=int, default=MAX_BOOST_HOLDOUT, metavar="N",
+    p.add_argument("--max-boost-holdout", type=count(), default=MAX_BOOST_HOLDOUT, metavar="N",
                    help="rows held out for the boosted family's LOO (it refits per row; "
                         f"default {MAX_BOOST_HOLDOUT})")
-    p.add_argument("--top", type=int, default=20, metavar="N",
+    p.add_argument("--top", type=count(0), default=20, metavar="N",
                    help="workloads to print (default 20; --json has all)")
     p.add_argument("--by-phase", action="store_true",
                    help="also choose the best setting per marked phase (sweep files whose "
                         "workload used wattlab.phase)")
-    p.add_argument("--measured", type=int, metavar="K",
+    p.add_argument("--measured", type=count(0), metavar="K",
                    help="sparse-sweep backtest: hold out each workload, keep K of its "
                         "settings, predict its best setting from the other workloads")
     p.add_argument("--choice", choices=CHOICES, default="spread",
                    help="which K settings --measured keeps (always the highest): spread "
                         "over the range, or random (default spread)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (--choice random, "
+    p.add_argument("--seed", type=SEED, default=0, help="random seed (--choice random, "
                    "--sparse bootstrap; default 0)")
-    p.add_argument("--draws", type=int, default=20, metavar="N",
+    p.add_argument("--draws", type=count(), default=20, metavar="N",
                    help="--choice random: repetitions of the backtest (default 20)")
     p.add_argument("--sparse", metavar="WORKLOAD",
                    help="recommend a setting for WORKLOAD, measured at a few settings, from "
@@ -78,8 +79,6 @@ def _run_sparse(args: argparse.Namespace, table: SweepTable) -> int:
     """``--measured K`` (backtest) or ``--sparse WORKLOAD`` (a recommendation)."""
     unit = UNITS.get(table.x_name, "")
     if args.measured is not None:
-        if args.draws < 1:
-            raise UsageError("--draws must be at least 1")
         ev = evaluate_sparse(table, args.measured, args.objective, args.max_slowdown,
                              choice=args.choice, seed=args.seed, draws=args.draws)
         out, text = ev.to_json(), format_evaluation(ev, unit, args.top)
@@ -152,8 +151,6 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--measured (backtest) and --sparse (recommend) exclude each other")
         return _run_sparse(args, table)
     families = tuple(f.strip() for f in args.families.split(",") if f.strip())
-    if args.max_boost_holdout < 1:
-        raise UsageError("--max-boost-holdout must be at least 1")
     if not args.by_phase:
         report = fit_sweep(table, args.objective, args.max_slowdown, families=families,
                            max_boost_holdout=args.max_boost_holdout)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from wattlab.arg_types import InputFile, OutputFile
 from wattlab.errors import UsageError
 from wattlab.importers import READERS, import_files, read_hmc8015_log
 
@@ -17,8 +18,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "import",
         help="import power logs (csv, nvidia-smi, pmt, nvml-npz, hmc8015-log) into a run file")
     p.add_argument("format", choices=sorted(FORMATS), help="input format")
-    p.add_argument("files", nargs="+", help="input files; each becomes a source")
-    p.add_argument("-o", "--output", required=True, help="run file to create")
+    p.add_argument("files", nargs="+", type=InputFile("input file"),
+                   help="input files; each becomes a source")
+    p.add_argument("-o", "--output", required=True, type=OutputFile("run file"),
+                   help="run file to create")
     p.add_argument("--source", action="append", metavar="NAME",
                    help="source name for each file, in order (default: the file stem)")
     p.add_argument("--time-column", help="csv: the time column (default: the first)")

@@ -7,27 +7,28 @@ import json
 from typing import Any
 
 from wattlab.analysis.iterations import IterationResult, iterations
+from wattlab.arg_types import RATE_HZ, SESSION_TIME_S, InputFile, seconds
 from wattlab.runfile import Run
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "iterations", help="find the iteration period and energy per iteration")
-    p.add_argument("run", help="run file")
+    p.add_argument("run", type=InputFile("run file"), help="run file")
     p.add_argument("--source", required=True, metavar="SRC[:CHANNEL]", help="power stream")
     p.add_argument("--markers", default="auto", metavar="NAME",
                    help="step markers to count iterations by: a marker name, auto (step, "
                         "then optimizer_step, if present) or none (power only)")
-    p.add_argument("--min-period", type=float, default=0.01, metavar="S",
+    p.add_argument("--min-period", type=seconds(3600), default=0.01, metavar="S",
                    help="bursts closer than this are one step (default 0.01)")
-    p.add_argument("--max-period", type=float, default=None, metavar="S",
+    p.add_argument("--max-period", type=seconds(), default=None, metavar="S",
                    help="longest iteration; longer stretches are pauses (default: no limit; "
                         "autocorrelation: a quarter of the stream)")
-    p.add_argument("--rate", type=float, default=None, metavar="HZ",
+    p.add_argument("--rate", type=RATE_HZ, default=None, metavar="HZ",
                    help="autocorrelation grid (default: from the stream's rate, at most 1 kHz)")
-    p.add_argument("--from", dest="t0", type=float, default=None, metavar="S",
+    p.add_argument("--from", dest="t0", type=SESSION_TIME_S, default=None, metavar="S",
                    help="start (session seconds)")
-    p.add_argument("--to", dest="t1", type=float, default=None, metavar="S",
+    p.add_argument("--to", dest="t1", type=SESSION_TIME_S, default=None, metavar="S",
                    help="end (session seconds)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from wattlab.arg_types import Folder
 from wattlab.sync.bus import create_keypair
 
 
@@ -17,7 +18,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "recorder's .key on every agent (--server-key). Never overwrites a key.")
     p.add_argument("names", nargs="+", metavar="NAME",
                    help="who the pair is for, e.g. recorder node1 node2 (no dots)")
-    p.add_argument("-d", "--dir", default=".", help="folder to write into (default: .)")
+    p.add_argument("-d", "--dir", default=".", type=Folder("keys folder"),
+                   help="folder to write into (default: .)")
     return p
 
 

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import replace
 from typing import Any
 
-from wattlab.errors import UsageError
+from wattlab.arg_types import (
+    GPU_INDEX,
+    SEED,
+    SLOWDOWN,
+    Folder,
+    InputFile,
+    Number,
+    OutputFile,
+    count,
+    seconds,
+)
 from wattlab.layers.capture import PLAIN_SECONDS
 from wattlab.layers.equivalent_time import DELAY_S
 from wattlab.runfile import (
@@ -34,65 +43,46 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("model", help="a torchvision model name (resnet50) or module:callable")
     p.add_argument("--input", default="1x3x224x224", metavar="SHAPE",
                    help="input shape, sizes joined by x (default 1x3x224x224)")
-    p.add_argument("--batch", type=int, metavar="N", help="batch size (replaces the first size)")
+    p.add_argument("--batch", type=count(), metavar="N",
+                   help="batch size (replaces the first size)")
     p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
     p.add_argument("--train", action="store_true", help="a training step: backward rows too")
     p.add_argument("--simulate", action="store_true",
                    help="the simulated H100 (default where no CUDA GPU is present)")
-    p.add_argument("--gpu", type=int, default=0, metavar="I", help="GPU index (default 0)")
+    p.add_argument("--gpu", type=GPU_INDEX, default=0, metavar="I", help="GPU index (default 0)")
     p.add_argument("--measure", action="store_true",
                    help="measure every layer's time and energy (in groups) and the whole pass")
-    p.add_argument("--groups", type=int, default=24, metavar="N",
+    p.add_argument("--groups", type=count(1, 10_000), default=24, metavar="N",
                    help="simulated GPU: measure energy in at most N groups of consecutive "
                         "layers per pass (default 24)")
-    p.add_argument("--window", type=float, default=1.0, metavar="S",
+    p.add_argument("--window", type=seconds(3600), default=1.0, metavar="S",
                    help="simulated GPU: seconds each group runs for its power (default 1.0)")
-    p.add_argument("--whole-window", type=float, default=3.0, metavar="S",
+    p.add_argument("--whole-window", type=seconds(3600), default=3.0, metavar="S",
                    help="simulated GPU: seconds the whole pass runs for its energy "
                         "(default 3.0)")
-    p.add_argument("--seconds", type=float, default=PLAIN_SECONDS, metavar="S",
+    p.add_argument("--seconds", type=Number(2, 3600, unit="s"), default=PLAIN_SECONDS, metavar="S",
                    help="real GPU: seconds of plain steps whose power samples are folded "
                         f"onto the step (default {PLAIN_SECONDS:g})")
-    p.add_argument("--sample-delay-ms", type=float, default=1e3 * DELAY_S, metavar="MS",
+    p.add_argument("--sample-delay-ms", type=Number(0, 1000, unit="ms"), default=1e3 * DELAY_S,
+                   metavar="MS",
                    help="real GPU: how far NVML's 50 Hz samples lag the power they stand "
                         f"for (default {1e3 * DELAY_S:g})")
-    p.add_argument("--keep-captures", metavar="DIR",
+    p.add_argument("--keep-captures", metavar="DIR", type=Folder("captures folder"),
                    help="real GPU: keep the profiler traces and samples in DIR")
     p.add_argument("--plan", action="store_true",
                    help="search a clock pair per layer (exhaustive and heuristic); on the "
                         "simulated GPU also run the plans and measure them")
-    p.add_argument("--max-slowdown", type=float, action="append", metavar="F",
+    p.add_argument("--max-slowdown", type=SLOWDOWN, action="append", metavar="F",
                    help="slowdown bound(s) for --plan (repeatable; default 0, .02, .05, .1, .2)")
-    p.add_argument("--switch-ms", type=float, default=0.5, metavar="MS",
+    p.add_argument("--switch-ms", type=Number(0, 1000, unit="ms"), default=0.5, metavar="MS",
                    help="time one clock change stalls the GPU (default 0.5 ms)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPU")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the simulated GPU")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
-    p.add_argument("-o", "--output", help="write the record (JSON) here")
-    p.add_argument("--store", metavar="RUN", help="add the record to a run file (/analysis/layers)")
+    p.add_argument("-o", "--output", type=OutputFile("record file"),
+                   help="write the record (JSON) here")
+    p.add_argument("--store", metavar="RUN", type=InputFile("run file"),
+                   help="add the record to a run file (/analysis/layers)")
     return p
-
-
-def _check(args: argparse.Namespace) -> None:
-    if args.groups < 1:
-        raise UsageError(f"--groups must be >= 1, got {args.groups}")
-    if not args.window > 0:
-        raise UsageError(f"--window must be > 0 s, got {args.window}")
-    if not args.whole_window > 0:
-        raise UsageError(f"--whole-window must be > 0 s, got {args.whole_window}")
-    if not args.seconds >= 2:
-        raise UsageError(f"--seconds must be >= 2 (the samples' blocks), got {args.seconds}")
-    if not 0 <= args.sample_delay_ms <= 1000:
-        raise UsageError(f"--sample-delay-ms must be within 0..1000, got "
-                         f"{args.sample_delay_ms}")
-    if args.switch_ms < 0:
-        raise UsageError(f"--switch-ms must be >= 0, got {args.switch_ms}")
-    if args.output and os.path.exists(args.output):
-        raise UsageError(f"{args.output}: already exists; choose another -o")
-    if args.store and not os.path.isfile(args.store):
-        raise UsageError(f"--store {args.store}: no such run file")
-    for s in args.max_slowdown or ():
-        if not 0 <= s < 10:
-            raise UsageError(f"--max-slowdown must be within 0..10, got {s}")
 
 
 def _print_table(r: LayersRecord) -> None:
@@ -166,7 +156,6 @@ def run(args: argparse.Namespace) -> int:
     from wattlab.layers.counting import count_layers
     from wattlab.layers.model_spec import load_model, parse_shape, torch_dtype, with_batch
 
-    _check(args)
     shape = with_batch(parse_shape(args.input), args.batch)
     torch_dtype(args.dtype)
     model = load_model(args.model)

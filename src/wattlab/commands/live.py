@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from wattlab.acquisition.session import follow, plain_table
+from wattlab.arg_types import seconds
 from wattlab.errors import UsageError
 
 
@@ -17,16 +19,36 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "so far and a sparkline. Exits when the recorder closes the file, or on "
                     "Ctrl-C. When stdout is not a terminal only the final status is printed.")
     p.add_argument("run", help="run file (may not exist yet: it is waited for)")
-    p.add_argument("--interval", type=float, default=0.5, metavar="S",
+    p.add_argument("--interval", type=seconds(3600), default=0.5, metavar="S",
                    help="seconds between updates (default 0.5)")
-    p.add_argument("--wait", type=float, default=30.0, metavar="S",
+    p.add_argument("--wait", type=seconds(zero=True), default=30.0, metavar="S",
                    help="how long to wait for the file to appear (default 30 s)")
     return p
 
 
+def refuse_what_cannot_become_a_run(path: str) -> None:
+    """A path that exists but will never be a run file is refused now, not after --wait.
+
+    An empty file may be a recorder's file being created, and a file open for writing is
+    checked by the panel as it grows; a closed file gets every check a reader makes.
+    """
+    from wattlab.runfile import Run
+    from wattlab.runfile.crash_flags import crash_flags
+    from wattlab.runfile.layout_check import SIGNATURE
+
+    if os.path.isdir(path):
+        raise UsageError(f"{path}: is a folder, not a run file")
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb") as f:
+        if f.read(len(SIGNATURE)) != SIGNATURE:
+            raise UsageError(f"{path}: not a run file (not an HDF5 file)")
+    if crash_flags(path) == 0:
+        Run(path).close()
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        raise UsageError(f"--interval must be > 0 s, got {args.interval}")
+    refuse_what_cannot_become_a_run(args.run)
     from rich.console import Console
 
     console = Console()

@@ -10,6 +10,7 @@ import argparse
 import json
 from typing import Any
 
+from wattlab.arg_types import Folder, InputFile
 from wattlab.errors import UsageError
 
 
@@ -18,13 +19,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "log", help="log a run's per-phase energy to MLflow, Weights & Biases or TensorBoard",
         description="Log energy/total_j, energy/<part>_j and energy/<phase>_j (step: the "
                     "phase's index) to a tracker (docs/trackers.md).")
-    p.add_argument("run", help="run file")
+    p.add_argument("run", type=InputFile("run file"), help="run file")
     p.add_argument("--to", choices=("mlflow", "wandb", "tensorboard"),
                    help="the tracker (default: those the workload announced)")
     p.add_argument("--run-id", help="mlflow or wandb: the run to add the energy to")
     p.add_argument("--tracking-uri", help="mlflow: the tracking URI (default: MLflow's own)")
     p.add_argument("--project", help="wandb: the project of --run-id")
-    p.add_argument("--dir", help="tensorboard: the log folder; wandb: its local folder")
+    p.add_argument("--dir", type=Folder("log folder"),
+                   help="tensorboard: the log folder; wandb: its local folder")
     p.add_argument("--dry-run", action="store_true",
                    help="print the metrics as JSON instead of logging them")
     return p

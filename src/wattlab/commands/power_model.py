@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from wattlab.analysis.models import MODELS, format_power_report, power_model_report
+from wattlab.arg_types import InputFile
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -15,10 +16,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="TRAIN is a gpmTOOL training CSV (Guerreiro et al.: power, core MHz, "
                     "memory MHz, utilisations per row). Each micro-benchmark is held out "
                     "in turn to measure the error on unseen kernels.")
-    p.add_argument("training", help="gpmTOOL training file (micro_*.csv)")
-    p.add_argument("--published", metavar="MODEL",
+    p.add_argument("training", type=InputFile("training file"),
+                   help="gpmTOOL training file (micro_*.csv)")
+    p.add_argument("--published", metavar="MODEL", type=InputFile("model file"),
                    help="gpmTOOL model file to score on the same rows (model_*.csv)")
-    p.add_argument("--apps", metavar="APPS",
+    p.add_argument("--apps", metavar="APPS", type=InputFile("applications file"),
                    help="gpmTOOL applications file (real_*.csv): compare our predictions "
                         "with the published model's at every clock pair (needs --published)")
     p.add_argument("--models", default=",".join(MODELS),

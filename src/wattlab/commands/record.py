@@ -41,6 +41,15 @@ from wattlab.acquisition.meters import (
 from wattlab.acquisition.session import Session, SessionResult, SourceSpec, live_panel
 from wattlab.acquisition.session.supervisor import STOP_TIMEOUT_S
 from wattlab.analysis.energy import format_table, summarise
+from wattlab.arg_types import (
+    BUFFER_MB,
+    MAX_SIMULATED_GPUS,
+    RECORD_S,
+    SEED,
+    Folder,
+    InputFile,
+    Number,
+)
 from wattlab.errors import UsageError
 from wattlab.runfile import RECORDER_STATUS_JSON, GapRow, Run
 from wattlab.sync.recorder import DiskFullReport
@@ -59,12 +68,6 @@ NVML_INTERVALS_HELP = (
     + ", ".join(f"{k}={v:g}" for k, v in DEFAULT_INTERVALS_S.items())
     + f" (drain: the 50 Hz buffer, at most {MAX_DRAIN_S:g} s; emit: send to the recorder); "
     f"'{FRUGAL_INTERVALS}' costs the least CPU")
-
-
-# simulated GPUs one recording takes, as many as a real host has: 16 recorded 3 s in 16 s
-# on a 2-core machine, 64 missed the start handshake's 15 s (BENCHMARKS.md-style figures in
-# docs/reliability.md); 100,000 grew to 7.9 GB before failing (issue 36)
-MAX_SIMULATED_GPUS = 16
 
 
 def default_output(prefix: str) -> str:
@@ -256,7 +259,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="Record every source into a new run file. Put the command to measure "
                     "after '--'; without one, give --duration.")
     p.add_argument("-o", "--output", help="run file to create (default: run-<time>.h5)")
-    p.add_argument("--bench", metavar="BENCH.toml",
+    p.add_argument("--bench", metavar="BENCH.toml", type=InputFile("bench file"),
                    help="a bench file listing the GPUs and meters to record (`wattlab bench "
                         "init` writes a template); --meter adds meters to it")
     p.add_argument("--nvml",
@@ -274,12 +277,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="use the simulated GPU instead of NVML (no hardware needed)")
     p.add_argument("--simulated-gpus", type=int, metavar="N",
                    help="how many simulated GPUs with --simulate (default 1)")
-    p.add_argument("--seed", type=int, help="seed of the simulated GPU's workload (default 0)")
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--seed", type=SEED, help="seed of the simulated GPU's workload (default 0)")
+    p.add_argument("--duration", type=RECORD_S, metavar="S", help="stop after S seconds")
     p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
                    help="an external meter, e.g. powersensor3:/dev/ttyACM0 or "
                         "wall=wt300e:USB0::0x0B21::0x0025::...::INSTR (repeatable)")
     p.add_argument("--rapl", nargs="?", const="/sys/class/powercap", metavar="PATH",
+                   type=Folder("powercap folder", must_exist=True),
                    help="also record CPU package and DRAM energy from Linux powercap (RAPL) "
                         "at PATH (default /sys/class/powercap; an emulated tree for tests); "
                         "the same as --meter rapl:PATH")
@@ -293,14 +297,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         help="run each GPU reader and meter in its own process")
     faults.add_argument("--restart-sources", action="store_true",
                         help="restart a source process that dies (implies --source-processes)")
-    faults.add_argument("--max-restarts", type=int, default=3, metavar="N",
+    faults.add_argument("--max-restarts", type=Number(0, 1000, integer=True), default=3,
+                        metavar="N",
                         help="restarts allowed per source and for the recorder (default 3)")
     faults.add_argument("--no-restart-recorder", action="store_true",
                         help="end the session if the recorder dies instead of restarting it")
-    faults.add_argument("--replay-buffer-mb", type=float, default=64.0, metavar="MB",
+    faults.add_argument("--replay-buffer-mb", type=BUFFER_MB, default=64.0, metavar="MB",
                         help="per source: data kept until on disk, resent to a restarted "
                              "recorder (default 64)")
-    faults.add_argument("--backlog-mb", type=float, default=32.0, metavar="MB",
+    faults.add_argument("--backlog-mb", type=BUFFER_MB, default=32.0, metavar="MB",
                         help="per source: unsent data kept while the recorder is slow or "
                              "away; beyond it batches are dropped and recorded as gaps "
                              "(default 32)")
@@ -313,9 +318,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     remote.add_argument("--listen", nargs="?", const=DEFAULT_LISTEN, metavar="tcp://ADDR:PORT",
                         help=f"accept agents here, CurveZMQ only (default {DEFAULT_LISTEN}: "
                              "loopback; give tcp://0.0.0.0:PORT to accept other hosts)")
-    remote.add_argument("--server-key", metavar="NAME.key_secret",
+    remote.add_argument("--server-key", metavar="NAME.key_secret", type=InputFile("key file"),
                         help="this recorder's secret key file")
-    remote.add_argument("--allow-keys", metavar="DIR",
+    remote.add_argument("--allow-keys", metavar="DIR", type=Folder("keys folder", must_exist=True),
                         help="folder of the agents' public NAME.key files (only those connect)")
     remote.add_argument("--agent", action="append", default=[], metavar="NAME",
                         help="wait for this agent before the workload starts (repeatable)")
@@ -333,7 +338,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def add_min_free_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--min-free-mb", type=float, metavar="MB",
+    p.add_argument("--min-free-mb", type=Number(0, 1e9, unit="MB"), metavar="MB",
                    help="warn when the output's disk has less free space than this "
                         "(default: the --duration's data, or five minutes of it); under a "
                         "minute of data the run is refused")
@@ -385,13 +390,7 @@ def remote_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def fault_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Session fields for the fault-tolerance options, checked."""
-    if args.max_restarts < 0:
-        raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    for name in ("replay_buffer_mb", "backlog_mb"):
-        value = getattr(args, name)
-        if not 0 < value <= 65536:
-            raise UsageError(f"--{name.replace('_', '-')} must be in (0, 65536] MB, got {value}")
+    """Session fields for the fault-tolerance options (the other ranges: the parser's types)."""
     if not 0 < args.stop_timeout <= MAX_STOP_TIMEOUT_S:
         raise UsageError(f"--stop-timeout must be in (0, {MAX_STOP_TIMEOUT_S:g}] s, "
                          f"got {args.stop_timeout}")

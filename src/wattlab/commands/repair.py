@@ -9,6 +9,7 @@ import argparse
 import json
 from typing import Any
 
+from wattlab.arg_types import InputFile
 from wattlab.runfile import repair_run
 
 
@@ -19,7 +20,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "dataset against /progress, trim rows a crash left torn (never a whole "
                     "one) and record what was done in the file's repair_json attribute. "
                     "Refuses while the recorder that writes the file still runs.")
-    p.add_argument("run", help="run file")
+    p.add_argument("run", type=InputFile("run file"), help="run file")
     p.add_argument("--force", action="store_true",
                    help="repair although it cannot be checked whether the recorder still runs "
                         "(the file comes from another host or an older wattlab)")

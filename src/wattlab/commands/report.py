@@ -7,6 +7,7 @@ from typing import Any
 
 from wattlab.analysis.models import OBJECTIVES
 from wattlab.analysis.report import ReportOptions, build_report
+from wattlab.arg_types import SLOWDOWN, InputFile, OutputFile, count
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -17,9 +18,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "(the calibration fit). For a sweep file (wattlab sweep -o): every model "
                     "family's curves with its leave-one-out error and the recommended "
                     "setting. One self-contained HTML file; the PNGs are written beside it.")
-    p.add_argument("run", help="run file or sweep results file")
-    p.add_argument("-o", "--output", help="HTML file to write (default: RUN with .html)")
-    p.add_argument("--dpi", type=int, default=110, help="resolution of the PNGs (default 110)")
+    p.add_argument("run", type=InputFile("run or sweep file"),
+                   help="run file or sweep results file")
+    p.add_argument("-o", "--output", type=OutputFile("report", overwrite=True),
+                   help="HTML file to write (default: RUN with .html)")
+    p.add_argument("--dpi", type=count(10, 1200), default=110,
+                   help="resolution of the PNGs (default 110)")
     cal = p.add_argument_group("run files: NVML calibration panel")
     cal.add_argument("--reference", metavar="SRC[:CHANNEL]",
                      help="external meter to compare NVML with (default: the first non-NVML "
@@ -31,7 +35,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      help="leave the calibration panel out (it fits for a few seconds)")
     sweep = p.add_argument_group("sweep files")
     sweep.add_argument("--objective", choices=OBJECTIVES, default="energy")
-    sweep.add_argument("--max-slowdown", type=float, metavar="F",
+    sweep.add_argument("--max-slowdown", type=SLOWDOWN, metavar="F",
                        help="largest accepted slowdown vs the default setting, e.g. 0.05")
     return p
 

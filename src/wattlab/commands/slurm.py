@@ -21,6 +21,7 @@ from wattlab.acquisition.session import (
     rendezvous_dir,
     run_agent,
 )
+from wattlab.arg_types import RECORD_S
 from wattlab.commands.record import (
     NVML_STREAMS_HELP,
     command_of,
@@ -42,7 +43,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "submit folder and into the job's comment. See docs/fleet.md.")
     p.add_argument("-o", "--output", required=True,
                    help="run file to create, in a folder every node shares")
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--duration", type=RECORD_S, metavar="S", help="stop after S seconds")
     p.add_argument("--nvml", default="all", help="GPUs to read on each node (default all)")
     p.add_argument("--nvml-streams", default="all", metavar="LIST", help=NVML_STREAMS_HELP)
     p.add_argument("--simulate", action="store_true",

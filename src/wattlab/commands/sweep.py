@@ -24,6 +24,7 @@ from wattlab.analysis.models import (
     table_from_runs,
     write_sweep,
 )
+from wattlab.arg_types import GPU_INDEX, SEED, Number, OutputFile, count, seconds
 from wattlab.commands.record import command_of, default_output
 from wattlab.errors import UsageError, WattlabError
 
@@ -42,18 +43,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     knob.add_argument("--sm-clocks", metavar="SPEC", help="locked SM clocks in MHz")
     knob.add_argument("--mem-clocks", metavar="SPEC",
                       help="locked memory clocks in MHz")
-    p.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per setting")
-    p.add_argument("--gpu", type=int, default=0, metavar="I", help="GPU index (default 0)")
+    p.add_argument("--repeat", type=count(1, 1000), default=1, metavar="N", help="runs per setting")
+    p.add_argument("--gpu", type=GPU_INDEX, default=0, metavar="I", help="GPU index (default 0)")
     p.add_argument("--simulate", action="store_true", help="use the simulated GPU")
-    p.add_argument("--sim-work", type=float, default=2.0, metavar="S",
+    p.add_argument("--sim-work", type=seconds(3600), default=2.0, metavar="S",
                    help="simulated work per run, in seconds at full clock (default 2)")
-    p.add_argument("--sim-utilisation", type=float, default=1.0, metavar="U",
+    p.add_argument("--sim-utilisation", type=Number(0, 1, above=True), default=1.0, metavar="U",
                    help="utilisation of the simulated workload, 0..1 (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPU")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the simulated GPU")
     p.add_argument("--on-failure", choices=("continue", "stop"), default="continue",
                    help="when the command fails at a setting (default: continue)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    p.add_argument("-o", "--output", help="results file to create (default sweep-<time>.h5)")
+    p.add_argument("-o", "--output", type=OutputFile("results file"),
+                   help="results file to create (default sweep-<time>.h5)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
 
@@ -66,12 +68,6 @@ def plan_of(args: argparse.Namespace) -> SweepPlan:
         knob, spec = "sm_clock", args.sm_clocks
     else:
         knob, spec = "mem_clock", args.mem_clocks
-    if args.repeat < 1:
-        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
-    if args.gpu < 0:
-        raise UsageError(f"--gpu must be >= 0, got {args.gpu}")
-    if not args.sim_work > 0:
-        raise UsageError(f"--sim-work must be > 0 s, got {args.sim_work}")
     command = command_of(args)
     return SweepPlan(knob, parse_settings(spec, knob), args.repeat, args.gpu, command or None,
                      args.sim_work, args.on_failure)

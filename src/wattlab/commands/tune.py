@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from wattlab.acquisition.experiments import open_driver
+from wattlab.arg_types import GPU_INDEX, RECORD_S, SEED, OutputFile, count, finite
 from wattlab.commands.record import command_of, default_output, exit_status, report
 from wattlab.errors import UsageError
 from wattlab.tuning.guards import KNOBS
@@ -25,22 +26,24 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "to /analysis/tuning in the run file; the original settings are "
                     "restored on every exit. Changing settings needs root: without it (or "
                     "with --dry-run) it only measures and says what it would set.")
-    p.add_argument("-o", "--output", help="run file to create (default: tune-<time>.h5)")
+    p.add_argument("-o", "--output", type=OutputFile("run file"),
+                   help="run file to create (default: tune-<time>.h5)")
     p.add_argument("--objective", default="energy",
                    help=f"what to minimise: {' or '.join(OBJECTIVES)} (default energy)")
-    p.add_argument("--max-slowdown", type=float, default=0.05, metavar="FRAC",
+    # the fraction's own rule, [0, 1], is SearchConfig.check's (the API's too)
+    p.add_argument("--max-slowdown", type=finite(), default=0.05, metavar="FRAC",
                    help="time per iteration allowed above the default's, as a fraction "
                         "(default 0.05 = 5 %%)")
     p.add_argument("--knobs", default="sm_clock,power_limit", metavar="LIST",
                    help=f"comma list of {', '.join(KNOBS)} to tune, searched in this order "
                         "(default sm_clock,power_limit)")
-    p.add_argument("--gpu", type=int, default=0, metavar="I", help="GPU index (default 0)")
-    p.add_argument("--min-iters", type=int, default=5, metavar="N",
+    p.add_argument("--gpu", type=GPU_INDEX, default=0, metavar="I", help="GPU index (default 0)")
+    p.add_argument("--min-iters", type=count(0), default=5, metavar="N",
                    help="iterations measured at least per setting (default 5)")
-    p.add_argument("--max-iters", type=int, default=500, metavar="N",
+    p.add_argument("--max-iters", type=count(0), default=500, metavar="N",
                    help="iterations measured at most per setting (default 500; most "
                         "settings end far sooner, see docs/tune.md)")
-    p.add_argument("--expected-iterations", type=int, metavar="N",
+    p.add_argument("--expected-iterations", type=count(0), metavar="N",
                    help="the run's length in iterations, if known: exploring is capped at "
                         "4.8 %% of the whole run's energy (without it, of the energy so far)")
     p.add_argument("--no-trials", action="store_true",
@@ -56,9 +59,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="measure and report what it would set; change nothing")
     p.add_argument("--simulate", action="store_true",
                    help="tune the simulated GPU running a simulated training loop")
-    p.add_argument("--duration", type=float, metavar="S",
+    p.add_argument("--duration", type=RECORD_S, metavar="S",
                    help="with --simulate and no command: record for S seconds")
-    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPU")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the simulated GPU")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
 
@@ -70,8 +73,6 @@ def plan_of(args: argparse.Namespace) -> TunePlan:
     if unknown or not knobs:
         raise UsageError(f"--knobs {args.knobs!r}: unknown knob(s) {', '.join(unknown)}; "
                          f"choose from {', '.join(KNOBS)}")
-    if args.gpu < 0:
-        raise UsageError(f"--gpu must be >= 0, got {args.gpu}")
     config = SearchConfig(objective=args.objective, max_slowdown=args.max_slowdown,
                           min_iters=args.min_iters, max_iters=args.max_iters,
                           expected_iterations=args.expected_iterations,
@@ -80,8 +81,6 @@ def plan_of(args: argparse.Namespace) -> TunePlan:
     command = command_of(args) or None
     if command is None and args.duration is None:
         raise UsageError("tune needs a command after '--' (or --duration S with --simulate)")
-    if args.duration is not None and not args.duration > 0:
-        raise UsageError(f"--duration must be > 0 s, got {args.duration}")
     if args.step_marker is not None and not args.step_marker.strip():
         raise UsageError("--step-marker needs a marker name")
     return TunePlan(list(dict.fromkeys(knobs)), config, args.gpu, args.dry_run, command,

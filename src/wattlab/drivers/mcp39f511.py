@@ -269,7 +269,18 @@ class Mcp39f511:
         return self.read_u16(Register.SYSTEM_VERSION)
 
     def accumulation_n(self) -> int:
-        return self.read_u16(Register.ACCUMULATION_INTERVAL)
+        """N of the accumulation interval; a value outside 0..8 is refused, not restored later.
+
+        Why here: a source sets its own N and puts the found one back at close; a found N
+        the chip cannot take would only fail then, in a thread, with the chip left changed.
+        """
+        n = self.read_u16(Register.ACCUMULATION_INTERVAL)
+        if not 0 <= n <= MAX_N:
+            raise MeterError(f"{self.port}: the accumulation interval register (0x"
+                             f"{Register.ACCUMULATION_INTERVAL:04X}) reads N = {n}, outside "
+                             f"0..{MAX_N}: not an MCP39F511N, or its configuration is corrupt "
+                             "(set N with Microchip's utility, then try again)")
+        return n
 
     def set_accumulation_n(self, n: int) -> None:
         """Outputs update every 2^n line cycles (not saved to flash)."""

@@ -155,7 +155,11 @@ def _encode_timer(driver: Wt300e, seconds: int) -> str:
 
 
 def _decode_timer(reply: str) -> int:
-    hours, minutes, secs = (int(float(x)) for x in reply.split(","))
+    """``H,M,S`` as whole seconds; INF or NAN (a faulty answer) is a ValueError, named."""
+    parts = [float(x) for x in reply.split(",")]
+    if len(parts) != 3 or not all(math.isfinite(p) and p >= 0 for p in parts):
+        raise ValueError("expected hours,minutes,seconds as three finite counts >= 0")
+    hours, minutes, secs = (int(p) for p in parts)
     return hours * 3600 + minutes * 60 + secs
 
 

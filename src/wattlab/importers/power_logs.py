@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import re
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -80,13 +81,25 @@ def _descriptor(source_id: str, channels: list[Channel], path: Path, fmt: str, *
 # --------------------------------------------------------------------------- NVML .npz
 
 
+def _npz_arrays(path: Path) -> dict[str, npt.NDArray[Any]]:
+    """Every array of an .npz archive; an empty file, a lone .npy or a pickle is refused."""
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # EOF: an empty file
+        raise RunFileError(f"{path}: not a readable .npz file ({e})") from e
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise RunFileError(f"{path}: a single array (.npy), not an .npz archive of an NVML "
+                           "capture's arrays")
+    with data:
+        try:
+            return {k: np.asarray(data[k]) for k in data.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            raise RunFileError(f"{path}: not a readable .npz file ({e})") from e
+
+
 def read_nvml_npz(path: Path, name: str) -> Imported:
     """The NVML capture format of ``h100_nvml_seed11.npz`` (see tests/data/README.md)."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: np.asarray(data[k]) for k in data.files}
-    except (OSError, ValueError) as e:
-        raise RunFileError(f"{path}: not a readable .npz file ({e})") from e
+    arrays = _npz_arrays(path)
     missing = {"samples", "average", "meta"} - set(arrays)
     if missing:
         raise RunFileError(f"{path}: not an NVML capture: arrays {sorted(missing)} missing")
@@ -94,6 +107,9 @@ def read_nvml_npz(path: Path, name: str) -> Imported:
         meta = json.loads(str(arrays["meta"]))
     except json.JSONDecodeError as e:
         raise RunFileError(f"{path}: array 'meta' is not JSON ({e})") from e
+    if not isinstance(meta, dict):
+        raise RunFileError(f"{path}: array 'meta' is JSON but not an object "
+                           f"({type(meta).__name__}); an NVML capture's meta is {{...}}")
     model = str(meta.get("gpu", "unknown GPU"))
     driver = str(meta.get("driver", ""))
     common = {"driver_version": driver, "board_part_number": str(meta.get("board", "")),
@@ -110,8 +126,9 @@ def read_nvml_npz(path: Path, name: str) -> Imported:
         if key not in arrays:
             continue
         arr = arrays[key]
-        if arr.ndim != 2 or arr.shape[1] < 2:
-            raise RunFileError(f"{path}: array {key!r} has shape {arr.shape}, expected n×2+")
+        if arr.ndim != 2 or arr.shape[1] < 2 or arr.shape[0] == 0:
+            raise RunFileError(f"{path}: array {key!r} has shape {arr.shape}, expected n×2+ "
+                               "with n >= 1")
         extra: dict[str, Any] = {"nvml_field": call}
         if key == "samples":  # GPU stamps (unix µs) are the sample times; keep them raw
             t_ns = arr[:, 0].astype(np.int64) * 1000
@@ -131,6 +148,9 @@ def read_nvml_npz(path: Path, name: str) -> Imported:
     markers: list[Marker] = []
     if "load_edges" in arrays:
         edges = arrays["load_edges"]
+        if edges.ndim != 2 or edges.shape[1] < 3:
+            raise RunFileError(f"{path}: array 'load_edges' has shape {edges.shape}, "
+                               "expected n×3")
         end_ns = max(int(s.t_ns[-1]) for s in sources)
         for i, (t0, level, seg) in enumerate(edges[:, :3].tolist()):
             t1 = int(edges[i + 1, 0]) if i + 1 < len(edges) else end_ns

@@ -116,6 +116,11 @@ class SourceView:
         """Bytes of one row of values (every channel)."""
         self._memo: dict[str, Any] = {}
 
+    @property
+    def path(self) -> str:
+        """The run file holding the stream, for messages that must name both."""
+        return str(self._group.file.filename)
+
     def memo(self, key: str, compute: Callable[[], T]) -> T:
         """``compute()``, once until the next ``refresh``."""
         if key not in self._memo:

@@ -118,9 +118,12 @@ class RepairReport:
 def repair_run(path: str, *, force: bool = False, cut_off: CutOff | None = None
                ) -> RepairReport:
     """Repair ``path`` in place; refuses while its recorder runs (``force``: when unknown)."""
+    if os.path.isdir(path):
+        raise RunFileError(f"{path}: is a folder, not a run file")
     if not os.path.isfile(path):
         raise RunFileError(f"{path}: no such file")
     check_not_truncated(path)
+    session_start_ns = _session_start_ns(path)  # a foreign file is refused, never "clean"
     status = writer_status(path)
     if not status.open:
         return RepairReport(path, repaired=False)
@@ -129,11 +132,6 @@ def repair_run(path: str, *, force: bool = False, cut_off: CutOff | None = None
     if status.alive is None and not force:
         raise UsageError(f"{status.describe(path)} (repair changes the file: it asks for "
                          "--force where it cannot check)")
-    with open_read_only(path) as f:
-        if schema.SESSION_START_MONOTONIC_NS not in f.attrs or schema.PROGRESS not in f:
-            raise RunFileError(f"{path}: not a wattlab run file with /{schema.PROGRESS}; only "
-                               "run files written by `wattlab record` can be repaired")
-        session_start_ns = int(f.attrs[schema.SESSION_START_MONOTONIC_NS])
     writer, points = RunFileWriter.resume(path, session_start_ns, keep_unconfirmed=True)
     cut_off = cut_off or CutOff()
     report = RepairReport(path, True, status.flags,
@@ -169,6 +167,16 @@ def _rows_lost(cut_off: CutOff, source_id: str, point: ResumePoint) -> int:
     sent = cut_off.rows_sent.get(source_id)
     lost = -1 if sent is None else sent - point.rows - point.rows_unconfirmed
     return lost if lost >= 0 else -1
+
+
+def _session_start_ns(path: str) -> int:
+    """The run's session start, or a refusal naming the file: HDF5, but not a wattlab run."""
+    with open_read_only(path) as f:
+        if schema.SESSION_START_MONOTONIC_NS not in f.attrs or schema.PROGRESS not in f:
+            raise RunFileError(f"{path}: not a wattlab run file (no /{schema.PROGRESS} or "
+                               "session start); only run files written by `wattlab record` "
+                               "can be repaired")
+        return int(f.attrs[schema.SESSION_START_MONOTONIC_NS])
 
 
 def _source_record(point: ResumePoint) -> dict[str, int]:

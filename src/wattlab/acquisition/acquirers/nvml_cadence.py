@@ -17,6 +17,7 @@ MIN_INTERVAL_S = 0.01  # shorter would spin: the driver's own samples come every
 # the driver keeps ~2.38 s of samples (H100 and H200, driver 580): a longer drain leaves
 # under 0.38 s for a late wake-up before samples are lost
 MAX_DRAIN_S = 2.0
+MAX_INTERVAL_S = 3600.0  # longer is a typo; 1e308 s overflowed the ns conversion
 # every driver sample at the least CPU (BENCHMARKS.md, "One-call drains, nanosecond CPU
 # clocks, emit every 12 s"): the run file lags up to 12 s
 FRUGAL_INTERVALS = "drain=1.8,emit=12,energy=60"
@@ -46,9 +47,9 @@ def parse_intervals(value: str | Mapping[str, Any]) -> dict[str, float]:
             seconds = float(number)
         except (TypeError, ValueError):
             seconds = math.nan
-        if isinstance(number, bool) or not MIN_INTERVAL_S <= seconds < math.inf:
+        if isinstance(number, bool) or not MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S:
             raise UsageError(f"NVML intervals: {key}={number} must be a number of seconds, "
-                             f"at least {MIN_INTERVAL_S}")
+                             f"at least {MIN_INTERVAL_S} and at most {MAX_INTERVAL_S:g}")
         if key == "drain" and seconds > MAX_DRAIN_S:
             raise UsageError(f"NVML intervals: drain={number} s is longer than {MAX_DRAIN_S} s; "
                              "the driver keeps ~2.38 s of samples, so a wake-up a little late "

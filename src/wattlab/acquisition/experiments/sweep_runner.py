@@ -58,6 +58,9 @@ SWEEP_ENERGY_S = 0.1
 SWEEP_STATE_S = 0.09
 
 
+MAX_SETTINGS = 1000  # each is a recorded run: more is a typo in the step
+
+
 def parse_settings(spec: str, knob: str) -> list[float]:
     """``"150:300:25"`` (start:stop:step, stop included) or ``"150,200,250"``."""
     label, unit = KNOB_LABELS[knob]
@@ -65,10 +68,13 @@ def parse_settings(spec: str, knob: str) -> list[float]:
     try:
         if ":" in text:
             parts = [float(p) for p in text.split(":")]
-            if len(parts) != 3 or parts[2] <= 0 or parts[1] < parts[0]:
-                raise ValueError("need start:stop:step with step > 0 and stop >= start")
+            if len(parts) != 3 or not all(map(math.isfinite, parts)) or parts[2] <= 0 \
+                    or parts[1] < parts[0]:
+                raise ValueError("need finite start:stop:step with step > 0 and stop >= start")
             start, stop, step = parts
             count = math.floor((stop - start) / step + 1e-9) + 1
+            if count > MAX_SETTINGS:
+                raise ValueError(f"{count} settings, more than {MAX_SETTINGS}")
             values = [start + i * step for i in range(count)]
         else:
             values = [float(p) for p in text.split(",") if p.strip()]

@@ -375,7 +375,7 @@ def load_record(path: str, *, force: bool = False) -> CalibrationRecord:
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not text (an HDF5 file)
         raise UsageError(f"{path}: not a readable calibration JSON ({e})") from e
     if not isinstance(doc, dict) or doc.get("format") != RECORD_FORMAT:
         raise UsageError(f"{path}: not a wattlab calibration record ({RECORD_FORMAT})")

@@ -95,6 +95,8 @@ def _rows(path: str) -> list[list[str]]:
             return [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
     except OSError as e:
         raise RunFileError(f"{path}: cannot read ({e})") from e
+    except (UnicodeDecodeError, csv.Error) as e:  # an HDF5 or other binary file
+        raise RunFileError(f"{path}: not a gpmTOOL CSV file: not text ({e})") from e
 
 
 def _numbers(path: str, line_no: int, cells: list[str], what: str) -> FloatArray:
@@ -433,6 +435,9 @@ def power_model_report(training: str, published: str | None = None,
         raise UsageError(f"unknown power model(s) {', '.join(unknown)}; known: "
                          f"{', '.join(MODELS)}")
     s = load_gpm_training(training)
+    # every file is read before the slow fits: a bad one is refused at once
+    pub = None if published is None else load_gpm_model(published)
+    app_utils = None if apps is None or pub is None else load_gpm_apps(apps)
     scores = []
     fitted: dict[str, PowerModel] = {}
     for name in models:
@@ -455,8 +460,7 @@ def power_model_report(training: str, published: str | None = None,
                             zip(scaled.mem_grid, scaled.mem_scale, strict=True)}
         report.omega_w = {n: float(w) for n, w in
                           zip(s.header.names, scaled.omega_w, strict=True)}
-    if published is not None:
-        pub = load_gpm_model(published)
+    if pub is not None:
         if pub.header != s.header:
             raise UsageError(f"{published}: its header (clocks, components) does not match "
                              f"{training}'s")
@@ -465,8 +469,8 @@ def power_model_report(training: str, published: str | None = None,
         report.scores.append(ModelScore("published", None, None, float(np.mean(ape))))
         report.published_origin = published
         report.published_core_scale = pub.core_scale()
-        if apps is not None:
-            a = load_gpm_apps(apps)
+        if app_utils is not None:
+            a = app_utils
             grid_c, grid_m = np.meshgrid(pub.core_mhz, pub.mem_mhz)
             fc, fm = grid_c.ravel(), grid_m.ravel()
             ours = fitted[chosen]
