@@ -9,7 +9,7 @@ import wattlab
 from tests.test_recorder import RunningRecorder, descriptor
 from wattlab.samples import SampleBatch, SampleFlag
 from wattlab.sync.bus.publisher import BusPublisher
-from wattlab.sync.recorder.ingest_flags import MAX_AHEAD_NS, flag_suspect_rows
+from wattlab.sync.recorder.admission.ingest_flags import MAX_AHEAD_NS, flag_suspect_rows
 
 NOW_NS = 10**12
 BAD_TIME = int(SampleFlag.TIME_INVALID)

@@ -146,5 +146,5 @@ def test_h5dump_reads_every_repaired_file(trials):
 def test_repair_refuses_a_file_that_is_not_hdf5(tmp_path):
     path = tmp_path / "junk.h5"
     path.write_bytes(b"not hdf5 at all")
-    with pytest.raises(WattlabError, match="not an HDF5 file"):
+    with pytest.raises(WattlabError, match="not a readable HDF5 file"):
         repair_run(str(path))

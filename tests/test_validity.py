@@ -15,8 +15,8 @@ import pytest
 import wattlab
 from wattlab.analysis.energy import energy_report
 from wattlab.analysis.energy.source_energy import EnergyRow
-from wattlab.analysis.validity import CHECKS, invalid_reasons
-from wattlab.analysis.validity.judge import _totals
+from wattlab.analysis.energy.validity import CHECKS, invalid_reasons
+from wattlab.analysis.energy.validity.figure_judge import _totals
 from wattlab.cli import main
 from wattlab.errors import UsageError
 from wattlab.runfile.writer import RunFileWriter

@@ -32,18 +32,16 @@ def refuse_what_cannot_become_a_run(path: str) -> None:
     An empty file may be a recorder's file being created, and a file open for writing is
     checked by the panel as it grows; a closed file gets every check a reader makes.
     """
-    from wattlab.runfile import Run
-    from wattlab.runfile.crash_flags import crash_flags
-    from wattlab.runfile.layout_check import SIGNATURE
+    from wattlab.runfile import HDF5_SIGNATURE, Run, writer_status
 
     if os.path.isdir(path):
         raise UsageError(f"{path}: is a folder, not a run file")
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         return
     with open(path, "rb") as f:
-        if f.read(len(SIGNATURE)) != SIGNATURE:
+        if f.read(len(HDF5_SIGNATURE)) != HDF5_SIGNATURE:
             raise UsageError(f"{path}: not a run file (not an HDF5 file)")
-    if crash_flags(path) == 0:
+    if not writer_status(path).open:
         Run(path).close()
 
 

@@ -38,8 +38,13 @@ from wattlab.acquisition.meters import (
     nvml_streams,
     parse_meter_spec,
 )
-from wattlab.acquisition.session import Session, SessionResult, SourceSpec, live_panel
-from wattlab.acquisition.session.supervisor import STOP_TIMEOUT_S
+from wattlab.acquisition.session import (
+    STOP_TIMEOUT_S,
+    Session,
+    SessionResult,
+    SourceSpec,
+    live_panel,
+)
 from wattlab.analysis.energy import format_table, summarise
 from wattlab.arg_types import (
     BUFFER_MB,

@@ -42,8 +42,9 @@ from wattlab.runfile.layers_parts import (
     TimeEnergy,
 )
 from wattlab.runfile.layers_record import CountedLayer, LayersRecord, read_layers, write_layers
+from wattlab.runfile.layout_check import SIGNATURE as HDF5_SIGNATURE
 from wattlab.runfile.reader import GapRow, MarkerRow, Run, SourceView, markers_from
-from wattlab.runfile.repair import repair_run, writer_status
+from wattlab.runfile.repair import CutOff, repair_run, writer_status
 from wattlab.runfile.schema import (
     DEMO_SEED,
     DISK_FULL_JSON,
@@ -89,6 +90,7 @@ __all__ = [
     "EXCITE_SEED",
     "FIT_OFFSET_NS",
     "FIT_SPAN_S",
+    "HDF5_SIGNATURE",
     "HOST",
     "OFFSET_NS",
     "PROBES",
@@ -115,6 +117,7 @@ __all__ = [
     "ClockSource",
     "CountedLayer",
     "CrossCorrelation",
+    "CutOff",
     "EnergyCheck",
     "Estimate",
     "FitSummary",

@@ -18,10 +18,11 @@ from wattlab.acquisition.session.slurm_job import (
     rendezvous_dir,
 )
 from wattlab.acquisition.session.source_process import SourceSpec
-from wattlab.acquisition.session.supervisor import Session, SessionResult
+from wattlab.acquisition.session.supervisor import STOP_TIMEOUT_S, Session, SessionResult
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
+    "STOP_TIMEOUT_S",
     "WARN_AFTER_S",
     "ClockSkew",
     "HostAcquirer",

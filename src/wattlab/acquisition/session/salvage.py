@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from wattlab.errors import WattlabError
-from wattlab.runfile import Run
-from wattlab.runfile.repair import CutOff, repair_run
+from wattlab.runfile import CutOff, Run, repair_run
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,10 @@ from wattlab.analysis.energy.source_energy import (
     energy_streams,
     format_report,
     phases_from_markers,
+    span_verdict,
     stream_identity,
 )
+from wattlab.analysis.energy.validity import invalid_reasons
 
 __all__ = [
     "COUNTER_UPDATE_S",
@@ -38,10 +40,12 @@ __all__ = [
     "format_node_report",
     "format_report",
     "format_table",
+    "invalid_reasons",
     "node_report",
     "phases_from_markers",
     "power_channel",
     "shape_source",
+    "span_verdict",
     "stream_identity",
     "summarise",
 ]

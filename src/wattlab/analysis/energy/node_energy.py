@@ -26,7 +26,7 @@ from typing import Any
 from wattlab.analysis.alignment import json_safe, parse_spec, power_channel
 from wattlab.analysis.energy.counter_plausibility import counter_checks, describe
 from wattlab.analysis.energy.source_energy import energy_report
-from wattlab.analysis.validity import invalid_reasons
+from wattlab.analysis.energy.validity import invalid_reasons
 from wattlab.errors import UsageError
 from wattlab.runfile import Run, SourceView
 

@@ -36,8 +36,7 @@ from wattlab.analysis.energy.counter_ticks import (
     GRID_COUNTER_KINDS,
     at_updates,
 )
-from wattlab.analysis.validity import clip_window, invalid_reasons, judge
-from wattlab.analysis.validity.time_scan import scan_times
+from wattlab.analysis.energy.validity import clip_window, invalid_reasons, judge, scan_times
 from wattlab.errors import UsageError
 from wattlab.runfile import CalibrationRecord, Estimate, MarkerRow, Run, SourceView
 

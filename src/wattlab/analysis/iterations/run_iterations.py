@@ -24,8 +24,14 @@ from wattlab.analysis.alignment import (
     resolve,
     span_s,
 )
-from wattlab.analysis.energy import Phase, counter_energy, phases_from_markers, shape_source
-from wattlab.analysis.energy.source_energy import span_verdict
+from wattlab.analysis.energy import (
+    Phase,
+    counter_energy,
+    invalid_reasons,
+    phases_from_markers,
+    shape_source,
+    span_verdict,
+)
 from wattlab.analysis.iterations.burst_edges import MIN_SEPARATION
 from wattlab.analysis.iterations.iteration_result import (
     RESOLVABLE_SPACINGS,
@@ -37,7 +43,6 @@ from wattlab.analysis.iterations.marker_steps import StepMarks, step_marks
 from wattlab.analysis.iterations.period_autocorr import detect_period
 from wattlab.analysis.iterations.power_segments import segment
 from wattlab.analysis.iterations.steps_in_bursts import with_steps_in_bursts
-from wattlab.analysis.validity import invalid_reasons
 from wattlab.errors import UsageError
 from wattlab.runfile import Run, SourceView
 

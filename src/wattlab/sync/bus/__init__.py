@@ -7,6 +7,7 @@ from wattlab.sync.bus.publisher import (
     private_endpoint,
     set_endpoint_security,
 )
+from wattlab.sync.bus.refusal_log import RefusalLog
 from wattlab.sync.bus.security import (
     ClientSecurity,
     CurveServer,
@@ -23,6 +24,7 @@ __all__ = [
     "ControlClient",
     "CurveServer",
     "LinkMonitor",
+    "RefusalLog",
     "create_keypair",
     "explain",
     "load_allowed_keys",

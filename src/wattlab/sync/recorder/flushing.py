@@ -23,10 +23,10 @@ from wattlab.errors import MalformedMessageError, UsageError, WattlabError
 from wattlab.runfile import ResumePoint, RunFileWriter
 from wattlab.samples import Marker, SampleBatch, SourceDescriptor
 from wattlab.sync.bus import message
+from wattlab.sync.recorder.admission.ingest_flags import flag_suspect_rows
 from wattlab.sync.recorder.config import RecorderConfig
 from wattlab.sync.recorder.disk_full import disk_full_error, free_reserve, make_reserve
 from wattlab.sync.recorder.gap_book import GapBook
-from wattlab.sync.recorder.ingest_flags import flag_suspect_rows
 from wattlab.sync.recorder.remote_clocks import Remaps, SyncTables
 from wattlab.sync.recorder.sockets import RecorderSockets
 from wattlab.sync.recorder.source_state import SourceState

@@ -39,19 +39,12 @@ from wattlab.exit_watch import open_pidfd
 from wattlab.runfile import RECORDER_HOST, RECORDER_STATUS_JSON, SESSION_END_MONOTONIC_NS
 from wattlab.samples import Marker, SourceDescriptor
 from wattlab.sync.bus import message
+from wattlab.sync.recorder.admission.gate import Gate
+from wattlab.sync.recorder.admission.refusals import Refusals, Refused
 from wattlab.sync.recorder.config import RecorderConfig
 from wattlab.sync.recorder.disk_full import SealRequest, disk_full_error, stop_recording
 from wattlab.sync.recorder.flushing import Flusher, open_run_file
 from wattlab.sync.recorder.gap_book import GapBook
-from wattlab.sync.recorder.limits import (
-    MARKERS_BURST,
-    MARKERS_PER_S,
-    MAX_STREAMS,
-    NEW_STREAMS_BURST,
-    NEW_STREAMS_PER_S,
-    PeerBuckets,
-)
-from wattlab.sync.recorder.refusals import Refusals, Refused
 from wattlab.sync.recorder.remote_clocks import RemoteClocks
 from wattlab.sync.recorder.sockets import RecorderSockets
 from wattlab.sync.recorder.source_state import SourceState
@@ -92,9 +85,8 @@ class Recorder:
         self.rejected = 0
         self.last_rejection = ""
         self._refusals = Refusals()
-        self._new_streams = PeerBuckets(NEW_STREAMS_BURST, NEW_STREAMS_PER_S)
-        self._markers = PeerBuckets(MARKERS_BURST, MARKERS_PER_S)
         self._sources: dict[str, SourceState] = {}
+        self._gate = Gate(self._sources, self._refusals, self.writer)
         self._gaps = GapBook()
         self._clocks = RemoteClocks(config.clock_interval_s, config.clock_window_s,
                                     self._sockets.send_remote, self._reject)
@@ -145,7 +137,7 @@ class Recorder:
                 return
             kind = head["type"]
             if kind in ("descriptor", "batch", "gap", "end"):
-                self._check_local_source(identity, head)
+                self._gate.local_source(identity, head)
             if kind == "batch":
                 self._order.on_batch(identity, message.decode_batch(head, body))
             elif kind == "descriptor":
@@ -165,54 +157,9 @@ class Recorder:
         except MalformedMessageError as e:
             self._reject(identity, str(e))
 
-    def _check_local_source(self, identity: bytes, head: dict[str, Any]) -> None:
-        """A stream's messages are taken only from the client that described it.
-
-        A new descriptor for a stream that ended is a restarted source carrying on; a
-        stream resumed from a crashed recorder's file belongs to the first client that
-        speaks for it. A refused batch is a gap row (its rows are lost to whoever sent it).
-        """
-        source_id, kind = head["source"], head["type"]
-        state = self._sources.get(source_id)
-        if state is None:
-            return
-        if state.host is not None:
-            why = f"stream {source_id!r} belongs to host {state.host!r}"
-        elif state.owner is None or state.owner == identity:
-            state.owner = identity
-            return
-        elif kind == "descriptor" and state.ended:
-            return
-        else:
-            why = f"{kind} for stream {source_id!r} from a client that did not describe it"
-        if kind == "batch":
-            rows = head.get("n")
-            self._refusals.drop_rows(source_id, "batch from a client that does not own the "
-                                     "stream", rows if isinstance(rows, int) else 0)
-        raise Refused("message(s) for streams other clients described", why)
-
     def _add_marker(self, identity: bytes, marker: Marker) -> None:
-        self._check_marker_rate(identity, marker)
+        self._gate.marker_rate(identity, marker)
         self._flusher.markers.append(marker)
-
-    def _check_marker_rate(self, peer: bytes | str, marker: Marker) -> None:
-        """A client or agent over its marker rate: refused, and a gap row counts them."""
-        if not self._markers.allow(peer):
-            self._refusals.drop_rows(marker.source, "marker over its sender's rate limit "
-                                     f"({MARKERS_PER_S:g}/s)", 0)
-            raise Refused("marker(s) over the rate limit",
-                          f"marker {marker.name!r} from {marker.source!r} over "
-                          f"{MARKERS_PER_S:g}/s")
-
-    def _check_remote_source(self, host: str, source_id: str) -> None:
-        """An agent may only speak for streams named after it (and already its own)."""
-        state = self._sources.get(source_id)
-        if state is not None and state.host != host:
-            owner = "this host" if state.host is None else f"host {state.host!r}"
-            raise MalformedMessageError(f"host {host!r} sent for stream {source_id!r} of {owner}")
-        if not source_id.startswith(f"{host}."):
-            raise MalformedMessageError(
-                f"host {host!r} may only send streams named '{host}.*', not {source_id!r}")
 
     def _handle_remote(self, identity: bytes, host: str, head: dict[str, Any], body: list[Any],
                        t_recv_ns: int) -> None:
@@ -226,18 +173,18 @@ class Recorder:
                     f"host {host!r} may not send control command {head.get('command')!r}")
             self._on_control(identity, head, host)
         elif kind == "descriptor":
-            self._check_remote_source(host, source)
+            self._gate.remote_source(host, source)
             self._on_descriptor(identity, message.decode_descriptor(head), host)
         elif kind == "marker":
             marker = message.decode_marker(head)
             if marker.source != host and not marker.source.startswith(f"{host}."):
                 raise MalformedMessageError(
                     f"host {host!r} sent a marker for source {marker.source!r}")
-            self._check_marker_rate(host, marker)
+            self._gate.marker_rate(host, marker)
             self._clocks.when_clock(host, lambda: self._flusher.markers.append(
                 self._clocks.marker_to_local(host, marker)))
         elif kind in ("batch", "gap", "end"):
-            self._check_remote_source(host, source)
+            self._gate.remote_source(host, source)
             if kind == "batch":
                 batch = message.decode_batch(head, body)
                 self._clocks.when_clock(host, lambda: self._order.on_batch(identity, batch))
@@ -255,21 +202,11 @@ class Recorder:
         self, identity: bytes, desc: SourceDescriptor, host: str | None = None
     ) -> None:
         if desc.source_id not in self._sources:
-            self._check_new_stream(identity if host is None else host, desc.source_id)
+            self._gate.new_stream(identity if host is None else host, desc.source_id)
         self._flusher.add_source(desc, host)
         self._order.on_descriptor(identity, desc, host)
         if set(self.config.expected_sources) <= set(self._sources):
             self.writer.start_swmr()
-
-    def _check_new_stream(self, peer: bytes | str, source_id: str) -> None:
-        """At most ``MAX_STREAMS``; in SWMR mode (a new stream reopens the file) a rate each."""
-        if len(self._sources) >= MAX_STREAMS:
-            raise Refused("new stream(s) over the limit",
-                          f"stream {source_id!r}: a recording takes at most {MAX_STREAMS}")
-        if self.writer.swmr and not self._new_streams.allow(peer):
-            raise Refused("new stream(s) over the limit",
-                          f"stream {source_id!r}: over {NEW_STREAMS_BURST} new streams at "
-                          f"once, then {NEW_STREAMS_PER_S:g}/s, from one client")
 
     def _on_control(self, identity: bytes, head: dict[str, Any], host: str | None = None) -> None:
         command = head.get("command")

@@ -15,8 +15,8 @@ import zmq
 
 from wattlab.errors import UsageError
 from wattlab.sync.bus import message
+from wattlab.sync.recorder.admission.limits import MAX_FRAME_BYTES
 from wattlab.sync.recorder.config import RecorderConfig
-from wattlab.sync.recorder.limits import MAX_FRAME_BYTES
 from wattlab.sync.recorder.source_state import SourceState
 
 if TYPE_CHECKING:

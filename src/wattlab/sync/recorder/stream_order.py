@@ -14,10 +14,10 @@ from typing import Any
 from wattlab.errors import MalformedMessageError
 from wattlab.samples import Gap, Marker, SampleBatch, SourceDescriptor
 from wattlab.sync.bus import message
+from wattlab.sync.recorder.admission.limits import MAX_ORPHAN_BYTES, MAX_ORPHAN_STREAMS
+from wattlab.sync.recorder.admission.refusals import Refusals
 from wattlab.sync.recorder.flushing import Flusher
 from wattlab.sync.recorder.gap_book import GapBook
-from wattlab.sync.recorder.limits import MAX_ORPHAN_BYTES, MAX_ORPHAN_STREAMS
-from wattlab.sync.recorder.refusals import Refusals
 from wattlab.sync.recorder.remote_clocks import RemoteClocks
 from wattlab.sync.recorder.sockets import RecorderSockets
 from wattlab.sync.recorder.source_state import MAX_ANNOUNCED_SOURCES, SourceState, seq_of

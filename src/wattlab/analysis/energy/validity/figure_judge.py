@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from wattlab.analysis.validity.counter_check import counter_checks
-from wattlab.analysis.validity.silent_zero import no_silent_zero
-from wattlab.analysis.validity.stream_checks import coverage, identities, time_order
-from wattlab.analysis.validity.time_scan import scan_times
-from wattlab.analysis.validity.verdict import Check, checks_json, failed, not_applicable
-from wattlab.analysis.validity.window_check import window_check
+from wattlab.analysis.energy.validity.counter_check import counter_checks
+from wattlab.analysis.energy.validity.silent_zero import no_silent_zero
+from wattlab.analysis.energy.validity.stream_checks import coverage, identities, time_order
+from wattlab.analysis.energy.validity.time_scan import scan_times
+from wattlab.analysis.energy.validity.verdict import Check, checks_json, failed, not_applicable
+from wattlab.analysis.energy.validity.window_check import window_check
 from wattlab.runfile import Run
 
 if TYPE_CHECKING:

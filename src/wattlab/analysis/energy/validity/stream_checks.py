@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wattlab.analysis.validity.time_scan import HOLE_SPACINGS, TimeScan
-from wattlab.analysis.validity.verdict import Check, failed, not_applicable, passed
+from wattlab.analysis.energy.validity.time_scan import HOLE_SPACINGS, TimeScan
+from wattlab.analysis.energy.validity.verdict import Check, failed, not_applicable, passed
 from wattlab.runfile import SourceView
 
 EDGE_TOLERANCE_S = 1e-9  # a window edge on the first or last row is inside it

@@ -12,7 +12,7 @@ import sys
 
 from wattlab.errors import MalformedMessageError
 from wattlab.samples import Gap
-from wattlab.sync.bus.refusal_log import RefusalLog
+from wattlab.sync.bus import RefusalLog
 
 MAX_DROP_KEYS = 32  # (stream, reason) pairs summed apart per flush; the rest go together
 OTHER_STREAMS = "recorder"  # the gap rows' source for drops past MAX_DROP_KEYS

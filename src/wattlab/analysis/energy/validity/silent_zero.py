@@ -12,8 +12,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from wattlab.analysis.validity.stream_checks import device_identity
-from wattlab.analysis.validity.verdict import Check, failed, not_applicable, passed
+from wattlab.analysis.energy.validity.stream_checks import device_identity
+from wattlab.analysis.energy.validity.verdict import Check, failed, not_applicable, passed
 from wattlab.runfile import Run
 
 if TYPE_CHECKING:

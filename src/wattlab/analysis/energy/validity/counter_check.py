@@ -18,8 +18,8 @@ import numpy as np
 from wattlab.analysis.alignment import chunks_s
 from wattlab.analysis.energy.counter_shape import shape_source
 from wattlab.analysis.energy.counter_ticks import COUNTER_UPDATE_S, GRID_COUNTER_KINDS, at_updates
-from wattlab.analysis.validity.time_scan import scan_times
-from wattlab.analysis.validity.verdict import Check, failed, not_applicable, passed
+from wattlab.analysis.energy.validity.time_scan import scan_times
+from wattlab.analysis.energy.validity.verdict import Check, failed, not_applicable, passed
 from wattlab.runfile import Run, SourceView
 
 

@@ -11,7 +11,7 @@ run's 9 858 J, for 13 s of data.
 
 from __future__ import annotations
 
-from wattlab.analysis.validity.verdict import Check, failed, not_applicable, passed
+from wattlab.analysis.energy.validity.verdict import Check, failed, not_applicable, passed
 from wattlab.errors import UsageError
 
 CUT_TOLERANCE_S = 0.0005  # the run's edges as printed (to the ms) are inside it
