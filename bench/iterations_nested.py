@@ -27,7 +27,7 @@ import numpy as np
 
 import wattlab
 from common import DATA, write_json
-from iterations_real import fit_logistic, reliability, training_window_s
+from iterations_real import held_out_check, training_window_s
 from wattlab.analysis.alignment import integrate_view
 from wattlab.analysis.iterations import IterationResult, iterations
 from wattlab.analysis.iterations.inner_rhythm import inner_rhythm
@@ -117,20 +117,6 @@ def simulated_rows(loops: int) -> list[dict[str, Any]]:
     return rows
 
 
-def calibration(rows: list[dict[str, Any]], fit: bool) -> dict[str, Any]:
-    """Fit on even seeds (when asked), check on odd ones: the step confidence's logistic."""
-    usable = [r for r in rows if r["features"] is not None]
-    x = np.array([r["features"] for r in usable])
-    y = np.array([float(r["right"]) for r in usable])
-    train = np.array([r["seed"] % 2 == 0 for r in usable])
-    coef = fit_logistic(x[train], y[train]) if fit else STEP_CONFIDENCE_COEF
-    pred = 1 / (1 + np.exp(-(x @ coef)))
-    return {"coefficients": coef.tolist(), "fitted_now": fit, "loops": len(rows),
-            "nested_answers": len(usable), "base_rate": float(y.mean()),
-            "held_out": reliability(pred[~train], y[~train]),
-            "brier_held_out": float(np.mean((pred[~train] - y[~train]) ** 2))}
-
-
 def confident_share(rows: list[dict[str, Any]], at: float = 0.9) -> tuple[int, int]:
     """(right, given) among the answers given with confidence ≥ ``at``."""
     sure = [r for r in rows if r["confidence"] >= at]
@@ -159,9 +145,9 @@ def main() -> int:
     print(f"\nreal traces with steps ≥ 3 spacings: {kept}/{len(goal)} right or below 0.5 "
           f"confidence; answers at confidence ≥ 0.9: {ok}/{given} right")
     sims = simulated_rows(args.loops)
-    cal = calibration(sims, args.fit)
+    cal = held_out_check(sims, args.fit, STEP_CONFIDENCE_COEF)
     ok_sim, given_sim = confident_share(sims)
-    print(f"\nsimulated nested loops: {cal['nested_answers']}/{cal['loops']} answered by "
+    print(f"\nsimulated nested loops: {cal['detected']}/{cal['loops']} answered by "
           f"steps-in-bursts, {100 * cal['base_rate']:.0f} % of those right; coefficients "
           f"{np.round(cal['coefficients'], 3).tolist()} "
           f"({'fitted now' if args.fit else 'as in steps_in_bursts.STEP_CONFIDENCE_COEF'}); "

@@ -189,21 +189,27 @@ def reliability(pred: np.ndarray, ok: np.ndarray) -> list[dict[str, Any]]:
     return out
 
 
-def calibration(rows: list[dict[str, Any]], fit: bool) -> dict[str, Any]:
-    """Fit on even seeds (when asked), check on odd seeds: confidence vs share right."""
+def held_out_check(rows: list[dict[str, Any]], fit: bool, coef: np.ndarray) -> dict[str, Any]:
+    """Fit on even seeds (when asked; else ``coef``), check on odd seeds: confidence vs
+    share right, over the rows that have features."""
     usable = [r for r in rows if r["features"] is not None]
     x = np.array([r["features"] for r in usable])
     y = np.array([float(r["right"]) for r in usable])
     train = np.array([r["seed"] % 2 == 0 for r in usable])
-    coef = fit_logistic(x[train], y[train]) if fit else CONFIDENCE_COEF
+    coef = fit_logistic(x[train], y[train]) if fit else coef
     pred = 1 / (1 + np.exp(-(x @ coef)))
     held = ~train
-    undetected = [r for r in rows if r["features"] is None]
     return {"coefficients": coef.tolist(), "fitted_now": fit, "loops": len(rows),
-            "detected": len(usable), "right_when_undetected": sum(r["right"] for r in undetected),
-            "held_out": reliability(pred[held], y[held]),
+            "detected": len(usable), "held_out": reliability(pred[held], y[held]),
             "brier_held_out": float(np.mean((pred[held] - y[held]) ** 2)),
             "base_rate": float(y.mean())}
+
+
+def calibration(rows: list[dict[str, Any]], fit: bool) -> dict[str, Any]:
+    """The power-segments confidence, checked (or refitted) on simulated loops."""
+    undetected = [r for r in rows if r["features"] is None]
+    return {**held_out_check(rows, fit, CONFIDENCE_COEF),
+            "right_when_undetected": sum(r["right"] for r in undetected)}
 
 
 def fmt(x: Any, spec: str) -> str:

@@ -120,15 +120,20 @@ def test_cli_json_and_text_name_the_method(capsys):
     assert "no 3+ begin or point markers named 'nosuch'" in capsys.readouterr().err
 
 
+def run_bench(name: str, loops: int, results: Path) -> dict:
+    """Run bench/NAME.py with ``--loops``; its JSON."""
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, str(root / "bench" / f"{name}.py"),
+                             "--loops", str(loops)], cwd=root / "bench", capture_output=True,
+                            text=True, timeout=300, check=False,
+                            env={**os.environ, "WATTLAB_BENCH_RESULTS": str(results)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((results / f"{name}.json").read_text())
+
+
 @pytest.mark.bench
 def test_the_benchmark_runs_and_meets_the_goal(tmp_path):
-    root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, str(root / "bench" / "iterations_real.py"),
-                             "--loops", "12"], cwd=root / "bench", capture_output=True,
-                            text=True, timeout=300, check=False,
-                            env={**os.environ, "WATTLAB_BENCH_RESULTS": str(tmp_path)})
-    assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads((tmp_path / "iterations_real.json").read_text())
+    data = run_bench("iterations_real", 12, tmp_path)
     goal = [r for r in data["traces"] if r["goal_applies"]]
     # the H100 jobs (a step per burst) are right; the H200 jobs with nested rhythms are
     # right or say they may not be (bench/iterations_nested.py measures them with their
@@ -142,13 +147,7 @@ def test_the_benchmark_runs_and_meets_the_goal(tmp_path):
 def test_the_nested_benchmark_runs_and_says_when_it_cannot_tell(tmp_path):
     """bench/iterations_nested.py: every trace whose steps are ≥ 3 sample spacings is right
     or below 0.5 confidence, and what it gives at ≥ 0.9 is right (issue 38's goal)."""
-    root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, str(root / "bench" / "iterations_nested.py"),
-                             "--loops", "6"], cwd=root / "bench", capture_output=True,
-                            text=True, timeout=300, check=False,
-                            env={**os.environ, "WATTLAB_BENCH_RESULTS": str(tmp_path)})
-    assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads((tmp_path / "iterations_nested.json").read_text())
+    data = run_bench("iterations_nested", 6, tmp_path)
     goal = [r for r in data["traces"] if r["goal_applies"]]
     assert len(goal) >= 6 and all(r["right"] or r["confidence"] < 0.5 for r in goal), goal
     assert all(r["right"] for r in data["traces"] if r["confidence"] >= 0.9)

@@ -56,8 +56,12 @@ def loader_wait(rng: random.Random, lo_s: float, hi_s: float) -> None:
 
 
 def plain_loop(args: argparse.Namespace, width: int, batch: int, loader_s: tuple[float, float],
-               eval_every: int) -> None:
-    """A plain torch loop: ``optimizer.step`` is where the auto-markers hook in."""
+               eval_every: int, stall_every: int = 0, stall_s: float = 0.0) -> None:
+    """A plain torch loop: ``optimizer.step`` is where the auto-markers hook in.
+
+    ``stall_every``: before every such step (but the first) the loader also stalls
+    ``stall_s`` (a queue refilled in batches).
+    """
     rng = random.Random(args.seed)
     model = mlp(width)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -69,6 +73,8 @@ def plain_loop(args: argparse.Namespace, width: int, batch: int, loader_s: tuple
     torch.cuda.synchronize()
     time.sleep(1.0)
     for step in range(args.steps):
+        if stall_every and step and step % stall_every == 0:
+            time.sleep(stall_s)
         loader_wait(rng, *loader_s)
         with truth_step(step):
             opt.zero_grad(set_to_none=True)
@@ -314,22 +320,8 @@ def resnet_jitter(args: argparse.Namespace) -> None:
 @job("mlp-stall-3")
 def mlp_stall(args: argparse.Namespace) -> None:
     """Groups of 3 MLP steps of ~170 ms, then a 1 s stall (a loader refilling its queue)."""
-    rng = random.Random(args.seed)
-    model = mlp(8192)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(16384, 4096, device="cuda")
-    y = torch.randint(0, 10, (16384,), device="cuda")
-    for _ in range(3):
-        nn.functional.cross_entropy(model(x), y).backward()
-    torch.cuda.synchronize()
-    time.sleep(1.0)
-    for step in range(args.steps):
-        time.sleep(1.0 if step and step % 3 == 0 else rng.uniform(0.0, 0.01))
-        with truth_step(step):
-            opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-    time.sleep(1.0)
+    plain_loop(args, width=8192, batch=16384, loader_s=(0.0, 0.01), eval_every=0,
+               stall_every=3, stall_s=1.0)
 
 
 def main() -> None:
