@@ -46,7 +46,8 @@ def test_template_examples_are_valid_when_uncommented() -> None:
     assert amd.address == "0" and amd.options["simulate"] is False
     assert rapl.address == "/sys/class/powercap" and rapl.options["interval_s"] == 0.1
     assert (ps3.options["gpu"], pmd.options["gpu"]) == (0, 1)
-    assert ps3.options["rails"] == {"0": "slot_12v", "1": "slot_3v3", "2": "cable_12vhpwr"}
+    assert ps3.options["rails"] == {"0": "slot_12v", "1": "slot_3v3", "2": "cable_8pin_1",
+                                    "3": "cable_8pin_2"}
     assert wall.options["elements"] == {"1": "wall"} and hmc.options["rail"] == "psu_ac"
     assert mcp.options["rails"] == {"1": "server_ac"} and mcp.options["accumulation_n"] == 1
 

@@ -588,8 +588,9 @@ class Aligned:
     units: dict[str, str]
 
     def to_pandas(self) -> Any:
-        import pandas as pd
+        from wattlab.frames_import import frames_module
 
+        pd = frames_module("pandas", "Aligned.to_pandas()")
         return pd.DataFrame(self.values, index=pd.Index(self.t_s, name="time_s"))
 
 

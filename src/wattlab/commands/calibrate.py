@@ -40,6 +40,16 @@ def _fmt(obj: Estimate, unit: str, scale: float = 1.0) -> str:
         f"{v * scale:.4g} {unit} (not pinned by this data)"
 
 
+def _sign_note(delay: Estimate) -> None:
+    """Under a delay below 0, what it means (the kernels are causal)."""
+    from wattlab.analysis.calibration import lead_note
+
+
+    note = lead_note(delay.value, delay.se)
+    if note is not None:
+        print(f"                  ({note})")
+
+
 def run(args: argparse.Namespace) -> int:
     # imported here, not at the top: building the parser imports every verb's module
     from wattlab.analysis.calibration import calibrate, store_in_run
@@ -71,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
     for name, value in record.params.by_name().items():
         unit = "ms" if name.endswith("_s") else ("W" if name.endswith("_w") else "")
         print(f"  {name:<15} {_fmt(value, unit, 1e3 if unit == 'ms' else 1.0)}")
+        if unit == "ms":
+            _sign_note(value)
     print(f"  effective delay {_fmt(record.effective_delay_s, 'ms', 1e3)}")
+    _sign_note(record.effective_delay_s)
     period_se = record.update_period_se_s
     print(f"  update period   {record.update_period_s * 1e3:.1f}"
           + (f" ± {period_se * 1e3:.2f}" if period_se is not None else "") + " ms, coverage "

@@ -85,7 +85,7 @@ def _record(args: argparse.Namespace, output: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from wattlab.acquisition.experiments import seconds_for
-    from wattlab.analysis.calibration import calibrate, store_in_run
+    from wattlab.analysis.calibration import calibrate, lead_note, store_in_run
     from wattlab.commands.record import default_output, exit_status
     from wattlab.runfile import Run
 
@@ -127,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {row['view']}: {row['kernel']} {_ms(w)}, effective delay {_ms(d)}, "
               "update period "
               f"{row['update_period_s'] * 1e3:.1f} ms: {verdict}")
+        note = lead_note(d["value"], d["se"])
+        if note is not None:
+            print(f"    effective delay {note}")
         for warning in row["warnings"]:
             print(f"    - {warning}")
         need = row["seconds_for_target"]

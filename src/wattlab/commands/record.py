@@ -45,7 +45,12 @@ from wattlab.acquisition.session import (
     SourceSpec,
     live_panel,
 )
-from wattlab.analysis.energy import format_table, summarise
+from wattlab.analysis.energy import (
+    SourceSummary,
+    format_table,
+    summarise,
+    wiring_mismatches,
+)
 from wattlab.arg_types import (
     BUFFER_MB,
     MAX_SIMULATED_GPUS,
@@ -157,14 +162,15 @@ def check_simulated_gpus(count: int | None) -> None:
         raise UsageError(f"--simulated-gpus must be 1 to {MAX_SIMULATED_GPUS}, got {count}")
 
 
-def summary_table(run: Run) -> str:
-    """The per-stream table; a stream the summary cannot integrate is said, not a crash.
+def summary_table(run: Run) -> tuple[str, list[SourceSummary]]:
+    """The per-stream table and its rows; a stream it cannot integrate is said, not a crash.
 
     The rows are on disk whatever the table can show: the recorder flagged the ones that
     cannot be right (``time_invalid``, ``not_finite``: docs/run-file.md).
     """
     try:
-        return format_table(summarise(run))
+        rows = summarise(run)
+        return format_table(rows), rows
     except UsageError as e:
         status = json.loads(run.attrs.get(RECORDER_STATUS_JSON) or "{}")
         flagged = {sid: counts for sid, source in status.get("sources", {}).items()
@@ -172,14 +178,16 @@ def summary_table(run: Run) -> str:
         print(f"wattlab: no summary table for {run.path}: {e}; rows flagged at ingest: "
               f"{flagged or 'none'} (time_invalid, not_finite: docs/run-file.md)",
               file=sys.stderr)
-        return ""
+        return "", []
 
 
-def report(result: SessionResult) -> None:
-    """Print the per-source summary of a finished session.
+def report(result: SessionResult) -> int:
+    """Print the per-source summary of a finished session; 1 if a bench meter is miswired.
 
     A file the session could not repair after losing its recorder gets the one line that
     says so (with the `wattlab repair` command), not a summary read from a file left open.
+    A bench meter whose board power disagrees with its GPU's reading beyond the instruments'
+    accuracies gets the last line (docs/meters.md): every row is kept, the figures are not.
     """
     full = result.disk_full
     if full is not None and not full.in_gaps:
@@ -187,9 +195,11 @@ def report(result: SessionResult) -> None:
     salvaged = result.salvage
     if salvaged is not None and salvaged.error is not None:
         print(salvaged.line(), file=sys.stderr)
-        return
+        return 0
     with Run(result.output) as run:
-        print(summary_table(run))
+        table, rows = summary_table(run)
+        print(table)
+        wiring = wiring_mismatches(run.sources, {r.source_id: r.mean_power_w for r in rows})
         gaps = run.gaps
         markers = run.markers
     print(f"run file: {result.output} ({len(markers)} markers, {len(gaps)} gaps)")
@@ -209,6 +219,9 @@ def report(result: SessionResult) -> None:
               f"{result.recorder_status.get('last_rejection')}", file=sys.stderr)
     if salvaged is not None:
         print(salvaged.line(), file=sys.stderr)
+    for mismatch in wiring:
+        print(f"wattlab: error: {mismatch.line()}", file=sys.stderr)
+    return 1 if wiring else 0
 
 
 def log_trackers(output: str) -> None:
@@ -458,8 +471,8 @@ def run(args: argparse.Namespace) -> int:
                    args.duration, args.min_free_mb)
         with live_panel(output, enabled=args.live):
             result = Session(output, [], source_specs=specs, **common).run()
-        report(result)
-        return exit_status(result)
+        miswired = report(result)
+        return exit_status(result) or miswired
     amd_readers = amd_acquirers(args.amd, amd_opts)
     with (nvml_acquirers(nvml, other_sources=bool(args.meter or args.agent)) if bench is None
           else bench_acquirers(bench)) as sources:
@@ -472,5 +485,5 @@ def run(args: argparse.Namespace) -> int:
                    args.min_free_mb)
         with live_panel(output, enabled=args.live):
             result = Session(output, acquirers, **common).run()
-    report(result)
-    return exit_status(result)
+    miswired = report(result)
+    return exit_status(result) or miswired

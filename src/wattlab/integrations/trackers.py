@@ -110,14 +110,18 @@ def log_mlflow(metrics: Iterable[Metric], run_id: str | None = None,
     from mlflow.entities import Metric as MlflowMetric
     from mlflow.tracking import MlflowClient
 
+    from wattlab.integrations.mlflow_store import opened
+
     if run_id is None:
         active = mlflow.active_run()
         if active is None:
             raise UsageError("MLflow: no active run; give --run-id (the run to add energy to)")
         run_id = active.info.run_id
-    client = MlflowClient(tracking_uri=tracking_uri)
-    client.log_batch(run_id, metrics=[MlflowMetric(m.name, m.value, m.t_unix_ms, m.step)
-                                      for m in metrics])
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    with opened(uri, run_id):
+        client = MlflowClient(tracking_uri=uri)
+        client.log_batch(run_id, metrics=[MlflowMetric(m.name, m.value, m.t_unix_ms, m.step)
+                                          for m in metrics])
     return str(run_id)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.errors import RunFileError
+from wattlab.frames_import import frames_module
 from wattlab.runfile import schema
 from wattlab.runfile.h5_read import open_read_only, read_attr, read_head, read_rows
 from wattlab.runfile.layout_check import SourceLayout, check_layout, check_not_truncated
@@ -278,7 +279,7 @@ class SourceView:
 
     def to_pandas(self) -> Any:
         """A DataFrame indexed by session time in seconds, one column per channel + flags."""
-        import pandas as pd
+        pd = frames_module("pandas", "SourceView.to_pandas()")
 
         frame = pd.DataFrame(self.values, columns=self.channel_names)
         frame.insert(0, schema.TIME_RAW, self.time_raw)
@@ -288,7 +289,7 @@ class SourceView:
 
     def to_xarray(self) -> Any:
         """An xarray Dataset: one variable per channel (with its unit) on a ``time_s`` axis."""
-        import xarray as xr
+        xr = frames_module("xarray", "SourceView.to_xarray()")
 
         values, time_s = self.values, self.time_s
         data_vars = {

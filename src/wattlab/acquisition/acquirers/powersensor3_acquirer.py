@@ -169,7 +169,7 @@ KIND = register(MeterKind(
 # kind = "powersensor3"
 # id = "ps3"
 # port = "/dev/ttyACM0"
-# rails = { 0 = "slot_12v", 1 = "slot_3v3", 2 = "cable_12vhpwr" }
+# rails = { 0 = "slot_12v", 1 = "slot_3v3", 2 = "cable_8pin_1", 3 = "cable_8pin_2" }
 # gpu = 0
 """,
 ))

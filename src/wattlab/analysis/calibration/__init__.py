@@ -1,6 +1,7 @@
 """How the driver's power reading relates to a reference: the fit and what it can tell."""
 
 from wattlab.analysis.calibration.deconvolved_energy import Fusion, fuse_records, mark_breaks
+from wattlab.analysis.calibration.delay_sign import lead_note
 from wattlab.analysis.calibration.stream_calibration import (
     calibrate,
     load_record,
@@ -13,6 +14,7 @@ __all__ = [
     "Fusion",
     "calibrate",
     "fuse_records",
+    "lead_note",
     "load_record",
     "mark_breaks",
     "store_in_run",

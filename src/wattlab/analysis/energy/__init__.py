@@ -5,6 +5,7 @@ from wattlab.analysis.energy.counter_ticks import COUNTER_UPDATE_S, at_updates
 from wattlab.analysis.energy.node_energy import format_node_report, node_report
 from wattlab.analysis.energy.run_summary import (
     GAP_FACTOR,
+    SourceSummary,
     energy_channel,
     format_table,
     power_channel,
@@ -24,11 +25,14 @@ from wattlab.analysis.energy.source_energy import (
     stream_identity,
 )
 from wattlab.analysis.energy.validity import invalid_reasons
+from wattlab.analysis.energy.wiring_check import WiringMismatch, wiring_mismatches
 
 __all__ = [
     "COUNTER_UPDATE_S",
     "GAP_FACTOR",
     "Phase",
+    "SourceSummary",
+    "WiringMismatch",
     "at_updates",
     "corrected_energy",
     "correction_terms",
@@ -48,4 +52,5 @@ __all__ = [
     "span_verdict",
     "stream_identity",
     "summarise",
+    "wiring_mismatches",
 ]

@@ -36,7 +36,9 @@ from wattlab.analysis.energy.counter_ticks import (
     GRID_COUNTER_KINDS,
     at_updates,
 )
+from wattlab.analysis.energy.run_summary import energy_channel
 from wattlab.analysis.energy.validity import clip_window, invalid_reasons, judge, scan_times
+from wattlab.analysis.energy.wiring_check import WIRING_PREFIX, wiring_mismatches
 from wattlab.errors import UsageError
 from wattlab.runfile import CalibrationRecord, Estimate, MarkerRow, Run, SourceView
 
@@ -390,6 +392,7 @@ def energy_report(run: Run, by_marker: bool = True, reference: str | None = None
     judge(run, rows + group_rows, (phases[0].t0_s, phases[0].t1_s), asked)
     if ref_key is not None:
         _errors_against_reference(rows + group_rows, ref_key)
+    notes = [m.line() for m in wiring_mismatches(run.sources, _run_means(run, rows))] + notes
     invalid = [r for r in rows + group_rows if not r.valid]
     out = json_safe({
         "path": run.path,
@@ -501,6 +504,13 @@ def _stream_rows(run: Run, streams: list[tuple[SourceView, str, str]], phases: l
     return rows, notes
 
 
+def _run_means(run: Run, rows: list[EnergyRow]) -> dict[str, float | None]:
+    """Each stream's mean power over the whole run, from its total channel's row."""
+    totals = {sid: power_channel(v) or energy_channel(v) for sid, v in run.sources.items()}
+    return {r.source: r.mean_power_w for r in rows
+            if r.phase == "run" and r.channel == totals[r.source]}
+
+
 def _unintegrated(view: SourceView, channel: str, method: str, phases: list[Phase]
                   ) -> list[EnergyRow]:
     """Rows with no figure for a stream whose time goes backwards (the integral refuses it).
@@ -580,6 +590,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"{'err %':>7}" + (f" {'corr J':>11} {'± J':>8} {'corr err %':>10}" if corrected
                                else "") + " valid")
     lines = [f"reference: {report['reference'] or '- (no external meter in this run)'}"]
+    wiring = [n for n in report["notes"] if n.startswith(WIRING_PREFIX)]
+    lines += [f"!! {n}" for n in wiring]
     by_phase: dict[str, list[dict[str, Any]]] = {}
     for r in report["rows"] + report.get("group_rows", []):
         by_phase.setdefault(r["phase"], []).append(r)
@@ -612,7 +624,7 @@ def format_report(report: dict[str, Any]) -> str:
     if unresolved:
         lines += ["", f"~ {len(unresolved)} phase(s) no stream resolves, e.g. "
                   f"{unresolved[0]['phase']}: {unresolved[0]['reason']}"]
-    lines += [f"note: {n}" for n in report["notes"]]
+    lines += [f"note: {n}" for n in report["notes"] if n not in wiring]
     if not report["valid"]:
         lines.append(f"invalid: {report['invalid_figures']} figure(s) (docs/validity.md)")
     return "\n".join(lines)

@@ -5,6 +5,11 @@ one value per row directly, where nested JSON needs code. The figures are exactl
 ``wattlab energy --by-marker``'s (the whole run, then every marked phase), each with its
 validity verdict (``valid``, ``failed_checks``). CSV always
 works; Parquet (typed, compressed) needs pyarrow, an optional dependency.
+
+A stream's channels are parts and readings of one draw (a PowerSensor3's pairs and their
+total, an NVML stream's instant and averaged power): summed, they count it twice or more.
+``stream_total`` marks the one channel per stream whose energy is the stream's (the one
+``wattlab info`` integrates), so ``WHERE stream_total`` gives one energy per stream.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from wattlab.runfile import schema
 # column -> type (pyarrow's name); every value a plain str/int/float or None
 COLUMNS: dict[str, str] = {
     "run": "string", "created": "string", "host": "string",
-    "source": "string", "channel": "string", "method": "string",
+    "source": "string", "channel": "string", "stream_total": "bool", "method": "string",
     "kind": "string", "model": "string", "remote_host": "string",
     "phase": "string", "t0_s": "float64", "t1_s": "float64", "duration_s": "float64",
     "energy_j": "float64", "uncertainty_j": "float64", "low_j": "float64", "high_j": "float64",
@@ -33,7 +38,8 @@ FORMATS = ("csv", "parquet")
 
 def tidy_rows(path: str) -> list[dict[str, Any]]:
     """The rows of one run file (a worker's job when there are many)."""
-    from wattlab.analysis.energy import energy_report
+    from wattlab.analysis.alignment import power_channel
+    from wattlab.analysis.energy import energy_channel, energy_report
     from wattlab.runfile import Run
 
     with Run(path) as run:
@@ -42,13 +48,15 @@ def tidy_rows(path: str) -> list[dict[str, Any]]:
         views = run.sources
         about = {sid: (v.kind, v.model, str(v.descriptor.get("config", {}).get("agent", "")))
                  for sid, v in views.items()}
+        totals = {sid: power_channel(v) or energy_channel(v) for sid, v in views.items()}
     out = []
     for r in report["rows"]:
         kind, model, remote = about[r["source"]]
         out.append({
             "run": path, "created": str(attrs.get(schema.CREATED, "")),
             "host": str(attrs.get(schema.HOST, "")), "source": r["source"], "channel": r["channel"],
-            "method": r["method"], "kind": kind, "model": model, "remote_host": remote,
+            "stream_total": r["channel"] == totals[r["source"]], "method": r["method"],
+            "kind": kind, "model": model, "remote_host": remote,
             "phase": r["phase"], "t0_s": r["t0_s"], "t1_s": r["t1_s"],
             "duration_s": r["t1_s"] - r["t0_s"],
             **{k: r[k] for k in ("energy_j", "uncertainty_j", "low_j", "high_j", "mean_power_w",
