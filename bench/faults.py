@@ -8,11 +8,12 @@ reports: samples lost, whether the loss is in /gaps (never silent), whether the 
 survived. Prints the table (for BENCHMARKS.md and docs/reliability.md), adds the soak
 figures from bench/results/soak.json when present, writes bench/results/faults.json.
 
-The "rows" scenarios run a whole session in this process (the Python API, so its result
-holds the rows each source sent per stream) with two simulated GPUs in source processes,
-inject the fault into the real recorder process, and give a second table: rows kept /
-rows sent, the gap rows, the rows those gap rows account for, and the exit status
-`wattlab record` would return (docs/reliability.md, "Rows kept against rows sent").
+The "rows" scenarios (`--only rows:`) run a whole session in this process (the Python
+API, so its result holds the rows each source sent per stream) with two simulated GPUs in
+source processes, inject each fault of docs/reliability.md's table into the real recorder
+or source process (or as the workload), and give a second table: rows kept / rows sent,
+the gap rows, the rows those gap rows account for, and the exit status `wattlab record`
+would return (docs/reliability.md, "Rows kept against rows sent").
 """
 
 from __future__ import annotations
