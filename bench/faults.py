@@ -8,11 +8,12 @@ reports: samples lost, whether the loss is in /gaps (never silent), whether the 
 survived. Prints the table (for BENCHMARKS.md and docs/reliability.md), adds the soak
 figures from bench/results/soak.json when present, writes bench/results/faults.json.
 
-The "rows" scenarios run a whole session in this process (the Python API, so its result
-holds the rows each source sent per stream) with two simulated GPUs in source processes,
-inject the fault into the real recorder process, and give a second table: rows kept /
-rows sent, the gap rows, the rows those gap rows account for, and the exit status
-`wattlab record` would return (docs/reliability.md, "Rows kept against rows sent").
+The "rows" scenarios (`--only rows:`) run a whole session in this process (the Python
+API, so its result holds the rows each source sent per stream) with two simulated GPUs in
+source processes, inject each fault of docs/reliability.md's table into the real recorder
+or source process (or as the workload), and give a second table: rows kept / rows sent,
+the gap rows, the rows those gap rows account for, and the exit status `wattlab record`
+would return (docs/reliability.md, "Rows kept against rows sent").
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from wattlab.sync.bus.publisher import local_endpoint
 from wattlab.sync.recorder import RecorderConfig
 
 ROWS = 200
+REFUSED_FORGED = "does not own the stream"  # the recorder's reason for a forger's batches
 
 
 def _batch(seq: int) -> SampleBatch:
@@ -194,17 +196,89 @@ def session_kill(folder: str, victim: str, *extra: str) -> dict[str, Any]:
             "gpu0 stopped, gpu1 went on"}
 
 
-def session_rows(folder: str, fault: str, **options: Any) -> dict[str, Any]:
-    """A session in this process; the recorder stalled (SIGSTOP) or killed (-9) mid-run.
+class FailingAcquirer:
+    """A simulated GPU whose driver raises ``after_s`` after opening (an unplugged card)."""
+
+    def __init__(self, inner: Any, after_s: float) -> None:
+        self._inner = inner
+        self._after_s = after_s
+        self._fail_at = float("inf")
+
+    def open(self) -> list[SourceDescriptor]:
+        self._fail_at = time.monotonic() + self._after_s
+        descriptors: list[SourceDescriptor] = self._inner.open()
+        return descriptors
+
+    def poll(self) -> list[Any]:
+        if time.monotonic() >= self._fail_at:
+            raise RuntimeError("simulated driver error: GPU has fallen off the bus")
+        readings: list[Any] = self._inner.poll()
+        return readings
+
+    def __getattr__(self, name: str) -> Any:  # close, flush, wake: the simulated GPU's own
+        return getattr(self._inner, name)
+
+
+Inject = Callable[[Session, int, Path], None]  # (session, recorder pid, run file)
+
+
+def _signal(sig: signal.Signals) -> Inject:
+    return lambda session, recorder, path: os.kill(recorder, sig)
+
+
+def _stall(seconds: float) -> Inject:
+    """SIGSTOP the recorder for a while, then let it go on (it is away, not dead)."""
+    def inject(session: Session, recorder: int, path: Path) -> None:
+        os.kill(recorder, signal.SIGSTOP)
+        time.sleep(seconds)
+        os.kill(recorder, signal.SIGCONT)
+    return inject
+
+
+def _kill_source(session: Session, recorder: int, path: Path) -> None:
+    os.kill(_child(os.getpid(), '"name": "gpu0"'), signal.SIGKILL)
+
+
+def _interrupt(session: Session, recorder: int, path: Path) -> None:
+    session.request_stop()  # what Ctrl-C and SIGTERM call
+
+
+def _file_size_limit(session: Session, recorder: int, path: Path) -> None:
+    """``ulimit -f`` on the running recorder at the size its file has now (EFBIG next)."""
+    import resource
+
+    limit = path.stat().st_size
+    resource.prlimit(recorder, resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def _nothing(session: Session, recorder: int, path: Path) -> None:
+    pass
+
+
+def _gpu_specs(count: int) -> list[SourceSpec]:
+    return [SourceSpec(f"gpu{i}", "nvml", gpu_index=i, simulate=True, simulated_gpus=2)
+            for i in range(count)]
+
+
+def _failing_gpu1() -> tuple[list[SourceSpec], list[tuple[str, Any]]]:
+    acquirer, _ = SourceSpec("gpu1", "nvml", gpu_index=1, simulate=True, simulated_gpus=2).build()
+    return _gpu_specs(1), [("gpu1", FailingAcquirer(acquirer, after_s=3.0))]
+
+
+def session_rows(folder: str, fault: str, inject: Inject = _nothing, *,
+                 sources: Callable[[], tuple[list[SourceSpec], list[tuple[str, Any]]]]
+                 = lambda: (_gpu_specs(2), []),
+                 command: list[str] | None = None, **options: Any) -> dict[str, Any]:
+    """A session in this process with two simulated GPUs, a fault injected mid-run.
 
     Rows kept (in the file, after the session's own repair where it made one) against the
-    rows the sources sent, the gap rows and what they account for, the exit status.
+    rows the sources sent (``SessionResult.rows_sent``), the gap rows and the rows they
+    account for (-1: a gap whose row count nobody knows), the exit status of `record`.
     """
-    path = Path(folder) / f"rows_{fault}_{len(options)}.h5"
-    specs = [SourceSpec(f"gpu{i}", "nvml", gpu_index=i, simulate=True, simulated_gpus=2)
-             for i in range(2)]
-    session = Session(str(path), [], source_specs=specs, duration_s=10.0, stop_timeout_s=2.0,
-                      **options)
+    path = Path(folder) / f"rows_{fault.replace(' ', '_')}.h5"
+    specs, acquirers = sources()
+    session = Session(str(path), acquirers, command=command, source_specs=specs,
+                      duration_s=10.0, stop_timeout_s=2.0, **options)
     box: dict[str, SessionResult] = {}
     runner = threading.Thread(target=lambda: box.update(result=session.run()))
     started = time.monotonic()
@@ -213,25 +287,91 @@ def session_rows(folder: str, fault: str, **options: Any) -> dict[str, Any]:
     try:
         _wait_for_rows(path)
         time.sleep(1.0)
-        if fault != "none":
-            os.kill(recorder, signal.SIGSTOP if fault == "stall" else signal.SIGKILL)
+        inject(session, recorder, path)
         runner.join(180)
     finally:
         with contextlib.suppress(ProcessLookupError):  # never leave a stopped recorder
             os.kill(recorder, signal.SIGCONT)
     result = box["result"]
     with Run(str(path)) as run:
-        kept = sum(len(run.source(sid)) for sid in run.sources)
+        kept = {sid: len(run.source(sid)) for sid in run.sources}
         gaps = run.gaps
-    sent = sum(result.rows_sent.values())
-    in_gaps = sum(g.samples_lost for g in gaps if g.samples_lost > 0)
-    return {"samples_lost": sent - kept, "in_gaps": in_gaps,
+    return rows_outcome(result, kept, gaps, time.monotonic() - started)
+
+
+def rows_outcome(result: SessionResult, kept: dict[str, int], gaps: list[Any],
+                 seconds: float) -> dict[str, Any]:
+    """The figures of one session: kept / sent, what the gap rows account for, exit status."""
+    # a source process killed before its report: its rows sent are unknown (a restarted
+    # one reported only the rows of its last process)
+    restarted = {name for name, n in result.source_restarts.items() if n}
+    unknown = sorted(sid for sid in kept if sid not in result.rows_sent
+                     or sid.split(".")[0] in restarted)
+    sent = sum(n for sid, n in result.rows_sent.items() if sid not in unknown)
+    kept_counted = sum(n for sid, n in kept.items() if sid not in unknown)
+    refused = [g for g in gaps if REFUSED_FORGED in g.reason]  # rows no source of ours sent
+    ours = [g for g in gaps if REFUSED_FORGED not in g.reason]
+    in_gaps = sum(g.samples_lost for g in ours if g.samples_lost > 0)
+    uncounted = sum(1 for g in ours if g.samples_lost < 0)
+    sources = sorted({sid.split(".")[0] for sid in unknown})
+    return {"samples_lost": sent - kept_counted, "in_gaps": in_gaps,
             "survived": f"yes (exit {exit_status(result)})",
             "note": (result.salvage.line().removeprefix("wattlab: ").split(";")[0]
                      if result.salvage else f"{result.recorder_restarts} recorder restart(s)"),
-            "rows": f"{kept} / {sent}", "gap_rows": len(gaps),
-            "exit": exit_status(result), "seconds": round(time.monotonic() - started, 1)}
+            "rows": f"{kept_counted} / {sent}"
+                    + (f" (+{sum(kept[s] for s in unknown)} kept of {', '.join(sources)}: "
+                       "sent unknown, -1)" if unknown else ""),
+            "gap_rows": len(gaps),
+            "gap_note": f"{in_gaps}" + (f" (+{uncounted} gap row(s) of unknown size, -1)"
+                                        if uncounted else "")
+                        + (f" (+{sum(g.samples_lost for g in refused)} forged rows refused, "
+                           f"{len(refused)} gap row(s))" if refused else ""),
+            "exit": exit_status(result), "seconds": round(seconds, 1),
+            "sent": sent, "kept": kept_counted, "unknown": unknown, "uncounted_gaps": uncounted}
 
+
+def duplicates(folder: str) -> dict[str, Any]:
+    """The stream's own client sends batches whose sequence numbers were already taken.
+
+    No session can be made to do this (its runners number their batches), so a recorder
+    alone: rows sent are what this publisher sent, and there is no exit status.
+    """
+    path = str(Path(folder) / "duplicates.h5")
+    endpoint = local_endpoint()
+    started = time.monotonic()
+    recorder = _recorder(path, endpoint)
+    pub = BusPublisher(endpoint, linger_ms=20_000)
+    pub.announce(SourceDescriptor("meter", "bench", "Fault", (Channel("index", "1"),)))
+    pub.wait_ready(30)
+    seq = _send(pub, 0, 0.5)
+    taken = [1, 2, 3]
+    for again in taken:
+        pub.send_batch(_batch(again))
+        pub.flush()
+    seq = _send(pub, seq, 0.5)
+    pub.end("meter", seq - 1)
+    pub.close()
+    _stop(endpoint, recorder)
+    rows, gaps = _file_rows(path)
+    sent = (seq + len(taken)) * ROWS
+    in_gaps = sum(g.samples_lost for g in gaps if g.samples_lost > 0)
+    return {"samples_lost": sent - rows, "in_gaps": in_gaps, "survived": "yes",
+            "note": "; ".join(sorted({g.reason for g in gaps})), "rows": f"{rows} / {sent}",
+            "gap_rows": len(gaps), "gap_note": str(in_gaps), "sent": sent, "kept": rows,
+            "unknown": [], "uncounted_gaps": 0,
+            "exit": "- (a recorder alone)", "seconds": round(time.monotonic() - started, 1)}
+
+
+def whole_session_kill(folder: str) -> dict[str, Any]:
+    """kill -9 of the whole process group: nothing is left to count (stated, not run)."""
+    return {"samples_lost": "-", "in_gaps": "-", "survived": "no process survives",
+            "note": "no process survives to count", "rows": "unknown (-1): no process survives "
+            "to count", "gap_rows": "after `wattlab repair`: one per stream not ended",
+            "gap_note": "-1 (`recording cut off`)", "exit": "- (killed)", "seconds": "-"}
+
+
+FLOODS_PY = str(Path(__file__).with_name("floods.py"))
+SMALL_QUEUES = {"window_bytes": 2 << 10, "backlog_bytes": 2 << 10}
 
 FLOOD = r"""
 import json, sys, time
@@ -346,11 +486,31 @@ SCENARIOS: list[tuple[str, Callable[[str], dict[str, Any]]]] = [
     ("flood into a disk 10x too slow", slow_disk),
     ("1000 random messages on the bus", hostile_peer),
     ("corrupt / foreign run files", bad_files),
-    ("rows: clean session", lambda d: session_rows(d, "none")),
-    ("rows: recorder kill -9, restarted", lambda d: session_rows(d, "kill")),
+    ("rows: clean session", lambda d: session_rows(d, "clean")),
+    ("rows: recorder kill -9, restarted",
+     lambda d: session_rows(d, "kill", _signal(signal.SIGKILL))),
     ("rows: recorder kill -9, --no-restart-recorder",
-     lambda d: session_rows(d, "kill", restart_recorder=False)),
-    ("rows: recorder stalled (SIGSTOP), --stop-timeout 2", lambda d: session_rows(d, "stall")),
+     lambda d: session_rows(d, "kill no restart", _signal(signal.SIGKILL), restart_recorder=False)),
+    ("rows: recorder stalled (SIGSTOP), --stop-timeout 2",
+     lambda d: session_rows(d, "stall", _signal(signal.SIGSTOP))),
+    ("rows: recorder away 6 s (SIGSTOP), replay window + backlog 2 + 2 KiB",
+     lambda d: session_rows(d, "away", _stall(6.0), **SMALL_QUEUES)),
+    ("rows: disk slower than the data (0.3 s a write), window + backlog 2 + 2 KiB",
+     lambda d: session_rows(d, "slow disk", recorder_options={"test_write_delay_s": 0.3},
+                            **SMALL_QUEUES)),
+    ("rows: source process kill -9", lambda d: session_rows(d, "source kill", _kill_source)),
+    ("rows: source process kill -9, --restart-sources",
+     lambda d: session_rows(d, "source kill restart", _kill_source, restart_sources=True)),
+    ("rows: source fails (driver error 3 s in)",
+     lambda d: session_rows(d, "source fails", sources=_failing_gpu1)),
+    ("rows: the workload forges batch/gap/end into gpu0's streams",
+     lambda d: session_rows(d, "forged", command=[sys.executable, FLOODS_PY,
+                                                  "--forge-as-workload", "5"])),
+    ("rows: duplicate sequence numbers from the stream's own client", duplicates),
+    ("rows: Ctrl-C / SIGTERM", lambda d: session_rows(d, "interrupt", _interrupt)),
+    ("rows: disk full (ulimit -f on the recorder)",
+     lambda d: session_rows(d, "disk full", _file_size_limit)),
+    ("rows: whole session kill -9", whole_session_kill),
 ]
 
 
@@ -388,7 +548,7 @@ def main() -> int:
     rows_table = ["| fault | rows kept / rows sent | gap rows | rows in gap rows | exit status "
                   "| session s |", "|---|---|---|---|---|---|"]
     rows_table += [f"| {r['fault'].removeprefix('rows: ')} | {r['rows']} | {r['gap_rows']} | "
-                   f"{r['in_gaps']} | {r['exit']} | {r['seconds']} |" for r in counted]
+                   f"{r['gap_note']} | {r['exit']} | {r['seconds']} |" for r in counted]
     print("\n".join(lines))
     if counted:
         print("\n" + "\n".join(rows_table))

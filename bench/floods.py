@@ -15,6 +15,7 @@ kept. Prints the table, writes bench/results/floods.json.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import numpy as np
 import zmq
 
 from common import GOALS_MISSED, write_json
+from wattlab.acquisition.markers import BUS_ENV
 from wattlab.runfile import Run
 from wattlab.samples import Channel, Gap, Marker, SampleBatch, SourceDescriptor
 from wattlab.sync.bus import BusPublisher, ControlClient, message
@@ -74,20 +76,23 @@ def _big_frames(sock: zmq.Socket, i: int) -> None:
     time.sleep(0.05)  # the frame is refused with its connection: let it reconnect
 
 
-def _forged(sock: zmq.Socket, i: int) -> None:
-    source = LEGIT[i % len(LEGIT)]
-    kind = i % 3
-    if kind == 0:
-        sock.send_multipart(message.encode_batch(_batch(source, i)), copy=False)
-    elif kind == 1:
-        sock.send_multipart(message.encode_gap(Gap(source, "forged", i, i)))
-    else:
-        sock.send_multipart(message.encode_end(source, i))
+def forged_into(streams: list[str]) -> Flood:
+    """A confused client: batches, gaps and ends for streams another client described."""
+    def forge(sock: zmq.Socket, i: int) -> None:
+        source = streams[i % len(streams)]
+        kind = i % 3
+        if kind == 0:
+            sock.send_multipart(message.encode_batch(_batch(source, i)), copy=False)
+        elif kind == 1:
+            sock.send_multipart(message.encode_gap(Gap(source, "forged", i, i)))
+        else:
+            sock.send_multipart(message.encode_end(source, i))
+    return forge
 
 
 FLOODS: dict[str, Flood] = {
     "undescribed streams": _orphans, "new streams": _descriptors, "markers": _markers,
-    "garbage": _garbage, "100 MB frames": _big_frames, "forged batch/gap/end": _forged,
+    "garbage": _garbage, "100 MB frames": _big_frames, "forged batch/gap/end": forged_into(LEGIT),
 }
 
 
@@ -116,7 +121,7 @@ def _legit(endpoint: str, stop: threading.Event, sent: dict[str, int]) -> None:
     pub.close()
 
 
-def _flood(endpoint: str, flood: Flood, seconds: float) -> int:
+def send_flood(endpoint: str, flood: Flood, seconds: float) -> int:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDTIMEO, 100)
@@ -148,7 +153,7 @@ def run_scenario(name: str, flood: Flood, seconds: float, folder: str) -> dict[s
     legit.start()
     time.sleep(1.0)  # the legitimate streams are described and flowing
     started = time.monotonic()
-    messages = _flood(endpoint, flood, seconds)
+    messages = send_flood(endpoint, flood, seconds)
     flood_s = time.monotonic() - started
     stop.set()
     legit.join(60)
@@ -179,7 +184,15 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--only", action="append", choices=list(FLOODS),
                         help="run only this flood (repeatable)")
+    parser.add_argument("--forge-as-workload", type=float, metavar="SECONDS",
+                        help="run as a session's workload instead: forge batch/gap/end into "
+                             "its gpu0 streams (bus address from $WATTLAB_BUS), 100 a second")
     args = parser.parse_args()
+    if args.forge_as_workload is not None:
+        forge = forged_into(LEGIT[:4])
+        paced: Flood = lambda sock, i: (forge(sock, i), time.sleep(0.01))  # noqa: E731
+        send_flood(os.environ[BUS_ENV], paced, args.forge_as_workload)
+        return 0
     results = []
     with tempfile.TemporaryDirectory(prefix="wattlab-floods-") as folder:
         for name, flood in FLOODS.items():

@@ -259,7 +259,8 @@ def exit_status(result: SessionResult) -> int:
     """The exit status of a finished session.
 
     1 if the disk filled or the recorder was lost (died unrestarted, or killed when it did
-    not stop); else the command's own status; 130 after Ctrl-C; 1 if a source failed.
+    not stop); else the command's own status; 130 after Ctrl-C; 1 if a source failed or
+    rows were lost on the way (``rows_lost``).
     """
     if result.disk_full is not None or result.salvage is not None:
         return 1
@@ -268,7 +269,19 @@ def exit_status(result: SessionResult) -> int:
         return code if code > 0 else 128 - code  # killed by signal -code, as shells report
     if result.interrupted:
         return 130
-    return 1 if result.source_errors else 0
+    return 1 if result.source_errors or rows_lost(result) else 0
+
+
+def rows_lost(result: SessionResult) -> bool:
+    """Rows lost though the recorder closed the file: never an exit status 0.
+
+    A stream the recorder holds fewer rows of than its source sent (batches dropped at
+    the source while the recorder was away or slow: in /gaps, but lost), or a source
+    process that died and was restarted (what it held died with it).
+    """
+    streams = result.recorder_status.get("sources", {})
+    return any(sent > streams.get(sid, {}).get("rows", 0) for sid, sent in
+               result.rows_sent.items()) or any(result.source_restarts.values())
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -56,9 +56,30 @@ def salvage(output: str, why: str, rows_sent: Mapping[str, int], until_ns: int) 
     sent = dict(rows_sent)
     reason = f"recording cut off: {why} (file repaired by the session)"[:128]
     try:
-        report = repair_run(output, cut_off=CutOff(reason, sent, until_ns))
+        in_gaps = _rows_in_gaps(output)
+        uncounted = {sid: n - in_gaps.get(sid, 0) for sid, n in sent.items()}
+        report = repair_run(output, cut_off=CutOff(reason, uncounted, until_ns))
         with Run(output) as run:
             kept = {sid: len(run.source(sid)) for sid in run.sources}
     except (WattlabError, OSError) as e:
         return Salvage(output, why, sent, error=str(e))
     return Salvage(output, why, sent, kept, len(report.gaps_added))
+
+
+def _rows_in_gaps(output: str) -> dict[str, int]:
+    """Rows of the sources' own batches the file's gap rows already count, per stream.
+
+    Why: the cut-off gap row carries the rows sent but neither kept nor in another gap
+    row; sent - kept alone counted the batches a source dropped (its backlog full) twice.
+    Those gap rows name the sequence numbers; refused batches of other clients (rows our
+    sources never sent) name none and are left out.
+    """
+    counted: dict[str, int] = {}
+    try:
+        with Run(output) as run:
+            for gap in run.gaps:
+                if gap.samples_lost > 0 and gap.seq_first >= 0:
+                    counted[gap.source] = counted.get(gap.source, 0) + gap.samples_lost
+    except (WattlabError, OSError):  # unreadable before its repair: no gap rows to count
+        return {}
+    return counted
