@@ -332,3 +332,32 @@ def test_held_history_keeps_a_long_run_exact() -> None:
         short.true_power_w(second * S)
     with pytest.raises(UsageError):
         short.true_energy_j(10 * S + 123, 399 * S)
+
+
+# ---------------------------------------------------------------- a job that slows down
+
+
+def _busy_starts(gpu: SimulatedGpu, until_s: float, from_s: float = 0.0) -> int:
+    """How many busy steps begin in [from, until): rising edges of the utilisation."""
+    t = np.arange(round(from_s * 1e3), round(until_s * 1e3)) * 1_000_000
+    busy = np.array([False] + [gpu.utilisation(int(x)) > 0.5 for x in t])
+    return int(np.count_nonzero(busy[1:] & ~busy[:-1]))
+
+
+def _training() -> WorkloadSchedule:
+    return WorkloadSchedule([Segment(0.15, 1.0, "step"), Segment(0.05, 0.05, "load")],
+                            repeat=True)
+
+
+def test_a_lower_clock_stretches_the_steps_as_a_real_job() -> None:
+    """Issue 38: the busy part of a step takes longer at a lower clock (the data loading
+    does not), so fewer steps fit in the same time; at the default nothing moves."""
+    free, slow = make_gpu(_training()), make_gpu(_training())
+    slow.set_locked_clocks_mhz(990, 990)
+    assert _busy_starts(free, 10.0) == 50  # the schedule's own 200 ms steps
+    f_cap = free.sm_clock_mhz(100 * 1_000_000)  # the 700 W cap's clock while busy
+    step_s = 0.15 * f_cap / 990 + 0.05
+    assert _busy_starts(slow, 10.0) == pytest.approx(10.0 / step_s, abs=1)
+    # the work per step is the same: what a step needs does not depend on the clock
+    assert slow.work_done(0, 10 * S) == pytest.approx(free.work_done(0, 10 * S) * 0.2 / step_s,
+                                                      rel=0.02)
