@@ -96,6 +96,24 @@ def simulated_training(seed: int) -> Any:
                             repeat=True)
 
 
+def driver_on_surface(response: Any, seed: int = 0) -> tuple[Any, Any]:
+    """(driver, simulated GPU) whose training loop follows a published surface.
+
+    ``response`` is a SettingResponse (``Surface.response()``): each iteration of the loop
+    takes the time and energy the surface says at the setting in force, so what tune
+    measures can be checked against the surface (tests, bench/tune_simulate.py).
+    """
+    from wattlab.drivers.nvml import NvmlDriver
+    from wattlab.hardware.fake_nvml import FakeNvml
+    from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
+
+    gpu = SimulatedGpu(seed=seed, schedule=simulated_training(seed),
+                       model=GpuModel.following(response))
+    driver = NvmlDriver(FakeNvml([gpu]))
+    driver.open()
+    return driver, gpu
+
+
 def run(args: argparse.Namespace) -> int:
     plan = plan_of(args)
     driver, _, note = open_driver(args.simulate, plan.gpu, args.seed,
@@ -130,8 +148,9 @@ def run(args: argparse.Namespace) -> int:
           f"{outcome.iterations} iterations from {s['iteration_source']}; "
           f"{s['probes']} setting(s) measured; controller CPU {s['controller_cpu_s']:.2f} s")
     print(f"kept: {json.dumps(s['chosen'])} (default {json.dumps(s['default'])}): "
-          f"measured energy {-s['energy_saving_measured']:+.1%}, "
-          f"time {s['slowdown_measured']:+.1%} per iteration"
+          f"measured energy {-s['energy_saving_measured']:+.1%} ± "
+          f"{s['energy_saving_se']:.1%}, time {s['slowdown_measured']:+.1%} ± "
+          f"{s['slowdown_se']:.1%} per iteration (± one standard error)"
           + ("" if s["settled"] else " - the search had not finished when the run ended"))
     if s["trial"] is not None:
         print(f"on trial when the run ended: {json.dumps(s['trial'])} (ran in place of the "
