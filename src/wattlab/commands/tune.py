@@ -114,6 +114,33 @@ def driver_on_surface(response: Any, seed: int = 0) -> tuple[Any, Any]:
     return driver, gpu
 
 
+def dry_run_lines(s: dict[str, Any], iterations: int) -> list[str]:
+    """What a dry run found, what comes next, and what is worth asking an administrator for.
+
+    Why: a dry run that ended before the default was measured used to say "the search
+    would next try null"; and a user without root needs to know what to ask for.
+    """
+    e, _, t, _ = s["baseline"]
+    lines = [f"dry run: {iterations} iterations from {s['iteration_source']}; at the current "
+             f"setting {json.dumps(s['default'])}: {e:.3f} J and {t * 1e3:.1f} ms per "
+             f"iteration; nothing was changed; controller CPU {s['controller_cpu_s']:.2f} s"]
+    if s["would_apply_next"] is None:
+        lines.append(
+            "the default was still being measured when the run ended "
+            f"({s['baseline_iterations']} iterations of the at least "
+            f"{s['config']['min_iters']} it needs, more while its spread is wide): no other "
+            "setting was chosen yet; run longer (--duration, or a longer job) to learn it")
+    else:
+        lines.append(f"the search would next try {json.dumps(s['would_apply_next'])}")
+    lines.append(
+        "worth asking for: only the current setting was measured, so no setting or saving "
+        "can be predicted for this job (a prediction, fit --sparse in docs/sweeps.md, needs "
+        "the job measured at 2 or more settings of one knob beside other workloads swept on "
+        "the same GPU model); ask the administrator to run `wattlab tune` with the right to "
+        "change settings, or a short `wattlab sweep` of this job, then `wattlab fit --sparse`")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     plan = plan_of(args)
     driver, _, note = open_driver(args.simulate, plan.gpu, args.seed,
@@ -138,11 +165,7 @@ def run(args: argparse.Namespace) -> int:
     report(outcome.session)
     s = outcome.summary
     if outcome.dry_run:
-        e, _, t, _ = s["baseline"]
-        print(f"dry run: {outcome.iterations} iterations from {s['iteration_source']}; at "
-              f"the current setting {json.dumps(s['default'])}: {e:.3f} J and {t * 1e3:.1f} ms "
-              f"per iteration; nothing was changed; the search would next try "
-              f"{json.dumps(s['would_apply_next'])}; controller CPU {s['controller_cpu_s']:.2f} s")
+        print("\n".join(dry_run_lines(s, outcome.iterations)))
         return exit_status(outcome.session)
     print(f"tune ({s['objective']}, max slowdown {s['max_slowdown']:.1%}): "
           f"{outcome.iterations} iterations from {s['iteration_source']}; "

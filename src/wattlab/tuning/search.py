@@ -266,6 +266,7 @@ class Search:
                 "chosen": self.setting(self.best), "settled": self.settled_at is not None,
                 "settled_at_iteration": self.settled_at, "probes": len(self.order),
                 "baseline": list(base),
+                "baseline_iterations": len(self.probes[self.default].energy_j),
                 "trial": None if self.trial is None else self.setting(self.trial),
                 "trials": self.trials,
                 "energy_saving_measured": 1.0 - best[0] / base[0],
