@@ -33,7 +33,7 @@ Z, FLOOR = 3.0, 0.005  # as tests/test_tune_surfaces.py
 def measure(surface: Surface, duration_s: float, folder: Path, seed: int) -> dict[str, float]:
     """One tune run on the surface: per-probe errors against the truth, and the kept one."""
     driver, _ = driver_on_surface(surface.response(), seed=seed)
-    out = folder / f"{seed}.h5"
+    out = folder / f"{surface.name.replace('/', '_')[:60]}-{seed}.h5"
     try:
         outcome = run_tune(TunePlan(list(surface.axes), SearchConfig(min_iters=3, max_iters=8),
                                     duration_s=duration_s), driver, str(out), simulate=True)

@@ -295,6 +295,7 @@ def test_cli_tunes_and_restores(tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert 'restored: {"sm_clocks": "reset"}' in captured.out and "kept:" in captured.out
+    assert "(± one standard error)" in captured.out  # the bound its numbers carry
     record = read_tuning(str(out))
     assert record is not None and record.summary["objective"] == "edp"
     assert record.summary["config"]["trial_gain"] is None
