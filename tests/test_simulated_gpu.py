@@ -332,3 +332,49 @@ def test_held_history_keeps_a_long_run_exact() -> None:
         short.true_power_w(second * S)
     with pytest.raises(UsageError):
         short.true_energy_j(10 * S + 123, 399 * S)
+
+
+# ---------------------------------------------------------------- a job that slows down
+
+
+def _busy_starts(gpu: SimulatedGpu, until_s: float, from_s: float = 0.0) -> int:
+    """How many busy steps begin in [from, until): rising edges of the utilisation."""
+    t = np.arange(round(from_s * 1e3), round(until_s * 1e3)) * 1_000_000
+    busy = np.array([False] + [gpu.utilisation(int(x)) > 0.5 for x in t])
+    return int(np.count_nonzero(busy[1:] & ~busy[:-1]))
+
+
+def _training() -> WorkloadSchedule:
+    return WorkloadSchedule([Segment(0.15, 1.0, "step"), Segment(0.05, 0.05, "load")],
+                            repeat=True)
+
+
+def test_a_lower_clock_stretches_the_steps_as_a_real_job() -> None:
+    """Issue 38: the busy part of a step takes longer at a lower clock (the data loading
+    does not), so fewer steps fit in the same time; at the default nothing moves."""
+    free, slow = make_gpu(_training()), make_gpu(_training())
+    slow.set_locked_clocks_mhz(990, 990)
+    assert _busy_starts(free, 10.0) == 50  # the schedule's own 200 ms steps
+    f_cap = free.sm_clock_mhz(100 * 1_000_000)  # the 700 W cap's clock while busy
+    step_s = 0.15 * f_cap / 990 + 0.05
+    assert _busy_starts(slow, 10.0) == pytest.approx(10.0 / step_s, abs=1)
+    # the work per step is the same: what a step needs does not depend on the clock
+    assert slow.work_done(0, 10 * S) == pytest.approx(free.work_done(0, 10 * S) * 0.2 / step_s,
+                                                      rel=0.02)
+
+
+def test_a_gpu_following_a_surface_takes_its_time_and_energy_per_iteration() -> None:
+    """Two clocks: at the low one an iteration takes twice as long for 80 % of the energy."""
+    from wattlab.device_models import SettingResponse
+
+    response = SettingResponse("toy", {"sm_clock": (1000.0, 2000.0)}, np.array([2.0, 1.0]),
+                               np.array([0.8, 1.0]), 300.0)
+    model = GpuModel.following(response)
+    assert model.sm_clocks_mhz == (2000, 1000) and model.idle_w + model.dynamic_w == 300.0
+    free, slow = make_gpu(_training(), model=model), make_gpu(_training(), model=model)
+    slow.set_locked_clocks_mhz(1000, 1000)
+    assert _busy_starts(slow, 8.0) == 20 and _busy_starts(free, 4.0) == 20  # 0.4 s vs 0.2 s
+    ratio = slow.true_energy_j(0, 8 * S) / free.true_energy_j(0, 4 * S)
+    assert ratio == pytest.approx(0.8, rel=0.01)
+    assert slow.sm_clock_mhz(S) == 1000 and free.sm_clock_mhz(S) == 2000
+    assert response.ratios({"sm_clock": 1500.0}) == (1.5, 0.9)

@@ -237,8 +237,18 @@ def test_api_tunes_the_simulated_gpu_and_records_the_search(tuned):
     record = read_tuning(str(out))
     assert record is not None and record.summary["probes"] >= 3
     assert record.probes.purpose[0] == "baseline"
-    # the simulated GPU's busy power falls with the clock and its steps do not slow down
-    assert record.summary["energy_saving_measured"] > 0.1
+    # issue 38: the job slows down as a real one does: every clock below the one the cap
+    # holds while busy makes the steps longer (before, the steps never slowed and tune kept
+    # 360 MHz at "-86 % energy, -0.0 % time")
+    f_cap = gpu.sm_clock_mhz(gpu.start_ns + 100_000_000)
+    below = [k for k, f in enumerate(record.probes.settings["sm_clock"])
+             if f < 0.9 * f_cap and record.probes.iterations[k] >= 3]
+    assert below, record.probes
+    for k in below:
+        slowdown = record.probes.time_s[k] / record.probes.time_s[0] - 1
+        assert slowdown > 0.5 * 0.75 * (f_cap / record.probes.settings["sm_clock"][k] - 1), k
+    s = record.summary
+    assert s["slowdown_measured"] <= s["max_slowdown"] + 3 * s["slowdown_se"]
     with h5py.File(out) as f:
         names = [n.decode() if isinstance(n, bytes) else n for n in f["markers"]["name"][()]]
     assert names.count("tune.setting") == len(json.loads(
@@ -285,6 +295,7 @@ def test_cli_tunes_and_restores(tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert 'restored: {"sm_clocks": "reset"}' in captured.out and "kept:" in captured.out
+    assert "(± one standard error)" in captured.out  # the bound its numbers carry
     record = read_tuning(str(out))
     assert record is not None and record.summary["objective"] == "edp"
     assert record.summary["config"]["trial_gain"] is None
@@ -428,3 +439,26 @@ def test_step_markers_are_the_iteration_source_when_named(tmp_path):
     mean_power_w = energy_j / periods_s
     assert np.all((mean_power_w > 60) & (mean_power_w < 800)), mean_power_w
     assert gpu.locked_clocks_mhz is None
+
+
+@pytest.mark.system
+def test_dry_run_that_ends_during_the_default_says_so(tmp_path, capsys):
+    """Issue 38 item 3: a dry run cut short printed "the search would next try null"."""
+    code = main(["tune", "--simulate", "--dry-run", "--duration", "3", "--min-iters", "200",
+                 "-o", str(tmp_path / "short.h5")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "null" not in out
+    assert "the default was still being measured when the run ended" in out
+    assert "iterations of the at least 200" in out and "--duration" in out
+    assert "fit --sparse" in out  # where a prediction would come from, and why not here
+
+
+@pytest.mark.system
+def test_dry_run_says_what_comes_next_and_what_to_ask_for(tmp_path, capsys):
+    code = main(["tune", "--simulate", "--dry-run", "--duration", "5", "--min-iters", "3",
+                 "--max-iters", "5", "-o", str(tmp_path / "next.h5")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert 'the search would next try {"sm_clock": ' in out
+    assert "only the current setting was measured" in out and "fit --sparse" in out

@@ -96,6 +96,51 @@ def simulated_training(seed: int) -> Any:
                             repeat=True)
 
 
+def driver_on_surface(response: Any, seed: int = 0) -> tuple[Any, Any]:
+    """(driver, simulated GPU) whose training loop follows a published surface.
+
+    ``response`` is a SettingResponse (``Surface.response()``): each iteration of the loop
+    takes the time and energy the surface says at the setting in force, so what tune
+    measures can be checked against the surface (tests, bench/tune_simulate.py).
+    """
+    from wattlab.drivers.nvml import NvmlDriver
+    from wattlab.hardware.fake_nvml import FakeNvml
+    from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
+
+    gpu = SimulatedGpu(seed=seed, schedule=simulated_training(seed),
+                       model=GpuModel.following(response))
+    driver = NvmlDriver(FakeNvml([gpu]))
+    driver.open()
+    return driver, gpu
+
+
+def dry_run_lines(s: dict[str, Any], iterations: int) -> list[str]:
+    """What a dry run found, what comes next, and what is worth asking an administrator for.
+
+    Why: a dry run that ended before the default was measured used to say "the search
+    would next try null"; and a user without root needs to know what to ask for.
+    """
+    e, _, t, _ = s["baseline"]
+    lines = [f"dry run: {iterations} iterations from {s['iteration_source']}; at the current "
+             f"setting {json.dumps(s['default'])}: {e:.3f} J and {t * 1e3:.1f} ms per "
+             f"iteration; nothing was changed; controller CPU {s['controller_cpu_s']:.2f} s"]
+    if s["would_apply_next"] is None:
+        lines.append(
+            "the default was still being measured when the run ended "
+            f"({s['baseline_iterations']} iterations of the at least "
+            f"{s['config']['min_iters']} it needs, more while its spread is wide): no other "
+            "setting was chosen yet; run longer (--duration, or a longer job) to learn it")
+    else:
+        lines.append(f"the search would next try {json.dumps(s['would_apply_next'])}")
+    lines.append(
+        "worth asking for: only the current setting was measured, so no setting or saving "
+        "can be predicted for this job (a prediction, fit --sparse in docs/sweeps.md, needs "
+        "the job measured at 2 or more settings of one knob beside other workloads swept on "
+        "the same GPU model); ask the administrator to run `wattlab tune` with the right to "
+        "change settings, or a short `wattlab sweep` of this job, then `wattlab fit --sparse`")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     plan = plan_of(args)
     driver, _, note = open_driver(args.simulate, plan.gpu, args.seed,
@@ -120,18 +165,15 @@ def run(args: argparse.Namespace) -> int:
     report(outcome.session)
     s = outcome.summary
     if outcome.dry_run:
-        e, _, t, _ = s["baseline"]
-        print(f"dry run: {outcome.iterations} iterations from {s['iteration_source']}; at "
-              f"the current setting {json.dumps(s['default'])}: {e:.3f} J and {t * 1e3:.1f} ms "
-              f"per iteration; nothing was changed; the search would next try "
-              f"{json.dumps(s['would_apply_next'])}; controller CPU {s['controller_cpu_s']:.2f} s")
+        print("\n".join(dry_run_lines(s, outcome.iterations)))
         return exit_status(outcome.session)
     print(f"tune ({s['objective']}, max slowdown {s['max_slowdown']:.1%}): "
           f"{outcome.iterations} iterations from {s['iteration_source']}; "
           f"{s['probes']} setting(s) measured; controller CPU {s['controller_cpu_s']:.2f} s")
     print(f"kept: {json.dumps(s['chosen'])} (default {json.dumps(s['default'])}): "
-          f"measured energy {-s['energy_saving_measured']:+.1%}, "
-          f"time {s['slowdown_measured']:+.1%} per iteration"
+          f"measured energy {-s['energy_saving_measured']:+.1%} ± "
+          f"{s['energy_saving_se']:.1%}, time {s['slowdown_measured']:+.1%} ± "
+          f"{s['slowdown_se']:.1%} per iteration (± one standard error)"
           + ("" if s["settled"] else " - the search had not finished when the run ended"))
     if s["trial"] is not None:
         print(f"on trial when the run ended: {json.dumps(s['trial'])} (ran in place of the "

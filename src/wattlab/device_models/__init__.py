@@ -8,6 +8,7 @@ from wattlab.device_models.clock_fit import NOMINAL_NS_PER_UNIT, EnvelopeAccumul
 from wattlab.device_models.layer_physics import LayerPhysics
 from wattlab.device_models.recursive_filter import first_order_filter
 from wattlab.device_models.roofline import Roofline, measure_roofline, simulated_roofline
+from wattlab.device_models.setting_response import SettingResponse
 from wattlab.device_models.workload_schedule import Segment, WorkloadSchedule
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "LayerPhysics",
     "Roofline",
     "Segment",
+    "SettingResponse",
     "WorkloadSchedule",
     "first_order_filter",
     "measure_roofline",

@@ -7,7 +7,7 @@ and the simulated GPU (demo, sweeps, tuning), and the analysis checks itself aga
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,6 +82,28 @@ class WorkloadSchedule:
         start = np.append(self._starts_s, self.duration_s)[idx]
         partial = self._cum_u[idx] + util * (within - start)
         return cycles * self._cum_u[-1] + partial
+
+    def pieces_from(self, t_s: float) -> Iterator[tuple[float, float]]:
+        """(seconds left, utilisation) of each segment from schedule time t on, endlessly.
+
+        Why: a simulated GPU that runs the job slower than the schedule's own pace walks
+        the schedule piece by piece at its own rate; after a once-only schedule's end the
+        GPU idles for ever.
+        """
+        t = max(0.0, float(t_s))
+        cycle, n = self.duration_s, len(self._util)
+        within = t - math.floor(t / cycle) * cycle if self.repeat else t
+        idx = int(np.searchsorted(self._ends_s, within, side="right"))
+        if idx < n and float(self._ends_s[idx]) - within > 1e-12:
+            yield float(self._ends_s[idx]) - within, float(self._util[idx])
+        while True:
+            idx += 1
+            if idx >= n:
+                if not self.repeat:
+                    yield math.inf, 0.0
+                    return
+                idx = 0
+            yield float(self._ends_s[idx] - self._starts_s[idx]), float(self._util[idx])
 
     def segment_name_at(self, t_s: float) -> str:
         """Name of the segment running at t (s); "" outside the schedule."""

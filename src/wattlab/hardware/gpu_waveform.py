@@ -3,9 +3,12 @@
 Why a module of its own: the simulated GPU (simulated_gpu.py) derives every NVML view from
 one exact waveform, and keeping that waveform is a job of its own: it is computed lazily,
 one second at a time, from the workload schedule and the settings in force (power cap,
-clock locks); a change of settings recomputes it from that moment on; and it keeps only a
-bounded history, so an hours-long session stays flat in memory. Cumulative sums at the bin
-edges make every energy and work integral exact.
+clock locks); the schedule is the job as it runs at the default settings, and a setting
+that slows the GPU stretches its busy time, as a real job's steps take longer at a lower
+clock (or, on a published surface, the whole iteration as the surface says); a change
+of settings recomputes it from that moment on; and it keeps only a bounded history, so an
+hours-long session stays flat in memory. Cumulative sums at the bin edges make every
+energy and work integral exact.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ IntArray = npt.NDArray[np.int64]
 
 MS_NS = 1_000_000
 BLOCK_MS = 1000  # the grid is computed lazily, one second at a time
+# running integrals kept at the bin edges: energy, work, busy time, schedule time
+CUMULATIVE = ("_cum_e", "_cum_work", "_cum_busy", "_cum_pos")
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class Waveform:
         self._hold_bin: int | None = None  # never drop this bin or later ones
         self._cum_e = np.zeros(1 + 4 * BLOCK_MS)  # J since start, at bin edges
         self._cum_work = np.zeros(1 + 4 * BLOCK_MS)  # full-speed busy seconds at bin edges
+        self._cum_busy = np.zeros(1 + 4 * BLOCK_MS)  # busy seconds at bin edges
+        self._cum_pos = np.zeros(1 + 4 * BLOCK_MS)  # schedule time (s) at bin edges
         self._clk = np.zeros(4 * BLOCK_MS, dtype=np.uint16)
         # temperature at the start of each whole second from _temps_base on
         self._temps_base = 0
@@ -135,7 +142,7 @@ class Waveform:
             del self._temps_c[: keep // BLOCK_MS - self._temps_base]
             self._temps_base = keep // BLOCK_MS
             cut, n = keep - self._base, self._n - self._base
-            for name in ("_cum_e", "_cum_work"):
+            for name in CUMULATIVE:
                 arr = getattr(self, name)
                 arr[: n - cut + 1] = arr[cut : n + 1].copy()
             self._clk[: n - cut] = self._clk[cut:n].copy()
@@ -143,13 +150,71 @@ class Waveform:
         if e + 1 - self._base > self._cum_e.shape[0]:
             size = max(2 * self._cum_e.shape[0], e + 1 - self._base)
             n = self._n - self._base
-            for name in ("_cum_e", "_cum_work"):
+            for name in CUMULATIVE:
                 grown = np.zeros(size)
                 grown[: n + 1] = getattr(self, name)[: n + 1]
                 setattr(self, name, grown)
             clk = np.zeros(size - 1, dtype=np.uint16)
             clk[:n] = self._clk[:n]
             self._clk = clk
+
+    def _clock(self, u: FloatArray, f_top: float, base_w: FloatArray | float,
+               limit_w: float) -> FloatArray:
+        """SM clock at utilisation u: the top allowed, lowered where the cap binds."""
+        m = self.model
+        capped = base_w + u * m.dynamic_w * (f_top / self._f_max) ** m.clock_exponent > limit_w
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f_cap = self._f_max * ((limit_w - base_w) / (u * m.dynamic_w)) ** (
+                1 / m.clock_exponent)
+        return np.asarray(np.where(capped, np.clip(f_cap, self._f_min, f_top), f_top))
+
+    def _pace(self, f_top: float, mem_ratio: float, slow: float) -> Callable[[float], float]:
+        """Schedule seconds per second at utilisation u, under the settings in force.
+
+        The schedule is the job as it runs at the default settings; its busy share runs at
+        the clock's speed relative to the default's (data loading and other idle time do
+        not), or, following a published surface, the whole iteration as the surface says.
+        """
+        m, s = self.model, self.settings
+        if m.response is not None:
+            t_ratio = m.response.ratios(self.setting_values(f_top))[0]
+            return lambda u: 1.0 / t_ratio
+
+        def pace(u: float) -> float:
+            ua = np.array([u])
+            base = m.idle_w + (m.mem_idle_w + m.mem_dynamic_w * ua) * (mem_ratio - 1.0)
+            speed = float(self._clock(ua, f_top, base, s.power_limit_w)[0]) / self._f_max / slow
+            speed0 = float(self._clock(ua, self._f_max, m.idle_w,
+                                       m.default_power_limit_w)[0]) / self._f_max
+            return (1.0 - u + u * speed) / (1.0 - u + u * speed0)
+        return pace
+
+    def setting_values(self, f_top: float) -> dict[str, float]:
+        """The settings in force as knob values: SM clock, memory clock, power limit."""
+        return {"sm_clock": f_top, "mem_clock": self.mem_clock_now(),
+                "power_limit": self.settings.power_limit_w}
+
+    def _walk(self, n: int, e: int, pace: Callable[[float], float]) -> tuple[FloatArray,
+                                                                                 FloatArray]:
+        """(utilisation per bin of [n, e), schedule time at each bin's end), at ``pace``."""
+        span_s = (e - n) * 1e-3
+        pos0 = float(self._cum_pos[n - self._base])
+        wall, pos, busy = [0.0], [pos0], [0.0]
+        paces: dict[float, float] = {}
+        for piece_s, u in self.schedule.pieces_from(pos0):
+            r = paces.setdefault(u, pace(u))
+            end_s = wall[-1] + piece_s / r
+            run_s = piece_s
+            if end_s >= span_s:  # the block ends inside this piece
+                run_s, end_s = (span_s - wall[-1]) * r, span_s
+            busy.append(busy[-1] + u * (end_s - wall[-1]))
+            wall.append(end_s)
+            pos.append(pos[-1] + run_s)
+            if end_s >= span_s:
+                break
+        edges = np.arange(e - n + 1) * 1e-3
+        util = np.diff(np.interp(edges, wall, busy)) * 1e3
+        return util, np.interp(edges[1:], wall, pos)
 
     def _ensure(self, k_end: int) -> None:
         """Compute the waveform for bins [_n, k_end)."""
@@ -159,30 +224,33 @@ class Waveform:
             block = n // BLOCK_MS
             e = (block + 1) * BLOCK_MS
             self._make_room(e)
-            k = np.arange(n, e, dtype=np.float64)
-            u = np.diff(self.schedule.integral(np.append(k, e) * 1e-3)) * 1e3
             f_top = self._f_max
             if s.locked_mhz is not None:
                 f_top = min(self._f_max, max(self._f_min, s.locked_mhz[1]))
-            dyn_top = u * m.dynamic_w * (f_top / self._f_max) ** m.clock_exponent
             mem_ratio = self.mem_clock_now() / self._mem_max  # 1.0 at the default clock
-            # memory power scales with the memory clock: 0 W change at the default clock
-            base = m.idle_w + (m.mem_idle_w + m.mem_dynamic_w * u) * (mem_ratio - 1.0)
-            headroom = s.power_limit_w - base
-            capped = base + dyn_top > s.power_limit_w
-            with np.errstate(divide="ignore", invalid="ignore"):
-                f_cap = self._f_max * (headroom / (u * m.dynamic_w)) ** (1 / m.clock_exponent)
-            f = np.where(capped, np.clip(f_cap, self._f_min, f_top), f_top)
-            dyn = u * m.dynamic_w * (f / self._f_max) ** m.clock_exponent
+            # the memory-bound share of the work slows with the memory clock
+            slow = 1.0 + m.mem_bound_frac * (1.0 / mem_ratio - 1.0)
+            u, pos = self._walk(n, e, self._pace(f_top, mem_ratio, slow))
+            if m.response is not None:  # the surface says the power and the speed
+                t_ratio, e_ratio = m.response.ratios(self.setting_values(f_top))
+                f = np.full(u.shape, f_top)
+                dyn = u * m.dynamic_w * e_ratio / t_ratio
+                base: FloatArray | float = m.idle_w * e_ratio / t_ratio
+                speed = np.full(u.shape, 1.0 / t_ratio)
+            else:
+                # memory power scales with the memory clock: 0 W change at the default clock
+                base = m.idle_w + (m.mem_idle_w + m.mem_dynamic_w * u) * (mem_ratio - 1.0)
+                f = self._clock(u, f_top, base, s.power_limit_w)
+                dyn = u * m.dynamic_w * (f / self._f_max) ** m.clock_exponent
+                speed = f / self._f_max / slow
             noise = self._noise(block)[n - block * BLOCK_MS :]
             ripple = (m.ripple_frac * dyn + m.ripple_floor_w) * noise
             power = np.maximum(base + dyn + ripple, 0.0)
             i, j = n - self._base, e - self._base
             self._cum_e[i + 1 : j + 1] = self._cum_e[i] + np.cumsum(power) * 1e-3
-            # the memory-bound share of the work slows with the memory clock
-            slow = 1.0 + m.mem_bound_frac * (1.0 / mem_ratio - 1.0)
-            work = np.cumsum(u * f / self._f_max / slow) * 1e-3
-            self._cum_work[i + 1 : j + 1] = self._cum_work[i] + work
+            self._cum_work[i + 1 : j + 1] = self._cum_work[i] + np.cumsum(u * speed) * 1e-3
+            self._cum_busy[i + 1 : j + 1] = self._cum_busy[i] + np.cumsum(u) * 1e-3
+            self._cum_pos[i + 1 : j + 1] = pos
             nearest = np.searchsorted(self._clocks_asc, f)
             lower = np.clip(nearest - 1, 0, len(self._clocks_asc) - 1)
             upper = np.clip(nearest, 0, len(self._clocks_asc) - 1)
@@ -220,6 +288,10 @@ class Waveform:
     def work_at(self, t_ns: npt.ArrayLike) -> FloatArray:
         """Work from the start to each time, in seconds of full-clock busy GPU."""
         return self._cumulative("_cum_work", t_ns)
+
+    def busy_at(self, t_ns: npt.ArrayLike) -> FloatArray:
+        """Busy seconds (utilisation integrated) from the start to each time."""
+        return self._cumulative("_cum_busy", t_ns)
 
     def power_w_at(self, t_ns: npt.ArrayLike) -> FloatArray:
         """True power at each time: the value of its 1 ms bin."""

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.device_models import WorkloadSchedule
+from wattlab.device_models import SettingResponse, WorkloadSchedule
 from wattlab.errors import UsageError
 from wattlab.hardware.gpu_waveform import Waveform
 
@@ -74,6 +74,28 @@ class GpuModel:
     ambient_c: float = 30.0
     thermal_resistance_c_per_w: float = 0.07
     thermal_tau_s: float = 20.0
+    # a published surface the workload follows instead of the physics above (None: physics)
+    response: SettingResponse | None = None
+
+    @classmethod
+    def following(cls, response: SettingResponse) -> GpuModel:
+        """A GPU whose job takes the time and energy per iteration ``response`` says.
+
+        Its knobs are the surface's own values (the H100's where it has no such axis) and
+        its busy power at the default is the surface's mean power (30 % of it idle).
+        """
+        axes, top = response.axes, cls()
+        power = axes.get("power_limit")
+        return cls(
+            name=f"Simulated GPU following {response.name}",
+            idle_w=0.3 * response.power_w, dynamic_w=0.7 * response.power_w,
+            power_limit_range_w=(power[0], power[-1]) if power else top.power_limit_range_w,
+            default_power_limit_w=power[-1] if power else top.default_power_limit_w,
+            sm_clocks_mhz=tuple(round(v) for v in reversed(axes["sm_clock"]))
+            if "sm_clock" in axes else top.sm_clocks_mhz,
+            mem_clocks_mhz=tuple(round(v) for v in reversed(axes["mem_clock"]))
+            if "mem_clock" in axes else top.mem_clocks_mhz,
+            response=response)
 
 
 def _splitmix_uniform(key: int, k: IntArray) -> FloatArray:
@@ -249,8 +271,9 @@ class SimulatedGpu:
         return int(self.sm_clock_mhz_array(np.array([t_ns]))[0])
 
     def utilisation(self, t_ns: int) -> float:
-        """Scheduled utilisation (0..1) at one time."""
-        return float(self.schedule.utilisation_at((t_ns - self.start_ns) * 1e-9))
+        """Utilisation (0..1) at one time: its 1 ms bin's (the schedule at the GPU's pace)."""
+        b = self._waveform.busy_at(np.array([t_ns, t_ns + 1_000_000]))
+        return round(float(b[1] - b[0]) * 1e3, 12)  # exact levels stay exact
 
     def temperature_c(self, t_ns: int) -> float:
         """GPU temperature: a first-order lag (tau ~20 s) behind the power, stepped per second."""
@@ -329,10 +352,9 @@ class SimulatedGpu:
         u = self.last_update_ns(now_ns)
         if u is None:
             return 0, 0
-        a_s = max(0.0, (u - self.start_ns) * 1e-9 - self.model.update_period_s)
-        b_s = (u - self.start_ns) * 1e-9
-        busy = self.schedule.integral(np.array([a_s, b_s]))
-        frac = float(busy[1] - busy[0]) / max(b_s - a_s, 1e-9)
+        a_ns = max(self.start_ns, u - round(self.model.update_period_s * 1e9))
+        busy = self._waveform.busy_at(np.array([a_ns, u]))
+        frac = float(busy[1] - busy[0]) / max((u - a_ns) * 1e-9, 1e-9)
         return round(100 * frac), round(60 * frac)
 
     def describe(self) -> dict[str, Any]:

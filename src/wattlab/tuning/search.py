@@ -260,15 +260,19 @@ class Search:
         """What was decided, for the run file and the report."""
         base = self.probes[self.default].stats()
         best = self.probes[self.best].stats()
+        same = self.best == self.default  # nothing changed: no uncertainty either
         return {"objective": self.cfg.objective, "max_slowdown": self.cfg.max_slowdown,
                 "knobs": self.knobs, "default": self.setting(self.default),
                 "chosen": self.setting(self.best), "settled": self.settled_at is not None,
                 "settled_at_iteration": self.settled_at, "probes": len(self.order),
                 "baseline": list(base),
+                "baseline_iterations": len(self.probes[self.default].energy_j),
                 "trial": None if self.trial is None else self.setting(self.trial),
                 "trials": self.trials,
                 "energy_saving_measured": 1.0 - best[0] / base[0],
+                "energy_saving_se": self.standings.energy_saving(self.best)[1],
                 "slowdown_measured": best[2] / base[2] - 1.0,
+                "slowdown_se": 0.0 if same else self.standings.slowdown(self.best)[1],
                 "config": asdict(self.cfg)}
 
     # ------------------------------------------------------------------ internals

@@ -44,6 +44,14 @@ class Standings:
         _, _, t0, se_t0 = self.stats(self.default)
         return t / t0 - 1.0, t / t0 * math.hypot(se_t / t, se_t0 / t0)
 
+    def energy_saving(self, index: Index) -> tuple[float, float]:
+        """(1 - energy / default's energy, its standard error): 0 ± 0 for the default."""
+        if index == self.default:
+            return 0.0, 0.0
+        e, se_e, _, _ = self.stats(index)
+        e0, se_e0, _, _ = self.stats(self.default)
+        return 1.0 - e / e0, e / e0 * math.hypot(se_e / e, se_e0 / e0)
+
     def ratio_to_best(self, index: Index) -> tuple[float, float]:
         """(objective / best measured objective, its standard error)."""
         e, se_e, t, se_t = self.stats(index)

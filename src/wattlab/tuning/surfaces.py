@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.models import SweepTable, load_kernel_tuner, load_zeus_trace
+from wattlab.device_models import SettingResponse
 from wattlab.errors import RunFileError
 
 FloatArray = npt.NDArray[np.float64]
@@ -54,6 +55,15 @@ class Surface:
 
     def indices(self) -> list[tuple[int, ...]]:
         return list(itertools.product(*(range(len(v)) for v in self.axes.values())))
+
+    def response(self) -> SettingResponse:
+        """The surface as a simulated GPU follows it: ratios to the default per setting."""
+        return SettingResponse.of_table(self.name, self.axes, self.energy_j, self.time_s)
+
+    def truth(self, setting: Setting) -> tuple[float, float]:
+        """(slowdown, energy saving) per iteration at a setting, against the default."""
+        t_ratio, e_ratio = self.response().ratios(setting)
+        return t_ratio - 1.0, 1.0 - e_ratio
 
     def oracle(self, objective: str, max_slowdown: float) -> tuple[int, ...]:
         """The setting with the lowest objective whose time is within the bound."""
