@@ -46,6 +46,8 @@ def test_page_runs_as_shown(page: Path, tmp_path: Path, spawn: object) -> None:
     folder.mkdir()
     result = run_page(page, folder, spawn)  # type: ignore[arg-type]
     assert result.failures == [], "\n\n".join(result.failures)
+    if result.not_compared:
+        pytest.skip("; ".join(result.not_compared))
 
 
 @pytest.mark.fast
@@ -56,6 +58,8 @@ def test_numbers_compare_exactly_unless_a_tolerance_is_written() -> None:
     assert not output_differs(shown, ["gpu0.energy     3   4554.92   0"], 0.01)
     assert output_differs(shown, ["gpu0.energy     3   4554.92   1"], 0.01)  # 0 vs 1
     assert output_differs(shown, ["gpu0.power      3   4593.87   0"], 0.01)  # the text
+    assert not output_differs(["rate 0.20"], ["rate 0.19"], 0.05)  # rounding of 0.195..0.2
+    assert output_differs(["rate 0.20"], ["rate 0.18"], 0.05)
 
 
 @pytest.mark.fast
