@@ -237,7 +237,8 @@ class PageRun:
     def env(self) -> dict[str, str]:
         shims = self.folder.parent / f"{self.folder.name}-bin"
         shims.mkdir(exist_ok=True)
-        for name, line in (("wattlab", f"exec {shlex.quote(sys.executable)} -m wattlab.cli"),
+        # -P: as the installed `wattlab` script, the current folder is not on the path
+        for name, line in (("wattlab", f"exec {shlex.quote(sys.executable)} -P -m wattlab.cli"),
                            ("python", f"exec {shlex.quote(sys.executable)}"),
                            ("python3", f"exec {shlex.quote(sys.executable)}")):
             shim = shims / name
@@ -265,6 +266,7 @@ class PageRun:
             self.skipped.append(f"{where}: {block.skip}")
             return
         for name, source in block.files.items():
+            (self.folder / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ROOT / source, self.folder / name)
         if block.language == "python":
             snippet = self.folder / f"snippet_{block.line}.py"
