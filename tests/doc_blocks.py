@@ -5,7 +5,7 @@ and HTML-comment directives with their line numbers, and which takes custom pars
 blocks are shell sessions (``$ wattlab ...`` then the output) that doctest cannot run.
 
 A block runs when its language is ``console``/``sh``/``bash``/``shell``/``python`` or when
-it starts with ``$ ``. In a ``console`` block (or one starting ``$ ``) each ``$ `` line is a
+it starts with ``$ `` (or, with no language, with ``wattlab ``: command lines). In a ``console`` block (or one starting ``$ ``) each ``$ `` line is a
 command and the lines up to the next one are its shown output, compared after masking
 (ports, pty names, paths, dates, host); in ``sh`` blocks every line is a command, output
 not shown. An HTML comment just above a block sets how it runs::
@@ -79,7 +79,8 @@ class Block:
 
     @property
     def runnable(self) -> bool:
-        return self.language in RUNNABLE or self.source.startswith("$ ")
+        return (self.language in RUNNABLE or self.source.startswith("$ ")
+                or (self.language == "" and self.source.startswith("wattlab ")))
 
     def commands(self) -> list[tuple[str, list[str]]]:
         """(command, shown output lines) in order; ``sh`` lines show no output."""
