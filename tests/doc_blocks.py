@@ -4,11 +4,12 @@ Why Sybil: it is a maintained doc-testing library whose Markdown lexer finds fen
 and HTML-comment directives with their line numbers, and which takes custom parsers; our
 blocks are shell sessions (``$ wattlab ...`` then the output) that doctest cannot run.
 
-A block runs when its language is ``console``/``sh``/``bash``/``shell``/``python`` or when
-it starts with ``$ `` (or, with no language, with ``wattlab ``: command lines). In a ``console`` block (or one starting ``$ ``) each ``$ `` line is a
-command and the lines up to the next one are its shown output, compared after masking
-(ports, pty names, paths, dates, host); in ``sh`` blocks every line is a command, output
-not shown. An HTML comment just above a block sets how it runs::
+A block runs when its language is ``console``/``sh``/``bash``/``shell``/``python``, when
+it starts with ``$ ``, or with no language when it starts with ``wattlab `` (command lines).
+In a ``console`` block (or one starting ``$ ``) each ``$ `` line is a command and the lines
+up to the next one are its shown output, compared after masking (ports, pty names, paths,
+dates, host); in other blocks every line is a command, output not shown.
+An HTML comment just above a block sets how it runs::
 
     <!-- doctest: skip: needs a GPU -->       not run; the reason is reported
     <!-- doctest: tolerance 2% -->            numbers may differ by 2 % (default: exactly)
