@@ -52,6 +52,7 @@ ELLIPSIS = {"…", "..."}
 _INFO = re.compile(r"(?P<language>[\w+-]*)[^\n]*$\n", re.M)
 _DIRECTIVE = re.compile(r"<!--\s*doctest:\s*(?P<body>.*?)\s*-->")
 _SKIP_FILE = re.compile(r"<!--\s*doctest:\s*skip-file:\s*(?P<reason>.*?)\s*-->")
+_COMMAND_LINE = re.compile(r"wattlab [a-z][a-z-]*(\s|$)")  # not output such as "wattlab live:"
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _MASKS = [
     (re.compile(r"/dev/pts/\d+"), "/dev/pts/N"),
@@ -81,7 +82,7 @@ class Block:
     @property
     def runnable(self) -> bool:
         return (self.language in RUNNABLE or self.source.startswith("$ ")
-                or (self.language == "" and self.source.startswith("wattlab ")))
+                or (self.language == "" and _COMMAND_LINE.match(self.source) is not None))
 
     def commands(self) -> list[tuple[str, list[str]]]:
         """(command, shown output lines) in order; ``sh`` lines show no output."""

@@ -87,8 +87,10 @@ def test_directives_and_steps_are_read_from_the_page(tmp_path: Path) -> None:
                     "```console\n$ wattlab energy a.h5\nline 1\nline 2\n$ ls\n```\n\n"
                     "<!-- doctest: skip: needs a GPU -->\n```sh\nwattlab record --nvml 0 \\\n"
                     "  -o run.h5\n# a comment\n```\n\n```\nplain output\n```\n"
-                    "```python\nprint(1)\n```\n")
-    console, sh, plain, python = page_blocks(page)
+                    "```python\nprint(1)\n```\n"
+                    "```\nwattlab energy x.h5\n```\n```\nwattlab live: x.h5\n```\n")
+    console, sh, plain, python, bare_command, bare_output = page_blocks(page)
+    assert bare_command.runnable and not bare_output.runnable
     assert (console.line, console.tolerance, console.exit_statuses) == (5, 0.02, (1, 2))
     assert console.commands() == [("wattlab energy a.h5", ["line 1", "line 2"]), ("ls", [])]
     assert sh.skip == "needs a GPU"
