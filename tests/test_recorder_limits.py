@@ -13,7 +13,8 @@ from tests.test_recorder import RunningRecorder, batch, descriptor
 from wattlab.samples import Marker
 from wattlab.sync.bus import message
 from wattlab.sync.bus.publisher import BusPublisher, ControlClient
-from wattlab.sync.recorder import limits, process, stream_order
+from wattlab.sync.recorder import process, stream_order
+from wattlab.sync.recorder.admission import limits
 
 
 def dealer(endpoint: str) -> zmq.Socket:

@@ -121,7 +121,7 @@ def test_a_stream_torn_between_two_resizes_reads_as_its_whole_rows(tmp_path, cap
     """)
     with wattlab.open(str(path)) as run:
         view = run.source("meter")
-        assert len(view) == 100
+        assert len(view) == 100 and view.time_ns.size == view.flags.size == 100
         np.testing.assert_array_equal(view.channel("index"), np.arange(100))
     assert main(["info", "--json", str(path)]) == 0
     assert json.loads(capsys.readouterr().out)["sources"]["meter"]["rows"] == 100

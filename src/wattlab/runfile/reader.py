@@ -185,7 +185,7 @@ class SourceView:
 
     @property
     def time_ns(self) -> npt.NDArray[np.int64]:
-        return np.asarray(self._ds[schema.TIME][:], dtype=np.int64)
+        return np.asarray(self._ds[schema.TIME][:len(self)], dtype=np.int64)
 
     @property
     def time_s(self) -> npt.NDArray[np.float64]:
@@ -193,15 +193,15 @@ class SourceView:
 
     @property
     def time_raw(self) -> npt.NDArray[Any]:
-        return np.asarray(self._ds[schema.TIME_RAW][:])
+        return np.asarray(self._ds[schema.TIME_RAW][:len(self)])
 
     @property
     def values(self) -> npt.NDArray[Any]:
-        return np.asarray(self._ds[schema.VALUES][:])
+        return np.asarray(self._ds[schema.VALUES][:len(self)])
 
     @property
     def flags(self) -> npt.NDArray[np.uint8]:
-        return np.asarray(self._ds[schema.FLAGS][:], dtype=np.uint8)
+        return np.asarray(self._ds[schema.FLAGS][:len(self)], dtype=np.uint8)
 
     def channel(self, name: str) -> npt.NDArray[Any]:
         return self.column_slice(name, 0, len(self))
