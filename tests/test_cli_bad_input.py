@@ -219,6 +219,7 @@ def _base_argv(good: Path, tmp_path: Path) -> dict[tuple[str, str], list[str]]:
         ("import", "--output"): ["import", "nvml-npz", str(H100_CAPTURE), "-o", "BAD"],
         ("info", "runs"): ["info", "BAD"],
         ("iterations", "run"): ["iterations", "BAD", "--source", "gpu0.power"],
+        ("nvml-agreement", "run"): ["nvml-agreement", "BAD"],
         ("keys", "--dir"): ["keys", "good2", "-d", "BAD"],
         ("live", "run"): ["live", "BAD", "--wait", "0"],
         ("log", "run"): ["log", "BAD", "--dry-run"],

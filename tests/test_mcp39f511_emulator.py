@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import wattlab
-from tests.conftest import ctrl_c, emulator_cli, running
+from tests.conftest import assert_exit_matches_loss, ctrl_c, emulator_cli, running
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.mcp39f511_acquirer import Mcp39f511Acquirer
 from wattlab.analysis.energy.source_energy import energy_report
@@ -66,8 +66,11 @@ def test_every_update_once_values_energy_and_restore(emu: Mcp39f511Emulator) -> 
     assert np.allclose(values[:, names.index("power_factor1")], 0.95, atol=1e-3)
     counted = values[-1, names.index("energy_import1_j")] + values[-1, names.index(
         "energy_import2_j")]
-    integrated = float(total.sum()) * acq.interval_s
-    assert counted == pytest.approx(integrated, abs=3 * 3.6 + 0.02 * integrated)
+    # the chip's accumulators hold the updates a loaded host did not read too: each lost
+    # update (reported in a gap) counts at the mean power, ± the 300/400 W waveform's half
+    integrated = float(total.sum() + lost * total.mean()) * acq.interval_s
+    assert counted == pytest.approx(
+        integrated, abs=3 * 3.6 + 0.02 * integrated + lost * 50.0 * acq.interval_s)
     assert acq.energy_check() is None
     acq.close()
     assert emu.register(0xA8, "<H") == 4 and emu.register(0xA0, "<I") == 0  # as found
@@ -138,8 +141,9 @@ def test_devices_recognises_the_board(emu: Mcp39f511Emulator, capsys: pytest.Cap
 def test_record_with_meter_flag_and_energy_from_the_counters(emu: Mcp39f511Emulator,
                                                              tmp_path) -> None:
     out = tmp_path / "mcp.h5"
-    assert main(["record", "--nvml", "none", "--duration", "1.5", "-o", str(out),
-                 "--meter", f"wall=mcp39f511:{emu.path}"]) == 0
+    code = main(["record", "--nvml", "none", "--duration", "1.5", "-o", str(out),
+                 "--meter", f"wall=mcp39f511:{emu.path}"])
+    assert_exit_matches_loss(code, out)
     with wattlab.open(str(out)) as run:
         view = run.source("wall")
         assert len(view) >= 30
@@ -156,7 +160,8 @@ def test_bench_file_with_rails(emu: Mcp39f511Emulator, tmp_path) -> None:
     bench.write_text(f'[[device]]\nkind = "mcp39f511"\nport = "{emu.path}"\n'
                      'rails = { 1 = "server_ac" }\n')
     out = tmp_path / "bench.h5"
-    assert main(["record", "--bench", str(bench), "--duration", "1", "-o", str(out)]) == 0
+    assert_exit_matches_loss(
+        main(["record", "--bench", str(bench), "--duration", "1", "-o", str(out)]), out)
     with wattlab.open(str(out)) as run:
         view = run.source("mcp")
         assert "server_ac_power_w" in view.channel_names

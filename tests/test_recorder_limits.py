@@ -13,8 +13,8 @@ from tests.test_recorder import RunningRecorder, batch, descriptor
 from wattlab.samples import Marker
 from wattlab.sync.bus import message
 from wattlab.sync.bus.publisher import BusPublisher, ControlClient
-from wattlab.sync.recorder import process, stream_order
-from wattlab.sync.recorder.admission import limits
+from wattlab.sync.recorder import stream_order
+from wattlab.sync.recorder.admission import gate, limits
 
 
 def dealer(endpoint: str) -> zmq.Socket:
@@ -61,8 +61,8 @@ def test_held_bytes_of_undescribed_streams_are_bounded(tmp_path, monkeypatch):
 
 @pytest.mark.system
 def test_new_streams_from_one_client_are_rate_limited(tmp_path, monkeypatch):
-    monkeypatch.setattr(process, "NEW_STREAMS_BURST", 3)
-    monkeypatch.setattr(process, "NEW_STREAMS_PER_S", 1e-6)
+    monkeypatch.setattr(gate, "NEW_STREAMS_BURST", 3)
+    monkeypatch.setattr(gate, "NEW_STREAMS_PER_S", 1e-6)
     path = str(tmp_path / "run.h5")
     # in SWMR mode from the first flush on (a stream that never comes is expected)
     rec = RunningRecorder(path, expected_sources=["later"], swmr_after_s=0.0,
@@ -94,8 +94,8 @@ def test_new_streams_from_one_client_are_rate_limited(tmp_path, monkeypatch):
 @pytest.mark.system
 def test_markers_over_a_clients_rate_are_refused_and_counted_in_a_gap_row(tmp_path,
                                                                           monkeypatch):
-    monkeypatch.setattr(process, "MARKERS_BURST", 20)
-    monkeypatch.setattr(process, "MARKERS_PER_S", 1e-6)
+    monkeypatch.setattr(gate, "MARKERS_BURST", 20)
+    monkeypatch.setattr(gate, "MARKERS_PER_S", 1e-6)
     path = str(tmp_path / "run.h5")
     rec = RunningRecorder(path)
     flood = dealer(rec.endpoint)
