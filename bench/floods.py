@@ -5,8 +5,9 @@
 Each scenario starts a recorder process (default settings), a legitimate publisher with
 six streams (four NVML-like, two meter-like) sending throughout, and one flooding client
 for ``--seconds``: batches of never-described streams (a new id each), new-stream
-descriptors, markers, garbage, 100 MB frames, and batches/gaps/ends forged into the
-legitimate streams. It reports the recorder's peak memory (VmHWM), its stderr lines per
+descriptors, markers, garbage, 100 MB frames, batches/gaps/ends forged into the
+legitimate streams, and (on the remote bus, CurveZMQ) handshakes with a fresh key pair
+each. It reports the recorder's peak memory (VmHWM), its stderr lines per
 second, the legitimate rows kept / sent, and what was refused. Goals (issue 36): peak
 memory <= 256 MB, at most one log line a second per kind of refusal, every legitimate row
 kept. Prints the table, writes bench/results/floods.json.
@@ -15,7 +16,9 @@ kept. Prints the table, writes bench/results/floods.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,7 +36,13 @@ from common import GOALS_MISSED, write_json
 from wattlab.acquisition.markers import BUS_ENV
 from wattlab.runfile import Run
 from wattlab.samples import Channel, Gap, Marker, SampleBatch, SourceDescriptor
-from wattlab.sync.bus import BusPublisher, ControlClient, message
+from wattlab.sync.bus import (
+    BusPublisher,
+    ControlClient,
+    create_keypair,
+    load_public_key,
+    message,
+)
 from wattlab.sync.bus.publisher import local_endpoint
 from wattlab.sync.recorder import RecorderConfig
 
@@ -139,11 +148,56 @@ def send_flood(endpoint: str, flood: Flood, seconds: float) -> int:
     return i
 
 
-def run_scenario(name: str, flood: Flood, seconds: float, folder: str) -> dict[str, Any]:
-    path = f"{folder}/{name.replace(' ', '_').replace('/', '_')}.h5"
+CURVE_FLOOD = "CURVE handshakes, fresh keys"
+
+
+def curve_flood(listen: str, server_public: bytes, seconds: float) -> int:
+    """A client retrying with a fresh key pair each time: every handshake is refused."""
+    context = zmq.Context.instance()
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        public, secret = zmq.curve_keypair()
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.curve_serverkey = server_public
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+        sock.connect(listen)
+        with contextlib.suppress(zmq.Again):
+            sock.send(b"hello", zmq.NOBLOCK)
+        time.sleep(0.001)  # long enough for the handshake to start
+        sock.close(0)
+        i += 1
+    return i
+
+
+def _listening(folder: str) -> tuple[dict[str, str], bytes]:
+    """The recorder's remote-bus settings (its keys, an allow-list of one agent)."""
+    keys = Path(folder) / "keys"
+    allowed = keys / "allowed"
+    allowed.mkdir(parents=True, exist_ok=True)
+    public_path, secret_path = create_keypair(keys, "recorder")
+    agent_public, _ = create_keypair(keys, "node1")
+    agent_public.rename(allowed / agent_public.name)
+    port = _free_port()
+    return ({"listen": f"tcp://127.0.0.1:{port}", "server_key": str(secret_path),
+             "allowed_keys": str(allowed)}, load_public_key(public_path))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_scenario(name: str, flood: Flood | None, seconds: float, folder: str
+                 ) -> dict[str, Any]:
+    """One flood (``None``: the CURVE handshake flood on the remote bus)."""
+    path = f"{folder}/{name.replace(' ', '_').replace('/', '_').replace(',', '')}.h5"
     endpoint = local_endpoint()
     err_path = f"{path}.stderr"
-    cfg = RecorderConfig(endpoint=endpoint, output=path, session_start_ns=0)
+    remote, server_public = _listening(folder) if flood is None else ({}, b"")
+    cfg = RecorderConfig(endpoint=endpoint, output=path, session_start_ns=0, **remote)
     with open(err_path, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "wattlab.sync.recorder", cfg.to_json()],
                                 stderr=err)
@@ -153,7 +207,8 @@ def run_scenario(name: str, flood: Flood, seconds: float, folder: str) -> dict[s
     legit.start()
     time.sleep(1.0)  # the legitimate streams are described and flowing
     started = time.monotonic()
-    messages = send_flood(endpoint, flood, seconds)
+    messages = (curve_flood(remote["listen"], server_public, seconds) if flood is None
+                else send_flood(endpoint, flood, seconds))
     flood_s = time.monotonic() - started
     stop.set()
     legit.join(60)
@@ -176,13 +231,14 @@ def run_scenario(name: str, flood: Flood, seconds: float, folder: str) -> dict[s
         "rows_sent": sum(sent.values()), "rows_kept": kept, "gap_rows": gap_rows,
         "markers_written": markers, "refused": final.get("refused", {}),
         "streams": len(final["sources"]), "exit": proc.returncode,
+        "log_tail": lines[-3:],
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--only", action="append", choices=list(FLOODS),
+    parser.add_argument("--only", action="append", choices=[*FLOODS, CURVE_FLOOD],
                         help="run only this flood (repeatable)")
     parser.add_argument("--forge-as-workload", type=float, metavar="SECONDS",
                         help="run as a session's workload instead: forge batch/gap/end into "
@@ -195,7 +251,8 @@ def main() -> int:
         return 0
     results = []
     with tempfile.TemporaryDirectory(prefix="wattlab-floods-") as folder:
-        for name, flood in FLOODS.items():
+        floods: dict[str, Flood | None] = {**FLOODS, CURVE_FLOOD: None}
+        for name, flood in floods.items():
             if args.only and name not in args.only:
                 continue
             results.append(run_scenario(name, flood, args.seconds, folder))
