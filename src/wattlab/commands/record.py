@@ -60,7 +60,7 @@ from wattlab.arg_types import (
     InputFile,
     Number,
 )
-from wattlab.errors import UsageError
+from wattlab.errors import UsageError, WattlabError
 from wattlab.runfile import RECORDER_STATUS_JSON, GapRow, Run
 from wattlab.sync.recorder import DiskFullReport
 
@@ -276,12 +276,23 @@ def rows_lost(result: SessionResult) -> bool:
     """Rows lost though the recorder closed the file: never an exit status 0.
 
     A stream the recorder holds fewer rows of than its source sent (batches dropped at
-    the source while the recorder was away or slow: in /gaps, but lost), or a source
-    process that died and was restarted (what it held died with it).
+    the source while the recorder was away or slow: in /gaps, but lost), a source process
+    that died and was restarted (what it held died with it), or any other gap row: a
+    meter's updates not read in time, frames a device lost, rows the recorder refused.
     """
     streams = result.recorder_status.get("sources", {})
-    return any(sent > streams.get(sid, {}).get("rows", 0) for sid, sent in
-               result.rows_sent.items()) or any(result.source_restarts.values())
+    return (any(sent > streams.get(sid, {}).get("rows", 0) for sid, sent in
+                result.rows_sent.items()) or any(result.source_restarts.values())
+            or gap_rows(result.output) > 0)
+
+
+def gap_rows(path: str) -> int:
+    """Rows of the closed run file's /gaps (0 where there is no file to read)."""
+    try:
+        with Run(path) as run:
+            return len(run.gaps)
+    except WattlabError:
+        return 0
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
