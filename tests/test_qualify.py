@@ -28,8 +28,13 @@ def _meter(sid: str, channel: str, **config: object) -> SourceDescriptor:
 
 
 def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] = tuple(LEVEL_W),
-                     start_unix_ns: int = 1, wired: bool = True) -> Path:
-    """Three held levels with a ripple; NVML reads gain × truth, the wall adds 150 W."""
+                     start_unix_ns: int = 1, wired: bool = True, riser_lost: float = 0.0
+                     ) -> Path:
+    """Three held levels with a ripple; NVML reads gain × truth, the wall adds 150 W.
+
+    ``riser_lost``: the share of the riser's rows lost in holes of 5-50 ms (a USB riser on
+    a busy host).
+    """
     writer = RunFileWriter(str(path), {"host": "test", "session_start_unix_ns": start_unix_ns,
                                        "created": "test"}, 0)
     riser = {"feeds_gpu": 0, "board_power_channel": "board_power_w",
@@ -52,7 +57,12 @@ def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] 
     truth += 5.0 * np.sin(2 * np.pi * 0.7 * t_s)
     t_ns = np.round(t_s * 1e9).astype(np.int64)
     flags = np.zeros(t_ns.size, np.uint8)
-    writer.append("riser", t_ns, t_ns, truth.reshape(-1, 1), flags)
+    kept = np.ones(t_ns.size, bool)
+    rng = np.random.default_rng(5)
+    while 1.0 - kept.mean() < riser_lost:
+        start = int(rng.integers(0, t_ns.size))
+        kept[start:start + int(rng.integers(5, 50))] = False
+    writer.append("riser", t_ns[kept], t_ns[kept], truth[kept].reshape(-1, 1), flags[kept])
     writer.append("wall", t_ns, t_ns, (truth + 150.0).reshape(-1, 1), flags)
     poll = slice(None, None, 20)
     writer.append("gpu0.power", t_ns[poll], t_ns[poll], (gain * truth[poll]).reshape(-1, 1),
@@ -87,12 +97,21 @@ def test_nvml_with_a_3_pct_gain_scores_3_pct(tmp_path: Path) -> None:
         strict = qualify(run, REF, [NVML], Procedure(1.0, max_pct=2.0, settle_s=0.5))
     v = verdicts[0]
     assert v.x_pct == pytest.approx(3.0, abs=0.01)
-    assert v.passed and not strict[0].passed
+    assert v.passed and v.valid and not strict[0].passed
     assert [lv["level"] for lv in v.levels] == ["idle", "load1", "load2"]
     assert all(len(lv["windows_s"]) == 5 for lv in v.levels)
     assert [f["window_s"] for f in v.fine] == [0.1, 1.0, 10.0]
     assert v.fine[0]["median_pct"] == pytest.approx(3.0, abs=0.05)
     assert not v.invalid_windows
+
+
+@pytest.mark.fast
+def test_a_riser_losing_a_third_of_its_rows_still_scores_and_says_so(tmp_path: Path) -> None:
+    with Run(str(write_levels_run(tmp_path / "r.h5", riser_lost=0.35))) as run:
+        v = qualify(run, REF, [NVML], PROC)[0]
+    assert v.x_pct == pytest.approx(3.0, abs=0.1)
+    assert v.passed and not v.valid
+    assert v.invalid_windows[0].startswith("riser idle w1: coverage")
 
 
 @pytest.mark.fast

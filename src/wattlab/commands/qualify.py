@@ -39,6 +39,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="pass at x %% or less (default 5, as MLPerf asks)")
     p.add_argument("--calibration", type=InputFile("calibration file"), metavar="CAL.json",
                    help="also score the target it applies to corrected (from another run)")
+    p.add_argument("--force-calibration", action="store_true",
+                   help="apply a calibration record even if its data could not pin the kernel")
     p.add_argument("--measures", action="append", default=[], metavar="SRC=WHAT",
                    help="what a stream measures where no bench file wired it (ps3=gpu0, "
                         "wall=wall)")
@@ -184,13 +186,14 @@ def run(args: argparse.Namespace) -> int:
     reference = args.reference or SIM_REFERENCE
     targets = args.target or list(SIM_TARGETS)
     accuracy = args.accuracy_class or SIM_CLASS
-    record = load_record(cal_path) if cal_path else None
+    record = load_record(cal_path, force=args.force_calibration) if cal_path else None
     procedure = Procedure(window_s, args.max_pct, told=parse_measures(args.measures))
     with Run(path) as run_file:
         verdicts = qualify(run_file, reference, targets, procedure, record)
     doc = {"run": path, "reference": reference, "accuracy_class": accuracy,
            "window_s": window_s, "form": "short" if args.short else "mlperf",
            "max_pct": args.max_pct, "calibration": cal_path,
+           "calibration_warnings": list(record.verdict.warnings) if record else [],
            "targets": [v.to_json() for v in verdicts]}
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -204,21 +207,34 @@ def _text(doc: dict[str, Any]) -> str:
     lines = [f"{doc['run']}: qualification against {doc['reference']} "
              f"({doc['accuracy_class']}), {doc['form']} form: five {doc['window_s']:g} s "
              f"windows a level, pass at {doc['max_pct']:g} %"]
+    for warning in doc["calibration_warnings"]:
+        lines.append(f"  calibration {doc['calibration']}: {warning}")
     for t in doc["targets"]:
         name = t["target"] + (" corrected" if t["corrected"] else "")
         if t["refused"]:
             lines.append(f"  {name}: REFUSED: {t['refused']}")
             continue
         x = "n/a" if t["x_pct"] is None else f"{t['x_pct']:.2f} %"
-        lines.append(f"  {name}: x = {x}: {'PASS' if t['passed'] else 'FAIL'}")
+        lines.append(f"  {name}: x = {x}: {'PASS' if t['passed'] else 'FAIL'}"
+                     + ("" if t["valid"] else " (windows not all valid: see below)"))
         for lv in t["levels"]:
             diff = lv["difference_pct"]
-            lines.append(f"    {lv['level']:5s} reference {lv['reference_olympic_w'] or 0:8.2f} W"
-                         f"  target {lv['target_olympic_w'] or 0:8.2f} W  "
+            lines.append(f"    {lv['level']:5s} reference {_w(lv['reference_olympic_w'])}  "
+                         f"target {_w(lv['target_olympic_w'])}  "
                          f"{'n/a' if diff is None else f'{diff:.2f} %'}")
-        fine = ", ".join(f"{f['window_s']:g} s: median {f['median_pct'] or 0:.2f} %, "
-                         f"p95 {f['p95_pct'] or 0:.2f} %" for f in t["fine"])
+        fine = ", ".join(f"{f['window_s']:g} s: median {_pct(f['median_pct'])}, "
+                         f"p95 {_pct(f['p95_pct'])}" for f in t["fine"])
         lines.append(f"    |difference| at {fine}")
-        for w in t["invalid_windows"]:
-            lines.append(f"    invalid window: {w}")
+        if t["invalid_windows"]:
+            lines.append(f"    {len(t['invalid_windows'])} of the scored windows (reference's "
+                         f"and target's) failed their validity verdict, e.g. "
+                         f"{t['invalid_windows'][0]}")
     return "\n".join(lines)
+
+
+def _w(value: float | None) -> str:
+    return "       - W" if value is None else f"{value:8.2f} W"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} %"

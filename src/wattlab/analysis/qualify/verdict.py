@@ -37,13 +37,18 @@ DEFAULT_MAX_PCT = 5.0
 
 @dataclass
 class TargetVerdict:
-    """One target's qualification (``refused``: why it was not scored)."""
+    """One target's qualification (``refused``: why it was not scored).
+
+    ``passed``: x is within the stated x %; ``valid``: every scored window of target and
+    reference passed its validity verdict (``invalid_windows`` says which did not and why).
+    """
 
     target: str
     corrected: bool = False
     refused: str | None = None
     x_pct: float | None = None
     passed: bool | None = None
+    valid: bool | None = None
     levels: list[dict[str, Any]] = field(default_factory=list)
     fine: list[dict[str, Any]] = field(default_factory=list)
     invalid_windows: list[str] = field(default_factory=list)
@@ -98,7 +103,7 @@ def _invalid_windows(run: Run, view: SourceView, channel: str, levels: Sequence[
               for lv in levels for k, (a, b) in enumerate(lv.windows_s)]
     rows = integrate_power(run, view, [channel], phases)[channel][0]
     judge(run, rows, (phases[0].t0_s, phases[-1].t1_s), {})
-    return [f"{r.phase}: {'; '.join(invalid_reasons(r.to_json()))}" for r in rows
+    return [f"{r.source} {r.phase}: {'; '.join(invalid_reasons(r.to_json()))}" for r in rows
             if not r.valid]
 
 
@@ -155,6 +160,6 @@ def qualify(run: Run, reference: str, targets: Sequence[str], procedure: Procedu
                              procedure)
             verdict.corrected = rec is not None
             verdict.invalid_windows = invalid
-            verdict.passed = bool(verdict.passed and not invalid)
+            verdict.valid = not invalid
             out.append(verdict)
     return out
