@@ -42,8 +42,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--force-calibration", action="store_true",
                    help="apply a calibration record even if its data could not pin the kernel")
     p.add_argument("--measures", action="append", default=[], metavar="SRC=WHAT",
-                   help="what a stream measures where no bench file wired it (ps3=gpu0, "
-                        "wall=wall)")
+                   help="what a stream measures where the run's wiring does not say it "
+                        "(ps3=gpu0, wall=wall)")
     p.add_argument("--simulate", action="store_true",
                    help="record the levels on a simulated bench first (no hardware)")
     p.add_argument("--gpu", type=GPU_INDEX, help="record the levels on this real GPU first")
