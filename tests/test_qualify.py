@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +30,8 @@ def _meter(sid: str, channel: str, **config: object) -> SourceDescriptor:
 
 
 def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] = tuple(LEVEL_W),
-                     start_unix_ns: int = 1, wired: bool = True, riser_lost: float = 0.0
-                     ) -> Path:
+                     start_unix_ns: int = 1, wired: bool = True, riser_lost: float = 0.0,
+                     level_s: float = LEVEL_S) -> Path:
     """Three held levels with a ripple; NVML reads gain × truth, the wall adds 150 W.
 
     ``riser_lost``: the share of the riser's rows lost in holes of 5-50 ms (a USB riser on
@@ -46,11 +48,11 @@ def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] 
     writer.add_source(SourceDescriptor("gpu0.power", "nvml", "Simulated H100",
                                        (Channel("average_power_w", "W", "average"),),
                                        config={"driver_version": "1"}))
-    t_s = np.arange(0.0, LEVEL_S * len(levels) + 1.0, 1e-3)
+    t_s = np.arange(0.0, level_s * len(levels) + 1.0, 1e-3)
     truth = np.full(t_s.size, LEVEL_W["idle"])
     markers = []
     for k, name in enumerate(levels):
-        a, b = 0.5 + k * LEVEL_S, 0.5 + (k + 1) * LEVEL_S
+        a, b = 0.5 + k * level_s, 0.5 + (k + 1) * level_s
         truth[(t_s >= a) & (t_s < b)] = LEVEL_W[name]
         markers += [Marker(round(a * 1e9), name, "begin", "load"),
                     Marker(round(b * 1e9), name, "end", "load")]
@@ -150,9 +152,10 @@ def test_calibrated_nvml_needs_a_calibration_from_another_run(tmp_path: Path) ->
     copy = tmp_path / "copy.h5"
     shutil.copy(scored, copy)
     records = {}
-    for name in ("scored", "other", "copy"):
+    for name in ("scored", "other"):
         with Run(str(tmp_path / f"{name}.h5")) as run:
             records[name] = calibrate(run, REF, NVML)
+    records["copy"] = replace(records["scored"], run=str(copy))  # as if fitted on the copy
     with Run(str(scored)) as run:
         for name in ("scored", "copy"):
             with pytest.raises(UsageError, match="refused: it was fitted on"):
@@ -171,3 +174,18 @@ def test_the_command_refuses_a_run_without_a_reference_or_long_enough_levels(tmp
     assert main(["qualify", str(path), "--reference", REF, "--target", NVML,
                  "--accuracy-class", "0.5 %", "--short"]) == 2
     assert "phase 'idle' lasts 8.0 s; 5 non-overlapping 12 s windows" in capsys.readouterr().err
+
+
+@pytest.mark.fast
+def test_the_command_scores_the_short_form_as_json(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_levels_run(tmp_path / "r.h5", level_s=63.0)
+    assert main(["qualify", str(path), "--reference", REF, "--target", NVML, "--target", WALL,
+                 "--accuracy-class", "0.5 % of reading", "--short", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["form"], doc["window_s"], doc["accuracy_class"]) == ("short", 12.0,
+                                                                      "0.5 % of reading")
+    nvml, wall = doc["targets"]
+    assert nvml["x_pct"] == pytest.approx(3.0, abs=0.01) and nvml["passed"]
+    assert nvml["levels"][0]["windows_s"][0] == pytest.approx([2.5, 14.5])
+    assert wall["refused"]

@@ -8,8 +8,10 @@ end: ``--simulate`` (simulated GPU, emulated PowerSensor3 on its rails and a wal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import sys
 from typing import Any
 
 from wattlab.arg_types import GPU_INDEX, SEED, InputFile, Number, OutputFile
@@ -132,8 +134,6 @@ def _simulate(args: argparse.Namespace, window_s: float, output: str) -> str | N
 
 def _record_gpu(args: argparse.Namespace, window_s: float, output: str) -> None:
     """Record the levels on a real GPU with the bench file's meters."""
-    import sys
-
     from wattlab.acquisition.meters import bench_file
     from wattlab.acquisition.session import Session
     from wattlab.commands.record import exit_status, report
@@ -179,10 +179,12 @@ def run(args: argparse.Namespace) -> int:
     path, cal_path = args.run, args.calibration
     if not path:
         path = args.output or default_output("qualify")
-        if args.simulate:
-            cal_path = _simulate(args, window_s, path)
-        else:
-            _record_gpu(args, window_s, path)
+        # with --json, stdout is the JSON alone: the recordings' reports go to stderr
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+            if args.simulate:
+                cal_path = _simulate(args, window_s, path)
+            else:
+                _record_gpu(args, window_s, path)
     reference = args.reference or SIM_REFERENCE
     targets = args.target or list(SIM_TARGETS)
     accuracy = args.accuracy_class or SIM_CLASS
