@@ -39,7 +39,8 @@ def main() -> int:
                                "-o", str(out), "--json"], capture_output=True, text=True,
                               check=False)
         seconds = time.monotonic() - started
-    if done.returncode != 0:
+    # 1: scored, but the recording lost data (the emulated riser's frames on a busy host)
+    if done.returncode not in (0, 1) or not done.stdout.strip():
         print(done.stderr[-3000:], file=sys.stderr)
         return 1
     doc = json.loads(done.stdout)
@@ -65,9 +66,11 @@ def main() -> int:
                                              and corrected["x_pct"] <= GOAL_CORRECTED_PCT),
              "wall_against_board_refused": bool(wall["refused"])}
     print(f"{seconds:.0f} s end to end; goals: {goals}")
-    print(f"calibration warnings: {doc['calibration_warnings']}")
+    print(f"calibration warnings: {doc['calibration_warnings']}; exit status "
+          f"{done.returncode}")
     path = write_json("qualify_full" if args.full else "qualify",
                       {"form": doc["form"], "window_s": doc["window_s"], "seconds": seconds,
+                       "exit_status": done.returncode,
                        "calibration_warnings": doc["calibration_warnings"], "rows": rows,
                        "goals": goals})
     print(f"wrote {path}")

@@ -16,7 +16,7 @@ from wattlab.cli import main
 from wattlab.errors import UsageError
 from wattlab.runfile import Run
 from wattlab.runfile.writer import RunFileWriter
-from wattlab.samples import Channel, Marker, SourceDescriptor
+from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
 
 LEVEL_W = {"idle": 100.0, "load1": 300.0, "load2": 600.0}
 LEVEL_S = 8.0
@@ -31,7 +31,7 @@ def _meter(sid: str, channel: str, **config: object) -> SourceDescriptor:
 
 def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] = tuple(LEVEL_W),
                      start_unix_ns: int = 1, wired: bool = True, riser_lost: float = 0.0,
-                     level_s: float = LEVEL_S) -> Path:
+                     level_s: float = LEVEL_S, lost_rows: int = 0) -> Path:
     """Three held levels with a ripple; NVML reads gain × truth, the wall adds 150 W.
 
     ``riser_lost``: the share of the riser's rows lost in holes of 5-50 ms (a USB riser on
@@ -70,6 +70,9 @@ def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] 
     writer.append("gpu0.power", t_ns[poll], t_ns[poll], (gain * truth[poll]).reshape(-1, 1),
                   flags[poll])
     writer.add_markers(markers)
+    if lost_rows:
+        writer.add_gaps([Gap("riser", "frames lost before they reached the host",
+                             samples_lost=lost_rows)])
     writer.close()
     return path
 
@@ -189,3 +192,24 @@ def test_the_command_scores_the_short_form_as_json(tmp_path: Path,
     assert nvml["x_pct"] == pytest.approx(3.0, abs=0.01) and nvml["passed"]
     assert nvml["levels"][0]["windows_s"][0] == pytest.approx([2.5, 14.5])
     assert wall["refused"]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("lost_rows", "status"), [(0, 0), (40, 1)])
+def test_a_recording_that_lost_data_is_scored_but_never_exits_0(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        lost_rows: int, status: int) -> None:
+    from wattlab.commands import qualify as command
+
+    def recorded(args: object, window_s: float, output: str) -> None:
+        # the recording itself (minutes of emulated bench) is bench/qualify.py's; here the
+        # run it would leave, with or without a gap row
+        write_levels_run(Path(output), level_s=63.0, lost_rows=lost_rows)
+
+    monkeypatch.setattr(command, "_simulate", recorded)
+    out = tmp_path / "q.h5"
+    assert main(["qualify", "--simulate", "--short", "-o", str(out), "--reference", REF,
+                 "--target", NVML, "--json"]) == status
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["targets"][0]["passed"]
+    assert ("1 gap(s)" in captured.err) == bool(lost_rows)

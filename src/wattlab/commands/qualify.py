@@ -192,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
     procedure = Procedure(window_s, args.max_pct, told=parse_measures(args.measures))
     with Run(path) as run_file:
         verdicts = qualify(run_file, reference, targets, procedure, record)
+        lost = len(run_file.gaps) if not args.run else 0
     doc = {"run": path, "reference": reference, "accuracy_class": accuracy,
            "window_s": window_s, "form": "short" if args.short else "mlperf",
            "max_pct": args.max_pct, "calibration": cal_path,
@@ -201,7 +202,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(_text(doc))
-    return 2 if all(v.refused for v in verdicts) else 0
+    if all(v.refused for v in verdicts):
+        return 2
+    if lost:  # scored all the same (the windows' verdicts say where), but never exit 0
+        print(f"wattlab: {lost} gap(s) in {path}: data was lost while recording (exit "
+              "status 1)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _text(doc: dict[str, Any]) -> str:
