@@ -1,0 +1,165 @@
+"""The qualification of each target against the reference: MLPerf's score and finer windows.
+
+Per target: each level's Olympic mean beside the reference's, their relative difference,
+x % (the largest over the levels), pass/fail at the stated x, and each window's validity
+verdict (docs/validity.md). Then what MLPerf does not ask: the |difference| of 0.1 s, 1 s
+and 10 s window means inside the same levels, median and p95, which shows at what time
+scale a meter stops agreeing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from wattlab.analysis.alignment import json_safe, resolve
+from wattlab.analysis.energy.source_energy import Phase, integrate_power, record_applies
+from wattlab.analysis.qualify.calibration_origin import same_run
+from wattlab.analysis.qualify.levels import Level, marked_levels, place_windows
+from wattlab.analysis.qualify.olympic import olympic_mean
+from wattlab.analysis.qualify.scope import refusal
+from wattlab.analysis.qualify.window_means import window_means
+from wattlab.analysis.validity import invalid_reasons, judge
+from wattlab.errors import UsageError
+from wattlab.runfile import CalibrationRecord, Run, SourceView
+
+FloatArray = npt.NDArray[np.float64]
+FINE_WINDOWS_S = (0.1, 1.0, 10.0)
+MLPERF_WINDOW_S = 60.0
+SHORT_WINDOW_S = 12.0
+DEFAULT_MAX_PCT = 5.0
+
+
+@dataclass
+class TargetVerdict:
+    """One target's qualification (``refused``: why it was not scored).
+
+    ``passed``: x is within the stated x %; ``valid``: every scored window of target and
+    reference passed its validity verdict (``invalid_windows`` says which did not and why).
+    """
+
+    target: str
+    corrected: bool = False
+    refused: str | None = None
+    x_pct: float | None = None
+    passed: bool | None = None
+    valid: bool | None = None
+    levels: list[dict[str, Any]] = field(default_factory=list)
+    fine: list[dict[str, Any]] = field(default_factory=list)
+    invalid_windows: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return json_safe(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Procedure:
+    """What is asked: window length, the x to pass at, settling time, who measures what."""
+
+    window_s: float = MLPERF_WINDOW_S
+    max_pct: float = DEFAULT_MAX_PCT
+    settle_s: float = 2.0
+    told: Mapping[str, str] = field(default_factory=dict)
+
+
+def _fine_bins(levels: Sequence[Level]) -> list[tuple[float, FloatArray]]:
+    """(window s, bins) of each fine size, laid over each level's five windows' span."""
+    out = []
+    for size in FINE_WINDOWS_S:
+        edges = [np.arange(lv.windows_s[0][0], lv.windows_s[-1][1] - size + 1e-9, size)
+                 for lv in levels]
+        starts = np.concatenate(edges)
+        out.append((size, np.column_stack([starts, starts + size])))
+    return out
+
+
+def _all_windows(levels: Sequence[Level]) -> tuple[FloatArray, list[tuple[float, FloatArray]]]:
+    five = np.array([w for lv in levels for w in lv.windows_s], dtype=np.float64)
+    return five, _fine_bins(levels)
+
+
+def _means(run: Run, view: SourceView, channel: str, levels: Sequence[Level],
+           record: CalibrationRecord | None) -> tuple[FloatArray, list[FloatArray]]:
+    """The 15 scored window means and each fine size's, in one pass over the stream."""
+    five, fine = _all_windows(levels)
+    stacked = np.concatenate([five, *[bins for _, bins in fine]])
+    means = window_means(run, view, channel, stacked, record)
+    out, k = [], len(five)
+    for _, bins in fine:
+        out.append(means[k:k + len(bins)])
+        k += len(bins)
+    return means[:len(five)], out
+
+
+def _invalid_windows(run: Run, view: SourceView, channel: str, levels: Sequence[Level]
+                     ) -> list[str]:
+    """Labels of the scored windows whose validity verdict fails, with the failing checks."""
+    phases = [Phase(f"{lv.name} w{k + 1}", 0, a, b, "qualify")
+              for lv in levels for k, (a, b) in enumerate(lv.windows_s)]
+    rows = integrate_power(run, view, [channel], phases)[channel][0]
+    judge(run, rows, (phases[0].t0_s, phases[-1].t1_s), {})
+    return [f"{r.source} {r.phase}: {'; '.join(invalid_reasons(r.to_json()))}" for r in rows
+            if not r.valid]
+
+
+def _score(name: str, ref: tuple[FloatArray, list[FloatArray]],
+           tgt: tuple[FloatArray, list[FloatArray]], levels: Sequence[Level],
+           procedure: Procedure) -> TargetVerdict:
+    verdict = TargetVerdict(name)
+    worst = 0.0
+    for i, lv in enumerate(levels):
+        r5, t5 = ref[0][5 * i:5 * i + 5], tgt[0][5 * i:5 * i + 5]
+        r_ol, t_ol = olympic_mean(list(r5)), olympic_mean(list(t5))
+        diff = 100.0 * abs(t_ol - r_ol) / abs(r_ol) if r_ol else math.nan
+        worst = max(worst, diff) if math.isfinite(diff) else math.nan
+        verdict.levels.append({"level": lv.name, "windows_s": [list(w) for w in lv.windows_s],
+                               "reference_w": list(r5), "target_w": list(t5),
+                               "reference_olympic_w": r_ol, "target_olympic_w": t_ol,
+                               "difference_pct": diff})
+    verdict.x_pct = worst
+    verdict.passed = bool(math.isfinite(worst) and worst <= procedure.max_pct)
+    for size, r, t in zip(FINE_WINDOWS_S, ref[1], tgt[1], strict=True):
+        rel = 100.0 * np.abs(t - r) / np.abs(r)
+        rel = rel[np.isfinite(rel)]
+        verdict.fine.append({"window_s": size, "windows": int(rel.size),
+                             "median_pct": float(np.median(rel)) if rel.size else None,
+                             "p95_pct": float(np.percentile(rel, 95)) if rel.size else None})
+    return verdict
+
+
+def qualify(run: Run, reference: str, targets: Sequence[str], procedure: Procedure,
+            record: CalibrationRecord | None = None) -> list[TargetVerdict]:
+    """Every target's verdict against ``reference`` over the run's marked levels."""
+    levels = [place_windows(lv, procedure.window_s, procedure.settle_s)
+              for lv in marked_levels(run.markers, run.path)]
+    ref_view, ref_ch = resolve(run, reference)
+    if record is not None and (why := same_run(run, record)) is not None:
+        raise UsageError(f"--calibration: refused: {why}; qualify calibrated NVML with a "
+                         "calibration from another run")
+    ref_means = _means(run, ref_view, ref_ch, levels, None)
+    ref_invalid = _invalid_windows(run, ref_view, ref_ch, levels)
+    out: list[TargetVerdict] = []
+    for spec in targets:
+        view, channel = resolve(run, spec)
+        name = f"{view.source_id}:{channel}"
+        why_not = refusal((ref_view, ref_ch), (view, channel), procedure.told)
+        if why_not is not None:
+            out.append(TargetVerdict(name, refused=why_not))
+            continue
+        invalid = ref_invalid + _invalid_windows(run, view, channel, levels)
+        runs: list[CalibrationRecord | None] = [None]
+        if record is not None and record_applies(record, view, channel) is not None:
+            runs.append(record)
+        for rec in runs:
+            verdict = _score(name, ref_means, _means(run, view, channel, levels, rec), levels,
+                             procedure)
+            verdict.corrected = rec is not None
+            verdict.invalid_windows = invalid
+            verdict.valid = not invalid
+            out.append(verdict)
+    return out

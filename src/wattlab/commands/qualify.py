@@ -1,0 +1,249 @@
+"""`wattlab qualify`: MLPerf's meter qualification (idle and two loads, Olympic scores).
+
+On a recorded run whose levels are marked (phases ``idle``, ``load1``, ``load2``), or end to
+end: ``--simulate`` (simulated GPU, emulated PowerSensor3 on its rails and a wall meter) or
+``--gpu I --bench FILE`` drive the levels themselves, record, then score. docs/qualify.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from typing import Any
+
+from wattlab.arg_types import GPU_INDEX, SEED, InputFile, Number, OutputFile
+from wattlab.errors import UsageError
+
+SIM_REFERENCE = "ps3:board_power_w"
+SIM_TARGETS = ("gpu0.power:average_power_w", "gpu0.power:instant_power_w", "wall:wall_power_w")
+SIM_CLASS = "emulated PowerSensor3 (truth known)"
+SIM_CALIBRATION_S = 60.0
+LEVEL_MARGIN_S = 1.0
+PERCENT = Number(0.0, 100.0)
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "qualify", help="qualify meters against a reference as MLPerf's power rules do")
+    p.add_argument("run", nargs="?", type=InputFile("run file"),
+                   help="a recorded run with phases idle, load1, load2 (or --simulate/--gpu)")
+    p.add_argument("--reference", metavar="SRC[:CH]", help="the reference meter's stream")
+    p.add_argument("--target", action="append", default=[], metavar="SRC[:CH]",
+                   help="a stream to qualify (repeat for several)")
+    p.add_argument("--accuracy-class", metavar="TEXT",
+                   help="the reference's accuracy class, as its calibration certificate says")
+    p.add_argument("--short", action="store_true",
+                   help="five 12 s windows a level instead of five 60 s (CI, quick checks)")
+    p.add_argument("--max-pct", type=PERCENT, default=5.0, metavar="X",
+                   help="pass at x %% or less (default 5, as MLPerf asks)")
+    p.add_argument("--calibration", type=InputFile("calibration file"), metavar="CAL.json",
+                   help="also score the target it applies to corrected (from another run)")
+    p.add_argument("--force-calibration", action="store_true",
+                   help="apply a calibration record even if its data could not pin the kernel")
+    p.add_argument("--measures", action="append", default=[], metavar="SRC=WHAT",
+                   help="what a stream measures where the run's wiring does not say it "
+                        "(ps3=gpu0, wall=wall)")
+    p.add_argument("--simulate", action="store_true",
+                   help="record the levels on a simulated bench first (no hardware)")
+    p.add_argument("--gpu", type=GPU_INDEX, help="record the levels on this real GPU first")
+    p.add_argument("--bench", type=InputFile("bench file"),
+                   help="with --gpu: the bench file of the meters (their wiring)")
+    p.add_argument("-o", "--output", type=OutputFile("run file"),
+                   help="with --simulate/--gpu: run file to create (default qualify-<time>.h5)")
+    p.add_argument("--seed", type=SEED, default=7, help="with --simulate: the simulated card")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def _level_s(window_s: float) -> float:
+    from wattlab.analysis.qualify import SETTLE_S, WINDOWS_PER_LEVEL
+
+    return SETTLE_S + WINDOWS_PER_LEVEL * window_s + LEVEL_MARGIN_S
+
+
+def _sim_bench_text(ps3_port: str, wall_resource: str) -> str:
+    """The emulated meters' wiring as a bench file says it: the riser feeds GPU 0."""
+    return ('[[device]]\nkind = "nvml"\ngpus = "0"\nsimulate = true\n\n'
+            f'[[device]]\nkind = "powersensor3"\nid = "ps3"\nport = "{ps3_port}"\n'
+            'rails = { 0 = "slot_12v", 1 = "slot_3v3", 2 = "cable_1", 3 = "cable_2" }\n'
+            f'gpu = 0\n\n[[device]]\nkind = "wt300e"\nid = "wall"\n'
+            f'resource = "{wall_resource}"\nelements = {{ 1 = "wall" }}\n')
+
+
+def _record_simulated(output: str, schedule: Any, seed: int) -> None:
+    """Record the simulated card under ``schedule``, the riser and wall meter wired."""
+    from wattlab.acquisition.markers.simulated_phases import SchedulePhaseMarkers
+    from wattlab.acquisition.meters import bench_file
+    from wattlab.acquisition.session import Session
+    from wattlab.commands.record import exit_status, report
+    from wattlab.hardware.fake_nvml import FakeNvml
+    from wattlab.hardware.simulated_gpu import SimulatedGpu
+    from wattlab.hardware.virtual_bench import VirtualBench
+
+    bench = VirtualBench(seed, schedule.duration_s)
+    bench.gpu = SimulatedGpu(0, seed, schedule)  # before the emulators start: they read it
+    bench.nvml = FakeNvml([bench.gpu])
+    with bench:
+        from wattlab.acquisition.acquirers import Acquirer, NvmlAcquirer
+        from wattlab.drivers.nvml import NvmlDriver
+
+        config = bench_file.parse_bench(_sim_bench_text(bench.ps3_port, bench.wall_resource),
+                                        "<qualify --simulate>")
+        acquirers: list[tuple[str, Acquirer]] = [("gpu0", NvmlAcquirer(NvmlDriver(bench.nvml), 0)),
+                     ("phases", SchedulePhaseMarkers(bench.gpu))]
+        acquirers += [(d.id, bench_file.meter_acquirer(d)) for d in config.meters]
+        result = Session(output, acquirers, duration_s=schedule.duration_s + 0.5,
+                         bench_config=config.to_json()).run()
+    report(result)
+    if exit_status(result) != 0:
+        raise UsageError(f"{output}: the simulated recording lost data; not scored")
+
+
+def _simulate(args: argparse.Namespace, window_s: float, output: str) -> str | None:
+    """Record a calibration run (unless --calibration), then the levels; the record's path."""
+    from wattlab.acquisition.experiments import telegraph
+    from wattlab.device_models import Segment, WorkloadSchedule
+
+    stem = os.path.splitext(output)[0]
+    cal_path = args.calibration
+    if cal_path is None:
+        from wattlab.analysis.calibration import calibrate
+        from wattlab.runfile import Run
+
+        cal_run, cal_path = f"{stem}-calibration.h5", f"{stem}-calibration.json"
+        for path in (cal_run, cal_path):
+            if os.path.exists(path):
+                raise UsageError(f"{path}: already exists; not overwritten")
+        print(f"wattlab qualify: {SIM_CALIBRATION_S:g} s calibration run into {cal_run}")
+        _record_simulated(cal_run, telegraph(args.seed, SIM_CALIBRATION_S), args.seed)
+        with Run(cal_run) as run_file:
+            record = calibrate(run_file, SIM_REFERENCE, SIM_TARGETS[0])
+        with open(cal_path, "x", encoding="utf-8") as f:
+            json.dump(record.to_json(), f, indent=2)
+    level_s = _level_s(window_s)
+    schedule = WorkloadSchedule([Segment(1.0, 0.0, "lead-in"), Segment(level_s, 0.0, "idle"),
+                                 Segment(level_s, 0.5, "load1"),
+                                 Segment(level_s, 1.0, "load2")])
+    print(f"wattlab qualify: three levels of {level_s:g} s on a simulated GPU into {output}")
+    _record_simulated(output, schedule, args.seed)
+    return str(cal_path)
+
+
+def _record_gpu(args: argparse.Namespace, window_s: float, output: str) -> None:
+    """Record the levels on a real GPU with the bench file's meters."""
+    from wattlab.acquisition.meters import bench_file
+    from wattlab.acquisition.session import Session
+    from wattlab.commands.record import exit_status, report
+
+    config = bench_file.load_bench(args.bench)
+    command = [sys.executable, "-m", "wattlab.acquisition.experiments.qualify_levels_on_gpu",
+               "--gpu", str(args.gpu), "--level-s", str(_level_s(window_s))]
+    with bench_file.bench_acquirers(config) as acquirers:
+        result = Session(output, acquirers, command=command,
+                         bench_config=config.to_json()).run()
+    report(result)
+    if exit_status(result) != 0:
+        raise UsageError(f"{output}: the load or a source failed; not scored")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    modes = sum(bool(x) for x in (args.run, args.simulate, args.gpu is not None))
+    if modes != 1:
+        raise UsageError("give one of: a run file, --simulate, --gpu I")
+    if args.gpu is not None and not args.bench:
+        raise UsageError("--gpu needs --bench FILE: the meters and what each measures")
+    if not args.simulate and not (args.reference and args.target and args.accuracy_class):
+        raise UsageError("--reference, --target and --accuracy-class are needed (the user "
+                         "names the reference and its accuracy class)")
+    if args.output and args.run:
+        raise UsageError("-o is for --simulate/--gpu: a recorded run is only read")
+
+
+def run(args: argparse.Namespace) -> int:
+    from wattlab.analysis.calibration import load_record
+    from wattlab.analysis.qualify import (
+        MLPERF_WINDOW_S,
+        SHORT_WINDOW_S,
+        Procedure,
+        parse_measures,
+        qualify,
+    )
+    from wattlab.commands.record import default_output
+    from wattlab.runfile import Run
+
+    _check_args(args)
+    window_s = SHORT_WINDOW_S if args.short else MLPERF_WINDOW_S
+    path, cal_path = args.run, args.calibration
+    if not path:
+        path = args.output or default_output("qualify")
+        # with --json, stdout is the JSON alone: the recordings' reports go to stderr
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+            if args.simulate:
+                cal_path = _simulate(args, window_s, path)
+            else:
+                _record_gpu(args, window_s, path)
+    reference = args.reference or SIM_REFERENCE
+    targets = args.target or list(SIM_TARGETS)
+    accuracy = args.accuracy_class or SIM_CLASS
+    record = load_record(cal_path, force=args.force_calibration) if cal_path else None
+    procedure = Procedure(window_s, args.max_pct, told=parse_measures(args.measures))
+    with Run(path) as run_file:
+        verdicts = qualify(run_file, reference, targets, procedure, record)
+        lost = len(run_file.gaps) if not args.run else 0
+    doc = {"run": path, "reference": reference, "accuracy_class": accuracy,
+           "window_s": window_s, "form": "short" if args.short else "mlperf",
+           "max_pct": args.max_pct, "calibration": cal_path,
+           "calibration_warnings": list(record.verdict.warnings) if record else [],
+           "targets": [v.to_json() for v in verdicts]}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(_text(doc))
+    if all(v.refused for v in verdicts):
+        return 2
+    if lost:  # scored all the same (the windows' verdicts say where), but never exit 0
+        print(f"wattlab: {lost} gap(s) in {path}: data was lost while recording (exit "
+              "status 1)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _text(doc: dict[str, Any]) -> str:
+    """The verdicts as a person reads them: one block a target."""
+    lines = [f"{doc['run']}: qualification against {doc['reference']} "
+             f"({doc['accuracy_class']}), {doc['form']} form: five {doc['window_s']:g} s "
+             f"windows a level, pass at {doc['max_pct']:g} %"]
+    for warning in doc["calibration_warnings"]:
+        lines.append(f"  calibration {doc['calibration']}: {warning}")
+    for t in doc["targets"]:
+        name = t["target"] + (" corrected" if t["corrected"] else "")
+        if t["refused"]:
+            lines.append(f"  {name}: REFUSED: {t['refused']}")
+            continue
+        x = "n/a" if t["x_pct"] is None else f"{t['x_pct']:.2f} %"
+        lines.append(f"  {name}: x = {x}: {'PASS' if t['passed'] else 'FAIL'}"
+                     + ("" if t["valid"] else " (windows not all valid: see below)"))
+        for lv in t["levels"]:
+            diff = lv["difference_pct"]
+            lines.append(f"    {lv['level']:5s} reference {_w(lv['reference_olympic_w'])}  "
+                         f"target {_w(lv['target_olympic_w'])}  "
+                         f"{'n/a' if diff is None else f'{diff:.2f} %'}")
+        fine = ", ".join(f"{f['window_s']:g} s: median {_pct(f['median_pct'])}, "
+                         f"p95 {_pct(f['p95_pct'])}" for f in t["fine"])
+        lines.append(f"    |difference| at {fine}")
+        if t["invalid_windows"]:
+            lines.append(f"    {len(t['invalid_windows'])} of the scored windows (reference's "
+                         f"and target's) failed their validity verdict, e.g. "
+                         f"{t['invalid_windows'][0]}")
+    return "\n".join(lines)
+
+
+def _w(value: float | None) -> str:
+    return "       - W" if value is None else f"{value:8.2f} W"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} %"

@@ -1,0 +1,215 @@
+"""`wattlab qualify`'s analysis on hand-built run files whose truth is known (fast tier)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wattlab.analysis.calibration import calibrate
+from wattlab.analysis.qualify import Procedure, check_windows, olympic_mean, qualify
+from wattlab.cli import main
+from wattlab.errors import UsageError
+from wattlab.runfile import Run
+from wattlab.runfile.writer import RunFileWriter
+from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
+
+LEVEL_W = {"idle": 100.0, "load1": 300.0, "load2": 600.0}
+LEVEL_S = 8.0
+PROC = Procedure(window_s=1.0, settle_s=0.5)
+REF, NVML, WALL = "riser:board_power_w", "gpu0.power:average_power_w", "wall:wall_power_w"
+
+
+def _meter(sid: str, channel: str, **config: object) -> SourceDescriptor:
+    return SourceDescriptor(sid, "meter", "meter", (Channel(channel, "W", "power"),),
+                            config=dict(config))
+
+
+def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] = tuple(LEVEL_W),
+                     start_unix_ns: int = 1, wired: bool = True, riser_lost: float = 0.0,
+                     level_s: float = LEVEL_S, lost_rows: int = 0) -> Path:
+    """Three held levels with a ripple; NVML reads gain × truth, the wall adds 150 W.
+
+    ``riser_lost``: the share of the riser's rows lost in holes of 5-50 ms (a USB riser on
+    a busy host).
+    """
+    writer = RunFileWriter(str(path), {"host": "test", "session_start_unix_ns": start_unix_ns,
+                                       "created": "test"}, 0)
+    riser = {"feeds_gpu": 0, "board_power_channel": "board_power_w",
+             "power_channel": "board_power_w"} if wired else {}
+    writer.add_source(_meter("riser", "board_power_w", **riser))
+    writer.add_source(_meter("wall", "wall_power_w", **(
+        {"rails": {"wall": {"input": "element 1", "channels": ["wall_power_w"]}}} if wired
+        else {})))
+    writer.add_source(SourceDescriptor("gpu0.power", "nvml", "Simulated H100",
+                                       (Channel("average_power_w", "W", "average"),),
+                                       config={"driver_version": "1"}))
+    t_s = np.arange(0.0, level_s * len(levels) + 1.0, 1e-3)
+    truth = np.full(t_s.size, LEVEL_W["idle"])
+    markers = []
+    for k, name in enumerate(levels):
+        a, b = 0.5 + k * level_s, 0.5 + (k + 1) * level_s
+        truth[(t_s >= a) & (t_s < b)] = LEVEL_W[name]
+        markers += [Marker(round(a * 1e9), name, "begin", "load"),
+                    Marker(round(b * 1e9), name, "end", "load")]
+    truth += 5.0 * np.sin(2 * np.pi * 0.7 * t_s)
+    t_ns = np.round(t_s * 1e9).astype(np.int64)
+    flags = np.zeros(t_ns.size, np.uint8)
+    kept = np.ones(t_ns.size, bool)
+    rng = np.random.default_rng(5)
+    while 1.0 - kept.mean() < riser_lost:
+        start = int(rng.integers(0, t_ns.size))
+        kept[start:start + int(rng.integers(5, 50))] = False
+    writer.append("riser", t_ns[kept], t_ns[kept], truth[kept].reshape(-1, 1), flags[kept])
+    writer.append("wall", t_ns, t_ns, (truth + 150.0).reshape(-1, 1), flags)
+    poll = slice(None, None, 20)
+    writer.append("gpu0.power", t_ns[poll], t_ns[poll], (gain * truth[poll]).reshape(-1, 1),
+                  flags[poll])
+    writer.add_markers(markers)
+    if lost_rows:
+        writer.add_gaps([Gap("riser", "frames lost before they reached the host",
+                             samples_lost=lost_rows)])
+    writer.close()
+    return path
+
+
+@pytest.mark.fast
+def test_olympic_mean_drops_the_highest_and_lowest() -> None:
+    assert olympic_mean([10.0, 1.0, 3.0, 2.0, 100.0]) == pytest.approx(5.0)
+    assert np.isnan(olympic_mean([1.0, 2.0, float("nan"), 4.0, 5.0]))
+    with pytest.raises(UsageError, match="takes 5 window means, got 4"):
+        olympic_mean([1.0, 2.0, 3.0, 4.0])
+
+
+@pytest.mark.fast
+def test_windows_must_be_five_and_apart() -> None:
+    apart = [(float(k), k + 1.0) for k in range(5)]
+    check_windows("idle", apart)
+    with pytest.raises(UsageError, match="4 window"):
+        check_windows("idle", apart[:4])
+    with pytest.raises(UsageError, match="overlap"):
+        check_windows("load1", [*apart[:4], (3.5, 4.5)])
+
+
+@pytest.mark.fast
+def test_nvml_with_a_3_pct_gain_scores_3_pct(tmp_path: Path) -> None:
+    with Run(str(write_levels_run(tmp_path / "r.h5"))) as run:
+        verdicts = qualify(run, REF, [NVML], PROC)
+        strict = qualify(run, REF, [NVML], Procedure(1.0, max_pct=2.0, settle_s=0.5))
+    v = verdicts[0]
+    assert v.x_pct == pytest.approx(3.0, abs=0.01)
+    assert v.passed and v.valid and not strict[0].passed
+    assert [lv["level"] for lv in v.levels] == ["idle", "load1", "load2"]
+    assert all(len(lv["windows_s"]) == 5 for lv in v.levels)
+    assert [f["window_s"] for f in v.fine] == [0.1, 1.0, 10.0]
+    assert v.fine[0]["median_pct"] == pytest.approx(3.0, abs=0.05)
+    assert not v.invalid_windows
+
+
+@pytest.mark.fast
+def test_a_riser_losing_a_third_of_its_rows_still_scores_and_says_so(tmp_path: Path) -> None:
+    with Run(str(write_levels_run(tmp_path / "r.h5", riser_lost=0.35))) as run:
+        v = qualify(run, REF, [NVML], PROC)[0]
+    assert v.x_pct == pytest.approx(3.0, abs=0.1)
+    assert v.passed and not v.valid
+    assert v.invalid_windows[0].startswith("riser idle w1: coverage")
+
+
+@pytest.mark.fast
+def test_wall_against_board_and_the_reference_itself_are_refused(tmp_path: Path) -> None:
+    with Run(str(write_levels_run(tmp_path / "r.h5"))) as run:
+        wall, itself = qualify(run, REF, [WALL, REF], PROC)
+    assert wall.refused and "rail wall" in wall.refused and "gpu 0 board" in wall.refused
+    assert itself.refused == "it is the reference itself"
+
+
+@pytest.mark.fast
+def test_without_wiring_the_user_says_what_a_meter_measures(tmp_path: Path) -> None:
+    with Run(str(write_levels_run(tmp_path / "r.h5", wired=False))) as run:
+        unknown = qualify(run, "riser:board_power_w", [NVML], PROC)[0]
+        told = qualify(run, "riser:board_power_w", [NVML, WALL],
+                       Procedure(1.0, settle_s=0.5, told={"riser": "gpu 0 board",
+                                                          "wall": "rail wall"}))
+    assert unknown.refused and "--measures riser=WHAT" in unknown.refused
+    assert told[0].passed and told[1].refused
+
+
+@pytest.mark.fast
+def test_a_missing_level_or_a_short_one_is_refused(tmp_path: Path) -> None:
+    with Run(str(write_levels_run(tmp_path / "r.h5", levels=("idle", "load1")))) as run, \
+            pytest.raises(UsageError, match="no 'load2' phase marked"):
+        qualify(run, REF, [NVML], PROC)
+    with Run(str(write_levels_run(tmp_path / "s.h5"))) as run, \
+            pytest.raises(UsageError, match="5 non-overlapping 2 s windows"):
+        qualify(run, REF, [NVML], Procedure(2.0, settle_s=0.5))
+
+
+@pytest.mark.fast
+def test_calibrated_nvml_needs_a_calibration_from_another_run(tmp_path: Path) -> None:
+    scored = write_levels_run(tmp_path / "scored.h5", start_unix_ns=1)
+    write_levels_run(tmp_path / "other.h5", start_unix_ns=2)
+    copy = tmp_path / "copy.h5"
+    shutil.copy(scored, copy)
+    records = {}
+    for name in ("scored", "other"):
+        with Run(str(tmp_path / f"{name}.h5")) as run:
+            records[name] = calibrate(run, REF, NVML)
+    records["copy"] = replace(records["scored"], run=str(copy))  # as if fitted on the copy
+    with Run(str(scored)) as run:
+        for name in ("scored", "copy"):
+            with pytest.raises(UsageError, match="refused: it was fitted on"):
+                qualify(run, REF, [NVML], PROC, records[name])
+        raw, corrected = qualify(run, REF, [NVML], PROC, records["other"])
+    assert not raw.corrected and corrected.corrected
+    assert corrected.x_pct is not None and corrected.x_pct < 0.5 < raw.x_pct
+
+
+@pytest.mark.fast
+def test_the_command_refuses_a_run_without_a_reference_or_long_enough_levels(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_levels_run(tmp_path / "r.h5")
+    assert main(["qualify", str(path), "--target", NVML]) == 2
+    assert "--accuracy-class" in capsys.readouterr().err
+    assert main(["qualify", str(path), "--reference", REF, "--target", NVML,
+                 "--accuracy-class", "0.5 %", "--short"]) == 2
+    assert "phase 'idle' lasts 8.0 s; 5 non-overlapping 12 s windows" in capsys.readouterr().err
+
+
+@pytest.mark.fast
+def test_the_command_scores_the_short_form_as_json(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_levels_run(tmp_path / "r.h5", level_s=63.0)
+    assert main(["qualify", str(path), "--reference", REF, "--target", NVML, "--target", WALL,
+                 "--accuracy-class", "0.5 % of reading", "--short", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["form"], doc["window_s"], doc["accuracy_class"]) == ("short", 12.0,
+                                                                      "0.5 % of reading")
+    nvml, wall = doc["targets"]
+    assert nvml["x_pct"] == pytest.approx(3.0, abs=0.01) and nvml["passed"]
+    assert nvml["levels"][0]["windows_s"][0] == pytest.approx([2.5, 14.5])
+    assert wall["refused"]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("lost_rows", "status"), [(0, 0), (40, 1)])
+def test_a_recording_that_lost_data_is_scored_but_never_exits_0(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        lost_rows: int, status: int) -> None:
+    from wattlab.commands import qualify as command
+
+    def recorded(args: object, window_s: float, output: str) -> None:
+        # the recording itself (minutes of emulated bench) is bench/qualify.py's; here the
+        # run it would leave, with or without a gap row
+        write_levels_run(Path(output), level_s=63.0, lost_rows=lost_rows)
+
+    monkeypatch.setattr(command, "_simulate", recorded)
+    out = tmp_path / "q.h5"
+    assert main(["qualify", "--simulate", "--short", "-o", str(out), "--reference", REF,
+                 "--target", NVML, "--json"]) == status
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["targets"][0]["passed"]
+    assert ("1 gap(s)" in captured.err) == bool(lost_rows)
