@@ -20,11 +20,13 @@ from wattlab.analysis.energy.source_energy import (
     energy_report,
     energy_streams,
     format_report,
+    integrate_power,
     phases_from_markers,
+    record_applies,
     span_verdict,
     stream_identity,
 )
-from wattlab.analysis.energy.validity import invalid_reasons
+from wattlab.analysis.energy.validity import invalid_reasons, judge
 from wattlab.analysis.energy.wiring_check import WiringMismatch, wiring_mismatches
 
 __all__ = [
@@ -44,10 +46,13 @@ __all__ = [
     "format_node_report",
     "format_report",
     "format_table",
+    "integrate_power",
     "invalid_reasons",
+    "judge",
     "node_report",
     "phases_from_markers",
     "power_channel",
+    "record_applies",
     "shape_source",
     "span_verdict",
     "stream_identity",

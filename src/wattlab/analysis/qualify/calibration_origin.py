@@ -11,16 +11,15 @@ from __future__ import annotations
 import os
 
 from wattlab.errors import RunFileError
-from wattlab.runfile import CalibrationRecord, Run
-from wattlab.runfile.schema import HOST, SESSION_START_UNIX_NS
+from wattlab.runfile import CalibrationRecord, Run, schema
 
 
 def run_identity(run: Run) -> tuple[str, int] | None:
     """(host, session start in unix ns) of a run, None for a file without them."""
     attrs = run.attrs
-    if HOST not in attrs or SESSION_START_UNIX_NS not in attrs:
+    if schema.HOST not in attrs or schema.SESSION_START_UNIX_NS not in attrs:
         return None
-    return str(attrs[HOST]), int(attrs[SESSION_START_UNIX_NS])
+    return str(attrs[schema.HOST]), int(attrs[schema.SESSION_START_UNIX_NS])
 
 
 def same_run(run: Run, record: CalibrationRecord) -> str | None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from wattlab.analysis.energy.source_energy import phases_from_markers
+from wattlab.analysis.energy import phases_from_markers
 from wattlab.analysis.qualify.olympic import WINDOWS_PER_LEVEL, check_windows
 from wattlab.errors import UsageError
 from wattlab.runfile import MarkerRow

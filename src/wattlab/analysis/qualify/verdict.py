@@ -18,13 +18,18 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.alignment import json_safe, resolve
-from wattlab.analysis.energy.source_energy import Phase, integrate_power, record_applies
+from wattlab.analysis.energy import (
+    Phase,
+    integrate_power,
+    invalid_reasons,
+    judge,
+    record_applies,
+)
 from wattlab.analysis.qualify.calibration_origin import same_run
 from wattlab.analysis.qualify.levels import Level, marked_levels, place_windows
 from wattlab.analysis.qualify.olympic import olympic_mean
 from wattlab.analysis.qualify.scope import refusal
 from wattlab.analysis.qualify.window_means import window_means
-from wattlab.analysis.validity import invalid_reasons, judge
 from wattlab.errors import UsageError
 from wattlab.runfile import CalibrationRecord, Run, SourceView
 

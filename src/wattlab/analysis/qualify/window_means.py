@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.alignment import integrate_view, known_gaps_ns, span_s
-from wattlab.analysis.energy.source_energy import correction_terms
+from wattlab.analysis.energy import correction_terms
 from wattlab.runfile import CalibrationRecord, Run, SourceView
 
 FloatArray = npt.NDArray[np.float64]
