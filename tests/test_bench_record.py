@@ -69,11 +69,15 @@ def test_record_bench_has_rails_and_board_power(ps3: PowerSensor3Emulator, tmp_p
     bench = tmp_path / "bench.toml"
     bench.write_text(riser_bench(ps3.path))
     out = tmp_path / "run.h5"
-    assert main(["record", "--bench", str(bench), "--duration", "2", "-o", str(out)]) == MISWIRED
+    code = main(["record", "--bench", str(bench), "--duration", "2", "-o", str(out)])
     printed = capsys.readouterr()
     assert "riser" in printed.out
-    assert "wattlab: error: wiring error: riser:board_power_w" in printed.err
+    # a constant 240 W riser beside the simulated GPU's own load (70-600 W): over 2 s the
+    # two means may or may not differ by the wiring check's 25 % (test_wiring_check plants
+    # both cases); a wiring error always exits 1, and so does a loss, with its gap rows
+    miswired = "wattlab: error: wiring error: riser:board_power_w" in printed.err
     with wattlab.open(str(out)) as run:
+        assert code == (MISWIRED if miswired or run.gaps else 0), (code, printed.err)
         stored = json.loads(run.attrs["bench_config"])
         assert stored == json.loads(json.dumps(load_bench(str(bench)).to_json()))
         assert stored["devices"][1]["rails"] == RAILS and stored["devices"][1]["gpu"] == 0
@@ -133,14 +137,17 @@ def test_record_bench_with_the_nvml_cadences_of_the_file(tmp_path: Path) -> None
 
 
 @pytest.mark.system
-def test_record_bench_in_source_processes(ps3: PowerSensor3Emulator, tmp_path: Path) -> None:
+def test_record_bench_in_source_processes(ps3: PowerSensor3Emulator, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     """The rails travel with the meter into its own process."""
     bench = tmp_path / "bench.toml"
     bench.write_text(riser_bench(ps3.path))
     out = tmp_path / "proc.h5"
-    assert main(["record", "--bench", str(bench), "--source-processes", "--duration", "1.5",
-                 "-o", str(out)]) == MISWIRED
+    code = main(["record", "--bench", str(bench), "--source-processes", "--duration", "1.5",
+                 "-o", str(out)])
+    miswired = "wiring error" in capsys.readouterr().err  # may or may not: see above
     with wattlab.open(str(out)) as run:
+        assert code == (MISWIRED if miswired or run.gaps else 0), code
         riser = run.source("riser")
         assert "cable_8pin_2_power_w" in riser.channel_names
         assert riser.descriptor["config"]["feeds_gpu"] == 0
