@@ -241,10 +241,16 @@ def log_trackers(output: str) -> None:
 
 
 def span_text(gap: GapRow) -> str:
-    """`` (from 3.1 s to 3.8 s)`` where both ends of a gap are known."""
+    """`` (from 3.1 s to 3.8 s)`` where both ends of a gap are known.
+
+    Tenths of a second, or milliseconds where the gap is shorter than the tenths show (a
+    lost update read "from 9.5 s to 9.5 s").
+    """
     if gap.time_first_ns is None or gap.time_last_ns is None:
         return ""
-    return f" (from {gap.time_first_ns / 1e9:.1f} s to {gap.time_last_ns / 1e9:.1f} s)"
+    first_s, last_s = gap.time_first_ns / 1e9, gap.time_last_ns / 1e9
+    digits = 1 if f"{first_s:.1f}" != f"{last_s:.1f}" else 3
+    return f" (from {first_s:.{digits}f} s to {last_s:.{digits}f} s)"
 
 
 def lost_spans(full: DiskFullReport) -> None:
