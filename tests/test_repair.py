@@ -179,6 +179,30 @@ def test_readers_open_a_crash_left_file_without_changing_it(tmp_path, capsys, sw
     assert json.loads(capsys.readouterr().out)["needs_repair"] is False
 
 
+@pytest.mark.system
+def test_a_torn_header_of_a_dead_swmr_writer_is_an_error_not_a_wait(tmp_path, capsys):
+    """A writer killed while writing a dataset's header leaves a checksum that fails. SWMR
+    readers retry such a read with sleeps doubling up to an hour (HDF5's 100 tries: days);
+    the session's salvage waited so in CI. Now the tries are bounded and the error named."""
+    path = tmp_path / "torn.h5"
+    crash_writer(path, """
+        w.append("meter", *rows(0, 10))
+        w.add_progress([("meter", 1, 10, False)])
+        w.flush()
+        w.start_swmr()
+    """)
+    with h5py.File(path, "r", swmr=True, locking=False) as f:
+        header = h5py.h5o.get_info(f["sources/meter/values"].id).addr
+    torn = bytearray(path.read_bytes())
+    torn[header + 20] ^= 0xFF
+    path.write_bytes(torn)
+    assert main(["info", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "/sources/meter/values is damaged" in err and "checksum" in err
+    assert main(["repair", str(path)]) == 2
+    assert "checksum" in capsys.readouterr().err
+
+
 @pytest.mark.fast
 def test_a_file_being_recorded_is_never_repaired(tmp_path):
     path = str(tmp_path / "live.h5")

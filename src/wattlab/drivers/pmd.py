@@ -28,6 +28,7 @@ import bisect
 import enum
 import struct
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -301,6 +302,16 @@ class FrameOffsets:
         self.starts, self.medians = idx.tolist(), med[idx].tolist()
 
 
+def counted_median(counts: Counter[int]) -> float:
+    """The median of values given as value → count (as ``np.median`` of them expanded)."""
+    values = sorted(counts)
+    cum = np.cumsum([counts[v] for v in values])
+    total = int(cum[-1])
+    lo = values[int(np.searchsorted(cum, (total - 1) // 2, side="right"))]
+    hi = values[int(np.searchsorted(cum, total // 2, side="right"))]
+    return (lo + hi) / 2
+
+
 class ContinuousDecoder:
     """Headerless frames → arrays, vectorised; finds the frame boundary again after loss.
 
@@ -352,6 +363,11 @@ class ContinuousDecoder:
         self._skip_pending = 0  # bytes skipped since the held frame
         self._event_pending = 0  # skipped bytes to report on the next emitted frame
         self.period_ticks: float | None = None
+        # the run being accepted, across reads: its step counts and frames, and the step
+        # cap fixed when it started, so that where reads end changes nothing (issue 34 CI)
+        self._run_steps: Counter[int] = Counter()
+        self._run_frames = 0
+        self._run_cap = 0
         self._nibble_seen = 0
 
     @property
@@ -407,7 +423,7 @@ class ContinuousDecoder:
         numpy slices (a clean stream's run is the whole read).
         """
         f, ok = self.frame_bytes, o.ok_bytes
-        max_step = self._max_step() if self.has_clock else 0
+        max_step = self._run_cap
         if not ok[p]:
             return 0
         if (self.has_clock and not self._anchor and self._held is not None
@@ -431,10 +447,23 @@ class ContinuousDecoder:
             j, chunk = hi, 4 * chunk
         return j
 
+    def _start_run(self) -> None:
+        self._run_steps.clear()
+        self._run_frames = 0
+        self._run_cap = self._max_step() if self.has_clock else 0
+
     def _learn(self, o: FrameOffsets, p: int, j: int) -> None:
+        """The period is the median step of the whole run so far, however it was read."""
         f = self.frame_bytes
-        if self.has_clock and (j > CONFIRM_FRAMES or (self.period_ticks is None and j > 1)):
-            self.period_ticks = float(np.median(o.step[p:p + f * (j - 1):f]))
+        if self.has_clock:
+            if self._run_frames:
+                self._run_steps[(o.ts_at[p] - self._held_ts) % self.wrap] += 1
+            steps, counts = np.unique(o.step[p:p + f * (j - 1):f], return_counts=True)
+            self._run_steps.update(dict(zip(steps.tolist(), counts.tolist(), strict=True)))
+        self._run_frames += j
+        if self.has_clock and (self._run_frames > CONFIRM_FRAMES
+                               or (self.period_ticks is None and self._run_frames > 1)):
+            self.period_ticks = counted_median(self._run_steps)
         if not self._nibble_fixed and self.nibble_rule is None:
             if not o.nibble_zero[p:p + f * j:f].all():
                 self.nibble_rule = False
@@ -468,6 +497,7 @@ class ContinuousDecoder:
                 self._skip(q - p)
                 p = q
                 self._resolve_held(emitted)
+                self._start_run()
             k = (n - p) // f
             if k == 0:
                 break

@@ -14,8 +14,10 @@ superblock as ``wattlab repair`` would leave it (``runfile/crash_flags.py`` says
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import io
+from pathlib import Path
 from typing import Any
 
 import h5py
@@ -24,6 +26,51 @@ import numpy.typing as npt
 
 from wattlab.errors import RunFileError
 from wattlab.runfile.crash_flags import cleared_superblock
+
+# SWMR readers retry a metadata read whose checksum fails, sleeping 1 ns, 2 ns, ... up to an
+# hour between tries: HDF5's default of 100 tries turns a torn write of a dead writer into a
+# wait of days (the session's salvage hung so in CI). 28 tries wait 0.27 s at most, time
+# enough for a live writer to finish the entry being read; then the read fails and the
+# reader says so.
+SWMR_READ_ATTEMPTS = 28
+
+
+def _swmr_read(path: str, chunk_cache: bool) -> h5py.File:
+    """``h5py.File(path, "r", libver="latest", swmr=True, locking=False)``, tries bounded."""
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    fapl.set_file_locking(False, True)
+    if not chunk_cache:
+        mdc, slots, _, w0 = fapl.get_cache()
+        fapl.set_cache(mdc, slots, 0, w0)
+    set_attempts = _read_attempts_setter()
+    if set_attempts is not None:
+        set_attempts(fapl.id, SWMR_READ_ATTEMPTS)
+    flags = h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ
+    return h5py.File(h5py.h5f.open(path.encode(), flags, fapl=fapl))
+
+
+@functools.cache
+def _read_attempts_setter() -> Any:
+    """HDF5's ``H5Pset_metadata_read_attempts``, from the library h5py loaded.
+
+    h5py has no wrapper for it. None where that library cannot be found (not Linux): HDF5's
+    default then.
+    """
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    paths = {line.split()[-1] for line in maps.splitlines() if "libhdf5" in line}
+    for lib in sorted(paths):
+        if "_hl" in Path(lib).name:
+            continue
+        setter = getattr(ctypes.CDLL(lib), "H5Pset_metadata_read_attempts", None)
+        if setter is not None:
+            setter.argtypes = [ctypes.c_int64, ctypes.c_uint]
+            return setter
+    return None
 
 
 @functools.lru_cache(maxsize=16)
@@ -122,7 +169,7 @@ def open_read_only(path: str, *, swmr: bool = True, chunk_cache: bool = True) ->
     # HDF5 raises RuntimeError, not OSError, for a superblock it cannot decode
     if swmr:
         try:
-            return h5py.File(path, "r", libver="latest", swmr=True, locking=False, **cache)
+            return _swmr_read(path, chunk_cache)
         except (OSError, RuntimeError):
             pass
     error: Exception

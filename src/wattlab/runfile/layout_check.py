@@ -62,9 +62,12 @@ def _source_dataset(path: str, where: str, group: h5py.Group, name: str) -> h5py
     """
     try:
         return h5py.Dataset(h5py.h5d.open(group.id, name.encode()))
-    except KeyError:
-        if group.get(name) is None:
+    except KeyError as e:
+        if name not in group:
             raise RunFileError(f"{path}: {where} has no '{name}' dataset") from None
+        if "checksum" in str(e):  # a torn write: the writer died while writing this header
+            raise RunFileError(f"{path}: {where}/{name} is damaged (its header fails its "
+                               f"checksum: {e}); the rows in it cannot be read") from None
         raise RunFileError(f"{path}: {where}/{name} is not a dataset") from None
 
 
