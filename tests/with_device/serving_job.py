@@ -79,7 +79,7 @@ class Counters:
 
 def serve_metrics(counters: Counters, port: int) -> http.server.ThreadingHTTPServer:
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             body = counters.text().encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -213,7 +213,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=12)
     args = parser.parse_args()
-    global DEVICE  # noqa: PLW0603
+    global DEVICE
     DEVICE = args.device
     torch.manual_seed(args.seed)
     config = GPT2Config(n_layer=args.layers, n_embd=768, n_head=12, n_positions=1024)
