@@ -32,6 +32,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 import wattlab
 
 MODEL = "gpt2-random"
+ADMIT_AT_ONCE = 4
+ADMIT_WAIT_S = 0.25
 DEVICE = "cuda"  # --device cpu: a smoke test of the script on a machine without a GPU
 
 
@@ -100,7 +102,7 @@ def requests(n: int, rate_hz: float, seed: int) -> list[Request]:
     t, out = 0.0, []
     for i in range(n):
         t += rng.expovariate(rate_hz)
-        out.append(Request(f"r{i:04d}", t, rng.randint(32, 512), rng.randint(16, 128)))
+        out.append(Request(f"r{i:04d}", t, rng.randint(32, 512), rng.randint(16, 64)))
     return out
 
 
@@ -146,6 +148,10 @@ def run_shared(model: GPT2LMHeadModel, todo: list[Request], cap: int, counters: 
         now = time.monotonic() - start
         in_flight = sum(1 for c in cohorts for r in c.members if r.made < r.output_tokens)
         arrived = [r for r in waiting if r.arrive_s <= now][:max(0, cap - in_flight)]
+        # a cohort waits for ADMIT_AT_ONCE arrivals or ADMIT_WAIT_S, as a batching server
+        # does: admitted one by one, every request would run its own forward each step
+        if arrived and len(arrived) < ADMIT_AT_ONCE and now - arrived[0].arrive_s < ADMIT_WAIT_S:
+            arrived = []
         if arrived:
             for r in arrived:
                 waiting.remove(r)
@@ -160,7 +166,7 @@ def run_shared(model: GPT2LMHeadModel, todo: list[Request], cap: int, counters: 
                 counters.generated += len(arrived)
                 counters.running += len(arrived)
         elif not cohorts:
-            time.sleep(min(0.01, max(0.0, waiting[0].arrive_s - now)))
+            time.sleep(0.005)
             continue
         for c in cohorts:
             c.step(model)
