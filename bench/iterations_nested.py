@@ -16,8 +16,6 @@ of them (``--fit``) and checked on the other half.
 
 from __future__ import annotations
 
-import argparse
-import itertools
 import math
 import sys
 from pathlib import Path
@@ -26,10 +24,19 @@ from typing import Any
 import numpy as np
 
 import wattlab
-from common import DATA, write_json
-from iterations_real import held_out_check, training_window_s
+from common import write_json
+from iterations_real import (
+    SOURCE,
+    TRACES,
+    held_out_check,
+    loop_arguments,
+    print_bands,
+    right,
+    training_window_s,
+    true_step_energies_j,
+)
 from wattlab.analysis.alignment import integrate_view
-from wattlab.analysis.iterations import IterationResult, iterations
+from wattlab.analysis.iterations import iterations
 from wattlab.analysis.iterations.inner_rhythm import inner_rhythm
 from wattlab.analysis.iterations.power_segments import segment
 from wattlab.analysis.iterations.steps_in_bursts import (
@@ -39,9 +46,6 @@ from wattlab.analysis.iterations.steps_in_bursts import (
 )
 from wattlab.hardware.training_schedule import TrainingLoop, simulated_training
 
-TRACES = DATA / "traces"
-SOURCE = "gpu0.samples"
-COUNT_TOL, ENERGY_TOL = 0.05, 0.10
 STEADY_PERIODS = 1.5
 
 
@@ -50,12 +54,6 @@ def steady_energy_per_step(starts_s: np.ndarray, energy_j: np.ndarray) -> float:
     periods = np.diff(starts_s)
     steady = periods <= STEADY_PERIODS * np.median(periods)
     return float(np.mean(energy_j[steady]))
-
-
-def right(r: IterationResult, count: int, energy_j: float) -> bool:
-    e = r.energy_per_iteration_j
-    return (abs(r.count - count) <= COUNT_TOL * count and e is not None
-            and abs(e - energy_j) <= ENERGY_TOL * energy_j)
 
 
 def trace_row(path: Path) -> dict[str, Any] | None:
@@ -96,9 +94,7 @@ def simulated_rows(loops: int) -> list[dict[str, Any]]:
     for seed in range(loops):
         loop = random_nested_loop(rng)
         t, p, starts, gpu = simulated_training(loop, seed)
-        s_ns = np.round(starts * 1e9).astype(np.int64)
-        true_e = np.array([gpu.true_energy_j(int(x), int(y)) for x, y in itertools.pairwise(s_ns)])
-        e_truth = steady_energy_per_step(starts, true_e)
+        e_truth = steady_energy_per_step(starts, true_step_energies_j(starts, gpu))
         segs = segment([(t, p)])
         bursts = list(segs.bursts)
         r = with_steps_in_bursts(segs, t, p)
@@ -124,10 +120,7 @@ def confident_share(rows: list[dict[str, Any]], at: float = 0.9) -> tuple[int, i
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--fit", action="store_true", help="refit the step confidence")
-    parser.add_argument("--loops", type=int, default=300, help="simulated loops")
-    args = parser.parse_args()
+    args = loop_arguments(__doc__, "refit the step confidence")
     rows = [r for p in sorted(TRACES.glob("*.h5")) if (r := trace_row(p)) is not None]
     print("| trace | steps | GPU step | ≥ 3 spacings | method | count | groups × steps | "
           "J/step (truth) | J/step | confidence | right |")
@@ -153,11 +146,7 @@ def main() -> int:
           f"({'fitted now' if args.fit else 'as in steps_in_bursts.STEP_CONFIDENCE_COEF'}); "
           f"Brier (held out) {cal['brier_held_out']:.3f}; answers at confidence ≥ 0.9: "
           f"{ok_sim}/{given_sim} right")
-    print("| step confidence band | loops (held out) | mean | share right |")
-    print("|---|---|---|---|")
-    for band in cal["held_out"]:
-        print(f"| {band['band']} | {band['n']} | {band['mean_confidence']:.2f} | "
-              f"{100 * band['share_right']:.0f} % |")
+    print_bands(cal["held_out"], "step confidence")
     path = write_json("iterations_nested", {"benchmark": "iterations_nested", "traces": rows,
                                             "calibration": cal, "simulated": sims})
     print(f"wrote {path}")

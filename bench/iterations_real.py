@@ -140,6 +140,30 @@ def random_loop(rng: np.random.Generator) -> TrainingLoop:
         pause_every=int(rng.choice([0, 0, 10, 20])), pause_s=float(rng.uniform(0.5, 3.0)))
 
 
+def true_step_energies_j(starts_s: np.ndarray, gpu: Any) -> np.ndarray:
+    """The simulated GPU's own energy of each step, begin to next begin (the truth)."""
+    starts_ns = np.round(starts_s * 1e9).astype(np.int64)
+    return np.array([gpu.true_energy_j(int(a), int(b))
+                     for a, b in itertools.pairwise(starts_ns)])
+
+
+def loop_arguments(doc: str | None, fit_help: str) -> argparse.Namespace:
+    """``--fit`` (refit a confidence on half the simulated loops) and ``--loops``."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    parser.add_argument("--fit", action="store_true", help=fit_help)
+    parser.add_argument("--loops", type=int, default=300, help="simulated loops")
+    return parser.parse_args()
+
+
+def print_bands(bands: list[dict[str, Any]], what: str) -> None:
+    """The held-out reliability table: per confidence band, loops, mean, share right."""
+    print(f"| {what} band | loops (held out) | mean confidence | share right |")
+    print("|---|---|---|---|")
+    for b in bands:
+        print(f"| {b['band']} | {b['n']} | {b['mean_confidence']:.2f} | "
+              f"{100 * b['share_right']:.0f} % |")
+
+
 def simulated_rows(loops: int) -> list[dict[str, Any]]:
     rows = []
     rng = np.random.default_rng(19)
@@ -147,9 +171,7 @@ def simulated_rows(loops: int) -> list[dict[str, Any]]:
         loop = random_loop(rng)
         t, p, starts, gpu = simulated_training(loop, seed)
         r = segment([(t, p)])
-        s_ns = np.round(starts * 1e9).astype(np.int64)
-        true_e = [gpu.true_energy_j(int(x), int(y)) for x, y in itertools.pairwise(s_ns)]
-        stats = steady_stats(np.diff(starts), true_e)
+        stats = steady_stats(np.diff(starts), true_step_energies_j(starts, gpu))
         e_truth = None if stats is None else stats.energy_j
         features = None
         if r.count and r.period_spacings and r.regular_fraction is not None:
@@ -217,10 +239,7 @@ def fmt(x: Any, spec: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--fit", action="store_true", help="refit the confidence")
-    parser.add_argument("--loops", type=int, default=300, help="simulated loops")
-    args = parser.parse_args()
+    args = loop_arguments(__doc__, "refit the confidence")
     rows = [r for p in sorted(TRACES.glob("*.h5")) if (r := trace_row(p)) is not None]
     print("| trace | steps (markers) | period | GPU step | ≥ 3 spacings | method | count | "
           "count err | "
@@ -245,11 +264,7 @@ def main() -> int:
           f"{cal['detected']}/{cal['loops']} simulated loops segmented, "
           f"{100 * cal['base_rate']:.0f} % of those right; Brier (held out) "
           f"{cal['brier_held_out']:.3f}")
-    print("| confidence band | loops (held out) | mean confidence | share right |")
-    print("|---|---|---|---|")
-    for b in cal["held_out"]:
-        print(f"| {b['band']} | {b['n']} | {b['mean_confidence']:.2f} | "
-              f"{100 * b['share_right']:.0f} % |")
+    print_bands(cal["held_out"], "confidence")
     real = [r for r in rows if r["goal_applies"]]
     print(f"\nreal traces with steps ≥ 3 sample spacings: {sum(r['right'] for r in real)}/"
           f"{len(real)} right (count ±5 %, energy ±10 %); all traces: "

@@ -12,13 +12,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import pytest
 import pyvisa
+import zmq
 from hypothesis import settings
 
 from tests import tiers
@@ -27,6 +31,10 @@ from wattlab.cli import main
 from wattlab.hardware.emulators.pty_device import PtyDevice
 from wattlab.hardware.emulators.scpi_server import ScpiDevice
 from wattlab.importers.power_logs import import_files
+from wattlab.samples import Channel, SampleBatch, SourceDescriptor
+from wattlab.sync.bus import message
+from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
+from wattlab.sync.recorder.process import Recorder, RecorderConfig
 from wattlab.testing import pytest_plugin
 
 Emulator = TypeVar("Emulator", bound=ScpiDevice | PtyDevice)
@@ -233,3 +241,94 @@ def assert_exit_matches_loss(code: int, path: Path) -> None:
         assert gaps == [], gaps
     else:
         assert code == 1 and gaps and all(g.reason for g in gaps), (code, gaps)
+
+
+def descriptor(source_id: str = "meter", width: int = 2, dtype: str = "<f4") -> SourceDescriptor:
+    """A test stream of ``width`` W channels."""
+    channels = tuple(Channel(f"power{i}_w", "W", f"rail {i}") for i in range(width))
+    return SourceDescriptor(source_id, "test", "Bench 9000", channels, value_dtype=dtype)
+
+
+def batch(source_id: str, seq: int, n: int = 100, width: int = 2, t0: int = 0) -> SampleBatch:
+    """Batch ``seq`` of a test stream: ``n`` rows 1 µs apart, values that name the batch."""
+    t = t0 + seq * n * 1000 + np.arange(n, dtype=np.int64) * 1000
+    values = (np.arange(n * width, dtype=np.float32).reshape(n, width) + seq).astype("<f4")
+    return SampleBatch(source_id, seq, t, values)
+
+
+def synced(sock: zmq.Socket, timeout_ms: int = 5000) -> None:
+    """Wait until the recorder has handled everything ``sock`` sent (FIFO per pipe): a bound
+    on what must have happened, where a sleep would only guess how long it takes."""
+    rid = uuid.uuid4().hex
+    sock.send_multipart(message.encode_control("sync", rid=rid))
+    while True:
+        assert sock.poll(timeout_ms), "no sync reply"
+        if message.decode_header(sock.recv_multipart()).get("rid") == rid:
+            return
+
+
+class RunningRecorder:
+    """A recorder on a thread writing ``path``, stopped through the real control path."""
+
+    def __init__(self, path: str, endpoint: str | None = None, **config: object) -> None:
+        self.path = path
+        self.endpoint = endpoint or local_endpoint()
+        self.recorder = Recorder(
+            RecorderConfig(endpoint=self.endpoint, output=path, session_start_ns=0,
+                           root_attrs={"command": "[]"}, **config)  # type: ignore[arg-type]
+        )
+        self.final: dict[str, object] = {}
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.final = self.recorder.run()
+
+    def publisher(self, *streams: SourceDescriptor, **options: Any) -> BusPublisher:
+        """A client of this recorder (``BusPublisher`` options) that described ``streams``."""
+        pub = BusPublisher(self.endpoint, **options)
+        for stream in streams:
+            pub.announce(stream)
+        return pub
+
+    @contextmanager
+    def raw_client(self) -> Iterator[zmq.Socket]:
+        """A bare DEALER socket on the bus (forged, flooding or out-of-order messages),
+        closed without lingering however the test ends."""
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.endpoint)
+        try:
+            yield sock
+        finally:
+            sock.close(0)
+
+    def stop(self) -> dict[str, object]:
+        control = ControlClient(self.endpoint)
+        try:
+            reply = control.request("stop", timeout_s=20)
+        finally:
+            control.close()
+        self.thread.join(20)
+        return reply
+
+
+@pytest.fixture
+def recorder(tmp_path: Path) -> Iterator[Callable[..., RunningRecorder]]:
+    """``start(name="run.h5", **config)``: a ``RunningRecorder`` writing ``tmp_path/name``
+    (``RecorderConfig`` options), and every one the test left running stopped after it:
+    a recorder thread left behind by a failed test holds its socket and its file open
+    into later tests."""
+    started: list[RunningRecorder] = []
+
+    def start(name: str = "run.h5", **config: object) -> RunningRecorder:
+        rec = RunningRecorder(str(tmp_path / name), **config)
+        started.append(rec)
+        return rec
+
+    try:
+        yield start
+    finally:
+        for rec in started:
+            if rec.thread.is_alive():
+                rec.stop()

@@ -40,14 +40,21 @@ def _digest(*arrays: Any) -> str:
     return h.hexdigest()[:24]
 
 
-def pmd_output(mask: int, ts_bytes: int, data: bytes, size: int | None) -> dict[str, Any]:
-    """Every feed's frames, then flush's, joined: counts and a digest of every field."""
-    dec = ContinuousDecoder(mask, ts_bytes)
-    outs = [dec.feed(x) for x in reads(data, size)] + [dec.flush()]
+def skip_events(outs: list[Any]) -> list[tuple[int, Any]]:
+    """Each read's skip events, their frame indices counted over the whole stream (a read's
+    own indices start at 0)."""
     events, base = [], 0
     for o in outs:
         events += [(i + base, k) for i, k in o.skip_events]
         base += o.n
+    return events
+
+
+def pmd_output(mask: int, ts_bytes: int, data: bytes, size: int | None) -> dict[str, Any]:
+    """Every feed's frames, then flush's, joined: counts and a digest of every field."""
+    dec = ContinuousDecoder(mask, ts_bytes)
+    outs = [dec.feed(x) for x in reads(data, size)] + [dec.flush()]
+    events = skip_events(outs)
     ts = np.concatenate([o.ts_raw for o in outs]).astype("<i8")
     words = np.concatenate([o.words for o in outs]).astype("<u2")
     resync = np.concatenate([o.resync for o in outs]).astype("u1")
@@ -62,10 +69,7 @@ def pmd_output(mask: int, ts_bytes: int, data: bytes, size: int | None) -> dict[
 def ps3_output(stop: bool, data: bytes, size: int | None) -> dict[str, Any]:
     dec = FrameDecoder(stop_on_terminator=stop)
     outs = [dec.feed(x) for x in reads(data, size)]
-    events, base = [], 0
-    for o in outs:
-        events += [(i + base, k) for i, k in o.skip_events]
-        base += o.n
+    events = skip_events(outs)
     levels = np.concatenate([o.levels for o in outs]).astype("<u2")
     marker = np.concatenate([o.marker for o in outs]).astype("u1")
     t = np.concatenate([o.device_t_us for o in outs]).astype("<u2")

@@ -7,29 +7,15 @@ reach the file, and the refused batches are a gap row, not silence.
 
 from __future__ import annotations
 
-import uuid
-
 import numpy as np
 import pytest
-import zmq
 
 import wattlab
-from tests.test_recorder import RunningRecorder, batch, descriptor
+from tests.conftest import batch, descriptor, synced
 from wattlab.samples import Gap, SampleBatch
 from wattlab.sync.bus import message
-from wattlab.sync.bus.publisher import BusPublisher
 
 OWNER_REFUSAL = "message(s) for streams other clients described"
-
-
-def synced(sock: zmq.Socket, timeout_ms: int = 5000) -> None:
-    """Wait until the recorder has handled everything ``sock`` sent (FIFO per pipe)."""
-    rid = uuid.uuid4().hex
-    sock.send_multipart(message.encode_control("sync", rid=rid))
-    while True:
-        assert sock.poll(timeout_ms), "no sync reply"
-        if message.decode_header(sock.recv_multipart()).get("rid") == rid:
-            return
 
 
 def forged(source: str, seq: int) -> SampleBatch:
@@ -39,33 +25,26 @@ def forged(source: str, seq: int) -> SampleBatch:
 
 
 @pytest.mark.system
-def test_a_second_client_cannot_drop_or_stop_another_clients_stream(tmp_path):
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path, flush_interval_s=0.05)
-    owner = BusPublisher(rec.endpoint)
-    owner.announce(descriptor("gpu0"))
+def test_a_second_client_cannot_drop_or_stop_another_clients_stream(recorder):
+    rec = recorder(flush_interval_s=0.05)
+    owner = rec.publisher(descriptor("gpu0"))
     owner.wait_ready(5)
     for seq in range(3):
         owner.send_batch(batch("gpu0", seq))
     assert owner.sync(5)
-    stranger = zmq.Context.instance().socket(zmq.DEALER)
-    stranger.setsockopt(zmq.LINGER, 0)
-    stranger.connect(rec.endpoint)
-    try:
+    with rec.raw_client() as stranger:
         for seq in (3, 4):
             stranger.send_multipart(message.encode_batch(forged("gpu0", seq)), copy=False)
         stranger.send_multipart(message.encode_gap(Gap("gpu0", "forged", 5, 5)))
         stranger.send_multipart(message.encode_end("gpu0", 6))
         stranger.send_multipart(message.encode_descriptor(descriptor("gpu0")))
         synced(stranger)
-    finally:
-        stranger.close(0)
     for seq in range(3, 10):
         owner.send_batch(batch("gpu0", seq))
     owner.end("gpu0", 9)
     owner.close()
     reply = rec.stop()
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         view = run.source("gpu0")
         assert len(view) == 1000
         expected = np.concatenate([batch("gpu0", seq).values for seq in range(10)])
@@ -78,68 +57,49 @@ def test_a_second_client_cannot_drop_or_stop_another_clients_stream(tmp_path):
 
 
 @pytest.mark.system
-def test_a_restarted_source_takes_over_its_ended_stream(tmp_path):
+def test_a_restarted_source_takes_over_its_ended_stream(recorder):
     """A new client may describe a stream again once it ended (a restarted source)."""
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path, flush_interval_s=0.05)
-    first = BusPublisher(rec.endpoint)
-    first.announce(descriptor("meter"))
-    first.send_batch(batch("meter", 0))
-    first.end("meter", 0)
-    first.close()
-    second = BusPublisher(rec.endpoint)
-    second.announce(descriptor("meter"))
-    second.wait_ready(5)
-    second.send_batch(batch("meter", 1))
-    second.end("meter", 1)
-    second.close()
+    rec = recorder(flush_interval_s=0.05)
+    for seq in (0, 1):  # the first client, then its restart
+        client = rec.publisher(descriptor("meter"))
+        client.wait_ready(5)
+        client.send_batch(batch("meter", seq))
+        client.end("meter", seq)
+        client.close()
     reply = rec.stop()
     assert reply["refused"] == {}
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         assert len(run.source("meter")) == 200
 
 
 @pytest.mark.system
-def test_a_batch_whose_sequence_numbers_were_taken_is_a_gap_row_not_silence(tmp_path):
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path)
-    owner = zmq.Context.instance().socket(zmq.DEALER)
-    owner.setsockopt(zmq.LINGER, 0)
-    owner.connect(rec.endpoint)
-    try:
+def test_a_batch_whose_sequence_numbers_were_taken_is_a_gap_row_not_silence(recorder):
+    rec = recorder()
+    with rec.raw_client() as owner:
         owner.send_multipart(message.encode_descriptor(descriptor("meter")))
         for seq in (0, 1, 1):
             owner.send_multipart(message.encode_batch(batch("meter", seq)), copy=False)
         owner.send_multipart(message.encode_end("meter", 1))
         synced(owner)
-    finally:
-        owner.close(0)
     reply = rec.stop()
     assert reply["sources"]["meter"]["duplicates"] == 1
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         assert len(run.source("meter")) == 200
         gaps = [(g.source, g.reason, g.samples_lost) for g in run.gaps]
     assert gaps == [("meter", "batch with sequence numbers already taken: 1 dropped", 100)]
 
 
 @pytest.mark.system
-def test_waiting_batches_of_another_client_are_not_taken_with_the_descriptor(tmp_path):
+def test_waiting_batches_of_another_client_are_not_taken_with_the_descriptor(recorder):
     """Batches that came before any descriptor belong to whoever then describes the stream."""
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path)
-    stranger = zmq.Context.instance().socket(zmq.DEALER)
-    stranger.setsockopt(zmq.LINGER, 0)
-    stranger.connect(rec.endpoint)
-    try:
+    rec = recorder()
+    with rec.raw_client() as stranger:
         stranger.send_multipart(message.encode_batch(forged("meter", 0)), copy=False)
         synced(stranger)
-    finally:
-        stranger.close(0)
-    owner = BusPublisher(rec.endpoint)
-    owner.announce(descriptor("meter"))
+    owner = rec.publisher(descriptor("meter"))
     owner.send_batch(batch("meter", 0))
     owner.end("meter", 0)
     owner.close()
     rec.stop()
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         np.testing.assert_array_equal(run.source("meter").values, batch("meter", 0).values)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import wattlab
-from tests.test_recorder import RunningRecorder, batch, descriptor
+from tests.conftest import RunningRecorder, batch, descriptor
 from wattlab.errors import MalformedMessageError, UsageError
 from wattlab.samples import SampleBatch
 from wattlab.sync.bus import message

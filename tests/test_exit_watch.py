@@ -30,9 +30,8 @@ from wattlab.sync.bus.publisher import local_endpoint
 from wattlab.sync.recorder import process as recorder_module
 from wattlab.sync.recorder.process import RecorderConfig
 
-from .conftest import Spawn, reap
+from .conftest import RunningRecorder, Spawn, reap
 from .test_faults_session import child_pid, children, finish, record, wait_for_rows
-from .test_recorder import RunningRecorder
 
 HAS_PIDFD = hasattr(os, "pidfd_open")
 needs_pidfd = pytest.mark.skipif(not HAS_PIDFD, reason="needs Linux pidfds")

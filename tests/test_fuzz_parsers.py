@@ -29,8 +29,6 @@ from wattlab.drivers.scpi import (
 from wattlab.drivers.yokogawa_wt300e import Wt300e
 from wattlab.errors import MeterError, MeterProtocolError
 
-pytestmark = pytest.mark.fast
-
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SCPI_TEXT = st.one_of(
     st.text(max_size=80),
@@ -43,6 +41,7 @@ def pieces(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
+@pytest.mark.fast
 @FUZZ
 @given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=6), st.booleans())
 def test_powersensor3_decoding_does_not_depend_on_read_boundaries(
@@ -58,6 +57,7 @@ def test_powersensor3_decoding_does_not_depend_on_read_boundaries(
     assert sum(o.skipped_bytes for o in outs) == whole.skipped_bytes
 
 
+@pytest.mark.fast
 @FUZZ
 @given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=6),
        st.integers(1, 255), st.sampled_from([0, 1, 2, 4]))
@@ -74,6 +74,7 @@ def test_pmd_decoding_does_not_depend_on_read_boundaries(
     assert sum(o.skipped_bytes for o in outs) == sum(o.skipped_bytes for o in whole)
 
 
+@pytest.mark.fast
 @FUZZ
 @given(SCPI_TEXT, st.integers(1, 8))
 def test_scpi_text_parsers_raise_only_meter_errors(reply: str, expected: int) -> None:
@@ -91,6 +92,7 @@ def test_scpi_text_parsers_raise_only_meter_errors(reply: str, expected: int) ->
         assert values.shape == flags.shape == (expected,)
 
 
+@pytest.mark.fast
 @FUZZ
 @given(st.binary(max_size=120))
 def test_definite_block_raises_only_protocol_errors(data: bytes) -> None:
@@ -123,6 +125,7 @@ class ReplyTransport:
         """Nothing to release."""
 
 
+@pytest.mark.fast
 @FUZZ
 @given(st.lists(SCPI_TEXT, min_size=1, max_size=4))
 @example(["", "²"])  # str.isdigit() says yes, int() says no: found in CI
@@ -139,6 +142,7 @@ def test_wt300e_driver_on_garbage_replies(replies: list[str]) -> None:
                 assert out[0].shape == (2,) and out[1].dtype == np.uint8
 
 
+@pytest.mark.fast
 @FUZZ
 @given(st.lists(SCPI_TEXT, min_size=1, max_size=4))
 def test_hmc8015_driver_on_garbage_replies(replies: list[str]) -> None:
@@ -156,6 +160,7 @@ def test_hmc8015_driver_on_garbage_replies(replies: list[str]) -> None:
         assert values.shape == flags.shape == (3,)
 
 
+@pytest.mark.fast
 @FUZZ
 @given(st.one_of(st.binary(max_size=300),
                  st.text(alphabet="#;:0123456789.,PURMSIW \n\r-eE", max_size=300)
@@ -172,7 +177,10 @@ def test_hmc8015_log_parser_raises_only_protocol_errors(data: bytes) -> None:
 # -- CI-sized decoder fuzz (issue 36 item 7) ---------------------------------------------
 # A few thousand inputs a decoder, as a faulty device sends them: random bytes, periodic
 # patterns, runs of one byte, a damaged valid stream between two of those; read in random
-# pieces. Under the "ci" profile (tests/conftest.py) the same inputs every run.
+# pieces. Under the "ci" profile (tests/conftest.py) the same inputs every run. Tier
+# `system` (tests/tiers.py: a pure test over a second): 2-10 s a case on a quiet machine,
+# 20-45 s in all, which is most of the fast tier's minute; under load a failing case
+# shrinks for minutes (115 s for one). Same examples, in the tier whose budget holds them.
 CI_FUZZ = settings(max_examples=500, deadline=None,  # x4 timestamp widths: 2,000 for PMD
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 CI_FUZZ_PS3 = settings(CI_FUZZ, max_examples=1000)  # x2 terminator modes
@@ -192,6 +200,7 @@ def around(before: bytes, stream: bytes, edits: list[tuple[int, str, int]], afte
     return before + damage(stream, edits, seed) + after
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("ts_bytes", [0, 1, 2, 4])
 @CI_FUZZ
 @given(before=FAULTY, frames=st.integers(0, 40), edits=DAMAGE, after=FAULTY,
@@ -224,6 +233,7 @@ def test_pmd_decoder_on_faulty_device_bytes(ts_bytes: int, before: bytes, frames
     assert sum(o.skipped_bytes for o in parts) == sum(o.skipped_bytes for o in one)
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("stop", [False, True])
 @CI_FUZZ_PS3
 @given(before=FAULTY, frames=st.integers(0, 40), edits=DAMAGE, after=FAULTY,

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 import wattlab
-from tests.test_recorder import RunningRecorder, descriptor
+from tests.conftest import descriptor
 from wattlab.samples import SampleBatch, SampleFlag
-from wattlab.sync.bus.publisher import BusPublisher
 from wattlab.sync.recorder.admission.ingest_flags import MAX_AHEAD_NS, flag_suspect_rows
 
 NOW_NS = 10**12
@@ -51,11 +50,9 @@ def test_a_clean_batch_keeps_its_flags_array():
 
 
 @pytest.mark.system
-def test_the_recorder_flags_suspect_rows_and_reports_them(tmp_path):
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path, flush_interval_s=0.05)
-    pub = BusPublisher(rec.endpoint)
-    pub.announce(descriptor("gpu0"))
+def test_the_recorder_flags_suspect_rows_and_reports_them(recorder):
+    rec = recorder(flush_interval_s=0.05)
+    pub = rec.publisher(descriptor("gpu0"))
     t = np.array([3_000, 2_000, 4_000, -(2**62) + 1], dtype=np.int64)
     values = np.array([[1, 1], [2, np.nan], [3, 3], [4, 4]], dtype="<f4")
     pub.send_batch(SampleBatch("gpu0", 0, t, values))
@@ -64,6 +61,6 @@ def test_the_recorder_flags_suspect_rows_and_reports_them(tmp_path):
     reply = rec.stop()
     assert reply["sources"]["gpu0"]["flagged"] == {"time_backwards": 1,
                                                    "time_out_of_range": 1, "not_finite": 1}
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         flags = run.source("gpu0").flags.tolist()
     assert flags == [0, BAD_TIME | BAD_VALUE, 0, BAD_TIME]

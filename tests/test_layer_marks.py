@@ -30,7 +30,8 @@ def train(model: torch.nn.Module, steps: int) -> None:
         opt.zero_grad()
 
 
-@pytest.mark.fast
+# system: over a second (torch's import and five training steps: 3.5-5 s measured)
+@pytest.mark.system
 def test_phases_per_layer_on_every_nth_step() -> None:
     seen: list[tuple[str, str, dict[str, object]]] = []
     clock = iter(range(10**9))

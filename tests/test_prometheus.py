@@ -56,6 +56,25 @@ def scrape_while(proc: subprocess.Popen[Any], url: str, every_s: float = 0.3) ->
     return got
 
 
+def scrape_pairs_while(proc: subprocess.Popen[Any], first_url: str, then_url: str,
+                       every_s: float = 0.3) -> list[tuple[Samples, Samples]]:
+    """Scrape ``first_url`` then ``then_url`` until the process ends; the rounds in which
+    both answered. Why pairs in that order: a count compared across two endpoints is only
+    ordered for scrapes whose order is known; the last scrape of each, taken apart (one
+    refused or timed out under load), may be seconds apart either way."""
+    got: list[tuple[Samples, Samples]] = []
+    while proc.poll() is None:
+        with contextlib.suppress(OSError):
+            first = scrape(first_url)
+            got.append((first, scrape(then_url)))
+        time.sleep(every_s)
+    return got
+
+
+def has_stream(samples: Samples, source: str) -> bool:
+    return any(dict(labels).get("source") == source for _, labels in samples)
+
+
 def window_energy_j(path: str, source: str, channel: str, last_unix_s: float) -> tuple[
         float, int]:
     """`wattlab energy` over the stream's samples up to a wall time, and how many they are."""
@@ -155,18 +174,15 @@ def test_agent_and_recorder_expose_streams_and_the_clock_offset(tmp_path, keys, 
          str(keys / "recorder.key_secret"), "--allow-keys", str(keys / "allowed"),
          "--agent", "node1", "--duration", "4", "-o", str(out), "--prometheus",
          f"127.0.0.1:{rec_port}"], text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    scrapes: dict[int, list[Samples]] = {agent_port: [], rec_port: []}
-    while record.poll() is None:
-        for port, got in scrapes.items():
-            with contextlib.suppress(OSError):
-                got.append(scrape(f"http://127.0.0.1:{port}/metrics"))
-        time.sleep(0.3)
+    pairs = scrape_pairs_while(record, f"http://127.0.0.1:{rec_port}/metrics",
+                               f"http://127.0.0.1:{agent_port}/metrics")
     _, record_err = record.communicate(timeout=60)
     assert record.returncode == 0, record_err
     agent_out = agent.communicate(timeout=30)[0]
     assert agent.returncode == 0, agent_out
     assert "Prometheus metrics at" in agent_out
-    on_agent, on_recorder = scrapes[agent_port][-1], scrapes[rec_port][-1]
+    on_recorder, on_agent = [p for p in pairs if all(
+        has_stream(s, "node1.gpu0.samples") for s in p)][-1]
     assert pick(on_agent, "wattlab_samples_total", source="node1.gpu0.samples") > 50
     assert pick(on_agent, "wattlab_power_watts", source="node1.gpu0.samples",
                 channel="power_w") > 0
@@ -174,10 +190,14 @@ def test_agent_and_recorder_expose_streams_and_the_clock_offset(tmp_path, keys, 
     # the agent's clock runs 5 s ahead (simulated): the recorder's mapping says so
     assert pick(on_recorder, "wattlab_clock_offset_seconds", host="node1") == pytest.approx(
         5.0, abs=1e-3)
-    # both saw the same samples: their energies agree (the agent's may be a batch ahead)
+    # both saw the same samples: their energies agree. The agent counts a batch before it
+    # sends it and the recorder was scraped first, so the agent may be batches ahead, never
+    # behind (0.1 % for the order of the sums)
     agent_j = pick(on_agent, "wattlab_energy_joules_total", source="node1.gpu0.samples")
     rec_j = pick(on_recorder, "wattlab_energy_joules_total", source="node1.gpu0.samples")
     assert 0 < rec_j <= agent_j * 1.001
+    assert pick(on_recorder, "wattlab_samples_total", source="node1.gpu0.samples") <= pick(
+        on_agent, "wattlab_samples_total", source="node1.gpu0.samples")
 
 
 @pytest.mark.fast

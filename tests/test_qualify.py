@@ -148,7 +148,8 @@ def test_a_missing_level_or_a_short_one_is_refused(tmp_path: Path) -> None:
         qualify(run, REF, [NVML], Procedure(2.0, settle_s=0.5))
 
 
-@pytest.mark.fast
+# system: over a second (two calibrations fitted: 1.8-4.8 s measured)
+@pytest.mark.system
 def test_calibrated_nvml_needs_a_calibration_from_another_run(tmp_path: Path) -> None:
     scored = write_levels_run(tmp_path / "scored.h5", start_unix_ns=1)
     write_levels_run(tmp_path / "other.h5", start_unix_ns=2)

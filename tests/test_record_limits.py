@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.test_recorder import RunningRecorder, descriptor
+from tests.conftest import RunningRecorder, descriptor
 from wattlab.acquisition.session import SessionResult
 from wattlab.cli import main
 from wattlab.commands import record

@@ -2,66 +2,25 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import h5py
 import numpy as np
 import pytest
-import zmq
 
 import wattlab
-from tests.conftest import free_port
+from tests.conftest import batch, descriptor, free_port, synced
 from wattlab.errors import RunFileError, UsageError
 from wattlab.samples import Channel, Gap, Marker, SampleBatch, SampleFlag, SourceDescriptor
 from wattlab.sync.bus import message
-from wattlab.sync.bus.publisher import BusPublisher, ControlClient, local_endpoint
+from wattlab.sync.bus.publisher import BusPublisher, local_endpoint
 from wattlab.sync.recorder.process import Recorder, RecorderConfig
 
 
-def descriptor(source_id: str = "meter", width: int = 2, dtype: str = "<f4") -> SourceDescriptor:
-    channels = tuple(Channel(f"power{i}_w", "W", f"rail {i}") for i in range(width))
-    return SourceDescriptor(source_id, "test", "Bench 9000", channels, value_dtype=dtype)
-
-
-def batch(source_id: str, seq: int, n: int = 100, width: int = 2, t0: int = 0) -> SampleBatch:
-    t = t0 + seq * n * 1000 + np.arange(n, dtype=np.int64) * 1000
-    values = (np.arange(n * width, dtype=np.float32).reshape(n, width) + seq).astype("<f4")
-    return SampleBatch(source_id, seq, t, values)
-
-
-class RunningRecorder:
-    """A recorder on a thread, stopped through the real control path."""
-
-    def __init__(self, path: str, endpoint: str | None = None, **config: object) -> None:
-        self.endpoint = endpoint or local_endpoint()
-        self.recorder = Recorder(
-            RecorderConfig(endpoint=self.endpoint, output=path, session_start_ns=0,
-                           root_attrs={"command": "[]"}, **config)  # type: ignore[arg-type]
-        )
-        self.final: dict[str, object] = {}
-        self.thread = threading.Thread(target=self._run)
-        self.thread.start()
-
-    def _run(self) -> None:
-        self.final = self.recorder.run()
-
-    def stop(self) -> dict[str, object]:
-        control = ControlClient(self.endpoint)
-        try:
-            reply = control.request("stop", timeout_s=20)
-        finally:
-            control.close()
-        self.thread.join(20)
-        return reply
-
-
 @pytest.mark.system
-def test_batches_reach_the_file_in_order_with_attributes(tmp_path):
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path, flush_interval_s=0.05)
-    pub = BusPublisher(rec.endpoint)
-    pub.announce(descriptor())
+def test_batches_reach_the_file_in_order_with_attributes(recorder):
+    rec = recorder(flush_interval_s=0.05)
+    pub = rec.publisher(descriptor())
     pub.wait_ready(5)
     for seq in range(20):
         pub.send_batch(batch("meter", seq))
@@ -70,7 +29,7 @@ def test_batches_reach_the_file_in_order_with_attributes(tmp_path):
     pub.close()
     reply = rec.stop()
     assert reply["stopped"] is True
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         view = run.source("meter")
         assert len(view) == 2000
         assert view.channel_names == ["power0_w", "power1_w"]
@@ -85,18 +44,16 @@ def test_batches_reach_the_file_in_order_with_attributes(tmp_path):
 
 
 @pytest.mark.system
-def test_sequence_gap_and_missing_tail_are_recorded(tmp_path):
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path)
-    pub = BusPublisher(rec.endpoint)
-    pub.announce(descriptor())
+def test_sequence_gap_and_missing_tail_are_recorded(recorder):
+    rec = recorder()
+    pub = rec.publisher(descriptor())
     for seq in (0, 1, 4, 5):
         pub.send_batch(batch("meter", seq))
     pub.send_gap(Gap("meter", "resync: 7 corrupt bytes skipped", samples_lost=1))
     pub.end("meter", 7)
     pub.close()
     rec.stop()
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         gaps = [(g.seq_first, g.seq_last, g.reason) for g in run.gaps]
         assert (2, 3, "sequence gap") in gaps
         assert (6, 7, "lost before the end") in gaps
@@ -105,21 +62,19 @@ def test_sequence_gap_and_missing_tail_are_recorded(tmp_path):
 
 
 @pytest.mark.system
-def test_source_that_never_ends_is_reported(tmp_path):
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path, drain_timeout_s=0.3)
-    pub = BusPublisher(rec.endpoint, linger_ms=100)
-    pub.announce(descriptor())
+def test_source_that_never_ends_is_reported(recorder):
+    rec = recorder(drain_timeout_s=0.3)
+    pub = rec.publisher(descriptor(), linger_ms=100)
     pub.send_batch(batch("meter", 0))
     pub.wait_ready(5)
     rec.stop()
     pub.close()
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         assert [g.reason for g in run.gaps] == ["source did not end cleanly"]
 
 
 @pytest.mark.system
-def test_publisher_that_starts_before_the_recorder_loses_nothing(tmp_path):
+def test_publisher_that_starts_before_the_recorder_loses_nothing(recorder):
     """Slow joiner: everything sent before the recorder bound is delivered in order."""
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
@@ -128,36 +83,31 @@ def test_publisher_that_starts_before_the_recorder_loses_nothing(tmp_path):
     for seq in range(10):
         pub.send_batch(batch("meter", seq))
     time.sleep(0.1)
-    rec = RunningRecorder(str(tmp_path / "late.h5"), endpoint=endpoint)
+    rec = recorder("late.h5", endpoint=endpoint)
     pub.end("meter", 9)
     pub.close()
     _wait_until(lambda: rec.recorder.status()["sources"].get("meter", {}).get("ended", False))
     rec.stop()
-    with wattlab.open(str(tmp_path / "late.h5")) as run:
+    with wattlab.open(rec.path) as run:
         assert len(run.source("meter")) == 1000
         assert run.gaps == []
 
 
 @pytest.mark.system
-def test_batch_before_descriptor_triggers_a_describe_request(tmp_path):
+def test_batch_before_descriptor_triggers_a_describe_request(recorder):
     """A recorder that missed the descriptor (restart) asks the source to describe itself."""
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path)
-    context = zmq.Context.instance()
-    sock = context.socket(zmq.DEALER)
-    sock.connect(rec.endpoint)
-    desc = descriptor("late")
-    sock.send_multipart(message.encode_batch(batch("late", 0)), copy=False)
-    assert sock.poll(5000)
-    head = message.decode_header(sock.recv_multipart())
-    assert head["describe"] == "late"
-    sock.send_multipart(message.encode_descriptor(desc))
-    sock.send_multipart(message.encode_batch(batch("late", 1)), copy=False)
-    sock.send_multipart(message.encode_end("late", 1))
-    time.sleep(0.2)
-    sock.close(0)
+    rec = recorder()
+    with rec.raw_client() as sock:
+        sock.send_multipart(message.encode_batch(batch("late", 0)), copy=False)
+        assert sock.poll(5000)
+        head = message.decode_header(sock.recv_multipart())
+        assert head["describe"] == "late"
+        sock.send_multipart(message.encode_descriptor(descriptor("late")))
+        sock.send_multipart(message.encode_batch(batch("late", 1)), copy=False)
+        sock.send_multipart(message.encode_end("late", 1))
+        synced(sock)  # all three handled (was a 0.2 s sleep, which load outlasts)
     rec.stop()
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         assert len(run.source("late")) == 200
         assert run.gaps == []
 
@@ -179,38 +129,32 @@ def test_batch_before_descriptor_triggers_a_describe_request(tmp_path):
                b'"buffers": [{"name": "t_host_ns", "dtype": "|O", "shape": [1]}]}', b"\0" * 8],
     ],
 )
-def test_malformed_messages_are_rejected_and_the_session_goes_on(tmp_path, frames):
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path)
-    context = zmq.Context.instance()
-    bad = context.socket(zmq.DEALER)
-    bad.connect(rec.endpoint)
-    bad.send_multipart(frames)
-    pub = BusPublisher(rec.endpoint)
-    pub.announce(descriptor())
+def test_malformed_messages_are_rejected_and_the_session_goes_on(recorder, frames):
+    rec = recorder()
+    with rec.raw_client() as bad:
+        bad.send_multipart(frames)
+        synced(bad)  # handled before the stop, however late a loaded machine delivers it
+    pub = rec.publisher(descriptor())
     pub.send_batch(batch("meter", 0))
     pub.end("meter", 0)
     pub.close()
     reply = rec.stop()
-    bad.close(0)
     assert reply["rejected"] == 1
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         assert len(run.source("meter")) == 100
 
 
 @pytest.mark.system
-def test_wrong_channel_count_is_rejected_and_recorded_as_a_gap(tmp_path):
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path)
-    pub = BusPublisher(rec.endpoint)
-    pub.announce(descriptor(width=2))
+def test_wrong_channel_count_is_rejected_and_recorded_as_a_gap(recorder):
+    rec = recorder()
+    pub = rec.publisher(descriptor(width=2))
     pub.send_batch(batch("meter", 0, width=3))
     pub.send_batch(batch("meter", 1, width=2))
     pub.end("meter", 1)
     pub.close()
     reply = rec.stop()
     assert reply["rejected"] == 1
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         assert len(run.source("meter")) == 100
         assert [g.reason for g in run.gaps] == ["malformed batch rejected: channel count"]
 
@@ -225,15 +169,13 @@ def test_existing_file_is_never_overwritten(tmp_path):
 
 
 @pytest.mark.system
-def test_live_reader_follows_a_growing_file_and_late_sources(tmp_path):
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path, expected_sources=["meter"], flush_interval_s=0.05)
-    pub = BusPublisher(rec.endpoint)
-    pub.announce(descriptor())
+def test_live_reader_follows_a_growing_file_and_late_sources(recorder):
+    rec = recorder(expected_sources=["meter"], flush_interval_s=0.05)
+    pub = rec.publisher(descriptor())
     pub.send_batch(batch("meter", 0))
     pub.wait_ready(5)
-    _wait_until(lambda: _rows(path, "meter") == 100)
-    with wattlab.open(path) as live:
+    _wait_until(lambda: _rows(rec.path, "meter") == 100)
+    with wattlab.open(rec.path) as live:
         assert len(live.source("meter")) == 100
         pub.send_batch(batch("meter", 1))
         deadline = time.monotonic() + 5
@@ -247,15 +189,14 @@ def test_live_reader_follows_a_growing_file_and_late_sources(tmp_path):
     pub.end("late_source", 0)
     pub.close()
     rec.stop()
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         assert len(run.source("late_source")) == 100
         assert len(run.source("meter")) == 200
 
 
 @pytest.mark.system
-def test_flags_and_raw_time_are_kept(tmp_path):
-    path = str(tmp_path / "run.h5")
-    rec = RunningRecorder(path)
+def test_flags_and_raw_time_are_kept(recorder):
+    rec = recorder()
     pub = BusPublisher(rec.endpoint)
     desc = SourceDescriptor("dev", "test", "X", (Channel("power_w", "W"),),
                             time_raw="device_us", time_raw_dtype="<i8")
@@ -266,7 +207,7 @@ def test_flags_and_raw_time_are_kept(tmp_path):
     pub.end("dev", 0)
     pub.close()
     rec.stop()
-    with wattlab.open(path) as run:
+    with wattlab.open(rec.path) as run:
         view = run.source("dev")
         np.testing.assert_array_equal(view.flags, flags)
         np.testing.assert_array_equal(view.time_raw, [7, 8, 9])

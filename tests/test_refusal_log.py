@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from tests.test_bus_ownership import synced
-from tests.test_recorder import RunningRecorder, batch, descriptor
+from tests.conftest import RunningRecorder, batch, descriptor, synced
 from wattlab.sync.bus.publisher import BusPublisher
 from wattlab.sync.bus.refusal_log import RefusalLog
 
