@@ -175,3 +175,30 @@ def test_live_on_a_file_whose_recorder_is_gone_says_so_instead_of_waiting(
     statuses = follow(str(alive), console=Console(file=io.StringIO()), interval_s=0.1,
                       stop=stop)
     assert {s.source_id for s in statuses} >= {"meter"}
+
+
+SAYS_AT_ONCE_S = 20.0  # far below the --wait below: a line only at the deadline fails
+
+
+@pytest.mark.system
+def test_live_says_at_once_what_it_waits_for(tmp_path: Path, spawn: Spawn) -> None:
+    import select
+
+    path = tmp_path / "nosuch.h5"
+    proc = spawn([sys.executable, "-m", "wattlab.cli", "live", str(path), "--wait", "120"],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    ready, _, _ = select.select([proc.stderr], [], [], SAYS_AT_ONCE_S)
+    assert ready, f"live said nothing within {SAYS_AT_ONCE_S} s of a --wait of 120 s"
+    line = proc.stderr.readline()
+    assert f"waiting up to 120 s for {path}" in line and "wattlab record" in line, line
+    assert proc.poll() is None  # still waiting
+
+
+@pytest.mark.fast
+def test_live_refuses_a_run_file_in_a_folder_that_does_not_exist(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "no-such-folder" / "run.h5"
+    assert main(["live", str(path), "--wait", "60"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'no-such-folder'}" in err and "does not exist" in err, err

@@ -72,6 +72,21 @@ def test_energy_of_a_folder_in_two_processes_matches_each_file_alone(runs, capsy
     assert f"== {runs / 'seed1.h5'}" in text and f"== {runs / 'seed2.h5'}" in text
 
 
+@pytest.mark.system
+def test_info_of_several_files_heads_each_and_keeps_one_file_as_it_was(runs, capsys):
+    one, two = str(runs / "seed1.h5"), str(runs / "seed2.h5")
+    assert main(["info", one]) == 0
+    alone = capsys.readouterr().out
+    assert not alone.startswith("==")  # the golden snapshot's and the docs' form
+    assert main(["info", one, two]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("== ")]
+    assert [lines[i] for i in heads] == [f"== {one}", f"== {two}"] and heads[0] == 0
+    assert "\n".join(lines[1:heads[1]]).strip() == alone.strip()
+    assert main(["info", one, two, "--json"]) == 0
+    assert [d["path"] for d in json.loads(capsys.readouterr().out)] == [one, two]
+
+
 @pytest.mark.fast
 def test_reports_encoded_in_the_workers_join_into_the_list_json_writes() -> None:
     # `energy FOLDER --json` prints the list its workers encoded item by item: it must be

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([o.result for o in outcomes if not o.error], indent=2, default=str))
     else:
-        print("\n".join(o.result for o in outcomes if not o.error))
+        print("\n".join(f"== {o.path}\n{o.result}" for o in outcomes if not o.error))
     return report_errors(outcomes)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from wattlab.acquisition.session import follow, plain_table
@@ -36,6 +37,10 @@ def refuse_what_cannot_become_a_run(path: str) -> None:
 
     if os.path.isdir(path):
         raise UsageError(f"{path}: is a folder, not a run file")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise UsageError(f"{path}: the folder {folder} does not exist, so no recorder can "
+                         "create the run file there")
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         return
     with open(path, "rb") as f:
@@ -45,8 +50,17 @@ def refuse_what_cannot_become_a_run(path: str) -> None:
         Run(path).close()
 
 
+def say_what_is_awaited(path: str, wait_s: float) -> None:
+    """A file not there yet (or still empty) is waited for: say so at once, not after."""
+    if os.path.isfile(path) and os.path.getsize(path) > 0:
+        return
+    print(f"wattlab live: waiting up to {wait_s:g} s for {path} to be written by `wattlab "
+          f"record -o {path} ...` (--wait S to change)", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     refuse_what_cannot_become_a_run(args.run)
+    say_what_is_awaited(args.run, args.wait)
     from rich.console import Console
 
     console = Console()

@@ -9,6 +9,8 @@ when their id matches a known meter, or when the user names them with ``--probe`
 from __future__ import annotations
 
 import importlib
+import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -103,6 +105,21 @@ def _all_visa_names() -> list[str]:
         manager.close()
 
 
+def quiet_visa_listing(listing: Callable[[], list[str]]) -> tuple[list[str], list[str]]:
+    """The names ``listing`` found, and what it warned about as one note line each.
+
+    Why: pyvisa-py warns, with a source line and a stack frame on stderr, about every
+    discovery it cannot do (HiSLIP without the zeroconf package); the user needs one line.
+    Its other warnings (its own unclosed broadcast sockets) are not the user's to act on.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("ignore")
+        warnings.simplefilter("always", UserWarning)
+        names = listing()
+    said = (" ".join(str(w.message).split()) for w in caught)
+    return names, [f"network discovery incomplete: {text}" for text in dict.fromkeys(said)]
+
+
 def visa_resources(network: bool = False) -> list[FoundDevice]:
     """VISA instruments on local buses; ``network``: also VXI-11 / HiSLIP discovery.
 
@@ -110,10 +127,11 @@ def visa_resources(network: bool = False) -> list[FoundDevice]:
     a TCP instrument can always be named directly (``TCPIP::host::port::SOCKET``).
     """
     try:
-        names = _all_visa_names() if network else _local_visa_names()
+        names, notes = quiet_visa_listing(_all_visa_names if network else _local_visa_names)
     except Exception as e:
         return [FoundDevice("visa", "-", notes=[f"VISA listing failed: {e}"])]
-    return [FoundDevice("visa", name, meter_spec=f"wt300e:{name}") for name in names]
+    found = [FoundDevice("visa", name, meter_spec=f"wt300e:{name}") for name in names]
+    return found + ([FoundDevice("visa", "-", notes=notes)] if notes else [])
 
 
 def nvml_gpus() -> list[FoundDevice]:

@@ -184,7 +184,8 @@ def serve_until_interrupted(device: PtyDevice) -> int:
     """Run an emulator until Ctrl-C, printing the port a driver should open.
 
     The whole run is inside the handler: a Ctrl-C that lands as the port is printed, before
-    the wait loop, is a clean stop too (exit 0), not a death by SIGINT.
+    the wait loop, is a clean stop too (0 here; ``wattlab emulate`` exits 130 after it,
+    hardware/emulators/emulator_run.py), not a death by SIGINT.
     """
     try:
         with device:

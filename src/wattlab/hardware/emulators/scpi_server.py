@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import signal
 import socket
 import sys
 import threading
@@ -377,24 +376,21 @@ def monotonic_ns() -> int:
 
 
 def serve_until_interrupted(device: ScpiDevice, name: str) -> int:
-    """Serve ``device``, print its VISA resource, stop cleanly on Ctrl-C / SIGTERM."""
-    done = threading.Event()
+    """Serve ``device``, print its VISA resource, stop cleanly on Ctrl-C.
 
-    def _stop(signum: int, frame: object) -> None:
-        done.set()
-
-    previous = signal.signal(signal.SIGTERM, _stop)
+    ``wattlab emulate`` turns SIGTERM into a Ctrl-C and sets the exit status
+    (hardware/emulators/emulator_run.py).
+    """
     device.start()
     try:
         print(f"{name} emulator: {device.resource}", flush=True)
         print("Ctrl-C to stop", file=sys.stderr, flush=True)
-        while not done.wait(0.2):
-            pass
+        while True:
+            time.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
         device.close()
-        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
