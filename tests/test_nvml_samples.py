@@ -91,7 +91,7 @@ def test_nothing_new_is_empty_and_other_failures_raise() -> None:
     with pytest.raises(pynvml.NVMLError_NotSupported):
         SampleDrain(unsupported).read(unsupported.nvmlDeviceGetHandleByIndex(0), 0)
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
-        lib._nvmlGetFunctionPointer("nvmlDeviceGetPowerUsage")
+        lib._nvmlGetFunctionPointer("nvmlDeviceGetTemperature")
 
 
 def c_function(rows: list[tuple[int, float]], value_type: int,

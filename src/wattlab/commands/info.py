@@ -11,6 +11,7 @@ from typing import Any
 from wattlab.analysis.energy import format_table, summarise
 from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
 from wattlab.runfile import MarkerRow, Run, schema, writer_status
+from wattlab.runfile.recording_cpu import show_recording_cpu
 
 
 def describe(run: Run) -> dict[str, Any]:
@@ -85,6 +86,7 @@ def show(path: str, as_json: bool) -> int:
         print(f"{run_file.path}: wattlab run format {attrs.get(schema.FORMAT_VERSION_ATTR)}, "
               f"created {attrs.get(schema.CREATED, '?')} on {attrs.get(schema.HOST, '?')}")
         print(f"command: {' '.join(json.loads(attrs.get(schema.COMMAND, '[]'))) or '-'}")
+        show_recording_cpu(attrs)
         status = writer_status(run_file.path)
         if status.open:
             print(("needs repair: " if status.needs_repair else "") + status.describe(

@@ -30,6 +30,7 @@ from wattlab.drivers.nvml_identity import (
     read_device_info,
     read_scope,
 )
+from wattlab.drivers.nvml_power import PowerCallError, PowerRead
 from wattlab.drivers.nvml_samples import VALUE_MEMBERS, SampleDrain, UnknownValueType
 from wattlab.errors import NvmlError, NvmlMissingError, UsageError
 
@@ -92,6 +93,7 @@ class NvmlDriver(SharedSession):
         self._opened = 0
         self._handles: dict[int, Any] = {}
         self._drains: dict[int, SampleDrain] = {}
+        self._power_reads: dict[int, PowerRead] = {}
         self._lock = threading.Lock()
 
     @property
@@ -115,6 +117,7 @@ class NvmlDriver(SharedSession):
     def _stop(self) -> None:
         self._handles.clear()
         self._drains.clear()
+        self._power_reads.clear()
         try:
             self.lib.nvmlShutdown()
         except pynvml.NVMLError as e:
@@ -254,12 +257,22 @@ class NvmlDriver(SharedSession):
         return nvml_value(fv.value, fv.valueType) / 1e3, None
 
     def read_power(self, gpu: int) -> tuple[float | None, float]:
-        """(instant W or None where the field is unsupported, 1 s average W)."""
-        instant_w, _ = self._instant_field(gpu)
-        average_mw = self._call(
-            gpu, NVML_CALLS["average_power_w"], self.lib.nvmlDeviceGetPowerUsage, self.handle(gpu)
-        )
-        return instant_w, float(average_mw) / 1e3
+        """(instant W or None where the field is unsupported, 1 s average W).
+
+        The reader's most frequent call: through ``PowerRead`` (C entry points, structures
+        kept), not pynvml's wrappers.
+        """
+        power = self._power_reads.get(gpu)
+        if power is None:  # made on first use, after nvmlInit (it looks up C functions)
+            power = self._call(gpu, "looking up the power calls", PowerRead, self.lib,
+                               self.handle(gpu))
+            with self._lock:
+                power = self._power_reads.setdefault(gpu, power)
+        try:
+            instant_mw, _, average_mw = power.read()
+        except PowerCallError as e:
+            raise NvmlError(f"GPU {gpu}: {NVML_CALLS[e.reading]} failed: {e}") from e
+        return None if instant_mw is None else instant_mw / 1e3, average_mw / 1e3
 
     def read_energy_j(self, gpu: int) -> float:
         """Energy counter (J since the driver loaded); the call costs ~3 ms on an H100."""

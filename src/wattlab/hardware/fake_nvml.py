@@ -33,6 +33,19 @@ def _err(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
+def _pointee(arg: Any) -> Any:
+    """What a C argument points at.
+
+    pynvml passes ``byref(x)``, wattlab ``pointer(x)`` or an array itself (a C array
+    argument is its first element's address).
+    """
+    if type(arg).__name__ == "CArgObject":  # ctypes.byref's result: the object is _obj
+        return arg._obj
+    if isinstance(arg, ctypes._Pointer):
+        return arg.contents
+    return arg
+
+
 def _fill_samples(out: Any, stamps_us: Any, power_mw: Any) -> None:
     """Write (unix µs, mW) pairs into an array of ``nvmlSample_t``."""
     for i, (ts, mw) in enumerate(zip(stamps_us.tolist(), power_mw.tolist(), strict=True)):
@@ -168,12 +181,15 @@ class FakeNvml:
     def _nvmlGetFunctionPointer(self, name: str) -> Any:
         """The C entry point ``name``, as pynvml's private lookup hands it out.
 
-        Only the one wattlab calls directly; others fail with FUNCTION_NOT_FOUND, as in pynvml.
+        Only those wattlab calls directly; others fail with FUNCTION_NOT_FOUND, as in pynvml.
         """
         self._check_init(name)
-        if name != "nvmlDeviceGetSamples":
+        entry = {"nvmlDeviceGetSamples": self._c_get_samples,
+                 "nvmlDeviceGetFieldValues": self._c_get_field_values,
+                 "nvmlDeviceGetPowerUsage": self._c_get_power_usage}.get(name)
+        if entry is None:
             raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        return self._c_get_samples
+        return entry
 
     def _c_get_samples(  # noqa: PLR0917 - the C function's six positional arguments
         self, handle: Any, sampling_type: Any, since_us: Any, value_type: Any, count: Any,
@@ -197,21 +213,25 @@ class FakeNvml:
         count.contents.value = n
         return pynvml.NVML_SUCCESS
 
-    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
-        """Per-field status in ``nvmlReturn`` (no exception), as the real call does."""
-        gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
-        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+    def _c_get_field_values(self, handle: Any, count: Any, values: Any) -> int:
+        """``nvmlDeviceGetFieldValues`` as C sees it; the return code is the call's.
+
+        Fills ``values`` (an array of ``nvmlFieldValue_t`` or pynvml's ``byref`` of one) in
+        place, each field with its own status in ``nvmlReturn``.
+        """
+        try:
+            gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        except pynvml.NVMLError as e:
+            return int(e.value)
+        values = _pointee(values)
         now = gpu.clock_ns()
         readers = {
             pynvml.NVML_FI_DEV_POWER_INSTANT: ("NVML_FI_DEV_POWER_INSTANT", gpu.instant_power_mw),
             pynvml.NVML_FI_DEV_POWER_AVERAGE: ("NVML_FI_DEV_POWER_AVERAGE", gpu.average_power_mw),
         }
-        for i, fid in enumerate(fieldIds):
-            field_id, scope_id = fid if isinstance(fid, tuple) else (fid, 0)
-            values[i].fieldId = field_id
-            values[i].scopeId = scope_id
-            reader = readers.get(field_id)
-            module_scope = scope_id == pynvml.NVML_POWER_SCOPE_MODULE
+        for i in range(count if isinstance(count, int) else count.value):
+            reader = readers.get(values[i].fieldId)
+            module_scope = values[i].scopeId == pynvml.NVML_POWER_SCOPE_MODULE
             if reader is None or not gpu.supports(reader[0]) or (
                     module_scope and not gpu.module_power):
                 values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -222,7 +242,35 @@ class FakeNvml:
             update = gpu.last_update_ns(now)
             values[i].timestamp = int(gpu.to_unix_us(now if update is None else update))
             values[i].latencyUsec = 0
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
+        """Per-field status in ``nvmlReturn`` (no exception), as the real call does.
+
+        The shape of nvidia-ml-py's wrapper: an array of ``c_nvmlFieldValue_t``, a field id
+        or a ``(fieldId, scopeId)`` pair each, handed by reference to the C entry point;
+        only the call's own failure raises.
+        """
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for i, field_id in enumerate(fieldIds):
+            try:
+                (values[i].fieldId, values[i].scopeId) = field_id
+            except TypeError:
+                values[i].fieldId = field_id
+        code = self._c_get_field_values(handle, ctypes.c_int32(len(fieldIds)),
+                                        ctypes.byref(values))
+        if code != pynvml.NVML_SUCCESS:
+            raise _err(code)
         return values
+
+    def _c_get_power_usage(self, handle: Any, power_mw: Any) -> int:
+        """``nvmlDeviceGetPowerUsage`` as C sees it: mW into ``*power_mw``, a return code."""
+        try:
+            out = _pointee(power_mw)
+            out.value = self.nvmlDeviceGetPowerUsage(handle)
+        except pynvml.NVMLError as e:
+            return int(e.value)
+        return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         """Power in mW: the 1 s average on Ampere and newer."""

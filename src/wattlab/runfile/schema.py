@@ -53,6 +53,7 @@ EXCITE_SEED = "excite_seed"
 IMPORTED_FROM = "imported_from"
 IMPORT_FORMAT = "import_format"
 UNFINISHED = "unfinished"
+RECORDING_CPU_JSON = "recording_cpu_json"
 
 WRITER_ROOT_ATTRS = (FORMAT_VERSION_ATTR, SESSION_START_MONOTONIC_NS, WRITER_JSON)
 """What the writer itself sets when it creates a file."""
@@ -62,8 +63,10 @@ SESSION_ROOT_ATTRS = (WATTLAB_VERSION, CREATED, HOST, SESSION_START_UNIX_NS, COM
 CLOSE_ROOT_ATTRS = (SESSION_END_MONOTONIC_NS, RECORDER_STATUS_JSON)
 """What the recorder sets at a clean close."""
 OCCASIONAL_ROOT_ATTRS = (REPAIR_JSON, STOPPED_BY, DISK_FULL_JSON, SWEEP_SETTING_JSON,
-                         TUNE_JSON, DEMO_SEED, EXCITE_SEED, IMPORTED_FROM, IMPORT_FORMAT)
-"""Set by repair, a full disk, the command that recorded, or an importer."""
+                         TUNE_JSON, DEMO_SEED, EXCITE_SEED, IMPORTED_FROM, IMPORT_FORMAT,
+                         RECORDING_CPU_JSON)
+"""Set by repair, a full disk, the command that recorded, an importer, or (the recording's
+own CPU) a session at its clean close: files written before issue 39 lack it."""
 WRITING_ROOT_ATTRS = (UNFINISHED,)
 """Set while a writer owns the file, removed as the last step of its clean close.
 

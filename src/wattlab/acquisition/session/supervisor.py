@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from wattlab.acquisition.acquirers import Acquirer
 from wattlab.acquisition.markers import BUS_ENV
+from wattlab.acquisition.session.process_cpu import CpuWindow
 from wattlab.acquisition.session.salvage import Salvage, salvage
 from wattlab.acquisition.session.source_process import (
     ABANDON_WAIT_S,
@@ -204,6 +205,7 @@ class Session:
         marker_pub = BusPublisher(endpoint, linger_ms=round(linger_s * 1000))
         supervisor = _Supervisor(self, endpoint, t0_ns, recorder, runners)
         exit_code: int | None = None
+        cpu = CpuWindow()
         # from here on Ctrl-C / SIGTERM stop the session cleanly, even while it starts
         with _signals_stop(self):
             try:
@@ -225,6 +227,7 @@ class Session:
                                    self.agent_timeout_s,
                                    f"agents {hosts} to connect and sync clocks")
                 supervisor.start()
+                cpu.start(_tree_pids(runners, supervisor.recorder))
                 marker_pub.send_marker(Marker(time.monotonic_ns(), "session", "begin", "session"))
                 exit_code = self._run_workload(endpoint, runners)
                 marker_pub.send_marker(Marker(time.monotonic_ns(), "session", "end", "session",
@@ -232,6 +235,7 @@ class Session:
                 self._stop.wait(self.tail_s)  # a stop (Ctrl-C) cuts the tail short
             finally:
                 sources_stop_ns = time.monotonic_ns()  # the last readings are from here
+                recording_cpu = cpu.end()  # steady state: before the sources stop
                 gone = (supervisor.disk_full is not None
                         or supervisor.recorder.poll() == DISK_FULL_EXIT)
                 for runner in runners:
@@ -246,7 +250,9 @@ class Session:
                         runner.stop()
                 marker_pub.close(wait=not gone)
                 supervisor.stop()
-                status, killed = self._stop_recorder(control, supervisor.recorder)
+                status, killed = self._stop_recorder(
+                    control, supervisor.recorder,
+                    {} if recording_cpu is None else {"recording_cpu": recording_cpu.to_json()})
                 control.close()
                 disk_full = supervisor.disk_full or _reap(supervisor.recorder)
         errors = {r.name: r.error for r in runners if r.error}
@@ -308,14 +314,18 @@ class Session:
         return child.returncode
 
     def _stop_recorder(
-        self, control: ControlClient, recorder: subprocess.Popen[bytes]
+        self, control: ControlClient, recorder: subprocess.Popen[bytes],
+        stop_fields: dict[str, Any],
     ) -> tuple[dict[str, Any], str | None]:
-        """Its final status, and why it had to be killed (None: it stopped by itself)."""
+        """Its final status, and why it had to be killed (None: it stopped by itself).
+
+        ``stop_fields`` go with the stop request (the recording's CPU, for the file).
+        """
         status: dict[str, Any] = {}
         killed = None
         if recorder.poll() is None:
             try:
-                status = control.request("stop", timeout_s=self.stop_timeout_s)
+                status = control.request("stop", timeout_s=self.stop_timeout_s, **stop_fields)
             except BusError as e:
                 status = {"error": str(e)}
                 killed = (f"the recorder did not answer 'stop' within {self.stop_timeout_s:g} s "
@@ -329,6 +339,22 @@ class Session:
             recorder.kill()
             recorder.wait()
         return status, killed
+
+
+def _tree_pids(runners: list[Runner], recorder: subprocess.Popen[bytes]
+               ) -> dict[str, int | None]:
+    """The recording's processes by role.
+
+    The session (with its in-process sources), each source process by its name, the recorder.
+    """
+    pids: dict[str, int | None] = {"session": os.getpid()}
+    for runner in runners:
+        if isinstance(runner, ProcessSourceRunner):
+            role = runner.name if runner.name not in ("session", "recorder") else (
+                f"source {runner.name}")
+            pids[role] = runner.pid
+    pids["recorder"] = recorder.pid
+    return pids
 
 
 class _Supervisor:

@@ -37,6 +37,7 @@ import zmq
 from wattlab.errors import MalformedMessageError, WattlabError
 from wattlab.exit_watch import open_pidfd
 from wattlab.runfile import RECORDER_HOST, RECORDER_STATUS_JSON, SESSION_END_MONOTONIC_NS
+from wattlab.runfile.recording_cpu import stop_attrs
 from wattlab.samples import Marker, SourceDescriptor
 from wattlab.sync.bus import message
 from wattlab.sync.recorder.admission.gate import Gate
@@ -95,6 +96,7 @@ class Recorder:
         self._order = StreamOrder(self._sources, self._gaps, self._flusher, self._clocks,
                                   self._sockets, refusals=self._refusals)
         self._stop_requested: tuple[bytes, str] | None = None
+        self._stop_attrs: dict[str, str] = {}  # what the session's stop adds to the file
         self._drain_deadline_s = 0.0
         if config.resume:
             self._flusher.resume(points)
@@ -222,6 +224,7 @@ class Recorder:
             self._sockets.reply(identity, rid=rid)
         elif command == "stop":
             self._stop_requested = (identity, str(rid))
+            self._stop_attrs = stop_attrs(head, host)
             self._drain_deadline_s = time.monotonic() + self.config.drain_timeout_s
         else:
             raise MalformedMessageError(f"unknown control command {command!r}")
@@ -345,6 +348,7 @@ class Recorder:
         self._flusher.close({
             SESSION_END_MONOTONIC_NS: time.monotonic_ns(),
             RECORDER_STATUS_JSON: json.dumps(final, sort_keys=True),
+            **self._stop_attrs,
         }, sync, remaps)
         if self._exporter is not None:
             self._exporter.close()

@@ -1,0 +1,172 @@
+"""Where each microsecond of a wake-up goes: the NVML reader and the PowerSensor3 source.
+
+    python bench/hot_profile.py nvml [--seconds 600] [--streams all] [--intervals ""]
+    python bench/hot_profile.py ps3 [--seconds 10]
+
+``nvml``: the NVML reader's wake-ups (``NvmlAcquirer.poll`` and the runner's publish onto a
+real ZeroMQ socket) against the fake NVML, on a simulated clock: ``--seconds`` of recording
+run back to back, so the figures are the Python around the calls and the fake's answers,
+with warm caches (a real GPU after a sleep adds its cold-cache cost on top). Prints the
+CPU per wake-up and cProfile's own-time per wake-up of the functions that cost most.
+
+``ps3``: a real recording session of the emulated PowerSensor3 at 20 kHz, profiled in the
+session's process (the source thread: read, decode, publish); the recorder is a separate
+process and is measured by ``bench/ps3_stream.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from wattlab.acquisition.acquirers import NvmlAcquirer, parse_intervals
+from wattlab.acquisition.session.source_runner import COALESCE_ROWS, SourceRunner
+from wattlab.drivers.nvml import NvmlDriver
+from wattlab.hardware.fake_nvml import FakeNvml
+from wattlab.hardware.simulated_gpu import simulated_gpus
+from wattlab.sync.bus import BusPublisher
+
+TOP = 14  # functions shown
+# the simulated GPU behind the fake NVML: a real GPU's driver does this work
+FAKE_FILES = ("hardware/", "recursive_filter.py", "pynvml.py")
+
+
+class SimulatedClock:
+    """A monotonic clock that a sleep advances: wake-ups run back to back."""
+
+    def __init__(self) -> None:
+        self.now_ns = time.monotonic_ns()
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def sleep(self, seconds: float) -> None:
+        self.now_ns += round(seconds * 1e9)
+
+
+def nvml_wakeups(seconds: float, streams: str, intervals: str, profile: cProfile.Profile | None
+                 ) -> tuple[int, int]:
+    """(wake-ups, thread CPU ns) of ``seconds`` of the reader on a simulated clock.
+
+    With ``profile``, the wake-ups run under it (and cost more).
+    """
+    clock = SimulatedClock()
+    lib = FakeNvml(simulated_gpus(1, 0, clock_ns=clock))
+    acquirer = NvmlAcquirer(NvmlDriver(lib), 0, streams=streams,
+                            intervals_s=parse_intervals(intervals), clock_ns=clock,
+                            sleep=clock.sleep)
+    context: zmq.Context[Any] = zmq.Context()
+    with tempfile.TemporaryDirectory(prefix="wattlab-prof-") as folder:
+        endpoint = f"ipc://{folder}/bus.sock"
+        sink = context.socket(zmq.ROUTER)
+        sink.bind(endpoint)
+        publisher = BusPublisher(endpoint, context, linger_ms=0, coalesce_rows=COALESCE_ROWS,
+                                 backlog_bytes=1 << 26)
+        runner = SourceRunner("gpu0", acquirer, endpoint)
+        for desc in acquirer.open():
+            publisher.announce(desc)
+        end_ns = clock() + round(seconds * 1e9)
+        wakeups = 0
+        cpu0 = time.thread_time_ns()
+        if profile is not None:
+            profile.enable()
+        while clock() < end_ns:
+            runner._publish(publisher, acquirer.poll())
+            wakeups += 1
+        if profile is not None:
+            profile.disable()
+        cpu_ns = time.thread_time_ns() - cpu0
+        acquirer.close()
+        publisher.close(wait=False)
+        sink.close(0)
+    context.term()
+    return wakeups, cpu_ns
+
+
+def ps3_session(seconds: float) -> tuple[int, int, pstats.Stats]:
+    """(rows, source thread CPU ns, profile of the session process) of a 20 kHz recording."""
+    from wattlab.acquisition.acquirers import PowerSensor3Acquirer
+    from wattlab.acquisition.session import Session
+    from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
+    from wattlab.runfile import Run
+
+    profile = cProfile.Profile()
+    cpu_ns = [0]
+
+    def sample_cpu(_elapsed_s: float) -> None:
+        for thread in threading.enumerate():
+            if thread.name == "source-ps3" and thread.ident:
+                cpu_ns[0] = time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
+
+    threading.setprofile(lambda *_: profile.enable())  # new threads are profiled too
+    with tempfile.TemporaryDirectory(prefix="wattlab-prof-") as folder:
+        out = str(Path(folder) / "ps3.h5")
+        with PowerSensor3Emulator(lambda t: 300.0) as emu:
+            Session(out, [("ps3", PowerSensor3Acquirer(emu.path, "ps3"))], duration_s=seconds,
+                    on_progress=sample_cpu).run()
+        threading.setprofile(None)  # type: ignore[arg-type]
+        with Run(out) as run:
+            rows = len(run.source("ps3"))
+    profile.disable()
+    return rows, cpu_ns[0], pstats.Stats(profile)
+
+
+def fake_share(stats: pstats.Stats) -> float:
+    """Seconds spent inside the fake NVML's entry points (what a real driver replaces)."""
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    return sum(cum for (path, _, name), (_, _, _, cum, callers) in raw.items()
+               if path.endswith("fake_nvml.py") and name.startswith(("nvml", "_c_"))
+               and not any(c[0].endswith("fake_nvml.py") for c in callers))
+
+
+def show(stats: pstats.Stats, per: int, what: str, skip: tuple[str, ...] = ()) -> None:
+    """The functions with the most own time, in µs per ``what``; files under ``skip`` left out."""
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    mine = [kv for kv in raw.items() if not any(s in kv[0][0] for s in skip)]
+    rows = sorted(mine, key=lambda kv: kv[1][2], reverse=True)[:TOP]
+    print(f"{'own µs/' + what:>14} {'calls/' + what:>12}  function")
+    for (path, line, name), (_, ncalls, tottime, _, _) in rows:
+        print(f"{1e6 * tottime / per:>14.2f} {ncalls / per:>12.2f}  "
+              f"{Path(path).name}:{line}({name})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("what", choices=("nvml", "ps3"))
+    parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument("--streams", default="all")
+    parser.add_argument("--intervals", default="")
+    args = parser.parse_args()
+    if args.what == "nvml":
+        seconds = args.seconds or 600.0
+        wakeups, cpu_ns = nvml_wakeups(seconds, args.streams, args.intervals, None)
+        profile = cProfile.Profile()
+        _, profiled_ns = nvml_wakeups(seconds, args.streams, args.intervals, profile)
+        stats = pstats.Stats(profile)
+        fake_us = 1e6 * fake_share(stats) / wakeups
+        print(f"NVML reader ({args.streams}{', ' + args.intervals if args.intervals else ''}),"
+              f" {seconds:g} simulated s on the fake NVML: {wakeups} wake-ups, "
+              f"{cpu_ns / 1e3 / wakeups:.1f} µs CPU each; profiled "
+              f"{profiled_ns / 1e3 / wakeups:.1f} µs, of which the fake's answers "
+              f"{fake_us:.1f} µs")
+        show(stats, wakeups, "wake", skip=FAKE_FILES)
+    else:
+        seconds = args.seconds or 10.0
+        rows, cpu_ns, stats = ps3_session(seconds)
+        print(f"PowerSensor3 20 kHz, {seconds:g} s: {rows} rows, source thread "
+              f"{100 * cpu_ns / 1e9 / seconds:.2f} % of a core (profiled)")
+        show(stats, rows // 1000 or 1, "1k rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
