@@ -4,7 +4,7 @@ Each phase's energy is the figure `wattlab energy --by-marker` chooses for it, w
 interval and verdict; the work is the counter's increase over the phase with its edge ±
 (``counters``). J/unit's ± adds both relative errors in quadrature. The marginal figure
 takes idle power times the phase's duration off first; idle is given, or measured where
-the counter did not advance (``idle_busy``).
+no counted work ran (``idle_busy``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from wattlab.analysis.attribution.counters import CounterSeries, find_counter, run_counters
 from wattlab.analysis.attribution.learn import measure_idle
@@ -68,35 +70,33 @@ class PerUnit:
                 "notes": self.notes}
 
 
-def idle_busy(counter: CounterSeries) -> list[tuple[float, float]]:
-    """Where work ran: read intervals the counter advanced in; for counts, around each count.
+def idle_busy(counter: CounterSeries, phases: Sequence[dict[str, Any]]
+              ) -> list[tuple[float, float]]:
+    """Where work ran: read intervals the counter advanced in; for counts, their span.
 
-    A count marks work that ended then: the time since the previous count (or the run's
-    start) is busy unless it is at least ``IDLE_MIN_S`` long.
+    A count marks work that ended then, not where it ran: the span from the first count to
+    the last, and every marked phase holding a count, are busy.
     """
     t, v = counter.t_s, counter.value
     if not counter.exact:
         return [(float(t[i]), float(t[i + 1])) for i in range(t.size - 1) if v[i + 1] > v[i]]
-    out, prev = [], None
-    for ti in t:
-        if prev is not None and ti - prev < IDLE_MIN_S:
-            out.append((float(prev), float(ti)))
-        prev = ti
-    return out or [(float(t[0]), float(t[-1]))]
+    holding = [(p["t0_s"], p["t1_s"]) for p in phases if p["name"] != "run"
+               and np.any((t >= p["t0_s"]) & (t <= p["t1_s"]))]
+    return [(float(t[0]), float(t[-1])), *holding]
 
 
-def run_idle(stream: PowerStream, counter: CounterSeries, idle_w: float | None
-             ) -> tuple[float | None, float | None, str]:
+def run_idle(stream: PowerStream, counter: CounterSeries, idle_w: float | None,
+             phases: Sequence[dict[str, Any]]) -> tuple[float | None, float | None, str]:
     """(idle W, ± W, how it was obtained)."""
     if idle_w is not None:
         return idle_w, 0.0, "given (--idle-w)"
-    got = measure_idle(stream.t_s, stream.power_w, idle_busy(counter),
+    got = measure_idle(stream.t_s, stream.power_w, idle_busy(counter, phases),
                        guard_s=max(stream.edge_s, 0.1), min_s=IDLE_MIN_S)
     if got is None:
         return None, None, (f"not measured: no stretch of >= {IDLE_MIN_S:g} s without counted "
                             "work (give --idle-w)")
     return got[0], got[1], (f"measured on {stream.name} over {got[2]:.2f} s where "
-                            f"{counter.name} did not advance")
+                            "no counted work ran")
 
 
 def energy_per_unit(run: Run, unit: str, *, idle_w: float | None = None) -> PerUnit:
@@ -104,7 +104,7 @@ def energy_per_unit(run: Run, unit: str, *, idle_w: float | None = None) -> PerU
     counter = find_counter(run_counters(run), unit, run.path)
     report = energy_report(run, by_marker=True)
     stream = run_power_stream(run, report)
-    idle, idle_pm, how = run_idle(stream, counter, idle_w)
+    idle, idle_pm, how = run_idle(stream, counter, idle_w, report["phases"])
     by_key = {(r["phase"], f"{r['source']}:{r['channel']}"): r for r in report["rows"]
               + report["group_rows"]}
     phases = {p["label"]: p for p in report["phases"] + report["groups"]}
