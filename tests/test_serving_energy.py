@@ -194,3 +194,14 @@ def test_aiperf_records_are_read_with_absolute_times(tmp_path):
     assert (r.id, r.prompt_tokens, r.output_tokens) == ("q1", 550, 9)
     assert r.start_s == pytest.approx(2.0) and r.first_token_s == pytest.approx(2.25)
     assert r.end_s == pytest.approx(3.5)
+
+
+def test_export_writes_one_row_per_request(with_requests, tmp_path):
+    import csv
+
+    table = tmp_path / "requests.csv"
+    assert main(["export", str(with_requests), "--by-request", "-o", str(table)]) == 0
+    rows = list(csv.DictReader(table.read_text().splitlines()))
+    assert [r["id"] for r in rows] == [r.id for r in REQUESTS]
+    assert float(rows[0]["energy_j"]) == pytest.approx(REQUESTS[0].truth_j(), rel=0.01)
+    assert rows[0]["rule"] == "fitted power per kind" and rows[0]["valid"] == "True"

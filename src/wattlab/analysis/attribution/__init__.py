@@ -4,10 +4,12 @@ One core (``attribute``) for every split: per request, per unit of work, per pro
 """
 
 from wattlab.analysis.attribution.by_request import (
+    REQUEST_COLUMNS,
     ByRequest,
     RequestEnergy,
     energy_by_request,
     format_by_request,
+    request_rows,
 )
 from wattlab.analysis.attribution.core import CLOSURE, Activity, Attribution, attribute
 from wattlab.analysis.attribution.counters import (
@@ -29,6 +31,7 @@ from wattlab.analysis.attribution.rule import Param, Rule, equal_rule
 
 __all__ = [
     "CLOSURE",
+    "REQUEST_COLUMNS",
     "Activity",
     "Attribution",
     "ByRequest",
@@ -52,6 +55,7 @@ __all__ = [
     "measure_idle",
     "parse_request_log",
     "read_requests",
+    "request_rows",
     "run_counters",
     "run_power_stream",
     "write_requests",

@@ -25,6 +25,14 @@ from wattlab.errors import UsageError
 from wattlab.runfile import Run
 
 KINDS = ["prefill", "decode"]
+# `wattlab export --by-request`'s columns -> pyarrow type
+REQUEST_COLUMNS = {
+    "run": "string", "stream": "string", "valid": "bool", "rule": "string",
+    "idle_w": "float64", "id": "string", "start_s": "float64", "end_s": "float64",
+    "prompt_tokens": "int64", "output_tokens": "int64", "prefill_j": "float64",
+    "decode_j": "float64", "energy_j": "float64", "j_per_output_token": "float64",
+    "ttft_s": "float64", "itl_s": "float64",
+}
 IDLE_MIN_S = 0.5  # a stretch with no request in flight shorter than this is not idle
 RESOLVE_EDGES = 4.0  # pieces shorter than this many edge times do not enter the fit
 
@@ -126,6 +134,16 @@ def energy_by_request(run: Run, *, idle_w: float | None = None) -> ByRequest:
     att = attribute(stream.t_s, stream.power_w, idle_w, acts, rule)
     return ByRequest(run.path, stream, idle_pm, how, att,
                      [request_row(r, att.parts_j) for r in requests])
+
+
+def request_rows(path: str) -> list[dict[str, Any]]:
+    """One table row per request of a run file (`wattlab export --by-request`)."""
+    with Run(path) as run:
+        split = energy_by_request(run)
+    a = split.attribution
+    common = {"run": path, "stream": split.stream.name, "valid": split.stream.valid,
+              "rule": a.rule.name, "idle_w": a.idle_w}
+    return [common | asdict(r) for r in split.requests]
 
 
 def format_by_request(result: ByRequest, limit: int = 20) -> str:
