@@ -131,7 +131,7 @@ def energy_by_request(run: Run, *, idle_w: float | None = None) -> ByRequest:
         how = f"measured on {stream.name} over {got[2]:.2f} s with no request in flight"
     rule = fit_weights(stream.t_s, stream.power_w, idle_w, acts, kinds=KINDS,
                        min_piece_s=RESOLVE_EDGES * stream.edge_s)
-    att = attribute(stream.t_s, stream.power_w, idle_w, acts, rule)
+    att = attribute(stream.t_s, stream.power_w, idle_w, acts, rule, span_s=stream.run_s)
     return ByRequest(run.path, stream, idle_pm, how, att,
                      [request_row(r, att.parts_j) for r in requests])
 

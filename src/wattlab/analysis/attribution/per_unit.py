@@ -75,14 +75,17 @@ def idle_busy(counter: CounterSeries, phases: Sequence[dict[str, Any]]
     """Where work ran: read intervals the counter advanced in; for counts, their span.
 
     A count marks work that ended then, not where it ran: the span from the first count to
-    the last, and every marked phase holding a count, are busy.
+    the last, and the innermost marked phases holding a count, are busy (not a phase that
+    holds another such phase: the recorder's ``session`` holds the whole program).
     """
     t, v = counter.t_s, counter.value
     if not counter.exact:
         return [(float(t[i]), float(t[i + 1])) for i in range(t.size - 1) if v[i + 1] > v[i]]
     holding = [(p["t0_s"], p["t1_s"]) for p in phases if p["name"] != "run"
                and np.any((t >= p["t0_s"]) & (t <= p["t1_s"]))]
-    return [(float(t[0]), float(t[-1])), *holding]
+    inner = [a for a in holding if not any(b != a and a[0] <= b[0] and b[1] <= a[1]
+                                           for b in holding)]
+    return [(float(t[0]), float(t[-1])), *inner]
 
 
 def run_idle(stream: PowerStream, counter: CounterSeries, idle_w: float | None,

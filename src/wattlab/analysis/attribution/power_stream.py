@@ -27,6 +27,7 @@ class PowerStream:
     t_s: FloatArray
     power_w: FloatArray
     edge_s: float
+    run_s: tuple[float, float]  # the span `energy` calls the run (every stream covers it)
     valid: bool
     invalid_reasons: list[str]
 
@@ -53,4 +54,5 @@ def run_power_stream(run: Run, report: dict[str, Any]) -> PowerStream:
         raise UsageError(f"{run.path}: {row['source']}:{row['channel']} has too few samples or "
                          "times that do not increase: no attribution")
     return PowerStream(f"{row['source']}:{row['channel']}", t, p, float(row["edge_s"] or 0.0),
-                       bool(row["valid"]), invalid_reasons(row))
+                       (float(row["t0_s"]), float(row["t1_s"])), bool(row["valid"]),
+                       invalid_reasons(row))
