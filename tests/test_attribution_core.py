@@ -105,3 +105,15 @@ def test_idle_is_measured_where_nothing_runs_past_a_guard():
 def test_free_stretches_merge_overlapping_busy_intervals():
     assert free_stretches([(2, 4), (1, 3), (6, 7)], 0, 10) == [(0, 1), (4, 6), (7, 10)]
     assert free_stretches([(-1, 11)], 0, 10) == []
+
+
+def test_rounding_of_the_running_weight_does_not_share_a_piece_where_nothing_runs():
+    # found by docs/serving.md's example: with fitted weights (63.61 W, 24.04 W) the running
+    # sum of weights left 7e-15 after every activity ended; that piece's energy divided by
+    # it wrecked the shares (the sum check raised, 360 J of 1000 J missing)
+    rule = Rule("fitted", "test", {"prefill": Param(63.61), "decode": Param(24.04)})
+    acts = [Activity("a", "prefill", 1.0, 1.3), Activity("a", "decode", 1.3, 4.0),
+            Activity("b", "prefill", 1.2, 1.5), Activity("b", "decode", 1.5, 3.0)]
+    got = attribute(T, np.full(T.size, 100.0), 40.0, acts, rule)
+    assert got.unattributed_j == pytest.approx(60.0 * (10 - 3))
+    assert sum(got.parts_j.values()) == pytest.approx(60.0 * 3)

@@ -133,7 +133,9 @@ def attribute(t_s: FloatArray, power_w: FloatArray, idle_w: float,
     if activities:
         w = np.array([rule.weight(a.kind) * a.intensity for a in activities])
         total_w = running(edges, activities, w)
-        shared = total_w > 0
+        # shared where some activity of weight > 0 runs: counted, as the running sum of
+        # weights may leave a rounding residue (1e-15) where none does
+        shared = (running(edges, activities, (w > 0).astype(np.float64)) > 0.5) & (total_w > 0)
         per_weight = np.concatenate(([0.0], np.cumsum(
             np.where(shared, dynamic / np.where(shared, total_w, 1.0), 0.0))))
         i0, i1 = piece_range(edges, activities)
