@@ -54,3 +54,13 @@ def test_counts_in_a_recorded_program_become_joules_per_unit(tmp_path, capsys):
     rows = {r["phase"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["serve"]["units"] == 60 and rows["serve"]["units_pm"] == 0
     assert rows["serve"]["j_per_unit"] == pytest.approx(rows["serve"]["energy_j"] / 60)
+
+
+@pytest.mark.fast
+def test_counts_are_not_drawn_as_point_markers_on_the_report():
+    from wattlab.analysis.report.html_report import phase_marks
+    from wattlab.runfile import MarkerRow
+
+    rows = [MarkerRow(1_000_000_000, "checkpoint", "point", "pid1", {}),
+            *(MarkerRow(i * 1_000_000, "tokens", "count", "pid1", {"n": 4}) for i in range(500))]
+    assert [m.name for m in phase_marks(rows).points] == ["checkpoint"]
