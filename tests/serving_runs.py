@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from wattlab.runfile.writer import RunFileWriter
-from wattlab.samples import Channel, Marker, SourceDescriptor
+from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
 
 UNIX0_NS = 1_800_000_000_000_000_000  # the session's start on the wall clock
 IDLE_W, PREFILL_W, DECODE_W = 100.0, 300.0, 50.0
@@ -53,8 +53,12 @@ def tokens_done(t_s: float) -> float:
                for r in REQUESTS)
 
 
-def write_serving_run(path: Path, *, reset_at_s: float | None = 9.0) -> Path:
-    """The run (module doc); the counter drops to 0 at ``reset_at_s`` (a server restart)."""
+def write_serving_run(path: Path, *, reset_at_s: float | None = 9.0,
+                      failed_reads_s: tuple[float, float] | None = None) -> Path:
+    """The run (module doc); the counter drops to 0 at ``reset_at_s`` (a server restart).
+
+    ``failed_reads_s``: the scrapes in this span failed (no rows, one gap row).
+    """
     writer = RunFileWriter(str(path), {"created": "test", "session_start_unix_ns": UNIX0_NS}, 0)
     writer.add_source(SourceDescriptor("meter", "meter", "meter",
                                        (Channel("power_w", "W", "true power"),)))
@@ -71,8 +75,14 @@ def write_serving_run(path: Path, *, reset_at_s: float | None = 9.0) -> Path:
         if reset_at_s is not None and ti >= reset_at_s:
             offset = -tokens_done(reset_at_s)  # the new process counts from 0
         raw.append(round(done + offset))
-    writer.append("server", t_read, t_read, np.array(raw, float).reshape(-1, 1),
-                  np.zeros(t_read.size, np.uint8))
+    keep = np.ones(t_read.size, bool)
+    if failed_reads_s is not None:
+        keep = (t_read < failed_reads_s[0] * 1e9) | (t_read > failed_reads_s[1] * 1e9)
+        writer.add_gaps([Gap("server", "scrape failed: connection refused",
+                             t_first_ns=int(failed_reads_s[0] * 1e9),
+                             t_last_ns=int(failed_reads_s[1] * 1e9))])
+    writer.append("server", t_read[keep], t_read[keep],
+                  np.array(raw, float)[keep].reshape(-1, 1), np.zeros(int(keep.sum()), np.uint8))
     marks = [Marker(int(1e9), "serve", "begin", "test"), Marker(int(16e9), "serve", "end", "test")]
     marks += [Marker(int(r.end_s * 1e9), "samples", "count", "test", {"n": 2}) for r in REQUESTS]
     writer.add_markers(marks)

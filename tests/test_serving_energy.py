@@ -80,6 +80,18 @@ def test_a_counter_read_at_10_hz_has_an_edge_error_of_its_increments(run_path: P
     assert counter.increase(2.507, 5.007)[1] == 0.0  # edges on reads: nothing unknown
 
 
+def test_failed_scrapes_widen_the_count_and_are_reported(tmp_path):
+    path = write_serving_run(tmp_path / "gappy.h5", reset_at_s=None, failed_reads_s=(4.0, 5.5))
+    with Run(str(path)) as run:
+        per = energy_per_unit(run, "tokens", idle_w=IDLE_W)
+        counter = find_counter(run_counters(run), "tokens", "x")
+    assert counter.failed_reads == 1
+    assert any("1 failed read(s)" in n for n in per.notes)
+    n, pm, _ = counter.increase(2.55, 5.0)  # an edge inside the failed span
+    assert abs(n - (tokens_done(5.0) - tokens_done(2.55))) <= pm
+    assert pm > 10  # the whole gap's increment, not one read's
+
+
 def test_count_markers_are_a_counter_and_idle_is_measured_outside_their_phase(run_path):
     with Run(str(run_path)) as run:
         per = energy_per_unit(run, "samples")
@@ -113,6 +125,7 @@ def test_each_request_gets_its_own_energy_and_the_sum_closes(with_requests: Path
     assert att.rule.weights["decode"].value == pytest.approx(DECODE_W, rel=0.01)
     for got, truth in zip(split.requests, REQUESTS, strict=True):
         assert got.energy_j == pytest.approx(truth.truth_j(), rel=0.01), got.id
+        assert 0 < got.rule_pm_j < 0.001 * truth.truth_j()  # the fit is tight here
         assert got.ttft_s == pytest.approx(truth.first_s - truth.start_s)
     total = sum(r.energy_j for r in split.requests) + att.idle_j + att.unattributed_j
     assert total == pytest.approx(att.total_j, rel=1e-3)

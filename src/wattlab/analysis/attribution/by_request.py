@@ -5,12 +5,14 @@ to end); a request without a first token is all prefill. Idle is given, or measu
 no request is in flight. The rule's weights (the power of one prefill and one decode) are
 fitted on the run itself (``learn.fit_weights``); the attribution core shares each piece's
 dynamic energy by them, idle apart, and checks parts + unattributed + idle = total.
+Each request's ``rule_pm_j`` is how far its energy moves when each weight moves by its ±
+(in quadrature): the fit's share of the error, not the rule's own.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,7 @@ from wattlab.analysis.attribution.learn import fit_weights, measure_idle
 from wattlab.analysis.attribution.power_stream import PowerStream, run_power_stream
 from wattlab.analysis.attribution.request_log import Request
 from wattlab.analysis.attribution.request_table import read_requests
+from wattlab.analysis.attribution.rule import Param
 from wattlab.analysis.energy import energy_report
 from wattlab.errors import UsageError
 from wattlab.runfile import Run
@@ -30,7 +33,8 @@ REQUEST_COLUMNS = {
     "run": "string", "stream": "string", "valid": "bool", "rule": "string",
     "idle_w": "float64", "id": "string", "start_s": "float64", "end_s": "float64",
     "prompt_tokens": "int64", "output_tokens": "int64", "prefill_j": "float64",
-    "decode_j": "float64", "energy_j": "float64", "j_per_output_token": "float64",
+    "decode_j": "float64", "energy_j": "float64", "rule_pm_j": "float64",
+    "j_per_output_token": "float64",
     "ttft_s": "float64", "itl_s": "float64",
 }
 IDLE_MIN_S = 0.5  # a stretch with no request in flight shorter than this is not idle
@@ -49,6 +53,7 @@ class RequestEnergy:
     prefill_j: float
     decode_j: float
     energy_j: float
+    rule_pm_j: float  # how far the energy moves with the rule's weights by their ±
     j_per_output_token: float | None
     ttft_s: float | None
     itl_s: float | None
@@ -99,15 +104,16 @@ def activities_of(requests: list[Request]) -> list[Activity]:
     return out
 
 
-def request_row(r: Request, parts: dict[tuple[str, str], float]) -> RequestEnergy:
+def request_row(r: Request, parts: dict[tuple[str, str], float], rule_pm_j: float
+                ) -> RequestEnergy:
     """One request's figures from the core's parts."""
     pre, dec = parts.get((r.id, "prefill"), 0.0), parts.get((r.id, "decode"), 0.0)
     ttft = None if r.first_token_s is None else r.first_token_s - r.start_s
     itl = (None if r.first_token_s is None or r.output_tokens < 2
            else (r.end_s - r.first_token_s) / (r.output_tokens - 1))
+    per_token = (pre + dec) / r.output_tokens if r.output_tokens else None
     return RequestEnergy(r.id, r.start_s, r.end_s, r.prompt_tokens, r.output_tokens, pre, dec,
-                         pre + dec, (pre + dec) / r.output_tokens if r.output_tokens else None,
-                         ttft, itl)
+                         pre + dec, rule_pm_j, per_token, ttft, itl)
 
 
 def energy_by_request(run: Run, *, idle_w: float | None = None) -> ByRequest:
@@ -132,8 +138,24 @@ def energy_by_request(run: Run, *, idle_w: float | None = None) -> ByRequest:
     rule = fit_weights(stream.t_s, stream.power_w, idle_w, acts, kinds=KINDS,
                        min_piece_s=RESOLVE_EDGES * stream.edge_s)
     att = attribute(stream.t_s, stream.power_w, idle_w, acts, rule, span_s=stream.run_s)
+    pm = rule_spread(stream, idle_w, acts, att)
     return ByRequest(run.path, stream, idle_pm, how, att,
-                     [request_row(r, att.parts_j) for r in requests])
+                     [request_row(r, att.parts_j, pm.get(r.id, 0.0)) for r in requests])
+
+
+def rule_spread(stream: PowerStream, idle_w: float, acts: list[Activity], att: Attribution
+                ) -> dict[str, float]:
+    """Each owner's energy change with each weight moved by its ±, in quadrature."""
+    base, var = att.by_owner(), dict.fromkeys(att.by_owner(), 0.0)
+    for kind, p in att.rule.weights.items():
+        if not p.pm:
+            continue
+        moved = replace(att.rule, weights=att.rule.weights | {kind: Param(p.value + p.pm)})
+        other = attribute(stream.t_s, stream.power_w, idle_w, acts, moved,
+                          span_s=stream.run_s).by_owner()
+        for owner, e in base.items():
+            var[owner] += (other.get(owner, 0.0) - e) ** 2
+    return {owner: v ** 0.5 for owner, v in var.items()}
 
 
 def request_rows(path: str) -> list[dict[str, Any]]:
@@ -160,10 +182,11 @@ def format_by_request(result: ByRequest, limit: int = 20) -> str:
               f"J per output token: median {_f(s['j_per_output_token_median'])}, p90 "
               f"{_f(s['j_per_output_token_p90'])}; TTFT median {_f(s['ttft_median_s'])} s, "
               f"inter-token median {_f(s['itl_median_s'])} s",
-              f"{'request':<16} {'prefill J':>10} {'decode J':>10} {'J':>10} {'out tok':>8} "
-              f"{'J/tok':>8} {'TTFT s':>8} {'ITL s':>8}"]
+              f"{'request':<16} {'prefill J':>10} {'decode J':>10} {'J':>10} {'± rule':>7} "
+              f"{'out tok':>8} {'J/tok':>8} {'TTFT s':>8} {'ITL s':>8}"]
     for r in result.requests[:limit]:
         lines.append(f"{r.id:<16} {r.prefill_j:10.3f} {r.decode_j:10.3f} {r.energy_j:10.3f} "
+                     f"{r.rule_pm_j:7.3f} "
                      f"{r.output_tokens:8d} {_f(r.j_per_output_token):>8} {_f(r.ttft_s):>8} "
                      f"{_f(r.itl_s):>8}")
     if len(result.requests) > limit:

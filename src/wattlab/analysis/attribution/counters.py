@@ -35,6 +35,7 @@ class CounterSeries:
     value: FloatArray
     exact: bool
     resets_s: list[float] = field(default_factory=list)
+    failed_reads: int = 0  # the stream's gap rows (a failed scrape)
 
     def increase(self, t0_s: float, t1_s: float) -> tuple[float, float, list[str]]:
         """(work done in [t0, t1], its ±, notes)."""
@@ -60,7 +61,8 @@ class CounterSeries:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "unit": self.unit, "origin": self.origin,
-                "reads": int(self.t_s.size), "exact": self.exact, "resets_s": self.resets_s}
+                "reads": int(self.t_s.size), "exact": self.exact, "resets_s": self.resets_s,
+                "failed_reads": self.failed_reads}
 
 
 def cumulative(raw: FloatArray) -> tuple[FloatArray, list[int]]:
@@ -75,16 +77,18 @@ def cumulative(raw: FloatArray) -> tuple[FloatArray, list[int]]:
 def stream_counters(run: Run) -> list[CounterSeries]:
     """Every channel of every counter source (contract: ``kind="counter"``)."""
     out = []
+    gaps = run.gaps
     for view in run.sources.values():
         if view.kind != "counter" or len(view) == 0:
             continue
         t = view.time_s
+        failed = sum(g.source == view.source_id for g in gaps)
         for name, unit in zip(view.channel_names, view.units, strict=True):
             raw = np.asarray(view.channel(name), dtype=np.float64)
             ok = np.isfinite(raw)
             value, resets = cumulative(raw[ok])
             out.append(CounterSeries(name, unit, f"stream {view.source_id}", t[ok], value,
-                                     False, [float(t[ok][i]) for i in resets]))
+                                     False, [float(t[ok][i]) for i in resets], failed))
     return out
 
 

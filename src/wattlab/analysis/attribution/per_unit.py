@@ -116,6 +116,9 @@ def energy_per_unit(run: Run, unit: str, *, idle_w: float | None = None) -> PerU
             for c in report["chosen"] if c["phase"] in phases]
     notes = [f"{counter.name} reset (counted from 0 after) at "
              + ", ".join(f"{t:.3f} s" for t in counter.resets_s)] if counter.resets_s else []
+    if counter.failed_reads:
+        notes.append(f"{counter.name}: {counter.failed_reads} failed read(s) (gap rows): the "
+                     "work across them is interpolated, its ± the increment over the gap")
     return PerUnit(run.path, unit, counter, idle, idle_pm, how, rows, notes)
 
 
