@@ -218,3 +218,20 @@ def test_export_writes_one_row_per_request(with_requests, tmp_path):
     assert [r["id"] for r in rows] == [r.id for r in REQUESTS]
     assert float(rows[0]["energy_j"]) == pytest.approx(REQUESTS[0].truth_j(), rel=0.01)
     assert rows[0]["rule"] == "fitted power per kind" and rows[0]["valid"] == "True"
+
+
+def _counter(name: str, unit: str):
+    from wattlab.analysis.attribution import CounterSeries
+
+    return CounterSeries(name, unit, "test", np.array([0.0, 1.0]), np.array([0.0, 5.0]), False)
+
+
+def test_tokens_means_the_generated_ones_and_an_ambiguous_unit_is_refused():
+    prompt = _counter("vllm:prompt_tokens_total", "token")
+    generated = _counter("vllm:generation_tokens_total", "token")
+    done = _counter("vllm:request_success_total", "request")
+    assert find_counter([prompt, generated, done], "tokens", "r").name == generated.name
+    assert find_counter([prompt, generated, done], "requests", "r").name == done.name
+    assert find_counter([prompt, done], "vllm:prompt_tokens_total", "r") is prompt
+    with pytest.raises(UsageError, match="several counters of that unit; name one: a, b"):
+        find_counter([_counter("a", "sample"), _counter("b", "sample")], "samples", "r")
