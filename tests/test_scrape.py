@@ -277,14 +277,19 @@ def test_record_through_an_outage_keeps_recording_and_exits_1(tmp_path: Path, ca
 
 @pytest.mark.system
 @pytest.mark.parametrize(("argv", "names"), [
+    (["--scrape", "http://127.0.0.1:FREE/metrics"], "ConnectionRefusedError"),
+    (["--scrape", "URL/nowhere"], "HTTP 404"),
+    (["--scrape", "HTML"], "none of the known serving metrics"),
     (["--scrape", "ftp://h/metrics"], "--scrape 'ftp://h/metrics'"),
     (["--scrape-metric", "vllm:x"], "--scrape-metric and --scrape-hz need --scrape"),
     (["--scrape", "URL", "--scrape-metric", "vllm:nope"], "vllm:nope never seen"),
 ])
 def test_bad_scrape_options_exit_2_with_one_line(argv: list[str], names: str, tmp_path: Path,
                                                  capsys) -> None:
-    with MetricsEndpoint(Served().text) as endpoint:
-        argv = [endpoint.url if a == "URL" else a for a in argv]
+    with MetricsEndpoint(Served().text) as endpoint, \
+            MetricsEndpoint(lambda: "<html>hello</html>\n") as html:
+        argv = [a.replace("URL", endpoint.url).replace("HTML", html.url)
+                .replace("FREE", str(free_port())) for a in argv]
         code = main(["record", "--nvml", "none", "--duration", "1", "-o",
                      str(tmp_path / "n.h5"), *argv])
     err = capsys.readouterr().err.strip().splitlines()
