@@ -123,21 +123,20 @@ def run_serving(args: argparse.Namespace) -> int:
         session = Session(output, acquirers, duration_s=server.duration_s + 0.5
                           - (time.monotonic_ns() - server.gpu.start_ns) / 1e9,
                           root_attrs={DEMO_SEED: args.seed},
-                          on_progress=lambda _: started.append(time.monotonic_ns()))
+                          on_progress=lambda _: started or started.append(time.monotonic_ns()))
         result = session.run()
     finally:
         server.stop()
     report(result)
     server.write_request_log(log_path)
-    server.write_truth(truth_path)
+    truth = server.write_truth(truth_path)
     status = exit_status(result)
     if started and started[0] > server.serve_start_ns:
         print(f"wattlab: the recording began {(started[0] - server.serve_start_ns) / 1e9:.1f} s "
               "after the first request (a slow start): its figures miss work", file=sys.stderr)
         status = status or 1
     print(f"request log: {log_path}; truth: {truth_path}")
-    print(import_requests(log_path, output))
-    truth = server.truth()
+    status = import_requests(log_path, output) or status
     print(f"truth: {truth['energy_j']:.0f} J over {truth['serving_span_s']:.1f} s of serving, "
           f"{truth['generation_tokens']} tokens generated: {truth['j_per_token']:.3f} J/token "
           f"({truth['dynamic_j_per_token']:.3f} J/token above idle)")
@@ -148,7 +147,7 @@ def run_serving(args: argparse.Namespace) -> int:
     return status
 
 
-def import_requests(log_path: Path, output: str) -> str:
+def import_requests(log_path: Path, output: str) -> int:
     """Import the log into the run where ``wattlab import requests`` exists; else say how.
 
     Why found through the parser: ``import requests`` is another part of issue 40, and the
@@ -158,11 +157,11 @@ def import_requests(log_path: Path, output: str) -> str:
 
     command = f"wattlab import requests {log_path} --into {output}"
     parser = argparse.ArgumentParser(prog="wattlab")
-    import_data.add_parser(parser.add_subparsers(dest="verb"))
-    verb = parser._subparsers._group_actions[0].choices["import"]  # type: ignore[union-attr]
-    formats = next((a.choices for a in verb._actions if a.dest == "format"), None) or ()
+    verb = import_data.add_parser(parser.add_subparsers(dest="verb"))
+    formats = [c for a in verb._actions if a.dest == "format" for c in a.choices or ()]
     if "requests" not in formats:
-        return f"next: {command} (once this wattlab can import request logs)"
-    status = import_data.run(parser.parse_args(["import", "requests", str(log_path),
-                                                "--into", output]))
-    return f"imported: {command} (exit status {status})"
+        print(f"next: {command} (once this wattlab can import request logs)")
+        return 0
+    print(f"$ {command}")
+    return import_data.run(parser.parse_args(["import", "requests", str(log_path),
+                                              "--into", output]))

@@ -154,10 +154,10 @@ class SimulatedServer:
                 "alone_s": served.end_step * step_s, "alone_dynamic_j": prefill_j + decode_j,
                 "alone_prefill_j": prefill_j, "alone_decode_j": decode_j}
 
-    def write_truth(self, path: str | Path) -> Path:
-        out = Path(path)
-        out.write_text(json.dumps(self.truth(), indent=1) + "\n")
-        return out
+    def write_truth(self, path: str | Path) -> dict[str, Any]:
+        truth = self.truth()
+        Path(path).write_text(json.dumps(truth, indent=1) + "\n")
+        return truth
 
 
 def demo_server(seed: int, requests: int = 60, **kwargs: Any) -> SimulatedServer:
