@@ -119,11 +119,16 @@ def run_serving(args: argparse.Namespace) -> int:
               f"server (vLLM's metric names at {server.url}) on a {server.gpu.model.name}, "
               f"{server.plan.duration_s:.1f} s of serving after {SERVING_LEAD_S:g} s idle, "
               f"into {output}")
-        started: list[int] = []
+        started: list[int] = []  # when the workload began: after the first request is late
+
+        def note_start(_: float) -> None:
+            if not started:
+                started.append(time.monotonic_ns())
+
         session = Session(output, acquirers, duration_s=server.duration_s + 0.5
                           - (time.monotonic_ns() - server.gpu.start_ns) / 1e9,
                           root_attrs={DEMO_SEED: args.seed},
-                          on_progress=lambda _: started or started.append(time.monotonic_ns()))
+                          on_progress=note_start)
         result = session.run()
     finally:
         server.stop()
