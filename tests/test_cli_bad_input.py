@@ -345,3 +345,36 @@ def test_numbers_inside_text_options_are_refused(argv, names, tmp_path, monkeypa
     status, err = _run(argv, capsys)
     _refused(status, err, names)
     assert list(tmp_path.iterdir()) == []
+
+
+
+# ---- URL arguments -----------------------------------------------------------------------
+
+# Every argument whose metavar names a URL, with an argv whose only bad part is BAD; URLs
+# refused before anything connects are tried here, the ones refused by what answers there
+# (nobody, a 404, a page that is not Prometheus's) in tests/test_scrape.py.
+URL_ARGUMENTS = {("record", "--scrape"): ["record", "--nvml", "none", "--duration", "1",
+                                          "-o", "never.h5", "--scrape", "BAD"]}
+BAD_URLS = {
+    "not http": "ftp://127.0.0.1/metrics",
+    "no scheme": "127.0.0.1:8000/metrics",
+    "no host": "http:///metrics",
+    "port out of range": "http://127.0.0.1:70000/metrics",
+}
+
+
+def test_every_url_argument_is_in_the_matrix():
+    found = {(" ".join(w), _option(a)) for w, p in PARSERS.items() for a in p._actions
+             if "URL" in str(a.metavar or "")}
+    assert found == set(URL_ARGUMENTS)
+
+
+@pytest.mark.parametrize("url", BAD_URLS.values(), ids=list(BAD_URLS))
+@pytest.mark.parametrize("argument", sorted(URL_ARGUMENTS), ids=" ".join)
+def test_url_argument_refuses(argument, url, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = [url if a == "BAD" else a for a in URL_ARGUMENTS[argument]]
+    status, err = _run(argv, capsys)
+    _refused(status, err, argument[1])
+    assert url in err
+    assert list(tmp_path.iterdir()) == []

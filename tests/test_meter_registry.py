@@ -17,7 +17,7 @@ SIMULATED_IN_PROCESS = {"amd"}  # a GPU library: faked inside the process (--sim
 
 def test_every_meter_module_registered_its_kinds_in_order() -> None:
     assert list(meter_kinds()) == ["powersensor3", "pmd", "wt300e", "hmc8015", "mcp39f511",
-                                  "rapl", "amd"]
+                                  "rapl", "amd", "scrape"]
     assert list(KINDS) == ["nvml", *meter_kinds()]
 
 

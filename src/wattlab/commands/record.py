@@ -25,6 +25,7 @@ from wattlab.acquisition.meters import (
     BenchConfig,
     DeviceConfig,
     NvmlChoice,
+    add_scrape_options,
     amd_acquirers,
     bench_acquirers,
     check_gpus_exist,
@@ -37,6 +38,7 @@ from wattlab.acquisition.meters import (
     nvml_selection,
     nvml_streams,
     parse_meter_spec,
+    scrape_sources,
 )
 from wattlab.acquisition.session import (
     STOP_TIMEOUT_S,
@@ -379,6 +381,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "a phase per leaf module on every WATTLAB_LAYER_EVERY-th step")
     add_min_free_option(p)
     add_prometheus_option(p)
+    add_scrape_options(p)
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
                    help="draw the live panel (default: only when stdout is a terminal)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
@@ -478,6 +481,7 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         raise UsageError(f"--duration must be > 0 s, got {args.duration}")
     bench = load_bench_for(args)
+    scrapes = scrape_sources(args)
     output = args.output or default_output("run")
     options = remote_options(args) | prometheus_options(args)
     faults = fault_options(args)
@@ -489,11 +493,13 @@ def run(args: argparse.Namespace) -> int:
                               "bench_config": None if bench is None else bench.to_json(),
                               "auto_markers": args.auto_markers, **faults}
     if args.source_processes or args.restart_sources:
-        gpu_specs = nvml_specs(nvml, other_sources=bool(args.meter or args.agent))
+        gpu_specs = nvml_specs(nvml, other_sources=bool(args.meter or args.agent or scrapes))
         if bench is not None:
             check_gpus_exist(bench, [(s.name, s) for s in gpu_specs])
         amd = amd_devices(args.amd, amd_opts) if args.amd else []
-        specs = gpu_specs + meter_specs(args.meter, bench, amd, json.dumps(amd_opts))
+        specs = gpu_specs + meter_specs(args.meter, bench, amd, json.dumps(amd_opts)) + [
+            SourceSpec(s.source_id, "meter", meter=s.meter_text, meter_options=s.options_json)
+            for s in scrapes]
         if not specs and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")
@@ -504,9 +510,11 @@ def run(args: argparse.Namespace) -> int:
         miswired = report(result)
         return exit_status(result) or miswired
     amd_readers = amd_acquirers(args.amd, amd_opts)
-    with (nvml_acquirers(nvml, other_sources=bool(args.meter or args.agent)) if bench is None
+    others = bool(args.meter or args.agent or scrapes)
+    with (nvml_acquirers(nvml, other_sources=others) if bench is None
           else bench_acquirers(bench)) as sources:
-        acquirers = sources + meter_acquirers(args.meter) + amd_readers
+        acquirers = sources + meter_acquirers(args.meter) + amd_readers + [
+            (s.source_id, s.acquirer()) for s in scrapes]
         if not acquirers and not args.agent:
             raise UsageError("nothing to record: no GPU selected (--nvml none), no meter "
                              "and no --agent")

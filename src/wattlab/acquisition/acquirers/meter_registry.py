@@ -32,6 +32,7 @@ METER_MODULES = (  # in the order meters are listed (bench template, error messa
     "wattlab.acquisition.acquirers.mcp39f511_acquirer",
     "wattlab.acquisition.acquirers.rapl_acquirer",
     "wattlab.acquisition.acquirers.amd_acquirer",
+    "wattlab.acquisition.acquirers.scrape.scrape_acquirer",
 )
 PLUGIN_GROUP = "wattlab.meters"  # entry points naming a module that registers its kinds
 NOT_PLUGIN_FOLDERS = tuple(f"{folder}{os.sep}" for folder in  # importlib's, wattlab's

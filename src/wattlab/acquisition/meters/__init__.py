@@ -26,11 +26,18 @@ from wattlab.acquisition.meters.meter_specs import (
     nvml_acquirers,
     parse_meter_spec,
 )
+from wattlab.acquisition.meters.scrape_flags import (
+    ScrapeSource,
+    add_scrape_options,
+    scrape_sources,
+)
 
 __all__ = [
     "BenchConfig",
     "DeviceConfig",
     "NvmlChoice",
+    "ScrapeSource",
+    "add_scrape_options",
     "amd_acquirers",
     "bench_acquirers",
     "check_bench",
@@ -47,5 +54,6 @@ __all__ = [
     "nvml_streams",
     "parse_meter_spec",
     "rate_text",
+    "scrape_sources",
     "write_template",
 ]
