@@ -98,5 +98,6 @@ def fit_weights(t_s: FloatArray, power_w: FloatArray, idle_w: float,
     return Rule("fitted power per kind", "each piece's dynamic energy shared in proportion to "
                 "the fitted power of each activity running in it: "
                 + " + ".join(f"w_{k} n_{k}" for k in kinds),
-                weights, [f"fitted on {x.shape[0]} pieces of >= {1e3 * min_piece_s:.3g} ms; pieces with "
-                          "one kind alone: " + ", ".join(f"{k} {c}" for k, c in alone.items())])
+                weights, [f"fitted on {x.shape[0]} pieces of >= {1e3 * min_piece_s:.3g} ms; "
+                          "pieces with one kind alone: "
+                          + ", ".join(f"{k} {c}" for k, c in alone.items())])
