@@ -84,7 +84,7 @@ def fit_weights(t_s: FloatArray, power_w: FloatArray, idle_w: float,
     x, y, w = n[use], p_dyn[use], np.sqrt(dt[use])
     if x.shape[0] <= len(kinds) or np.linalg.matrix_rank(x * w[:, None]) < len(kinds):
         return equal_rule(kinds, f"too few pieces with different mixes of {kinds} "
-                          f"({x.shape[0]} pieces of >= {min_piece_s:.3f} s): equal shares")
+                          f"({x.shape[0]} pieces of >= {1e3 * min_piece_s:.3g} ms): equal shares")
     coef, *_ = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)
     resid = (y - x @ coef) * w
     s2 = float(resid @ resid) / (x.shape[0] - len(kinds))
@@ -98,5 +98,6 @@ def fit_weights(t_s: FloatArray, power_w: FloatArray, idle_w: float,
     return Rule("fitted power per kind", "each piece's dynamic energy shared in proportion to "
                 "the fitted power of each activity running in it: "
                 + " + ".join(f"w_{k} n_{k}" for k in kinds),
-                weights, [f"fitted on {x.shape[0]} pieces of >= {min_piece_s:.3f} s; pieces with "
-                          "one kind alone: " + ", ".join(f"{k} {c}" for k, c in alone.items())])
+                weights, [f"fitted on {x.shape[0]} pieces of >= {1e3 * min_piece_s:.3g} ms; "
+                          "pieces with one kind alone: "
+                          + ", ".join(f"{k} {c}" for k, c in alone.items())])

@@ -52,12 +52,17 @@ class RequestLog:
     mapping: str
 
 
-def _number(obj: dict[str, Any], key: str, where: str, *, null: bool = False) -> float | None:
+def _maybe_number(obj: dict[str, Any], key: str, where: str) -> float | None:
+    """A finite number, or None where the field is null."""
+    if key not in obj:
+        raise UsageError(f"{where}: field {key!r} is missing")
+    return None if obj[key] is None else _number(obj, key, where)
+
+
+def _number(obj: dict[str, Any], key: str, where: str) -> float:
     if key not in obj:
         raise UsageError(f"{where}: field {key!r} is missing")
     v = obj[key]
-    if v is None and null:
-        return None
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise UsageError(f"{where}: field {key!r} must be a finite number, got {v!r}")
     return float(v)
@@ -65,7 +70,7 @@ def _number(obj: dict[str, Any], key: str, where: str, *, null: bool = False) ->
 
 def _tokens(obj: dict[str, Any], key: str, where: str) -> int:
     v = _number(obj, key, where)
-    if v is None or v < 0 or v != int(v):
+    if v < 0 or v != int(v):
         raise UsageError(f"{where}: field {key!r} must be a whole number >= 0, got {obj[key]!r}")
     return int(v)
 
@@ -76,9 +81,8 @@ def _wattlab_row(obj: dict[str, Any], where: str) -> tuple[str, float, float | N
         raise UsageError(f"{where}: field 'id' must be a non-empty string, got "
                          f"{obj.get('id')!r}")
     start = _number(obj, "start_unix_s", where)
-    first = _number(obj, "first_token_unix_s", where, null=True)
+    first = _maybe_number(obj, "first_token_unix_s", where)
     end = _number(obj, "end_unix_s", where)
-    assert start is not None and end is not None
     return (obj["id"], start, first, end, _tokens(obj, "prompt_tokens", where),
             _tokens(obj, "output_tokens", where))
 
@@ -92,12 +96,11 @@ def _aiperf_row(obj: dict[str, Any], where: str
         return None
     start = _number(meta, "request_start_ns", f"{where} metadata")
     end = _number(meta, "request_end_ns", f"{where} metadata")
-    assert start is not None and end is not None
     ttft = metrics.get("time_to_first_token")
     first = None
     if isinstance(ttft, dict):
         ms = _number(ttft, "value", f"{where} metrics.time_to_first_token")
-        first = start / 1e9 + (ms or 0.0) / 1e3
+        first = start / 1e9 + ms / 1e3
     counts = {}
     for key in ("input_sequence_length", "output_sequence_length"):
         m = metrics.get(key)

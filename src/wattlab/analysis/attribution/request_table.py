@@ -14,7 +14,7 @@ import numpy as np
 
 from wattlab.analysis.attribution.request_log import Request, RequestLog
 from wattlab.errors import RunFileError
-from wattlab.runfile import Run, add_record, open_read_only
+from wattlab.runfile import Run, add_record, open_read_only, schema
 
 WHERE = ("requests",)
 COLUMNS = ("start_s", "first_token_s", "end_s", "prompt_tokens", "output_tokens")
@@ -40,7 +40,7 @@ def write_requests(path: str, log_path: str, log: RequestLog) -> str:
 def read_requests(run: Run) -> tuple[list[Request], dict[str, str]] | None:
     """The run's request table and its attributes; None where it has none."""
     with open_read_only(run.path) as f:
-        group = f.get("/analysis/requests")
+        group = f.get("/".join(("", schema.ANALYSIS, *WHERE)))
         if group is None:
             return None
         try:
@@ -48,6 +48,6 @@ def read_requests(run: Run) -> tuple[list[Request], dict[str, str]] | None:
             cols = [group[c][()] for c in COLUMNS]
             attrs = {k: str(v) for k, v in group.attrs.items()}
         except KeyError as e:
-            raise RunFileError(f"{run.path}: /analysis/requests is incomplete ({e})") from e
+            raise RunFileError(f"{run.path}: the request table is incomplete ({e})") from e
     return [Request(i, float(a), None if math.isnan(b) else float(b), float(c), int(d), int(e))
             for i, a, b, c, d, e in zip(ids, *cols, strict=True)], attrs
