@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -158,6 +159,17 @@ def ctrl_c(proc: subprocess.Popen[str], timeout_s: float) -> int:
     """Press Ctrl-C on ``proc``; its exit status (a hang past ``timeout_s`` fails)."""
     proc.send_signal(signal.SIGINT)
     return proc.wait(timeout_s)
+
+
+def timed(command: Callable[[], object]) -> tuple[float, float]:
+    """When ``command`` ran, bracketed on the host's monotonic clock: before the call, after
+    it returned. For a command the driver waits on (an SCPI driver reads the error queue
+    after each one) the instrument handled it inside the bracket, so what it timed between
+    two commands lies between the inner and the outer span of their brackets, however late
+    a loaded machine ran them (a fixed sleep only says what the test asked for)."""
+    before = time.monotonic()
+    command()
+    return before, time.monotonic()
 
 
 def free_port() -> int:

@@ -1,13 +1,13 @@
 """HMC8015 driver ↔ emulator through real pyvisa-py over TCP on 127.0.0.1."""
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.conftest import running
+from tests.conftest import running, timed
 from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.scpi_acquirers import Hmc8015Acquirer
 from wattlab.drivers.hmc8015 import Hmc8015
@@ -21,17 +21,6 @@ pytestmark = pytest.mark.system
 
 def steady_w(t_ns: int) -> float:
     return 300.0
-
-
-def timed(command: Callable[[], None]) -> tuple[float, float]:
-    """When ``command`` ran, bracketed on the host's monotonic clock: before the call, after
-    it returned. The driver checks the error queue after each command, so the instrument
-    had handled it by then; what the instrument timed between two commands lies between
-    the inner and the outer span of the two brackets, however late a loaded machine ran
-    them (a fixed sleep only says what the test asked for)."""
-    before = time.monotonic()
-    command()
-    return before, time.monotonic()
 
 
 @pytest.fixture
