@@ -213,11 +213,19 @@ def test_usage_errors_exit_2_with_one_clear_line(args, message, capsys):
 
 
 @pytest.mark.system
-def test_command_that_cannot_start_is_a_usage_error_and_the_file_stays_readable(tmp_path):
+@pytest.mark.parametrize(("mistake", "status", "says"), [
+    (["--", "/no/such/program"], 2, "cannot start command"),
+    (["--meter", "ps3:/dev/no-such-port", "--duration", "5"], 1, "/dev/no-such-port")],
+    ids=["command typo", "missing meter port"])
+def test_a_record_that_failed_before_its_workload_leaves_no_file_and_the_retry_records(
+        tmp_path, mistake, status, says):
+    # issue 38: the file of start-up rows it used to leave made the retry say "already exists"
     out = tmp_path / "run.h5"
-    result = run_cli("record", "--simulate", "-o", str(out), "--", "/no/such/program")
-    assert result.returncode == 2
-    assert "cannot start command" in result.stderr
+    result = run_cli("record", "--simulate", "-o", str(out), *mistake)
+    assert result.returncode == status and says in result.stderr, result.stderr
+    assert not out.exists()
+    retry = run_cli("record", "--simulate", "-o", str(out), "--duration", "0.5")
+    assert retry.returncode == 0, retry.stderr
     with wattlab.open(str(out)) as run:
         assert "gpu0.samples" in run.sources
 

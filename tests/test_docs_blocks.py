@@ -24,22 +24,13 @@ from tests.doc_blocks import (
 )
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-# pages other engineers edit this round: their blocks are counted, not run
-OWNED_ELSEWHERE = {"trackers.md", "fleet.md", "tune.md", "sweeps.md", "meters.md",
-                   "validity.md", "reliability.md"}
-
-
-def _why_unchecked(page: Path) -> str | None:
-    if page.name in OWNED_ELSEWHERE:
-        return "owned elsewhere this round"
-    return skip_file_reason(page)
 
 
 @pytest.mark.system
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_runs_as_shown(page: Path, tmp_path: Path, spawn: object) -> None:
-    reason = _why_unchecked(page)
+    reason = skip_file_reason(page)
     if reason is not None:
         pytest.skip(f"{unchecked_count(page)} runnable block(s) not run: {reason}")
     folder = tmp_path / "page"

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -125,6 +125,7 @@ class Session:
     _stop: threading.Event = field(default_factory=threading.Event)
     _interrupted: threading.Event = field(default_factory=threading.Event)
     _watch: ExitWatch | None = field(default=None, init=False, repr=False)
+    _workload_started: bool = field(default=False, init=False, repr=False)
 
     def request_stop(self) -> None:
         """Stop at the next opportunity (Ctrl-C / SIGTERM call this): the run is interrupted."""
@@ -185,9 +186,21 @@ class Session:
         raise WattlabError(f"timed out after {timeout_s} s waiting for {what}")
 
     def run(self) -> SessionResult:
+        """Record into the new file; a failure before the workload started removes it.
+
+        Such a file holds only start-up rows (issue 38: a typo in the command or a missing
+        meter port left one, and the corrected retry said "already exists"). A run whose
+        workload started keeps its file whatever happens next.
+        """
         self._check_output()
-        with private_endpoint() as endpoint:
-            return self._run_on(endpoint)
+        try:
+            with private_endpoint() as endpoint:
+                return self._run_on(endpoint)
+        except Exception:
+            if not self._workload_started:
+                with suppress(FileNotFoundError):
+                    os.unlink(self.output)  # the recorder has closed it or is gone
+            raise
 
     def _run_on(self, endpoint: str) -> SessionResult:
         t0_ns = time.monotonic_ns()
@@ -280,6 +293,7 @@ class Session:
                 child = subprocess.Popen(self.command, env=env)
             except OSError as e:
                 raise UsageError(f"cannot start command {self.command[0]!r}: {e}") from e
+        self._workload_started = child is not None or self.duration_s is not None
         watch = self._watch = ExitWatch()
         try:
             while not self._stop.is_set():
