@@ -12,8 +12,10 @@ own Prometheus endpoint and writes the per-request JSONL log of docs/serving.md.
 GPU synchronised at both edges: the per-request truth the shared run's attribution is
 checked against. Read-only on the card.
 
+    python serving_job.py --port PORT --log requests.jsonl --start-file go &
     wattlab record --nvml 0 --scrape http://127.0.0.1:PORT/metrics -o shared.h5 -- \
-        python serving_job.py --port PORT --log requests.jsonl
+        sh -c 'touch go; until [ -e requests.jsonl ]; do sleep 0.2; done'
+    wattlab record --nvml 0 -o exclusive.h5 -- python serving_job.py --exclusive ...
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import http.server
 import json
+import os
 import random
 import threading
 import time
@@ -216,6 +219,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--exclusive", action="store_true")
     parser.add_argument("--idle-s", type=float, default=2.0, help="idle before and after")
+    parser.add_argument("--start-file", help="serve the counters at once, but the requests "
+                        "only once this file exists: a server already up when the recording "
+                        "(and its scraper) starts, as with a real server and a load generator")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=12)
     args = parser.parse_args()
@@ -231,16 +237,21 @@ def main() -> None:
     todo = requests(args.requests, args.rate_hz, args.seed)
     Cohort(model, todo[:4], config.vocab_size)  # warm-up: kernels chosen before timing
     sync()
+    while args.start_file and not os.path.exists(args.start_file):
+        time.sleep(0.05)
     time.sleep(args.idle_s)
     if args.exclusive:
         run_exclusive(model, todo, counters, config.vocab_size)
     else:
         run_shared(model, todo, args.cap, counters, config.vocab_size)
     time.sleep(args.idle_s)
-    with open(args.log, "w") as f:
+    with open(args.log + ".part", "w") as f:
         f.writelines(r.log_line() + "\n" for r in todo)
+    os.replace(args.log + ".part", args.log)  # whole when it appears: the load waits on it
+    print(f"served {len(todo)} requests, {counters.generated} tokens", flush=True)
+    if args.start_file:  # a server outlives its load: it serves until it is killed
+        threading.Event().wait()
     server.shutdown()
-    print(f"served {len(todo)} requests, {counters.generated} tokens")
 
 
 if __name__ == "__main__":

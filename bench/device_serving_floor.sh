@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# On the lent GPU, read-only: issue 40's serving check (a real generation server scraped at
+# 10 Hz, shared then one request at a time) and issue 39's NVML floor (bench/nvml_floor.py).
+# Everything lands in $OUT/results.tar.gz (compacted run files, logs, JSON).
+#     bash bench/device_serving_floor.sh [floor seconds]
+# A rehearsal here, on the simulated GPU and the CPU: SIMULATE=1 OUT=DIR bash bench/...
+set -u
+if [ -z "${SIMULATE:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+        || exit 1
+    gpu=(--nvml 0); small=(); floor=(--seconds "${1:-60}")
+    export PYTHONPATH=/tmp/site:$PWD/src
+else
+    gpu=(--simulate); small=(--device cpu --layers 1 --requests 16 --rate-hz 20 --idle-s 0.5)
+    floor=(--simulate --seconds 2 --runs 1)
+    export PYTHONPATH=$PWD/src
+fi
+export PYTHONUNBUFFERED=1
+repo=$PWD; work=$(mktemp -d); cd "$work"
+w() { python3 -m wattlab.cli "$@"; }
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee gpu.txt \
+    || echo "no nvidia-smi: ${SIMULATE:+rehearsal}" 
+# shared: the server is up before the recording (its scraper needs it), the requests start
+# with the recording; exclusive: the job is the workload, one request at a time, marked
+job=("$repo/tests/with_device/serving_job.py" "${small[@]}")
+python3 "${job[@]}" --port 18706 --log shared.jsonl --start-file go > server.log 2>&1 &
+server=$!
+until python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:18706/metrics')" \
+    2>/dev/null; do sleep 0.5; kill -0 $server || break; done
+timeout 200 python3 -m wattlab.cli record "${gpu[@]}" --no-live \
+    --scrape http://127.0.0.1:18706/metrics --scrape-hz 10 -o raw_shared.h5 -- \
+    sh -c "touch go; until [ -e shared.jsonl ]; do sleep 0.2; done" > shared.log 2>&1
+echo "shared record exit $?"; kill $server; wait $server; tail -4 shared.log; tail -2 server.log
+timeout 200 python3 -m wattlab.cli record "${gpu[@]}" --no-live -o raw_excl.h5 -- \
+    python3 "${job[@]}" --port 18704 --log excl.jsonl --exclusive > excl.log 2>&1
+echo "excl record exit $?"; tail -4 excl.log
+for mode in shared excl; do
+    w import requests $mode.jsonl --into raw_$mode.h5 >> $mode.log 2>&1; echo "import exit $?"
+    w energy raw_$mode.h5 --per tokens --json > per_tokens_$mode.json 2>> $mode.log
+    echo "per exit $?"
+    w energy raw_$mode.h5 --by-request --json > by_request_$mode.json 2>> $mode.log
+    echo "by-request exit $?"
+    w energy raw_$mode.h5 --per tokens 2>&1 | tail -8
+    python3 "$repo/bench/compact_run.py" raw_$mode.h5 serve_$mode.h5 > /dev/null \
+        && rm raw_$mode.h5
+done
+cd "$repo" && timeout 330 python3 bench/nvml_floor.py --out "$work/floor" "${floor[@]}" \
+    > "$work/floor.log" 2>&1; echo "floor exit $?"; tail -40 "$work/floor.log"
+rm -f "$work"/floor/*.h5
+tar -C "$work" -czf "$OUT/results.tar.gz" . && ls -la "$OUT"
