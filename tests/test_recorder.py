@@ -247,3 +247,31 @@ def _wait_until(predicate, timeout_s: float = 5.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.05)
+
+
+@pytest.mark.system
+def test_a_burst_after_a_quiet_spell_costs_one_flush(tmp_path):
+    # issue 39: the NVML reader sends up to four messages at each emit; the recorder
+    # flushed the first at once and the rest a flush interval later (two HDF5 flushes)
+    path = str(tmp_path / "run.h5")
+    rec = RunningRecorder(path, flush_interval_s=0.5)
+    pub = BusPublisher(rec.endpoint)
+    pub.announce(descriptor("a"))
+    pub.announce(descriptor("b"))
+    pub.wait_ready(5)
+    time.sleep(1.0)  # the announcements' flushes are over; the last flush is old
+    writer = rec.recorder.writer
+    flushes = []
+    real_flush = writer.flush
+    writer.flush = lambda: (flushes.append(time.monotonic()), real_flush())  # type: ignore[method-assign]
+    pub.send_batch(batch("a", 0))
+    time.sleep(0.005)  # the rest of the burst, a few ms behind its first message
+    pub.send_batch(batch("b", 0))
+    time.sleep(1.2)
+    assert len(flushes) == 1
+    pub.end("a", 0)
+    pub.end("b", 0)
+    pub.close()
+    rec.stop()
+    with wattlab.open(path) as run:
+        assert len(run.source("a")) == len(run.source("b")) == 100

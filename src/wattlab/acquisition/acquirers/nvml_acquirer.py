@@ -368,9 +368,9 @@ class NvmlAcquirer:
         t0 = self._clock()
         instant_w, average_w = self.driver.read_power(self.gpu)
         t_ns = (t0 + self._clock()) // 2
-        got = (instant_w, average_w)  # in POWER_NAMES' order
-        self._add("power", t_ns, [np.nan if got[i] is None else got[i]
-                                  for i in self._power_columns])
+        got = (np.nan if instant_w is None else instant_w,
+               np.nan if average_w is None else average_w)  # in POWER_NAMES' order
+        self._add("power", t_ns, [got[i] for i in self._power_columns])
 
     def _read_energy(self) -> None:
         t_ns, energy_j = self._timed(lambda: self.driver.read_energy_j(self.gpu))

@@ -34,6 +34,10 @@ from wattlab.sync.recorder.stream_metrics import StreamMetrics
 
 COALESCE_ROWS = 65536
 FLUSH_BYTES = 8 * 1024 * 1024  # flush early past this much, so replay windows keep moving
+# news after a quiet spell waits this long for the rest of its burst: a source's messages of
+# one emit (the NVML reader sends up to four at once) then cost one flush, not one at once
+# and another a flush interval later (issue 39); a crash can lose 20 ms more, no more
+GATHER_S = 0.02
 
 
 def open_run_file(config: RecorderConfig) -> tuple[RunFileWriter, dict[str, ResumePoint]]:
@@ -77,6 +81,7 @@ class Flusher:
         self.bytes_since_flush = 0
         self.new_objects = False  # a source added since the last flush
         self._started_s = time.monotonic()
+        self._news_since_s: float | None = None  # when the loop first saw unflushed news
 
     def resume(self, points: dict[str, ResumePoint]) -> None:
         """Carry on a crashed recorder's file: every stream waits for its publisher's resend."""
@@ -163,13 +168,30 @@ class Flusher:
         return self.has_news() or not self.writer.swmr
 
     def due(self, now_s: float, last_flush_s: float) -> bool:
-        """Whether the loop flushes now: ``FLUSH_BYTES`` wait, or the interval is over."""
-        return self.bytes_since_flush >= FLUSH_BYTES or (
-            now_s >= last_flush_s + self._config.flush_interval_s and self.unflushed())
+        """Whether the loop flushes now.
+
+        Yes when ``FLUSH_BYTES`` wait, or when the interval is over and the news has had
+        ``GATHER_S`` for the rest of its burst (the loop asks after every wake, so the
+        first ask after news arrived dates it).
+        """
+        if self.bytes_since_flush >= FLUSH_BYTES:
+            return True
+        if not self.unflushed():
+            self._news_since_s = None
+            return False
+        if self._news_since_s is None:
+            self._news_since_s = now_s
+        return now_s >= self.flush_at_s(last_flush_s)
+
+    def flush_at_s(self, last_flush_s: float) -> float:
+        """When the news waiting now is to be flushed (the loop sleeps until then)."""
+        since_s = time.monotonic() if self._news_since_s is None else self._news_since_s
+        return max(last_flush_s + self._config.flush_interval_s, since_s + GATHER_S)
 
     def flush(self) -> None:
         """Write everything pending, say in /progress how far each source is, confirm it."""
         news = self.has_news()
+        self._news_since_s = None
         for state in self._sources.values():
             self._write_pending(state)
         # a /progress row vouches for rows: a full disk must fail before it is written

@@ -255,7 +255,8 @@ class Recorder:
     def run(self) -> dict[str, Any]:
         """Receive and write until a stop request has been drained; returns final status.
 
-        What arrives is flushed at once if the last flush is ``flush_interval_s`` old, else
+        What arrives is flushed ``GATHER_S`` (20 ms) later if the last flush is
+        ``flush_interval_s`` old (the rest of a source's burst joins the same flush), else
         when it is. With nothing to write and nothing timed due the loop sleeps until a
         message comes or the session ends (its pidfd), so a source that sends every few
         seconds costs one wake-up each time and an idle recording none.
@@ -320,7 +321,7 @@ class Recorder:
         if self._order.resyncing:
             due_s.append(now_s + RESYNC_WAKE_MS / 1000)
         if self._flusher.unflushed():
-            due_s.append(last_flush_s + self.config.flush_interval_s)
+            due_s.append(self._flusher.flush_at_s(last_flush_s))
         if self._stop_requested is not None:
             due_s.append(self._drain_deadline_s)
         probe_ns = self._clocks.next_due_ns()
