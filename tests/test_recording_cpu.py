@@ -14,7 +14,7 @@ import pytest
 import wattlab
 from wattlab.acquisition.session.process_cpu import CpuWindow, process_cpu_s
 from wattlab.runfile import schema
-from wattlab.runfile.recording_cpu import (
+from wattlab.runfile.processes.recording_cpu import (
     ProcessCpu,
     RecordingCpu,
     read_recording_cpu,

@@ -308,20 +308,20 @@ def test_a_killed_writer_not_yet_reaped_counts_as_gone():
     import signal
     import time
 
-    from wattlab.runfile import writer_identity
+    from wattlab.runfile.processes import writer_process
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        identity = {**writer_identity.writer_identity(), "pid": child.pid,
-                    "start_ticks": writer_identity._proc_start_ticks(child.pid)}
-        assert writer_identity.writer_alive(identity) is True
+        identity = {**writer_process.writer_identity(), "pid": child.pid,
+                    "start_ticks": writer_process._proc_start_ticks(child.pid)}
+        assert writer_process.writer_alive(identity) is True
         child.send_signal(signal.SIGKILL)
         deadline = time.monotonic() + 5
         while (Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
                != "Z") and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert writer_identity.writer_alive(identity) is False  # a zombie, not reaped
+        assert writer_process.writer_alive(identity) is False  # a zombie, not reaped
     finally:
         child.kill()
         child.wait()
-    assert writer_identity.writer_alive(identity) is False  # reaped: gone
+    assert writer_process.writer_alive(identity) is False  # reaped: gone

@@ -10,8 +10,7 @@ from typing import Any
 
 from wattlab.analysis.energy import format_table, summarise
 from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
-from wattlab.runfile import MarkerRow, Run, schema, writer_status
-from wattlab.runfile.recording_cpu import show_recording_cpu
+from wattlab.runfile import MarkerRow, Run, schema, show_recording_cpu, writer_status
 
 
 def describe(run: Run) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pynvml
 
+from wattlab.hardware.fake_nvml_setters import FakeNvmlSetters
 from wattlab.hardware.simulated_gpu import SimulatedGpu
 
 
@@ -53,7 +54,7 @@ def _fill_samples(out: Any, stamps_us: Any, power_mw: Any) -> None:
         out[i].sampleValue.uiVal = mw
 
 
-class FakeNvml:
+class FakeNvml(FakeNvmlSetters):
     """The subset of the pynvml API wattlab uses, backed by ``SimulatedGpu`` objects.
 
     ``init_error`` (an ``NVML_ERROR_*`` code) makes ``nvmlInit`` fail, e.g. to test a machine
@@ -333,46 +334,3 @@ class FakeNvml:
         if memoryClockMHz not in gpu.model.mem_clocks_mhz:
             raise _err(pynvml.NVML_ERROR_NOT_FOUND)
         return sorted(gpu.model.sm_clocks_mhz, reverse=True)
-
-    # ------------------------------------------------------------------ setters (root)
-
-    def _settable(self, handle: Any, name: str) -> SimulatedGpu:
-        gpu = self._gpu(handle, name)
-        if not gpu.settable:
-            raise _err(pynvml.NVML_ERROR_NO_PERMISSION)
-        return gpu
-
-    def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit: int) -> None:
-        """Set the power limit (mW); needs root on a real GPU."""
-        gpu = self._settable(handle, "nvmlDeviceSetPowerManagementLimit")
-        lo, hi = gpu.model.power_limit_range_w
-        limit_mw = ctypes.c_uint(limit).value
-        if not round(lo * 1000) <= limit_mw <= round(hi * 1000):
-            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        gpu.set_power_limit_w(limit_mw / 1000)
-
-    def nvmlDeviceSetGpuLockedClocks(
-        self, handle: Any, minGpuClockMHz: int, maxGpuClockMHz: int
-    ) -> None:
-        """Lock the SM clock into [min, max] MHz; needs root on a real GPU."""
-        gpu = self._settable(handle, "nvmlDeviceSetGpuLockedClocks")
-        if minGpuClockMHz > maxGpuClockMHz:
-            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        gpu.set_locked_clocks_mhz(minGpuClockMHz, maxGpuClockMHz)
-
-    def nvmlDeviceResetGpuLockedClocks(self, handle: Any) -> None:
-        """Free the SM clock; needs root on a real GPU."""
-        self._settable(handle, "nvmlDeviceResetGpuLockedClocks").reset_locked_clocks()
-
-    def nvmlDeviceSetMemoryLockedClocks(
-        self, handle: Any, minMemClockMHz: int, maxMemClockMHz: int
-    ) -> None:
-        """Lock the memory clock into [min, max] MHz; needs root on a real GPU."""
-        gpu = self._settable(handle, "nvmlDeviceSetMemoryLockedClocks")
-        if minMemClockMHz > maxMemClockMHz:
-            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        gpu.set_locked_mem_clocks_mhz(minMemClockMHz, maxMemClockMHz)
-
-    def nvmlDeviceResetMemoryLockedClocks(self, handle: Any) -> None:
-        """Free the memory clock; needs root on a real GPU."""
-        self._settable(handle, "nvmlDeviceResetMemoryLockedClocks").reset_locked_mem_clocks()

@@ -43,6 +43,14 @@ from wattlab.runfile.layers_parts import (
 )
 from wattlab.runfile.layers_record import CountedLayer, LayersRecord, read_layers, write_layers
 from wattlab.runfile.layout_check import SIGNATURE as HDF5_SIGNATURE
+from wattlab.runfile.processes import (
+    ProcessCpu,
+    RecordingCpu,
+    recorded_writer,
+    show_recording_cpu,
+    stop_attrs,
+    writer_alive,
+)
 from wattlab.runfile.reader import GapRow, MarkerRow, Run, SourceView, markers_from
 from wattlab.runfile.records import add_record
 from wattlab.runfile.repair import CutOff, repair_run, writer_status
@@ -81,7 +89,6 @@ from wattlab.runfile.tuning_record import (
     write_tuning,
 )
 from wattlab.runfile.writer import CHUNK_BYTES, ResumePoint, RunFileWriter
-from wattlab.runfile.writer_identity import recorded_writer, writer_alive
 
 __all__ = [
     "CHUNK_BYTES",
@@ -137,7 +144,9 @@ __all__ = [
     "MeasuredRun",
     "PhaseEnergy",
     "PlanCost",
+    "ProcessCpu",
     "Profiles",
+    "RecordingCpu",
     "ReferenceStream",
     "ResumePoint",
     "RooflineLimits",
@@ -165,6 +174,8 @@ __all__ = [
     "read_tuning",
     "recorded_writer",
     "repair_run",
+    "show_recording_cpu",
+    "stop_attrs",
     "write_calibration",
     "write_layers",
     "write_tuning",

@@ -26,8 +26,8 @@ from wattlab.runfile import schema
 from wattlab.runfile.crash_flags import crash_flags
 from wattlab.runfile.h5_read import open_read_only
 from wattlab.runfile.layout_check import check_not_truncated
+from wattlab.runfile.processes import recorded_writer, writer_alive
 from wattlab.runfile.writer import ResumePoint, RunFileWriter
-from wattlab.runfile.writer_identity import recorded_writer, writer_alive
 from wattlab.samples import Gap
 
 CUT_OFF_REASON = "recording cut off by a crash (file repaired)"

@@ -20,8 +20,8 @@ import numpy.typing as npt
 from wattlab.device_models import NOMINAL_NS_PER_UNIT, EnvelopeAccumulator
 from wattlab.errors import RunFileError, UsageError
 from wattlab.runfile import schema
+from wattlab.runfile.processes import writer_identity
 from wattlab.runfile.table_rows import gap_rows, marker_rows, progress_rows
-from wattlab.runfile.writer_identity import writer_identity
 from wattlab.samples import Gap, Marker, SourceDescriptor, flag_names
 
 CHUNK_BYTES = 512 * 1024

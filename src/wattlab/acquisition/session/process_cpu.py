@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Mapping
 
-from wattlab.runfile.recording_cpu import ProcessCpu, RecordingCpu
+from wattlab.runfile import ProcessCpu, RecordingCpu
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 

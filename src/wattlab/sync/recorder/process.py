@@ -36,8 +36,12 @@ import zmq
 
 from wattlab.errors import MalformedMessageError, WattlabError
 from wattlab.exit_watch import open_pidfd
-from wattlab.runfile import RECORDER_HOST, RECORDER_STATUS_JSON, SESSION_END_MONOTONIC_NS
-from wattlab.runfile.recording_cpu import stop_attrs
+from wattlab.runfile import (
+    RECORDER_HOST,
+    RECORDER_STATUS_JSON,
+    SESSION_END_MONOTONIC_NS,
+    stop_attrs,
+)
 from wattlab.samples import Marker, SourceDescriptor
 from wattlab.sync.bus import message
 from wattlab.sync.recorder.admission.gate import Gate
