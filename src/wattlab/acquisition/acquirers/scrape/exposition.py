@@ -93,8 +93,10 @@ def parse_exposition(text: str, metrics: tuple[str, ...], source: str = "exposit
 
 
 def split_sample(line: str, metric: str) -> tuple[str, str]:
-    """(``name{labels}``, ``value [timestamp]``): the last '}' closes the labels, as neither
-    a value nor a timestamp holds one."""
+    """(``name{labels}``, ``value [timestamp]``) of a sample line.
+
+    The last '}' closes the labels: neither a value nor a timestamp holds one.
+    """
     if line[len(metric):len(metric) + 1] != "{":
         return metric, line[len(metric):]
     close = line.rfind("}")

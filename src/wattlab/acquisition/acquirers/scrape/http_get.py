@@ -104,7 +104,7 @@ class KeptAliveGet:
         return out
 
     def _chunked(self) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         while True:
             size = int(self._until(b"\r\n").split(b";")[0], 16)
             if size == 0:
