@@ -114,6 +114,7 @@ def run_serving(args: argparse.Namespace) -> int:
         driver = NvmlDriver(FakeNvml([server.gpu]))
         acquirers: list[tuple[str, Acquirer]] = [
             ("gpu0", NvmlAcquirer(driver, 0)),
+            ("phases", SchedulePhaseMarkers(server.gpu)),  # idle, serving, idle
             ("scrape", ScrapeSource("scrape", server.url).acquirer())]
         print(f"wattlab demo --serving: {len(server.requests)} requests to a simulated LLM "
               f"server (vLLM's metric names at {server.url}) on a {server.gpu.model.name}, "
