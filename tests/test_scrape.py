@@ -234,6 +234,18 @@ def test_record_scrape_writes_the_counters_on_the_runs_timebase(tmp_path: Path) 
         assert np.all(np.diff(tokens) > 0) and np.all(np.diff(stream.time_ns) > 0)
 
 
+@pytest.mark.system
+def test_record_scrape_in_its_own_source_process(tmp_path: Path) -> None:
+    with MetricsEndpoint(Served().text) as endpoint:
+        code = record(tmp_path / "p.h5", endpoint.url, "--source-processes",
+                      "--scrape-metric", "vllm:num_requests_running")
+    assert code == 0
+    with wattlab.open(str(tmp_path / "p.h5")) as run:
+        assert run.sources["scrape"].channel_names == [
+            'vllm:num_requests_running{model_name="m"}']
+        assert len(run.source("scrape")) >= 10
+
+
 class GoesAway:
     """An endpoint that goes away after its ``after``-th scrape for ``away_s``, then returns."""
 
