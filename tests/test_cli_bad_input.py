@@ -189,6 +189,9 @@ def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("good")
     create_keypair(str(folder / "keys"), "good")
     shutil.copy(data_file("demo/demo24.h5"), folder / "good.h5")
+    (folder / "requests.jsonl").write_text(
+        '{"id": "r1", "start_unix_s": 1795825141.0, "first_token_unix_s": 1795825141.2, '
+        '"end_unix_s": 1795825142.0, "prompt_tokens": 5, "output_tokens": 9}\n')
     return folder
 
 
@@ -217,6 +220,8 @@ def _base_argv(good: Path, tmp_path: Path) -> dict[tuple[str, str], list[str]]:
         ("fit", "sweep"): ["fit", "BAD"],
         ("import", "files"): ["import", "nvml-npz", "BAD", "-o", new + ".h5"],
         ("import", "--output"): ["import", "nvml-npz", str(H100_CAPTURE), "-o", "BAD"],
+        ("import", "--into"): ["import", "requests", str(good / "requests.jsonl"), "--into",
+                               "BAD"],
         ("info", "runs"): ["info", "BAD"],
         ("iterations", "run"): ["iterations", "BAD", "--source", "gpu0.power"],
         ("nvml-agreement", "run"): ["nvml-agreement", "BAD"],

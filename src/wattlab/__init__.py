@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from wattlab.acquisition.markers import mark, phase
+    from wattlab.acquisition.markers import count, mark, phase
     from wattlab.runfile import Run
 
 from wattlab.version import __version__
@@ -19,12 +19,12 @@ def open(path: str) -> Run:  # mirrors h5py.File, shadows builtins.open on purpo
 
 
 def __getattr__(name: str) -> Any:
-    """``mark`` and ``phase`` load the bus (pyzmq) only when used, not on ``import wattlab``."""
-    if name in ("mark", "phase"):
+    """``mark``, ``phase``, ``count`` load the bus (pyzmq) when used, not on ``import wattlab``."""
+    if name in ("count", "mark", "phase"):
         from wattlab.acquisition.markers import program_markers as markers
 
         return getattr(markers, name)
     raise AttributeError(f"module 'wattlab' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "mark", "open", "phase"]
+__all__ = ["__version__", "count", "mark", "open", "phase"]

@@ -187,7 +187,7 @@ class SampleBatch:
         return self.seq if self.seq_last is None else self.seq_last
 
 
-MARKER_KINDS = ("point", "begin", "end")
+MARKER_KINDS = ("point", "begin", "end", "count")  # count: work done (``wattlab.count``)
 MARKER_NAME_MAX = 128
 MARKER_PAYLOAD_MAX = 2048
 

@@ -1,5 +1,8 @@
 """`wattlab energy RUN [--by-marker] [--window T0:T1] [--json]`: joules per phase.
 
+``--per UNIT`` gives joules per unit of work (a counter), ``--by-request`` each request's
+joules (docs/serving.md); both through ``wattlab.analysis.attribution``.
+
 ``--calibration cal.json`` corrects NVML energy with a record from `wattlab calibrate`;
 ``--deconvolve`` does it by deconvolving the record's windows (``energy_fusion``).
 """
@@ -20,7 +23,7 @@ from wattlab.analysis.many_runs import (
     map_runs,
     report_errors,
 )
-from wattlab.arg_types import InputFile
+from wattlab.arg_types import InputFile, Number
 from wattlab.errors import UsageError
 
 if TYPE_CHECKING:  # the parser is built without importing the run-file format
@@ -69,6 +72,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--wall", metavar="SRC[:CHANNEL]",
                    help="with --node: the stream that measures the node's AC power (default: "
                         "a stream named wall)")
+    p.add_argument("--per", metavar="UNIT",
+                   help="joules per unit of work over the run and per phase: tokens, requests, "
+                        "samples or a counter's name (docs/serving.md)")
+    p.add_argument("--by-request", action="store_true",
+                   help="each request's energy, prefill and decode apart, from the table "
+                        "`wattlab import requests` added (docs/serving.md)")
+    p.add_argument("--idle-w", type=Number(0.0, 1e5, unit="W"), metavar="W",
+                   help="with --per or --by-request: the idle power (default: measured where "
+                        "no work ran)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 if any figure fails a validity check (docs/validity.md); "
@@ -106,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.node or args.wall:
         return node_run(args)
+    if args.per or args.by_request or args.idle_w is not None:
+        return attribution_run(args)
     if args.deconvolve and not args.calibration:
         raise UsageError("--deconvolve needs --calibration: the record of the 1 s average")
     if args.steps_at_marks and not args.deconvolve:
@@ -159,3 +173,34 @@ def node_run(args: argparse.Namespace) -> int:
         report = node_report(run_file, wall=args.wall)
     print(json.dumps(report, indent=2) if args.json else format_node_report(report))
     return verdict_status([report], args.strict)
+
+
+def attribution_run(args: argparse.Namespace) -> int:
+    """``--per UNIT`` or ``--by-request``: one run's energy shared by work done."""
+    from wattlab.analysis.attribution import (
+        energy_by_request,
+        energy_per_unit,
+        format_by_request,
+        format_per_unit,
+    )
+    from wattlab.runfile import Run
+
+    if bool(args.per) == args.by_request:
+        raise UsageError("give one of --per UNIT and --by-request" if args.per else
+                         "--idle-w goes with --per UNIT or --by-request")
+    paths = expand_runs(args.runs)
+    if len(paths) != 1:
+        raise UsageError(f"--per and --by-request read one run file, got {len(paths)}")
+    if (args.node or args.by_marker or args.window or args.calibration or args.reference
+            or args.deconvolve):
+        raise UsageError("--per and --by-request use the run's chosen stream and its phases: "
+                         "drop --by-marker, --window, --reference, --calibration, --deconvolve")
+    with Run(paths[0]) as run_file:
+        if args.per:
+            per = energy_per_unit(run_file, args.per, idle_w=args.idle_w)
+            report, text, valid = per.to_json(), format_per_unit(per), per.valid
+        else:
+            split = energy_by_request(run_file, idle_w=args.idle_w)
+            report, text, valid = split.to_json(), format_by_request(split), split.stream.valid
+    print(json.dumps(report, indent=2) if args.json else text)
+    return int(args.strict and not valid)

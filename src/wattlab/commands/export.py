@@ -1,4 +1,7 @@
-"""`wattlab export RUN… -o TABLE.parquet|.csv`: one tidy table of many runs' energies."""
+"""`wattlab export RUN… -o TABLE.parquet|.csv`: one tidy table of many runs' energies.
+
+``--by-request``: one row per request instead (``wattlab energy --by-request``'s figures).
+"""
 
 from __future__ import annotations
 
@@ -21,18 +24,25 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="the table to write (.csv or .parquet); never overwritten")
     p.add_argument("--format", choices=("csv", "parquet"),
                    help="default: from the output's suffix; parquet needs pyarrow")
+    p.add_argument("--by-request", action="store_true",
+                   help="one row per request of each run (docs/serving.md) instead")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from wattlab.analysis.report import TableWriter, format_of, tidy_rows
 
+    rows_of, columns = tidy_rows, None
+    if args.by_request:
+        from wattlab.analysis.attribution import REQUEST_COLUMNS, request_rows
+
+        rows_of, columns = request_rows, REQUEST_COLUMNS
     fmt = format_of(args.output, args.format)
     paths = expand_runs(args.runs)
-    writer = TableWriter(args.output, fmt)
+    writer = TableWriter(args.output, fmt, columns)
     outcomes = []
     try:
-        for outcome in map_runs(tidy_rows, paths, args.jobs):
+        for outcome in map_runs(rows_of, paths, args.jobs):
             outcomes.append(outcome)
             if not outcome.error:
                 writer.write(outcome.result)

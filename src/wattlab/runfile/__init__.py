@@ -44,6 +44,7 @@ from wattlab.runfile.layers_parts import (
 from wattlab.runfile.layers_record import CountedLayer, LayersRecord, read_layers, write_layers
 from wattlab.runfile.layout_check import SIGNATURE as HDF5_SIGNATURE
 from wattlab.runfile.reader import GapRow, MarkerRow, Run, SourceView, markers_from
+from wattlab.runfile.records import add_record
 from wattlab.runfile.repair import CutOff, repair_run, writer_status
 from wattlab.runfile.schema import (
     DEMO_SEED,
@@ -152,6 +153,7 @@ __all__ = [
     "TuningIterations",
     "TuningProbes",
     "TuningRecord",
+    "add_record",
     "clear_crash_flags",
     "finite",
     "fit_eoa_to_file",

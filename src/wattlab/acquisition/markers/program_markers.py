@@ -1,4 +1,4 @@
-"""Markers from the measured program: ``wattlab.mark()`` and ``with wattlab.phase():``.
+"""Markers from the measured program: ``wattlab.mark()``, ``with wattlab.phase():``, ``count``.
 
 The session puts its bus endpoint in ``WATTLAB_BUS``; a program run outside a session
 has no such variable and every call is a silent no-op, so instrumented code runs anywhere.
@@ -9,6 +9,7 @@ mistake shows up the first time the code runs, not only on the bench.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 from wattlab.acquisition.markers import gpu_marks
 from wattlab.acquisition.markers.gpu_marks import Stamp
+from wattlab.errors import UsageError
 from wattlab.samples import Marker
 from wattlab.sync.bus import BusPublisher
 
@@ -96,6 +98,17 @@ def mark(name: str, kind: str = "point", *, gpu: bool | None = None, at: Stamp |
         _send(marker)
     else:
         stamp.owner.submit(marker, stamp)
+
+
+def count(name: str, n: float = 1) -> None:
+    """Count ``n`` units of work done now (tokens, requests, samples) under ``name``.
+
+    The analysis sums a name's counts into a cumulative counter (``wattlab energy --per``).
+    Host time only: a count says when the program saw the work finish, not a GPU edge.
+    """
+    if isinstance(n, bool) or not isinstance(n, int | float) or not math.isfinite(n) or n < 0:
+        raise UsageError(f"wattlab.count({name!r}, n={n!r}): n must be a finite number >= 0")
+    mark(name, "count", gpu=False, n=n)
 
 
 @contextmanager

@@ -79,10 +79,14 @@ def format_of(output: str, given: str | None) -> str:
 
 
 class TableWriter:
-    """Appends blocks of rows to a CSV or Parquet file; memory: one block at a time."""
+    """Appends blocks of rows to a CSV or Parquet file; memory: one block at a time.
 
-    def __init__(self, output: str, fmt: str) -> None:
+    ``columns``: column -> pyarrow type (default: the energy table's ``COLUMNS``).
+    """
+
+    def __init__(self, output: str, fmt: str, columns: dict[str, str] | None = None) -> None:
         self.output = output
+        columns = columns or COLUMNS
         self.rows = 0
         self._csv: Any = None
         self._parquet: Any = None
@@ -93,12 +97,12 @@ class TableWriter:
             except ImportError as e:
                 raise UsageError("--format parquet needs pyarrow: pip install "
                                  "'wattlab[parquet]' (or use --format csv)") from e
-            self._schema = pa.schema([(k, pa.type_for_alias(t)) for k, t in COLUMNS.items()])
+            self._schema = pa.schema([(k, pa.type_for_alias(t)) for k, t in columns.items()])
             self._parquet = pq.ParquetWriter(output, self._schema)
             self._pa = pa
         else:
             self._file = open(output, "x", newline="", encoding="utf-8")  # noqa: SIM115
-            self._csv = csv.DictWriter(self._file, fieldnames=list(COLUMNS))
+            self._csv = csv.DictWriter(self._file, fieldnames=list(columns))
             self._csv.writeheader()
 
     def write(self, rows: Iterable[dict[str, Any]]) -> None:

@@ -1,0 +1,62 @@
+"""Whose joules were these: energy shared among activities by a stated rule, idle apart.
+
+One core (``attribute``) for every split: per request, per unit of work, per process.
+"""
+
+from wattlab.analysis.attribution.by_request import (
+    REQUEST_COLUMNS,
+    ByRequest,
+    RequestEnergy,
+    energy_by_request,
+    format_by_request,
+    request_rows,
+)
+from wattlab.analysis.attribution.core import CLOSURE, Activity, Attribution, attribute
+from wattlab.analysis.attribution.counters import (
+    CounterSeries,
+    find_counter,
+    run_counters,
+)
+from wattlab.analysis.attribution.learn import fit_weights, measure_idle
+from wattlab.analysis.attribution.per_unit import (
+    PerUnit,
+    UnitRow,
+    energy_per_unit,
+    format_per_unit,
+)
+from wattlab.analysis.attribution.power_stream import PowerStream, run_power_stream
+from wattlab.analysis.attribution.request_log import Request, RequestLog, parse_request_log
+from wattlab.analysis.attribution.request_table import read_requests, write_requests
+from wattlab.analysis.attribution.rule import Param, Rule, equal_rule
+
+__all__ = [
+    "CLOSURE",
+    "REQUEST_COLUMNS",
+    "Activity",
+    "Attribution",
+    "ByRequest",
+    "CounterSeries",
+    "Param",
+    "PerUnit",
+    "PowerStream",
+    "Request",
+    "RequestEnergy",
+    "RequestLog",
+    "Rule",
+    "UnitRow",
+    "attribute",
+    "energy_by_request",
+    "energy_per_unit",
+    "equal_rule",
+    "find_counter",
+    "fit_weights",
+    "format_by_request",
+    "format_per_unit",
+    "measure_idle",
+    "parse_request_log",
+    "read_requests",
+    "request_rows",
+    "run_counters",
+    "run_power_stream",
+    "write_requests",
+]

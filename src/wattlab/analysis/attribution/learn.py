@@ -1,0 +1,103 @@
+"""What the rule and the idle part are learnt from: the run itself.
+
+Idle: the mean power over the stretches where no activity runs (each trimmed by a guard
+for the stream's lag). Weights: the dynamic power of each piece of the run modelled as
+``sum_k w_k * n_k`` (``n_k``: activities of kind k running, by intensity), fitted by least
+squares weighted by each piece's duration; pieces where one kind runs alone pin that
+kind's weight, pieces with different mixes separate the kinds. The fit's ± is the standard
+error from the residual scatter. The rule uses the weights' ratios only: the energy shared
+is always the energy measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from wattlab.analysis.attribution.core import (
+    Activity,
+    FloatArray,
+    cumulative_energy,
+    pieces,
+    running,
+)
+from wattlab.analysis.attribution.rule import Param, Rule, equal_rule
+
+
+def measure_idle(t_s: FloatArray, power_w: FloatArray, busy: Sequence[tuple[float, float]],
+                 guard_s: float, min_s: float) -> tuple[float, float, float] | None:
+    """(idle W, ± W, seconds used) over the time outside ``busy``; None where too little.
+
+    Each free stretch loses ``guard_s`` at both ends (the stream's lag and edge); only
+    stretches then at least ``min_s`` long count. ±: the spread (standard deviation) of
+    the stretches' mean powers, else of the samples in the one stretch.
+    """
+    free = free_stretches(busy, float(t_s[0]), float(t_s[-1]))
+    kept = [(a + guard_s, b - guard_s) for a, b in free if b - a - 2 * guard_s >= min_s]
+    if not kept:
+        return None
+    ends = np.array(kept, dtype=np.float64)
+    e = cumulative_energy(t_s, power_w, ends.ravel()).reshape(-1, 2)
+    seconds = ends[:, 1] - ends[:, 0]
+    means = (e[:, 1] - e[:, 0]) / seconds
+    idle = float((e[:, 1] - e[:, 0]).sum() / seconds.sum())
+    if len(kept) > 1:
+        pm = float(np.std(means, ddof=1))
+    else:
+        inside = power_w[(t_s >= kept[0][0]) & (t_s <= kept[0][1])]
+        pm = float(np.std(inside, ddof=1)) if inside.size > 1 else math.nan
+    return idle, pm, float(seconds.sum())
+
+
+def free_stretches(busy: Sequence[tuple[float, float]], t0_s: float, t1_s: float
+                   ) -> list[tuple[float, float]]:
+    """The parts of [t0, t1] that no busy interval covers."""
+    out, at = [], t0_s
+    for a, b in sorted(busy):
+        if a > at:
+            out.append((at, min(a, t1_s)))
+        at = max(at, b)
+    if at < t1_s:
+        out.append((at, t1_s))
+    return [(a, b) for a, b in out if b > a]
+
+
+def fit_weights(t_s: FloatArray, power_w: FloatArray, idle_w: float,
+                activities: Sequence[Activity], *, kinds: list[str], min_piece_s: float
+                ) -> Rule:
+    """Each kind's power per activity, least squares over the run's pieces (module doc).
+
+    Pieces shorter than ``min_piece_s`` (the stream cannot resolve them) are left out.
+    Where the kinds cannot be told apart (a kind never runs, a weight comes out <= 0) the
+    rule falls back to equal shares and says why.
+    """
+    edges = pieces(activities, float(t_s[0]), float(t_s[-1]))
+    dt = np.diff(edges)
+    p_dyn = np.diff(cumulative_energy(t_s, power_w, edges)) / np.where(dt > 0, dt, 1.0) - idle_w
+    n = np.stack([running(edges, activities, np.array(
+        [a.intensity if a.kind == k else 0.0 for a in activities])) for k in kinds], axis=1)
+    use = (dt >= min_piece_s) & (n.sum(axis=1) > 0)
+    alone = {k: int(np.sum(use & (n[:, i] > 0) & (n.sum(axis=1) == n[:, i])))
+             for i, k in enumerate(kinds)}
+    x, y, w = n[use], p_dyn[use], np.sqrt(dt[use])
+    if x.shape[0] <= len(kinds) or np.linalg.matrix_rank(x * w[:, None]) < len(kinds):
+        return equal_rule(kinds, f"too few pieces with different mixes of {kinds} "
+                          f"({x.shape[0]} pieces of >= {1e3 * min_piece_s:.3g} ms): equal shares")
+    coef, *_ = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)
+    resid = (y - x @ coef) * w
+    s2 = float(resid @ resid) / (x.shape[0] - len(kinds))
+    cov = s2 * np.linalg.inv((x * w[:, None]).T @ (x * w[:, None]))
+    pm = np.sqrt(np.diag(cov))
+    if np.any(coef <= 0):
+        return equal_rule(kinds, "the fitted power of "
+                          + ", ".join(f"{k} {c:.3g} W" for k, c in zip(kinds, coef, strict=True))
+                          + " is not positive: equal shares")
+    weights = {k: Param(float(c), float(e), "W") for k, c, e in zip(kinds, coef, pm, strict=True)}
+    return Rule("fitted power per kind", "each piece's dynamic energy shared in proportion to "
+                "the fitted power of each activity running in it: "
+                + " + ".join(f"w_{k} n_{k}" for k in kinds),
+                weights, [f"fitted on {x.shape[0]} pieces of >= {1e3 * min_piece_s:.3g} ms; "
+                          "pieces with one kind alone: "
+                          + ", ".join(f"{k} {c}" for k, c in alone.items())])

@@ -1,0 +1,53 @@
+"""The request table of a run: ``/analysis/requests``, written by `wattlab import requests`.
+
+One dataset per column (times in session seconds, NaN where a request had no first token)
+and attributes saying where the log came from and how its times were mapped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import h5py
+import numpy as np
+
+from wattlab.analysis.attribution.request_log import Request, RequestLog
+from wattlab.errors import RunFileError
+from wattlab.runfile import Run, add_record, open_read_only, schema
+
+WHERE = ("requests",)
+COLUMNS = ("start_s", "first_token_s", "end_s", "prompt_tokens", "output_tokens")
+
+
+def write_requests(path: str, log_path: str, log: RequestLog) -> str:
+    """Store ``log`` in the run file at ``path`` (replacing an older table); its group path."""
+    def fill(group: h5py.Group) -> None:
+        reqs = log.requests
+        group.create_dataset("id", data=[r.id for r in reqs], dtype=h5py.string_dtype())
+        group["start_s"] = np.array([r.start_s for r in reqs])
+        group["first_token_s"] = np.array(
+            [math.nan if r.first_token_s is None else r.first_token_s for r in reqs])
+        group["end_s"] = np.array([r.end_s for r in reqs])
+        group["prompt_tokens"] = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
+        group["output_tokens"] = np.array([r.output_tokens for r in reqs], dtype=np.int64)
+        group.attrs.update({"log": os.path.basename(log_path), "format": log.format,
+                            "skipped": log.skipped, "mapping": log.mapping})
+
+    return add_record(path, WHERE, fill)
+
+
+def read_requests(run: Run) -> tuple[list[Request], dict[str, str]] | None:
+    """The run's request table and its attributes; None where it has none."""
+    with open_read_only(run.path) as f:
+        group = f.get("/".join(("", schema.ANALYSIS, *WHERE)))
+        if group is None:
+            return None
+        try:
+            ids = [x.decode() if isinstance(x, bytes) else str(x) for x in group["id"][()]]
+            cols = [group[c][()] for c in COLUMNS]
+            attrs = {k: str(v) for k, v in group.attrs.items()}
+        except KeyError as e:
+            raise RunFileError(f"{run.path}: the request table is incomplete ({e})") from e
+    return [Request(i, float(a), None if math.isnan(b) else float(b), float(c), int(d), int(e))
+            for i, a, b, c, d, e in zip(ids, *cols, strict=True)], attrs
