@@ -41,8 +41,12 @@ def test_template_examples_are_valid_when_uncommented() -> None:
     text = "\n".join(lines).replace("simulated_gpus = 1", "simulated_gpus = 2")
     config = parse_bench(text, "bench.toml")
     assert [d.kind for d in config.devices] == ["nvml", "powersensor3", "pmd", "wt300e",
-                                                "hmc8015", "mcp39f511", "rapl", "amd"]
-    ps3, pmd, wall, hmc, mcp, rapl, amd = config.meters
+                                                "hmc8015", "mcp39f511", "rapl", "amd",
+                                                "scrape"]
+    ps3, pmd, wall, hmc, mcp, rapl, amd, scrape = config.meters
+    assert scrape.address == "http://localhost:8000/metrics" and scrape.options["hz"] == 10
+    assert scrape.options["metrics"] == ["vllm:generation_tokens_total",
+                                         "vllm:prompt_tokens_total"]
     assert amd.address == "0" and amd.options["simulate"] is False
     assert rapl.address == "/sys/class/powercap" and rapl.options["interval_s"] == 0.1
     assert (ps3.options["gpu"], pmd.options["gpu"]) == (0, 1)

@@ -234,6 +234,18 @@ def test_record_scrape_writes_the_counters_on_the_runs_timebase(tmp_path: Path) 
         assert np.all(np.diff(tokens) > 0) and np.all(np.diff(stream.time_ns) > 0)
 
 
+@pytest.mark.system
+def test_record_scrape_in_its_own_source_process(tmp_path: Path) -> None:
+    with MetricsEndpoint(Served().text) as endpoint:
+        code = record(tmp_path / "p.h5", endpoint.url, "--source-processes",
+                      "--scrape-metric", "vllm:num_requests_running")
+    assert code == 0
+    with wattlab.open(str(tmp_path / "p.h5")) as run:
+        assert run.sources["scrape"].channel_names == [
+            'vllm:num_requests_running{model_name="m"}']
+        assert len(run.source("scrape")) >= 10
+
+
 class GoesAway:
     """An endpoint that goes away after its ``after``-th scrape for ``away_s``, then returns."""
 
@@ -295,3 +307,43 @@ def test_bad_scrape_options_exit_2_with_one_line(argv: list[str], names: str, tm
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and names in err[0], err
     assert list(tmp_path.iterdir()) == []
+
+
+def raw_server(responses: list[bytes]) -> tuple[int, threading.Thread]:
+    """A TCP server answering each request with the next of ``responses`` (one per connection
+    where a response ends by closing)."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            for n, response in enumerate(responses, 1):
+                while b"\r\n\r\n" not in conn.recv(65536):
+                    pass
+                conn.sendall(response)
+                if b"chunked" not in response and n < len(responses):
+                    conn.close()
+                    conn, _ = listener.accept()
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], thread
+
+
+@pytest.mark.system
+def test_the_get_reads_chunked_and_close_delimited_bodies() -> None:
+    from wattlab.acquisition.acquirers.scrape.http_get import KeptAliveGet
+
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"6\r\nup 1\nx\r\n3;ext=1\r\n 2\n\r\n0\r\n\r\n")
+    closing = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nup 3\n"
+    port, thread = raw_server([chunked, chunked, closing])
+    get = KeptAliveGet("http", "127.0.0.1", port, "/metrics", 2.0)
+    assert get.get() == (200, "OK", b"up 1\nx 2\n")
+    assert get.get() == (200, "OK", b"up 1\nx 2\n")  # the same connection, kept alive
+    assert get.get() == (200, "OK", b"up 3\n")
+    get.close()
+    thread.join()

@@ -77,7 +77,7 @@ def test_the_request_log_has_the_documented_fields_in_wall_clock_order(tmp_path)
         assert r["start_unix_s"] <= r["first_token_unix_s"] <= r["end_unix_s"]
     a, b = rows
     assert b["first_token_unix_s"] - b["start_unix_s"] == pytest.approx(step, abs=0.011)
-    assert a["end_unix_s"] - a["first_token_unix_s"] == pytest.approx(4 * step)
+    assert a["end_unix_s"] - a["first_token_unix_s"] == pytest.approx(4 * step, abs=1e-6)
 
 
 @pytest.mark.system
@@ -97,3 +97,22 @@ def test_the_server_serves_vllm_counters_the_scraper_reads() -> None:
     assert first.values[0, tokens] == 0.0
     assert last.values[0, tokens] == server.plan.generation_tokens[-1]
     assert len(desc.channels) == 7  # 2 token counters, 2 gauges, 3 finish reasons
+
+
+@pytest.mark.system
+def test_emulate_scrape_serves_the_simulated_server_until_ctrl_c() -> None:
+    import re
+    import sys
+
+    from tests.conftest import ctrl_c, emulator_cli
+
+    with emulator_cli([sys.executable, "-m", "wattlab.cli", "emulate", "scrape"]) as (
+            proc, line):
+        found = re.search(r"http://127\.0\.0\.1:\d+/metrics", line)
+        assert found, line
+        url = found.group(0)
+        acq = ScrapeAcquirer(url)
+        (desc,) = acq.open()
+        acq.close()
+        assert len(desc.channels) == 7
+        assert ctrl_c(proc, 20) == 0

@@ -114,6 +114,7 @@ def run_serving(args: argparse.Namespace) -> int:
         driver = NvmlDriver(FakeNvml([server.gpu]))
         acquirers: list[tuple[str, Acquirer]] = [
             ("gpu0", NvmlAcquirer(driver, 0)),
+            ("phases", SchedulePhaseMarkers(server.gpu)),  # idle, serving, idle
             ("scrape", ScrapeSource("scrape", server.url).acquirer())]
         print(f"wattlab demo --serving: {len(server.requests)} requests to a simulated LLM "
               f"server (vLLM's metric names at {server.url}) on a {server.gpu.model.name}, "
@@ -141,7 +142,10 @@ def run_serving(args: argparse.Namespace) -> int:
               "after the first request (a slow start): its figures miss work", file=sys.stderr)
         status = status or 1
     print(f"request log: {log_path}; truth: {truth_path}")
-    status = import_requests(log_path, output) or status
+    imported = import_requests(log_path, output)
+    if imported == 0:
+        serving_summary(output, truth)
+    status = imported or status
     print(f"truth: {truth['energy_j']:.0f} J over {truth['serving_span_s']:.1f} s of serving, "
           f"{truth['generation_tokens']} tokens generated: {truth['j_per_token']:.3f} J/token "
           f"({truth['dynamic_j_per_token']:.3f} J/token above idle)")
@@ -150,6 +154,26 @@ def run_serving(args: argparse.Namespace) -> int:
         print(f"wattlab: {lost} gap(s) in {output}: data was lost (exit status {status})",
               file=sys.stderr)
     return status
+
+
+def serving_summary(output: str, truth: dict[str, Any]) -> None:
+    """The analysis's J/token and per-request figures beside the simulator's truth."""
+    from wattlab.analysis.attribution import energy_by_request, energy_per_unit
+    from wattlab.runfile import Run
+
+    with Run(output) as run:
+        per_unit = energy_per_unit(run, "token")
+        by_request = energy_by_request(run)
+    for row in per_unit.rows:
+        if row.phase == "serving" and row.j_per_unit is not None:
+            pm = row.j_per_unit_pm or 0.0
+            print(f"analysis: {row.j_per_unit:.3f} ± {pm:.3f} J/token over the serving phase "
+                  f"(truth {truth['j_per_token']:.3f})")
+    summary = by_request.summary()
+    if summary["j_per_output_token_median"] is not None:
+        print(f"analysis: per request {summary['j_per_output_token_median']:.3f} J/output "
+              f"token median, {summary['j_per_output_token_p90']:.3f} p90, by the rule "
+              f"'{by_request.attribution.rule.name}' (wattlab energy {output} --by-request)")
 
 
 def import_requests(log_path: Path, output: str) -> int:

@@ -131,15 +131,15 @@ class ServingPlan:
 
     def schedule(self, lead_s: float, tail_s: float) -> WorkloadSchedule:
         """The GPU's workload: idle ``lead_s``, the steps (equal ones merged), idle ``tail_s``."""
-        segments = [Segment(lead_s, 0.0, "lead")]
+        segments = [Segment(lead_s, 0.0, "idle")]
         step = self.physics.step_s
         start = 0
         u = self.utilisation
         for k in range(1, len(u) + 1):
             if k == len(u) or u[k] != u[start]:
-                segments.append(Segment((k - start) * step, float(u[start]), "serve"))
+                segments.append(Segment((k - start) * step, float(u[start]), "serving"))
                 start = k
-        segments.append(Segment(tail_s, 0.0, "tail"))
+        segments.append(Segment(tail_s, 0.0, "idle"))
         return WorkloadSchedule(segments)
 
 

@@ -15,8 +15,8 @@ that request alone. A sharing rule is judged by how its shares compare with thes
 
 from __future__ import annotations
 
+import itertools
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -166,16 +166,25 @@ def demo_server(seed: int, requests: int = 60, **kwargs: Any) -> SimulatedServer
 
 
 def serve_forever(seed: int) -> int:
-    """``wattlab emulate scrape``: a server whose requests repeat, until Ctrl-C."""
-    while True:
-        server = demo_server(seed).start()
-        print(f"simulated LLM server (vLLM's metric names): {server.url}  "
-              f"(wattlab record --scrape {server.url} ...)", flush=True)
-        try:
-            time.sleep(server.duration_s)
-        except KeyboardInterrupt:
-            return 0
-        finally:
-            server.stop()
-        print("the simulated requests are done; serving a new set on a new port",
-              file=sys.stderr, flush=True)
+    """``wattlab emulate scrape``: one endpoint, a new set of requests after each, until Ctrl-C.
+
+    Each new set is a new server: its counters start again from 0, as after a restart (the
+    analysis counts that as a reset).
+    """
+    current = [demo_server(seed)]
+
+    def text() -> str:  # whichever server is current when the scrape comes
+        return current[0].exposition()
+
+    endpoint = MetricsEndpoint(text).start()
+    print(f"simulated LLM server (vLLM's metric names): {endpoint.url}  "
+          f"(wattlab record --scrape {endpoint.url} ...)", flush=True)
+    try:
+        for n in itertools.count(1):
+            time.sleep(current[0].duration_s)
+            current[0] = demo_server(seed + n)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        endpoint.stop()
+    return 0

@@ -112,7 +112,14 @@ class DeviceConfig:
 
     @property
     def address(self) -> str:
-        """The serial port, VISA resource or folder (powercap) of a meter."""
+        """The serial port, VISA resource, folder (powercap) or URL of a meter: its kind's key.
+
+        Why the kind's: a meter whose address key is none of the usual (``url`` of a scrape,
+        a plugin's own) was built with an empty address.
+        """
+        kind = meter_kinds().get(self.kind)
+        if kind is not None:
+            return str(self.options.get(kind.address_key) or "")
         return str(self.options.get("port") or self.options.get("resource")
                    or self.options.get("path") or self.options.get("index") or "")
 

@@ -2,9 +2,10 @@
 
 Why our own parser: the core install stays light (prometheus-client is an optional extra),
 and a scrape at 10 Hz must cost next to nothing, so only the lines of the wanted metrics are
-parsed: a line is picked by its name's prefix before anything else is done with it.
-Comments (``# HELP``, ``# TYPE``), blank lines and other metrics are skipped unread; a
-wanted line's optional timestamp is ignored (the scrape's own host time is the sample's).
+parsed: each wanted name is found by a plain substring search for it at a line's start, and
+every other line (comments, histograms, other metrics: most of a real server's page) is never
+split nor looked at. A wanted line's optional timestamp is ignored (the scrape's own host
+time is the sample's).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from wattlab.errors import MeterError
 
@@ -46,25 +48,25 @@ def unescape(value: str) -> str:
     return re.sub(r'\\[\\"n]', lambda m: ESCAPES[m.group(0)], value)
 
 
-def parse_labels(text: str, where: str) -> tuple[tuple[str, str], ...]:
+def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
     labels: list[tuple[str, str]] = []
     pos = 0
     while pos < len(text.rstrip()):
         m = LABEL.match(text, pos)
         if m is None:
-            raise MeterError(f"{where}: labels {{{text}}} are not name=\"value\" pairs")
+            raise MeterError(f"labels {{{text}}} are not name=\"value\" pairs")
         labels.append((m.group(1), unescape(m.group(2))))
         pos = m.end()
     return tuple(sorted(labels))
 
 
-def parse_value(text: str, where: str) -> float:
+def parse_value(text: str) -> float:
     if text in SPECIAL:
         return SPECIAL[text]
     try:
         return float(text)
     except ValueError:
-        raise MeterError(f"{where}: sample value {text!r} is not a number") from None
+        raise MeterError(f"sample value {text!r} is not a number") from None
 
 
 def parse_exposition(text: str, metrics: tuple[str, ...], source: str = "exposition"
@@ -76,21 +78,65 @@ def parse_exposition(text: str, metrics: tuple[str, ...], source: str = "exposit
     read elsewhere does not stop the wanted metrics from being read).
     """
     found: dict[Series, float] = {}
-    if not metrics:
-        return found
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.startswith(metrics):
-            continue
-        m = LINE.match(line)
-        if m is None:
-            raise MeterError(f"{source} line {number}: cannot read {line[:120]!r}")
-        name, labels, value = m.group(1), m.group(2), m.group(3)
-        if name not in metrics:
-            continue  # a longer name sharing the prefix (``x_total`` beside ``x``)
-        where = f"{source} line {number}"
-        found[Series(name, parse_labels(labels, where) if labels else ())] = parse_value(
-            value, where)
+    for metric in metrics:
+        for begin, line in lines_of(text, metric):
+            try:
+                key, rest = split_sample(line, metric)
+                fields = rest.split(maxsplit=1)
+                if not fields:
+                    raise MeterError(f"cannot read {line[:120]!r}: no value")
+                found[series_of(key)] = parse_value(fields[0])
+            except MeterError as e:
+                raise MeterError(f"{source} line {text.count(chr(10), 0, begin) + 1}: {e}"
+                                 ) from None
     return found
+
+
+def split_sample(line: str, metric: str) -> tuple[str, str]:
+    """(``name{labels}``, ``value [timestamp]``) of a sample line.
+
+    The last '}' closes the labels: neither a value nor a timestamp holds one.
+    """
+    if line[len(metric):len(metric) + 1] != "{":
+        return metric, line[len(metric):]
+    close = line.rfind("}")
+    if close < 0:
+        raise MeterError(f"cannot read {line[:120]!r}")
+    return line[:close + 1], line[close + 1:]
+
+
+@lru_cache(maxsize=4096)
+def series_of(key: str) -> Series:
+    """The series a sample's ``name{labels}`` names, parsed once and then remembered.
+
+    Why remembered: a server writes the same series the same way every scrape, and parsing
+    the labels is most of the cost of reading a line.
+    """
+    m = LINE.match(f"{key} 0")
+    if m is None:
+        raise MeterError(f"cannot read {key[:120]!r}")
+    labels = m.group(2)
+    return Series(m.group(1), parse_labels(labels) if labels else ())
+
+
+def lines_of(text: str, metric: str) -> list[tuple[int, str]]:
+    """(offset, line) of every line of ``text`` that is a sample of ``metric``."""
+    out = []
+    needle = "\n" + metric
+
+    def after(pos: int) -> int:  # the next wanted line's offset, -1 when there is none
+        found = text.find(needle, pos)
+        return found + 1 if found >= 0 else -1
+
+    begin = 0 if text.startswith(metric) else after(0)
+    while begin >= 0:
+        end = text.find("\n", begin)
+        end = len(text) if end < 0 else end
+        line = text[begin:end].rstrip("\r")
+        if line[len(metric):len(metric) + 1] in ("{", " ", "\t", ""):  # not a longer name
+            out.append((begin, line))
+        begin = after(end)
+    return out
 
 
 def metric_names(text: str) -> list[str]:

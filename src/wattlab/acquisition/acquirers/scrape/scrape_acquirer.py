@@ -15,7 +15,6 @@ first failure's reason. Rows resume on the first good scrape.
 
 from __future__ import annotations
 
-import http.client
 import socket
 import sys
 import time
@@ -28,6 +27,7 @@ import numpy as np
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading, sleep_until_due
 from wattlab.acquisition.acquirers.meter_registry import MeterKind, register
 from wattlab.acquisition.acquirers.scrape.exposition import Series, metric_names, parse_exposition
+from wattlab.acquisition.acquirers.scrape.http_get import KeptAliveGet
 from wattlab.acquisition.acquirers.scrape.known_metrics import (
     DEFAULT_METRICS,
     meaning_of,
@@ -83,7 +83,7 @@ class ScrapeAcquirer:
         self.timeout_s = timeout_s
         self._clock = clock_ns
         self._sleep = sleep
-        self._conn: http.client.HTTPConnection | None = None
+        self._http = KeptAliveGet(self.scheme, self.host, self.port, self.path, timeout_s)
         self._series: list[Series] = []
         self._unrecorded: set[Series] = set()
         self._last_ok_ns = 0
@@ -93,27 +93,14 @@ class ScrapeAcquirer:
 
     # ------------------------------------------------------------------ HTTP
 
-    def _connection(self) -> http.client.HTTPConnection:
-        if self._conn is None:
-            kind = (http.client.HTTPSConnection if self.scheme == "https"
-                    else http.client.HTTPConnection)
-            self._conn = kind(self.host, self.port, timeout=self.timeout_s)
-        return self._conn
-
     def fetch(self) -> str:
         """The endpoint's exposition text, over one kept-alive connection."""
-        conn = self._connection()
         try:
-            conn.request("GET", self.path, headers={"Accept": "text/plain"})
-            response = conn.getresponse()
-            body = response.read()
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
-            self._conn = None
+            status, reason, body = self._http.get()
+        except (OSError, MeterError, ValueError) as e:
             raise MeterError(f"scrape of {self.url} failed: {type(e).__name__}: {e}") from None
-        if response.status != 200:
-            raise MeterError(f"scrape of {self.url} failed: HTTP {response.status} "
-                             f"{response.reason}")
+        if status != 200:
+            raise MeterError(f"scrape of {self.url} failed: HTTP {status} {reason}")
         return body.decode("utf-8", errors="replace")
 
     def scrape(self) -> tuple[int, dict[Series, float], str]:
@@ -150,6 +137,7 @@ class ScrapeAcquirer:
             raise UsageError(f"--scrape {self.url}: {what}; it serves "
                              f"{len(served)} metric(s): {shown or 'none'}; name them with "
                              "--scrape-metric NAME")
+        self.metrics = tuple(m for m in self.metrics if m in seen)  # what later scrapes read
         self._pending.append(self._row(t_ns, found))
         self._last_ok_ns = t_ns
         self._due_ns = t_ns + round(1e9 / self.hz)
@@ -227,9 +215,7 @@ class ScrapeAcquirer:
         return out
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._http.close()
 
 
 def _build(address: str, source_id: str, options: Mapping[str, Any]) -> ScrapeAcquirer:

@@ -1,0 +1,122 @@
+"""What `record --scrape` costs: the scraper's CPU at 10 Hz, against a server in another process.
+
+    python bench/scrape_cost.py               # 30 s per page (~1 min)
+    python bench/scrape_cost.py --quick       # 5 s per page (CI-sized)
+
+The endpoint runs in a child process (its CPU is the server's, not the recording's), serving
+either the simulated server's page (9 lines) or a page the size of a real vLLM's (its
+counters among some 800 lines of histograms, gauges and process metrics). Here the scraper
+polls it as a source runner would, at 10 Hz with its real sleep, for ``--duration`` s; its
+CPU is this process's CPU clock over that time (nothing else runs here), as % of one core
+(goal <= 0.1 %), beside the CPU per scrape. A baseline row polls nothing at the same rate
+(the same sleep, no scrape): what waking 10 times a second costs this machine alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+from common import write_json
+from wattlab.acquisition.acquirers.acquirer import sleep_until_due
+from wattlab.acquisition.acquirers.scrape import ScrapeAcquirer
+from wattlab.hardware.simulated_server import demo_server
+
+HZ = 10.0
+GOAL_CORE_PCT = 0.1
+SERVER = """
+import sys, time
+from wattlab.hardware.metrics_endpoint import MetricsEndpoint
+page = sys.stdin.read()
+with MetricsEndpoint(lambda: page) as endpoint:
+    print(endpoint.url, flush=True)
+    time.sleep(3600)
+"""
+
+
+def vllm_sized_page(counters: str) -> str:
+    """The counters among the other metrics a real vLLM serves: ~800 lines in all."""
+    lines = [counters.rstrip("\n")]
+    buckets = [0.001 * 2 ** k for k in range(20)] + [float("inf")]
+    for h in range(24):
+        name = f"vllm:histogram_{h}_seconds"
+        lines += [f"# HELP {name} A latency histogram.", f"# TYPE {name} histogram"]
+        for le in buckets:
+            edge = "+Inf" if le == float("inf") else f"{le:g}"
+            lines.append(f'{name}_bucket{{le="{edge}",model_name="simulated-llm"}} {h * 7.0}')
+        lines += [f'{name}_count{{model_name="simulated-llm"}} 7.0',
+                  f'{name}_sum{{model_name="simulated-llm"}} 1.25']
+    for g in range(120):
+        lines += [f"# TYPE process_metric_{g} gauge", f"process_metric_{g} {g * 1.5}"]
+    return "\n".join(lines) + "\n"
+
+
+def measure(page: str, duration_s: float) -> dict[str, float]:
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write(page)
+        server.stdin.close()
+        url = server.stdout.readline().strip()
+        acq = ScrapeAcquirer(url, hz=HZ)
+        acq.open()
+        rows = 0
+        wall0, cpu0 = time.monotonic(), time.process_time()
+        while time.monotonic() - wall0 < duration_s:
+            rows += sum(1 for r in acq.poll() if hasattr(r, "values"))
+        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+        acq.close()
+    finally:
+        server.kill()
+        server.wait()
+    return {"lines": page.count("\n"), "bytes": len(page), "scrapes": rows,
+            "rate_hz": rows / wall, "cpu_us_per_scrape": 1e6 * cpu / max(rows, 1),
+            "core_pct": 100 * cpu / wall}
+
+
+def baseline(duration_s: float) -> dict[str, float]:
+    """The same 10 Hz wake-ups with nothing read: the floor under any poller here."""
+    step_ns = round(1e9 / HZ)
+    due, wakes = time.monotonic_ns() + step_ns, 0
+    wall0, cpu0 = time.monotonic(), time.process_time()
+    while time.monotonic() - wall0 < duration_s:
+        if sleep_until_due(due, 0.1):
+            due += step_ns
+            wakes += 1
+    wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+    return {"lines": 0, "bytes": 0, "scrapes": wakes, "rate_hz": wakes / wall,
+            "cpu_us_per_scrape": 1e6 * cpu / max(wakes, 1), "core_pct": 100 * cpu / wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--duration", type=float, default=30.0)
+    ap.add_argument("--quick", action="store_true", help="5 s per page")
+    args = ap.parse_args()
+    duration_s = 5.0 if args.quick else args.duration
+    counters = demo_server(0).exposition()
+    pages = {"simulated server": counters, "vLLM-sized": vllm_sized_page(counters)}
+    results = {"baseline (no scrape)": baseline(duration_s)}
+    results |= {name: measure(page, duration_s) for name, page in pages.items()}
+    print(f"scraper CPU at {HZ:g} Hz over {duration_s:g} s (server in another process):")
+    floor = results["baseline (no scrape)"]["core_pct"]
+    print(f"{'page':21} {'lines':>6} {'bytes':>7} {'rate Hz':>8} {'us/scrape':>10} "
+          f"{'% core':>7} {'above baseline':>15}")
+    for name, r in results.items():
+        print(f"{name:21} {r['lines']:6d} {r['bytes']:7d} {r['rate_hz']:8.2f} "
+              f"{r['cpu_us_per_scrape']:10.0f} {r['core_pct']:7.3f} "
+              f"{r['core_pct'] - floor:15.3f}")
+    worst = max(r["core_pct"] for name, r in results.items() if name in pages)
+    print(f"goal <= {GOAL_CORE_PCT:g} % of a core: "
+          f"{'met' if worst <= GOAL_CORE_PCT else 'NOT met'} (worst {worst:.3f} %, "
+          f"{worst - floor:.3f} % above waking at {HZ:g} Hz)")
+    write_json("scrape_cost", {"hz": HZ, "duration_s": duration_s, "quick": args.quick,
+                               "pages": results, "goal_core_pct": GOAL_CORE_PCT,
+                               "worst_core_pct": worst, "baseline_core_pct": floor})
+
+
+if __name__ == "__main__":
+    main()
