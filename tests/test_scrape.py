@@ -347,3 +347,44 @@ def test_the_get_reads_chunked_and_close_delimited_bodies() -> None:
     assert get.get() == (200, "OK", b"up 3\n")
     get.close()
     thread.join()
+
+
+@pytest.mark.system
+def test_the_get_reconnects_to_servers_that_close_after_each_answer_or_when_idle() -> None:
+    """Found on the lent GPU: against Python's http.server (HTTP/1.0, closes after each
+    answer) every other scrape failed ("closed the connection mid-response", 874 gap rows
+    in 175 s): the connection was kept because no "Connection: close" came. A server that
+    closes an idle kept-alive connection (a keep-alive timeout) cost one failed scrape too."""
+    import http.server
+
+    from wattlab.acquisition.acquirers.scrape.http_get import KeptAliveGet
+
+    class OnePointZero(http.server.BaseHTTPRequestHandler):  # protocol_version "HTTP/1.0"
+        def do_GET(self) -> None:
+            body = b"up 1\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OnePointZero)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        get = KeptAliveGet("http", "127.0.0.1", server.server_address[1], "/metrics", 2.0)
+        assert [get.get() for _ in range(4)] == [(200, "OK", b"up 1\n")] * 4
+        get.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    # keep-alive, then the server closes the idle connection before the next request
+    kept = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nup 2\n"
+    port, served = raw_server([kept, kept])  # closes after the first: "idle timeout"
+    get = KeptAliveGet("http", "127.0.0.1", port, "/metrics", 2.0)
+    assert get.get() == (200, "OK", b"up 2\n")
+    assert get.get() == (200, "OK", b"up 2\n")
+    get.close()
+    served.join()

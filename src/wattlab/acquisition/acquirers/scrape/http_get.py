@@ -5,7 +5,11 @@ and http.client parses every response's headers through the email package (~0.5 
 busy host). This reads the status line and the two headers that frame the body
 (Content-Length, or chunked Transfer-Encoding; else the body runs to the connection's
 close) and nothing else. A failure of any kind closes the connection; the next GET opens a
-new one.
+new one. The connection is kept only where the server keeps it (HTTP/1.1 without
+``Connection: close``, HTTP/1.0 only with ``Connection: keep-alive``: Python's http.server
+and many small exporters answer HTTP/1.0 and close). A kept connection the server closed
+while idle (keep-alive timeouts: uvicorn's is 5 s) is retried once on a new one, as HTTP
+clients do for a GET.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from wattlab.errors import MeterError
 
 CHUNK = 65536
 MAX_BODY = 64 * 2**20  # a metrics page larger than this is not one
+
+
+class ServerClosed(MeterError):
+    """The server closed the connection before answering anything."""
 
 
 class KeptAliveGet:
@@ -44,7 +52,17 @@ class KeptAliveGet:
 
     def get(self) -> tuple[int, str, bytes]:
         """(status, reason, body); OSError or MeterError after closing the connection."""
+        reused = self._sock is not None
         try:
+            return self._get()
+        except (OSError, ServerClosed):
+            self.close()
+            if not reused:
+                raise
+        except BaseException:
+            self.close()
+            raise
+        try:  # the kept connection was closed by the server before it answered: once more
             return self._get()
         except BaseException:
             self.close()
@@ -61,6 +79,7 @@ class KeptAliveGet:
         if self._sock is None:
             self._sock = self._connect()
         self._sock.sendall(self.request)
+        self._fill(ServerClosed)  # the first bytes of the answer: none means it had closed
         head = self._until(b"\r\n\r\n")
         status_line, *lines = head.decode("latin-1").split("\r\n")
         parts = status_line.split(" ", 2)
@@ -76,15 +95,16 @@ class KeptAliveGet:
             body = self._chunked()
         else:
             body = self._to_close()
-        if headers.get("connection") == "close":
+        connection = headers.get("connection", "")
+        if connection == "close" or (parts[0] == "HTTP/1.0" and connection != "keep-alive"):
             self.close()
         return int(parts[1]), parts[2] if len(parts) > 2 else "", body
 
-    def _fill(self) -> None:
+    def _fill(self, closed: type[MeterError] = MeterError) -> None:
         assert self._sock is not None
         data = self._sock.recv(CHUNK)
         if not data:
-            raise MeterError("the server closed the connection mid-response")
+            raise closed("the server closed the connection mid-response")
         if len(self._buf) + len(data) > MAX_BODY:
             raise MeterError(f"response larger than {MAX_BODY // 2**20} MiB")
         self._buf += data
