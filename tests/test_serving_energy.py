@@ -235,3 +235,28 @@ def test_tokens_means_the_generated_ones_and_an_ambiguous_unit_is_refused():
     assert find_counter([prompt, done], "vllm:prompt_tokens_total", "r") is prompt
     with pytest.raises(UsageError, match="several counters of that unit; name one: a, b"):
         find_counter([_counter("a", "sample"), _counter("b", "sample")], "samples", "r")
+
+
+def test_a_metric_of_several_labelled_series_counts_as_their_sum():
+    """vLLM serves finished requests as one series per finished_reason: `--per requests`
+    said "several counters, name one" (found by the serve40b branch); the metric's sum is
+    what a request is, read where every series was read, resets of each kept apart."""
+    from wattlab.analysis.attribution import CounterSeries
+    from wattlab.analysis.attribution.counters import metric_sums
+
+    t = np.array([0.0, 1.0, 2.0, 3.0])
+    stop = CounterSeries('vllm:request_success_total{finished_reason="stop"}', "request",
+                         "stream scrape", t, np.array([0.0, 2.0, 4.0, 5.0]), False,
+                         metric="vllm:request_success_total")
+    length = CounterSeries('vllm:request_success_total{finished_reason="length"}', "request",
+                           "stream scrape", t[1:], np.array([1.0, 1.0, 3.0]), False, [2.0],
+                           metric="vllm:request_success_total")
+    [total] = metric_sums([stop, length])
+    assert total.name == "vllm:request_success_total" and total.series == 2
+    assert total.t_s.tolist() == [1.0, 2.0, 3.0]
+    assert total.value.tolist() == [3.0, 5.0, 8.0] and total.resets_s == [2.0]
+    assert find_counter([stop, length, total], "requests", "r") is total
+    assert find_counter([stop, length, total], stop.name, "r") is stop  # a series by name
+    with pytest.raises(UsageError, match="several counters"):  # two metrics of the unit
+        find_counter([stop, length, total, _counter("other_requests", "request")],
+                     "requests", "r")

@@ -36,6 +36,8 @@ class CounterSeries:
     exact: bool
     resets_s: list[float] = field(default_factory=list)
     failed_reads: int = 0  # the stream's gap rows (a failed scrape)
+    metric: str = ""  # the Prometheus metric a labelled series belongs to
+    series: int = 1  # series summed into this counter (a metric's sum over its labels)
 
     def increase(self, t0_s: float, t1_s: float) -> tuple[float, float, list[str]]:
         """(work done in [t0, t1], its ±, notes)."""
@@ -83,12 +85,40 @@ def stream_counters(run: Run) -> list[CounterSeries]:
             continue
         t = view.time_s
         failed = sum(g.source == view.source_id for g in gaps)
+        series = view.descriptor.get("config", {}).get("series", {})
+        ours = []
         for name, unit in zip(view.channel_names, view.units, strict=True):
             raw = np.asarray(view.channel(name), dtype=np.float64)
             ok = np.isfinite(raw)
             value, resets = cumulative(raw[ok])
-            out.append(CounterSeries(name, unit, f"stream {view.source_id}", t[ok], value,
-                                     False, [float(t[ok][i]) for i in resets], failed))
+            ours.append(CounterSeries(name, unit, f"stream {view.source_id}", t[ok], value,
+                                      False, [float(t[ok][i]) for i in resets], failed,
+                                      str(series.get(name, {}).get("metric", ""))))
+        out += ours + metric_sums(ours)
+    return out
+
+
+def metric_sums(series: Sequence[CounterSeries]) -> list[CounterSeries]:
+    """A metric served as several labelled series (vLLM's finished requests, one series per
+    ``finished_reason``), summed: what "requests" means. Rows where a series was not read
+    (not a number) are left out of the sum.
+    """
+    by_metric: dict[str, list[CounterSeries]] = {}
+    for c in series:
+        if c.metric and c.metric != c.name:
+            by_metric.setdefault(c.metric, []).append(c)
+    out = []
+    for metric, parts in by_metric.items():
+        if len(parts) < 2 or metric in {c.name for c in series}:
+            continue
+        t = parts[0].t_s
+        for c in parts[1:]:
+            t = np.intersect1d(t, c.t_s)
+        total = sum(np.interp(t, c.t_s, c.value) for c in parts)
+        first = parts[0]
+        out.append(CounterSeries(metric, first.unit, first.origin, t, np.asarray(total),
+                                 False, sorted(r for c in parts for r in c.resets_s),
+                                 first.failed_reads, metric, len(parts)))
     return out
 
 
@@ -133,6 +163,9 @@ def find_counter(counters: Sequence[CounterSeries], unit: str, where: str) -> Co
     if len(of_unit) > 1 and word == "token":
         out = [c for c in of_unit if any(w in c.name.lower() for w in OUTPUT_WORDS)]
         of_unit = out or of_unit
+    sums = [c for c in of_unit if c.series > 1]
+    if len(sums) == 1 and all(c is sums[0] or c.metric == sums[0].name for c in of_unit):
+        of_unit = sums  # one metric's labelled series and their sum: the sum
     if len(of_unit) == 1:
         return of_unit[0]
     names = ", ".join(f"{c.name} [{c.unit}]" for c in counters) or "none"
