@@ -99,9 +99,10 @@ def stream_counters(run: Run) -> list[CounterSeries]:
 
 
 def metric_sums(series: Sequence[CounterSeries]) -> list[CounterSeries]:
-    """A metric served as several labelled series (vLLM's finished requests, one series per
-    ``finished_reason``), summed: what "requests" means. Rows where a series was not read
-    (not a number) are left out of the sum.
+    """A metric served as several labelled series, summed: what "requests" means.
+
+    vLLM serves its finished requests as one series per ``finished_reason``. Rows where a
+    series was not read (not a number) are left out of the sum.
     """
     by_metric: dict[str, list[CounterSeries]] = {}
     for c in series:
