@@ -38,7 +38,6 @@ SWMR_READ_ATTEMPTS = 28
 def _swmr_read(path: str, chunk_cache: bool) -> h5py.File:
     """``h5py.File(path, "r", libver="latest", swmr=True, locking=False)``, tries bounded."""
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)
     fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
     fapl.set_file_locking(False, True)
     if not chunk_cache:
