@@ -21,15 +21,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def handle():
-    pynvml.nvmlInit()
-    try:
-        yield pynvml.nvmlDeviceGetHandleByIndex(0)
-    finally:
-        pynvml.nvmlShutdown()
-
-
 def test_one_call_drain_matches_pynvml_on_the_real_library(handle):
     time.sleep(1.0)
     since_us = int((time.time() - 1.5) * 1e6)

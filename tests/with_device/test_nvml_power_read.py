@@ -21,15 +21,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def handle():
-    pynvml.nvmlInit()
-    try:
-        yield pynvml.nvmlDeviceGetHandleByIndex(0)
-    finally:
-        pynvml.nvmlShutdown()
-
-
 def test_power_read_matches_pynvmls_wrappers_on_the_real_library(handle):
     power = PowerRead(pynvml, handle)
     same_average = same_instant = 0
