@@ -260,3 +260,21 @@ def test_a_metric_of_several_labelled_series_counts_as_their_sum():
     with pytest.raises(UsageError, match="several counters"):  # two metrics of the unit
         find_counter([stop, length, total, _counter("other_requests", "request")],
                      "requests", "r")
+
+
+def test_joules_per_token_on_the_lent_gpus_server_agree_with_its_energy_counter():
+    """Issue 40's consistency goal on the real trace (tests/data/traces/README.md): J/token
+    from the scraped counter within 1 % of the energy counter's ΔE over the run / tokens."""
+    from wattlab.analysis.energy import energy_report
+
+    path = Path(__file__).parent / "data" / "traces" / "h200_serving-shared.h5"
+    with Run(str(path)) as run:
+        per = energy_per_unit(run, "tokens")
+        report = energy_report(run)
+    [row] = [r for r in per.rows if r.phase == "run"]
+    [counter] = [r for r in report["rows"] if r["phase"] == "run"
+                 and r["source"] == "gpu0.energy"]
+    assert row.units == 8091  # every generated token, whole across the failed scrapes
+    assert row.j_per_unit == pytest.approx(counter["energy_j"] / row.units, rel=0.01)
+    # the work drew ~1.5 % of the energy: above idle is small and says its ± is wide
+    assert row.marginal_j_per_unit_pm > 0.1 * abs(row.marginal_j_per_unit)
