@@ -117,3 +117,32 @@ def test_rounding_of_the_running_weight_does_not_share_a_piece_where_nothing_run
     got = attribute(T, np.full(T.size, 100.0), 40.0, acts, rule)
     assert got.unattributed_j == pytest.approx(60.0 * (10 - 3))
     assert sum(got.parts_j.values()) == pytest.approx(60.0 * 3)
+
+
+def _served(seed: int) -> tuple[np.ndarray, list[Activity]]:
+    """30 staggered requests (prefill 0.1-0.3 s, decode 1-3 s): the additive power of each."""
+    rng = np.random.default_rng(seed)
+    acts = []
+    for i, t0 in enumerate(np.sort(rng.uniform(0.2, 7.0, 30))):
+        first = t0 + rng.uniform(0.1, 0.3)
+        acts += [Activity(f"r{i}", "prefill", t0, first),
+                 Activity(f"r{i}", "decode", first, first + rng.uniform(1.0, 3.0))]
+    work = sum(np.asarray((a.t0_s <= T) & (a.t1_s > T), dtype=float)
+               * (250.0 if a.kind == "prefill" else 40.0) for a in acts)
+    return np.asarray(work), acts
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_a_power_that_saturates_with_the_work_in_flight_is_said_to_be_not_additive(seed):
+    """Issue 40: where power saturates, a request's share depends on what ran beside it and
+    its cost alone cannot be told from the run: the rule says so (additive: it does not)."""
+    work_w, acts = _served(seed)
+    noise = np.random.default_rng(seed).normal(0, 3.0, T.size)
+    kinds = ["prefill", "decode"]
+    assert fit_weights(T, 80.0 + work_w + noise, 80.0, acts, kinds=kinds,
+                       min_piece_s=0.05).caveats == []
+    saturating = 80.0 + 400.0 * (1.0 - np.exp(-work_w / 300.0)) + noise
+    rule = fit_weights(T, saturating, 80.0, acts, kinds=kinds, min_piece_s=0.05)
+    [caveat] = rule.caveats
+    assert "not additive" in caveat and "saturates" in caveat and "cannot tell" in caveat
+    assert rule.to_json()["caveats"] == [caveat]

@@ -176,6 +176,7 @@ def format_by_request(result: ByRequest, limit: int = 20) -> str:
     lines += [f"rule: {a.rule.name}: {a.rule.description}"]
     lines += [f"  w_{k} = {p.value:.2f} ± {p.pm or 0:.2f} {p.unit}"
               for k, p in a.rule.weights.items()] + [f"  {n}" for n in a.rule.notes]
+    lines += [f"  ! {c}" for c in a.rule.caveats]
     lines += [f"total {a.total_j:.2f} J = requests {sum(a.parts_j.values()):.2f} J + idle "
               f"{a.idle_j:.2f} J ({a.idle_w:.2f} ± {result.idle_pm_w or 0:.2f} W, "
               f"{result.idle_how}) + no request in flight {a.unattributed_j:.2f} J",

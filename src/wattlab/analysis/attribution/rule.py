@@ -29,13 +29,15 @@ class Rule:
 
     ``weights``: per kind of work, the (relative) power one activity of that kind draws;
     an activity's share of an interval is its weight times its intensity over the sum of
-    those of every activity running then. ``notes``: how the weights were obtained.
+    those of every activity running then. ``notes``: how the weights were obtained;
+    ``caveats``: what the run shows the rule cannot tell (printed as warnings).
     """
 
     name: str
     description: str
     weights: dict[str, Param]
     notes: list[str] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)
 
     def weight(self, kind: str) -> float:
         """The weight of a kind of work (a kind the rule does not name is an error)."""
@@ -47,7 +49,7 @@ class Rule:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description,
                 "weights": {k: p.to_json() for k, p in self.weights.items()},
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "caveats": list(self.caveats)}
 
 
 def equal_rule(kinds: list[str], why: str = "") -> Rule:
