@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests.data_files import DATA
+from wattlab.analysis.attribution import parse_request_log, write_requests
 from wattlab.analysis.calibration.stream_calibration import WIDTH_NAME, store_in_run
 from wattlab.runfile import (
     CalibrationRecord,
@@ -64,10 +65,12 @@ LEFT_OUT: dict[str, str] = {
                      "transport", "host", "source", "rows", "ended", "reason", "unit",
                      "units", "meaning", "meanings", "created", "command", "probe", "probes",
                      "purpose", "used", "iterations", "knobs", "windows", "window_s",
-                     "start_ns", "end_ns", "energy_j", "energy_se_j", "time_s", "time_se_s"),
+                     "start_ns", "end_ns", "energy_j", "energy_se_j", "time_s", "time_se_s",
+                     "id", "log", "format", "skipped", "mapping", "start_s", "end_s",
+                     "first_token_s", "prompt_tokens", "output_tokens"),
                     WORD),
     **dict.fromkeys(("sources", "markers", "gaps", "sync", "analysis", "calibration",
-                     "layers", "tuning"), GROUP),
+                     "layers", "tuning", "requests"), GROUP),
     **dict.fromkeys(("method", "device_ref", "host_ref_ns", "ns_per_unit",
                      "nominal_ns_per_unit", "drift_ppm", "n_points", "residual_p50_ns",
                      "residual_p99_ns", "residual_max_ns"), CLOCK_FIT),
@@ -349,6 +352,9 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store_in_run(str(path), _calibration("agent.gpu", "first_order"))
     write_layers(str(path), LAYERS)
     write_tuning(str(path), _tuning(t0))
+    log = ['{"id": "r1", "start_unix_s": 1.2, "first_token_unix_s": 1.3, "end_unix_s": 1.9, '
+           '"prompt_tokens": 10, "output_tokens": 5}']
+    write_requests(str(path), "r.jsonl", parse_request_log("r.jsonl", log, 0, (1.0, 2.0)))
     return path
 
 

@@ -231,6 +231,12 @@ PROBE_COLUMNS = ("energy_j", "energy_se_j", "time_s", "time_se_s", ITERATIONS, P
 """``/analysis/tuning/probes``: these after one dataset per knob, one row per probe."""
 ITERATION_COLUMNS = ("start_ns", "end_ns", "energy_j", "probe", "used")
 """``/analysis/tuning/iterations``: one row per iteration the tuner saw."""
+REQUESTS = "requests"
+REQUEST_ATTRS = ("log", "format", "skipped", "mapping")
+REQUEST_ID = "id"
+REQUEST_COLUMNS = ("start_s", "first_token_s", "end_s", "prompt_tokens", "output_tokens")
+"""``/analysis/requests``: after ``id``, one array per column, one row per request
+(`wattlab import requests`; session seconds, NaN where a request had no first token)."""
 
 
 @dataclass(frozen=True)
@@ -270,6 +276,8 @@ LAYOUT = (
     *(Node(_record(TUNING, PROBES, name), False) for name in ("<knob>", *PROBE_COLUMNS)),
     Node(_record(TUNING, ITERATIONS), True),
     *(Node(_record(TUNING, ITERATIONS, name), False) for name in ITERATION_COLUMNS),
+    Node(_record(REQUESTS), True, REQUEST_ATTRS),
+    *(Node(_record(REQUESTS, name), False) for name in (REQUEST_ID, *REQUEST_COLUMNS)),
 )
 """Every group and dataset a run file may hold."""
 

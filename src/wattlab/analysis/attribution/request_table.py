@@ -16,8 +16,8 @@ from wattlab.analysis.attribution.request_log import Request, RequestLog
 from wattlab.errors import RunFileError
 from wattlab.runfile import Run, add_record, open_read_only, schema
 
-WHERE = ("requests",)
-COLUMNS = ("start_s", "first_token_s", "end_s", "prompt_tokens", "output_tokens")
+WHERE = (schema.REQUESTS,)
+COLUMNS = schema.REQUEST_COLUMNS
 
 
 def write_requests(path: str, log_path: str, log: RequestLog) -> str:
