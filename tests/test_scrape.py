@@ -140,14 +140,20 @@ def test_scraper_reads_counters_from_a_real_endpoint_as_a_counter_stream() -> No
     assert times == sorted(times)
 
 
-@pytest.mark.system
-def test_a_server_that_goes_away_leaves_one_gap_and_rows_resume(capsys) -> None:
-    served = Served()
+def gone_after_one_scrape(served: Served) -> tuple[MetricsEndpoint, ScrapeAcquirer]:
+    """A scraper that read its endpoint once, then the endpoint stopped."""
     endpoint = MetricsEndpoint(served.text).start()
     acq = scraper(endpoint.url)
     acq.open()
     acq.poll()
     endpoint.stop()
+    return endpoint, acq
+
+
+@pytest.mark.system
+def test_a_server_that_goes_away_leaves_one_gap_and_rows_resume(capsys) -> None:
+    served = Served()
+    endpoint, acq = gone_after_one_scrape(served)
     assert acq.poll() == [] and acq.poll() == []  # no rows, no crash
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "scrape of http://127.0.0.1" in err, err
@@ -165,12 +171,7 @@ def test_a_server_that_goes_away_leaves_one_gap_and_rows_resume(capsys) -> None:
 
 @pytest.mark.system
 def test_an_outage_still_open_at_the_stop_is_a_gap_row() -> None:
-    served = Served()
-    endpoint = MetricsEndpoint(served.text).start()
-    acq = scraper(endpoint.url)
-    acq.open()
-    acq.poll()
-    endpoint.stop()
+    _, acq = gone_after_one_scrape(Served())
     acq.poll()
     tail = acq.flush()
     acq.close()
