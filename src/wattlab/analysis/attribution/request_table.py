@@ -24,15 +24,15 @@ def write_requests(path: str, log_path: str, log: RequestLog) -> str:
     """Store ``log`` in the run file at ``path`` (replacing an older table); its group path."""
     def fill(group: h5py.Group) -> None:
         reqs = log.requests
-        group.create_dataset("id", data=[r.id for r in reqs], dtype=h5py.string_dtype())
-        group["start_s"] = np.array([r.start_s for r in reqs])
-        group["first_token_s"] = np.array(
-            [math.nan if r.first_token_s is None else r.first_token_s for r in reqs])
-        group["end_s"] = np.array([r.end_s for r in reqs])
-        group["prompt_tokens"] = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
-        group["output_tokens"] = np.array([r.output_tokens for r in reqs], dtype=np.int64)
-        group.attrs.update({"log": os.path.basename(log_path), "format": log.format,
-                            "skipped": log.skipped, "mapping": log.mapping})
+        group.create_dataset(schema.REQUEST_ID, data=[r.id for r in reqs],
+                             dtype=h5py.string_dtype())
+        first_s = [math.nan if r.first_token_s is None else r.first_token_s for r in reqs]
+        columns = ([r.start_s for r in reqs], first_s, [r.end_s for r in reqs],
+                   [r.prompt_tokens for r in reqs], [r.output_tokens for r in reqs])
+        for name, values in zip(COLUMNS, columns, strict=True):
+            group[name] = np.array(values)  # floats stay float64, token counts int64
+        group.attrs.update(dict(zip(schema.REQUEST_ATTRS, (
+            os.path.basename(log_path), log.format, log.skipped, log.mapping), strict=True)))
 
     return add_record(path, WHERE, fill)
 
@@ -44,7 +44,8 @@ def read_requests(run: Run) -> tuple[list[Request], dict[str, str]] | None:
         if group is None:
             return None
         try:
-            ids = [x.decode() if isinstance(x, bytes) else str(x) for x in group["id"][()]]
+            ids = [x.decode() if isinstance(x, bytes) else str(x)
+                   for x in group[schema.REQUEST_ID][()]]
             cols = [group[c][()] for c in COLUMNS]
             attrs = {k: str(v) for k, v in group.attrs.items()}
         except KeyError as e:
