@@ -278,3 +278,9 @@ def test_joules_per_token_on_the_lent_gpus_server_agree_with_its_energy_counter(
     assert row.j_per_unit == pytest.approx(counter["energy_j"] / row.units, rel=0.01)
     # the work drew ~1.5 % of the energy: above idle is small and says its ± is wide
     assert row.marginal_j_per_unit_pm > 0.1 * abs(row.marginal_j_per_unit)
+
+
+def test_an_empty_unit_is_refused_not_taken_as_no_unit(run_path: Path, capsys):
+    """`--per ""` printed the plain energy table and exited 0."""
+    assert main(["energy", str(run_path), "--per", " "]) == 2
+    assert "--per: must be a name" in capsys.readouterr().err

@@ -31,6 +31,13 @@ MAX_GRID_RATE_HZ = 1e5  # the reference grid of a calibration: 5x PowerSensor3's
 MAX_BUFFER_MB = 65536.0
 
 
+def non_empty_name(text: str) -> str:
+    """A name (a unit, a counter): empty or blank is refused, not taken as "not given"."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a name, got an empty one")
+    return text
+
+
 @dataclass(frozen=True)
 class Number:
     """A finite number within ``low``..``high`` (``low`` itself excluded when ``above``).

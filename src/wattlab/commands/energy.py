@@ -23,7 +23,7 @@ from wattlab.analysis.many_runs import (
     map_runs,
     report_errors,
 )
-from wattlab.arg_types import InputFile, Number
+from wattlab.arg_types import InputFile, Number, non_empty_name
 from wattlab.errors import UsageError
 
 if TYPE_CHECKING:  # the parser is built without importing the run-file format
@@ -72,7 +72,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--wall", metavar="SRC[:CHANNEL]",
                    help="with --node: the stream that measures the node's AC power (default: "
                         "a stream named wall)")
-    p.add_argument("--per", metavar="UNIT",
+    p.add_argument("--per", metavar="UNIT", type=non_empty_name,
                    help="joules per unit of work over the run and per phase: tokens, requests, "
                         "samples or a counter's name (docs/serving.md)")
     p.add_argument("--by-request", action="store_true",
