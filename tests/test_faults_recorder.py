@@ -72,6 +72,24 @@ def send_for(pub: BusPublisher, seq: int, seconds: float) -> int:
     return seq
 
 
+def send_batches(pub: BusPublisher, seq: int, count: int) -> int:
+    """Send ``count`` batches ~5 ms apart; returns the next sequence number."""
+    for next_seq in range(seq, seq + count):
+        pub.send_batch(batch(next_seq))
+        pub.flush()
+        time.sleep(0.005)
+    return seq + count
+
+
+def send_until(pub: BusPublisher, seq: int, done: Callable[[], bool], timeout_s: float) -> int:
+    """Keep sending until ``done()`` (a restarted recorder may take seconds under load)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "condition not reached while sending"
+        seq = send_batches(pub, seq, 1)
+    return seq
+
+
 def stop(control: ControlClient, recorder: subprocess.Popen[bytes]) -> dict[str, Any]:
     reply = control.request("stop", timeout_s=30)
     recorder.wait(30)
@@ -156,21 +174,27 @@ def test_restarted_recorder_resumes_the_file_and_loses_nothing(tmp_path, spawn):
 @pytest.mark.system
 def test_loss_beyond_the_replay_window_is_recorded_exactly(tmp_path, spawn):
     """Away longer than window + backlog: the publisher stalls, says hello to the new
-    recorder, resends its window, and the rest is one exact gap."""
+    recorder, resends its window, and the rest is one exact gap.
+
+    Counted in batches, not seconds, and with no flush before the kill: what the window
+    holds then does not depend on how fast a loaded machine ran (CI once saw the recorder's
+    flush land just before the kill, leaving nothing to resend).
+    """
     path = str(tmp_path / "run.h5")
     endpoint = local_endpoint()
-    recorder = start_recorder(spawn, path, endpoint, flush_interval_s=0.5)
+    recorder = start_recorder(spawn, path, endpoint, flush_interval_s=3600.0)
     control = ControlClient(endpoint)
     batch_bytes = ROWS * (8 + 16) + 200
     pub = BusPublisher(endpoint, window_bytes=150 * batch_bytes, backlog_bytes=50 * batch_bytes)
     pub.announce(descriptor())
     pub.wait_ready(20)
-    seq = send_for(pub, 0, 1.0)
-    wait_until(lambda: rows_received(control) > 0)
+    seq = send_batches(pub, 0, 40)
+    wait_until(lambda: rows_received(control) == seq * ROWS)
     kill(recorder)
-    seq = send_for(pub, seq, 2.0)  # ~400 batches: far more than window + backlog
+    seq = send_batches(pub, seq, 400)  # far more than window + backlog
     recorder = start_recorder(spawn, path, endpoint, resume=True)
-    seq = send_for(pub, seq, 1.0)
+    seq = send_until(pub, seq, lambda: pub.resent_batches > 0, timeout_s=60)
+    seq = send_batches(pub, seq, 40)
     pub.end("meter", seq - 1)
     pub.close()
     stop(control, recorder)
