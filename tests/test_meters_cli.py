@@ -189,3 +189,15 @@ def test_emulated_analyser_serves_visa(tmp_path):
         finally:
             transport.close()
         assert ctrl_c(proc, 20) == 130  # docs/cli.md: 130 after Ctrl-C
+
+
+@pytest.mark.system
+def test_a_source_process_that_cannot_open_names_its_source_once(tmp_path, capsys,
+                                                                  no_nvidia_driver):
+    out = tmp_path / "none.h5"
+    code = main(["record", "--source-processes", "--meter", f"ps3:{tmp_path / 'nosuch'}",
+                 "--duration", "1", "--no-live", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code != 0, err
+    assert "source ps3:" in err and "source ps3: source ps3:" not in err, err
+    assert not out.exists()

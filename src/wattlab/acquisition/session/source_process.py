@@ -164,7 +164,8 @@ class ProcessSourceRunner:
             self.stop(2.0)
             why = reply.get("error") or (f"did not open in {open_timeout_s} s" if not ready
                                          else f"exited with status {self._proc.returncode}")
-            raise WattlabError(f"source {self.name}: {why}")
+            # the child's runner already names the source: say it once
+            raise WattlabError(f"source {self.name}: {why.removeprefix(f'source {self.name}: ')}")
         self._status = status
         self.descriptors = [SourceDescriptor.from_json(d) for d in reply["descriptors"]]
         return self.descriptors
