@@ -23,6 +23,7 @@ processes in proportion to what each would draw alone.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ import numpy as np
 from wattlab.device_models import Segment, WorkloadSchedule
 
 if TYPE_CHECKING:
+    from wattlab.hardware.fake_nvml import FakeNvml
     from wattlab.hardware.simulated_gpu import SimulatedGpu
 
 UTIL_PERIOD_S = 1 / 6  # the driver's per-process sampling period on H100/H200
@@ -220,7 +222,8 @@ def work_phase(kind: tuple[str, float, float, float, float], duration_s: float,
     return Phase(duration_s, sm, mem, w_sm * sm + w_mem * mem)
 
 
-def demo_processes(count: int, seed: int, span_s: float) -> list[SimProcess]:
+def demo_processes(count: int, seed: int, span_s: float, first_pid: int = 4100
+                   ) -> list[SimProcess]:
     """``count`` processes over ``span_s``: idle lead, each one alone in turn, all shared.
 
     Every process has a stretch where it works alone (the other contexts live but idle), so
@@ -244,7 +247,7 @@ def demo_processes(count: int, seed: int, span_s: float) -> list[SimProcess]:
             phases.append(Phase(d) if rng.random() < 0.2
                           else work_phase(kind, d, float(rng.uniform(0.7, 1.1))))
             t += d
-        pid = 4100 + 37 * i
+        pid = first_pid + 37 * i
         cgroup = (f"/system.slice/slurmstepd.scope/job_7001/step_{i}/user/task_0" if i % 2 == 0
                   else f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
                        f"0000{i:04d}_0000_4000_8000_00000000{i:04d}.slice/cri-containerd-"
@@ -264,9 +267,24 @@ def shared_simulated_gpu(count: int, seed: int, span_s: float = 30.0, index: int
     from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
 
     model = GpuModel()
-    load = SharedLoad(demo_processes(count, seed, span_s), idle_w=model.idle_w,
-                      dynamic_w=model.dynamic_w, seed=seed)
+    processes = demo_processes(count, seed, span_s, 4100 + 1000 * index)
+    load = SharedLoad(processes, idle_w=model.idle_w, dynamic_w=model.dynamic_w, seed=seed)
     gpu = SimulatedGpu(index, seed, load.schedule(), model=model, **kwargs)
     gpu.processes = load
     gpu.hold_history_from(gpu.start_ns)
     return gpu
+
+
+def simulated_nvml(gpus: int, seed: int, shared_processes: int = 0) -> FakeNvml:
+    """The fake NVML of ``record --simulate``: ``gpus`` GPUs, each shared by that many processes.
+
+    Without shared processes the GPUs run the demo workload (``simulated_gpus``).
+    """
+    from wattlab.hardware.fake_nvml import FakeNvml
+    from wattlab.hardware.simulated_gpu import simulated_gpus
+
+    if shared_processes <= 0:
+        return FakeNvml(simulated_gpus(gpus, seed))
+    start_ns = time.monotonic_ns()
+    return FakeNvml([shared_simulated_gpu(shared_processes, seed + i, index=i, start_ns=start_ns)
+                     for i in range(gpus)])
