@@ -45,15 +45,17 @@ class FakeNvmlProcesses:
         gpu = self._process_gpu(handle, "nvmlDeviceGetProcessUtilization")
         load = gpu.processes
         now = gpu.clock_ns()
-        since_s = self._seconds(gpu, int(timeStamp) * 1000 - gpu.unix_offset_ns)
-        rows = [] if load is None else load.utilisation_samples(self._seconds(gpu, now),
-                                                                since_s)
+        since_s = self._seconds(gpu, (int(timeStamp) - 1) * 1000 - gpu.unix_offset_ns)
+        found = [] if load is None else load.utilisation_samples(self._seconds(gpu, now),
+                                                                 since_s)
+        rows = [(pid, stamp_us, sm, mem) for pid, t_s, sm, mem in found
+                if (stamp_us := int(gpu.to_unix_us(gpu.start_ns + round(t_s * 1e9))))
+                > timeStamp]  # compared in the driver's unit: a stamp seen is never repeated
         if not rows:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         out = (pynvml.c_nvmlProcessUtilizationSample_t * len(rows))()
-        for i, (pid, t_s, sm, mem) in enumerate(rows):
-            out[i].pid = pid
-            out[i].timeStamp = int(gpu.to_unix_us(gpu.start_ns + round(t_s * 1e9)))
+        for i, (pid, stamp_us, sm, mem) in enumerate(rows):
+            out[i].pid, out[i].timeStamp = pid, stamp_us
             out[i].smUtil, out[i].memUtil, out[i].encUtil, out[i].decUtil = sm, mem, 0, 0
         return out[0:len(rows)]
 
