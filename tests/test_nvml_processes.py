@@ -43,7 +43,7 @@ def rows(readings: list[Any]) -> np.ndarray:
 
 @pytest.mark.fast
 def test_the_fake_answers_as_nvidia_ml_py_does():
-    lib, gpu, clock = shared()
+    lib, _, clock = shared()
     lib.nvmlInit()
     h = lib.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(pynvml.NVMLError_NotFound):  # no sample yet: NOT_FOUND, not []

@@ -104,7 +104,8 @@ def test_container_ids_from_each_runtime(cgroup):
 
 @pytest.mark.fast
 def test_pod_uid_from_systemd_and_cgroupfs_paths_and_none_outside_kubernetes():
-    systemd = f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD.replace('-', '_')}.slice"
+    systemd = ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod"
+               f"{POD.replace('-', '_')}.slice")
     assert pod_uid(systemd) == POD
     assert pod_uid(f"/kubepods/burstable/pod{POD}/x") == POD
     assert pod_uid(f"/system.slice/docker-{DOCKER}.scope") is None  # a container without a pod

@@ -57,7 +57,7 @@ NVML_CALLS: dict[str, str] = {
     "temperature_c": "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
     "power_limit_w": "nvmlDeviceGetPowerManagementLimit",
     "processes": "nvmlDeviceGetProcessUtilization",
-    "process_memory": "nvmlDeviceGetComputeRunningProcesses/GraphicsRunningProcesses",
+    "process_memory": "nvmlDeviceGetComputeRunningProcesses(+GraphicsRunningProcesses)",
 }
 # a GPU answering these to the per-process calls has no per-process stream (old driver, vGPU)
 PROCESS_REFUSALS = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION,
