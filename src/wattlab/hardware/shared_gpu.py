@@ -159,11 +159,10 @@ class SharedLoad:
         k_now = math.floor(now_s / UTIL_PERIOD_S) + 1
         ks = np.arange(max(1, k_now - UTIL_HISTORY), k_now + 1)
         stamps = self.sample_times_s(ks)
-        before = self.sample_times_s(ks - 1)
+        ks = ks[(stamps > since_s) & (stamps <= now_s)]
         out = []
-        for t, t0 in zip(stamps.tolist(), before.tolist(), strict=True):
-            if not since_s < t <= now_s:
-                continue
+        for t, t0 in zip(self.sample_times_s(ks).tolist(), self.sample_times_s(ks - 1).tolist(),
+                         strict=True):
             sm, mem = self._mean_over(t0, t)
             for p, s, m in zip(self.processes, sm.tolist(), mem.tolist(), strict=True):
                 if round(s) > 0 or round(m) > 0:
