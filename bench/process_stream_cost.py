@@ -97,8 +97,8 @@ def main() -> None:
     lib = library(args.real, args.processes)
     runs: dict[str, list[float]] = {WITHOUT: [], WITH: []}
     for _ in range(3):
-        for streams in runs:
-            runs[streams].append(reader_cpu_pct(lib, streams, args.seconds))
+        for streams, values in runs.items():
+            values.append(reader_cpu_pct(lib, streams, args.seconds))
     read_us, calls_us = one_read_us(lib)
     without, with_ = median(runs[WITHOUT]), median(runs[WITH])
     per_read_pct = read_us / 1e6 / STATE_PERIOD_S * 100
