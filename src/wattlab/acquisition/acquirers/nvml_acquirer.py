@@ -1,6 +1,6 @@
-"""Acquirer for one GPU's NVML readings: four streams on their own cadences.
+"""Acquirer for one GPU's NVML readings: five streams on their own cadences.
 
-Why four streams: the NVML views of power differ in rate, window and lag (PROTOCOLS.md §7),
+Why these streams: the NVML views of power differ in rate, window and lag (PROTOCOLS.md §7),
 and calibration needs each as the driver gave it:
 
 - ``gpu{i}.samples``: the driver's own 50 Hz buffer, with its unix-µs timestamps as raw time;
@@ -20,6 +20,8 @@ and calibration needs each as the driver gave it:
   is cumulative, so reading it less often loses no energy, only time resolution.
 - ``gpu{i}.state``: clocks, utilisation, temperature and power limit, every 0.9 s (five
   calls, ~0.2 ms of CPU together on an H200).
+- ``gpu{i}.processes``: each process's utilisation samples and identity markers
+  (process_stream.py, docs/processes.md), read on the state reads' wake-ups.
 
 Every cadence is a multiple of the 90 ms poll and they start together, so one wake-up serves
 all the reads due: a wake-up costs far more CPU than the reads (caches are cold after a sleep: a
@@ -160,7 +162,7 @@ class _Rows:
 
 
 class NvmlAcquirer:
-    """Reads GPU ``gpu_index`` through a GPU driver and yields Chunks for four streams.
+    """Reads GPU ``gpu_index`` through a GPU driver and yields Chunks for five streams.
 
     The driver is an ``NvmlDriver`` or an ``AmdSmiDriver``: its ``kind``, ``prefix``
     (streams ``gpu{i}.*`` or ``amd{i}.*``), ``calls`` and ``state_names`` say what is read;
@@ -168,7 +170,8 @@ class NvmlAcquirer:
     counter wraps caps the ``energy`` cadence (``energy_interval_cap_s``).
 
     ``name`` replaces the streams' prefix (``amd0`` in ``amd0.power``), for a GPU named by
-    the user. ``streams`` keeps only some of them (see ``parse_streams``); a stream left
+    the user. ``process_cmdlines`` puts command lines in the process markers.
+    ``streams`` keeps only some of them (see ``parse_streams``); a stream left
     out is never read, so it costs no wake-up. ``intervals_s`` replaces some of
     ``DEFAULT_INTERVALS_S`` (checked user input comes from ``parse_intervals``; tests may go
     past its limits).
