@@ -163,3 +163,18 @@ def test_truth_splits_dynamic_energy_by_what_each_would_draw_alone():
     assert truth["idle_j"] == pytest.approx(70.0 * 2)
     alone = load.truth(gpu, t0, t0 + 2 * S)["dynamic_j"]
     assert alone["2"] == 0 and alone["1"] == pytest.approx(250 * 2, rel=0.02)  # ripple only
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("a_s", "b_s"), [(0.0, 0.1), (1.9, 2.1), (3.0, 3.2), (5.9, 6.1),
+                                          (6.0, 9.0), (3.9, 9.0), (50.0, 50.2),
+                                          (-1.0, 0.05)])
+def test_a_samples_mean_takes_every_segment_it_touches_and_nothing_past_the_end(a_s, b_s):
+    """The mean over the segments a sample touches equals the mean over all segments (the
+    demo once failed at the schedule's end, where the touched range ran past the last edge)."""
+    load = two_process_load(2.0)
+    lo, hi = np.clip(load.edges_s[:-1], a_s, b_s), np.clip(load.edges_s[1:], a_s, b_s)
+    busiest = np.maximum(load.sm_pct.sum(1), load.mem_pct.sum(1))[:, None]
+    share = np.minimum(1.0, 100.0 / np.maximum(busiest, 1e-9))
+    everything = (load.sm_pct * share * (hi - lo)[:, None]).sum(0) / (b_s - a_s)
+    assert load._mean_over(a_s, b_s)[0] == pytest.approx(everything)

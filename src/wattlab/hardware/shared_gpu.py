@@ -138,14 +138,16 @@ class SharedLoad:
 
     def _mean_over(self, a_s: float, b_s: float) -> tuple[np.ndarray, np.ndarray]:
         """Each process's mean (SM %, memory %) over [a, b] as the driver sees it shared."""
-        i = max(0, int(np.searchsorted(self.edges_s, a_s, side="right")) - 1)
-        j = int(np.searchsorted(self.edges_s, b_s, side="left")) + 1  # the segments touched
-        lo = np.clip(self.edges_s[i:j - 1], a_s, b_s)
-        hi = np.clip(self.edges_s[i + 1:j], a_s, b_s)
+        last = len(self.edges_s) - 2  # the last segment
+        first_k = min(last, max(0, int(np.searchsorted(self.edges_s, a_s, "right")) - 1))
+        last_k = min(last, max(0, int(np.searchsorted(self.edges_s, b_s, "right")) - 1))
+        touched = slice(first_k, last_k + 1)  # past the last edge nothing runs: weight 0
+        lo = np.clip(self.edges_s[:-1][touched], a_s, b_s)
+        hi = np.clip(self.edges_s[1:][touched], a_s, b_s)
         w = (hi - lo)[:, None]
         # time-slicing: each process has the GPU a share of the time, the same share for its
         # SM and memory activity, and the shares add up to at most 100 %
-        sm, mem = self.sm_pct[i:j - 1], self.mem_pct[i:j - 1]
+        sm, mem = self.sm_pct[touched], self.mem_pct[touched]
         busiest = np.maximum(sm.sum(axis=1), mem.sum(axis=1))[:, None]
         slice_share = np.minimum(1.0, 100.0 / np.maximum(busiest, 1e-9))
         sm, mem = sm * slice_share, mem * slice_share
