@@ -15,6 +15,7 @@ from tests.test_nvml_source import UNIX_MINUS_MONO, FakeClock, run_for
 from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.nvml_acquirer import NVML_STREAMS, NvmlAcquirer, parse_streams
 from wattlab.drivers.nvml import NvmlDriver
+from wattlab.drivers.nvml_samples import process_samples
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.shared_gpu import Phase, SharedLoad, SimProcess, shared_simulated_gpu
 from wattlab.hardware.simulated_gpu import SimulatedGpu
@@ -178,3 +179,19 @@ def test_a_samples_mean_takes_every_segment_it_touches_and_nothing_past_the_end(
     share = np.minimum(1.0, 100.0 / np.maximum(busiest, 1e-9))
     everything = (load.sm_pct * share * (hi - lo)[:, None]).sum(0) / (b_s - a_s)
     assert load._mean_over(a_s, b_s)[0] == pytest.approx(everything)
+
+
+class SizeQuerySaysNothing:
+    """pynvml's wrapper raises NVMLError(NVML_SUCCESS) when its size query finds nothing."""
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
+        raise pynvml.NVMLError(pynvml.NVML_SUCCESS)
+
+
+@pytest.mark.fast
+def test_pynvml_s_success_error_is_no_sample_and_other_errors_are_raised():
+    assert process_samples(SizeQuerySaysNothing(), None, 0) == []
+    lib, _, _ = shared(process_query_error=pynvml.NVML_ERROR_UNKNOWN)
+    lib.nvmlInit()
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        process_samples(lib, lib.nvmlDeviceGetHandleByIndex(0), 0)

@@ -117,13 +117,14 @@ def process_samples(lib: Any, handle: Any, last_seen_us: int) -> list[ProcessSam
     """``nvmlDeviceGetProcessUtilization`` past ``last_seen_us``, oldest first, no duplicates.
 
     The driver lists only processes active since ``last_seen_us``; none is its NOT_FOUND,
-    returned as ``[]``. Samples not newer than ``last_seen_us`` and pid 0 (unfilled entries)
+    returned as ``[]`` (as is pynvml's error "Success": its size query answered that nothing
+    is to be read). Samples not newer than ``last_seen_us`` and pid 0 (unfilled entries)
     are dropped. Other failures raise ``pynvml.NVMLError``.
     """
     try:
         got = lib.nvmlDeviceGetProcessUtilization(handle, last_seen_us)
     except pynvml.NVMLError as e:
-        if getattr(e, "value", None) == pynvml.NVML_ERROR_NOT_FOUND:
+        if getattr(e, "value", None) in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
             return []
         raise
     rows = {(int(s.timeStamp), int(s.pid)): (int(s.smUtil), int(s.memUtil), int(s.encUtil),
