@@ -27,7 +27,7 @@ S = 1_000_000_000
 def shared(count: int = 3, span_s: float = 20.0, **fake: Any
            ) -> tuple[FakeNvml, SimulatedGpu, FakeClock]:
     clock = FakeClock()
-    gpu = shared_simulated_gpu(count, 5, span_s, clock_ns=clock, start_ns=clock(),
+    gpu = shared_simulated_gpu(count, 5, span_s, lead_s=0.0, clock_ns=clock, start_ns=clock(),
                                unix_offset_ns=UNIX_MINUS_MONO)
     return FakeNvml([gpu], **fake), gpu, clock
 

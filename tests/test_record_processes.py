@@ -19,7 +19,7 @@ from wattlab.hardware.simulated_gpu import simulated_gpus
 @pytest.mark.system
 def test_record_simulate_shared_processes_writes_rows_identities_and_truth(tmp_path):
     out = tmp_path / "shared.h5"
-    done = run_cli("record", "--simulate", "--shared-processes", "2", "--duration", "4",
+    done = run_cli("record", "--simulate", "--shared-processes", "2", "--duration", "7",
                    "-o", str(out))
     assert done.returncode == 0, done.stderr
     assert "gpu0.processes" in done.stdout and "no per-process stream" not in done.stderr

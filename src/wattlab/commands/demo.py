@@ -100,15 +100,16 @@ def run_shared(args: argparse.Namespace) -> int:
     from wattlab.acquisition.acquirers import NvmlAcquirer
     from wattlab.drivers.nvml import NvmlDriver
     from wattlab.hardware.fake_nvml import FakeNvml
-    from wattlab.hardware.shared_gpu import shared_simulated_gpu
+    from wattlab.hardware.shared_gpu import IDLE_LEAD_S, shared_simulated_gpu
 
     output = args.output or default_output("shared")
-    check_room(output, nvml_streams(1, "all"), args.duration, args.min_free_mb)
+    length_s = IDLE_LEAD_S + args.duration
+    check_room(output, nvml_streams(1, "all"), length_s, args.min_free_mb)
     gpu = shared_simulated_gpu(args.processes, args.seed, args.duration)
     print(f"wattlab demo --shared: {args.processes} processes sharing a {gpu.model.name} for "
-          f"{args.duration:g} s, into {output}")
+          f"{args.duration:g} s after {IDLE_LEAD_S:g} s idle, into {output}")
     session = Session(output, [("gpu0", NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0))],
-                      duration_s=args.duration + 0.5 - (time.monotonic_ns() - gpu.start_ns) / 1e9,
+                      duration_s=length_s + 0.5 - (time.monotonic_ns() - gpu.start_ns) / 1e9,
                       root_attrs={DEMO_SEED: args.seed})
     result = session.run()
     report(result)

@@ -350,9 +350,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=SEED, help="seed of the simulated GPU's workload (default 0)")
     p.add_argument("--shared-processes", metavar="N",
                    type=Number(1, MAX_SHARED_PROCESSES, integer=True),
-                   help="with --simulate: N simulated processes share each GPU (each alone in "
-                        "turn, then together, over 30 s), recorded in gpu{i}.processes with "
-                        "their true energy (docs/processes.md)")
+                   help="with --simulate: N simulated processes share each GPU (after 3 s "
+                        "idle, each alone in turn, then together, over 30 s), recorded in "
+                        "gpu{i}.processes with their true energy (docs/processes.md)")
     p.add_argument("--process-cmdlines", action="store_true",
                    help="put each GPU process's command line in its identity marker, other "
                         "users' too (default: none)")

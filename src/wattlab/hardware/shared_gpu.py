@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 UTIL_PERIOD_S = 1 / 6  # the driver's per-process sampling period on H100/H200
 UTIL_JITTER_S = 0.004
 UTIL_HISTORY = 100  # samples the driver keeps (~16 s)
+# no context for the first seconds: a recording started with the GPU is up by then, and
+# measures the card's idle power before any process starts
+IDLE_LEAD_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -226,9 +229,9 @@ def work_phase(kind: tuple[str, float, float, float, float], duration_s: float,
     return Phase(duration_s, sm, mem, w_sm * sm + w_mem * mem)
 
 
-def demo_processes(count: int, seed: int, span_s: float, first_pid: int = 4100
-                   ) -> list[SimProcess]:
-    """``count`` processes over ``span_s``: idle lead, each one alone in turn, all shared.
+def demo_processes(count: int, seed: int, span_s: float, first_pid: int = 4100,
+                   lead_s: float = IDLE_LEAD_S) -> list[SimProcess]:
+    """``count`` processes over ``span_s`` after ``lead_s``: each one alone in turn, then shared.
 
     Every process has a stretch where it works alone (the other contexts live but idle), so
     an analysis can learn each one's power from the run itself; then they overlap, with
@@ -256,22 +259,23 @@ def demo_processes(count: int, seed: int, span_s: float, first_pid: int = 4100
                   else f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
                        f"0000{i:04d}_0000_4000_8000_00000000{i:04d}.slice/cri-containerd-"
                        f"{(seed * 1000 + i):064x}.scope")
-        out.append(SimProcess(pid, f"sim-{kind[0]}", start, tuple(phases),
+        out.append(SimProcess(pid, f"sim-{kind[0]}", lead_s + start, tuple(phases),
                               used_memory_b=int((1 + i) * 3 << 30), user=f"user{i % 2}",
                               start_ticks=100_000 + 13 * i, cgroup=cgroup))
     return out
 
 
 def shared_simulated_gpu(count: int, seed: int, span_s: float = 30.0, index: int = 0,
-                         **kwargs: Any) -> SimulatedGpu:
-    """A simulated H100 shared by ``count`` demo processes (``processes`` holds them).
+                         lead_s: float = IDLE_LEAD_S, **kwargs: Any) -> SimulatedGpu:
+    """A simulated H100 shared by ``count`` demo processes after ``lead_s`` of idle.
 
-    It keeps its whole waveform (32 kB a second), so the truth covers any window.
+    ``processes`` holds them. It keeps its whole waveform (32 kB a second), so the truth
+    covers any window.
     """
     from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
 
     model = GpuModel()
-    processes = demo_processes(count, seed, span_s, 4100 + 1000 * index)
+    processes = demo_processes(count, seed, span_s, 4100 + 1000 * index, lead_s)
     load = SharedLoad(processes, idle_w=model.idle_w, dynamic_w=model.dynamic_w, seed=seed)
     gpu = SimulatedGpu(index, seed, load.schedule(), model=model, **kwargs)
     gpu.processes = load
