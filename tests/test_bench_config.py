@@ -135,7 +135,7 @@ def test_defaults_and_json() -> None:
      "b.toml:3: device 1 (nvml): gpus must be \"all\""),
     ('[[device]]\nkind = "nvml"\nstreams = ["samples", "heat"]\n',
      "b.toml:3: device 1 (nvml): streams must be \"all\" or a list of samples, power, energy, "
-     "state (NVML streams ['samples', 'heat']: no stream named 'heat'"),
+     "state, processes (NVML streams ['samples', 'heat']: no stream named 'heat'"),
     ('[[device]]\nkind = "nvml"\nstreams = 3\n',
      "b.toml:3: device 1 (nvml): streams must be \"all\" or a list of samples"),
 ])

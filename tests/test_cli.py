@@ -34,7 +34,7 @@ def test_demo_records_a_simulated_bench_with_phases(tmp_path):
     assert "gpu0.samples" in result.stdout
     with wattlab.open(str(out)) as run:
         assert set(run.sources) == {"gpu0.samples", "gpu0.power", "gpu0.energy", "gpu0.state",
-                                    "ps3", "wall"}
+                                    "gpu0.processes", "ps3", "wall"}
         gaps = run.gaps
         assert result.returncode == (1 if gaps else 0), result.stderr
         printed = [line for line in result.stdout.splitlines() if line.startswith("  gap in ")]

@@ -102,7 +102,8 @@ def test_descriptors_of_the_four_streams() -> None:
     acq, gpu, _ = setup()
     descs = {d.source_id: d for d in acq.open()}
     acq.close()
-    assert list(descs) == ["gpu0.samples", "gpu0.power", "gpu0.energy", "gpu0.state"]
+    assert list(descs) == ["gpu0.samples", "gpu0.power", "gpu0.energy", "gpu0.state",
+                           "gpu0.processes"]  # its rows: tests/test_nvml_processes.py
     samples = descs["gpu0.samples"]
     assert samples.channels[0].name == "power_w" and samples.channels[0].unit == "W"
     assert samples.channels[0].meaning == "nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)"
@@ -116,6 +117,8 @@ def test_descriptors_of_the_four_streams() -> None:
         "temperature_c",
         "power_limit_w",
     ]
+    assert descs["gpu0.processes"].channel_names == [
+        "pid", "sm_util_pct", "mem_util_pct", "enc_util_pct", "dec_util_pct", "used_memory_b"]
     for d in descs.values():
         assert (d.kind, d.model, d.serial, d.firmware, d.transport, d.value_dtype) == (
             "nvml",
@@ -243,8 +246,8 @@ def test_gpu_without_samples_or_energy_has_no_such_streams() -> None:
     ids = [d.source_id for d in acq.open()]
     readings = run_for(acq, clock, 0.5)
     acq.close()
-    assert ids == ["gpu0.power", "gpu0.state"]
-    assert set(by_source(readings)) == {"gpu0.power", "gpu0.state"}
+    assert ids == ["gpu0.power", "gpu0.state", "gpu0.processes"]
+    assert set(by_source(readings)) == {"gpu0.power", "gpu0.state"}  # no process: no rows
 
 
 @pytest.mark.fast
@@ -421,7 +424,7 @@ def test_bad_stream_lists_are_named(text: str, problem: str) -> None:
 def test_streams_are_kept_in_their_canonical_order() -> None:
     assert parse_streams("energy, SAMPLES") == ("samples", "energy")
     assert parse_streams(["state"]) == ("state",)
-    assert parse_streams("all") == ("samples", "power", "energy", "state")
+    assert parse_streams("all") == ("samples", "power", "energy", "state", "processes")
 
 
 @pytest.mark.fast

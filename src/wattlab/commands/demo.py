@@ -46,6 +46,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "a request log and the truth beside the run (docs/scrape.md)")
     p.add_argument("--requests", type=count(1, 1000), default=60, metavar="N",
                    help="--serving: how many requests (default 60)")
+    p.add_argument("--shared", action="store_true",
+                   help="a simulated GPU shared by --processes processes instead, each alone "
+                        "in turn and then together, recorded with gpu0.processes and the "
+                        "truth of each one's energy (docs/processes.md)")
+    p.add_argument("--processes", type=count(1, 16), default=3, metavar="N",
+                   help="--shared: how many processes (default 3)")
     add_min_free_option(p)
     return p
 
@@ -57,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.serving:
         return run_serving(args)
+    if args.shared:
+        return run_shared(args)
     if args.duration <= 0:
         raise UsageError(f"--duration must be > 0 s, got {args.duration}")
     output = args.output or default_output("demo")
@@ -80,6 +88,33 @@ def run(args: argparse.Namespace) -> int:
     print(f"next: wattlab info {output}")
     # never 0 after losing data: an emulated bench on a busy machine can lose frames; each
     # is a /gaps row, printed above, and exit_status counts them
+    status = exit_status(result)
+    if lost := gap_rows(output):
+        print(f"wattlab: {lost} gap(s) in {output}: data was lost (exit status {status})",
+              file=sys.stderr)
+    return status
+
+
+def run_shared(args: argparse.Namespace) -> int:
+    """``demo --shared``: processes sharing one simulated GPU, with their true energy."""
+    from wattlab.acquisition.acquirers import NvmlAcquirer
+    from wattlab.drivers.nvml import NvmlDriver
+    from wattlab.hardware.fake_nvml import FakeNvml
+    from wattlab.hardware.shared_gpu import IDLE_LEAD_S, shared_simulated_gpu
+
+    output = args.output or default_output("shared")
+    length_s = IDLE_LEAD_S + args.duration
+    check_room(output, nvml_streams(1, "all"), length_s, args.min_free_mb)
+    gpu = shared_simulated_gpu(args.processes, args.seed, args.duration)
+    print(f"wattlab demo --shared: {args.processes} processes sharing a {gpu.model.name} for "
+          f"{args.duration:g} s after {IDLE_LEAD_S:g} s idle, into {output}")
+    session = Session(output, [("gpu0", NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0))],
+                      duration_s=length_s + 0.5 - (time.monotonic_ns() - gpu.start_ns) / 1e9,
+                      root_attrs={DEMO_SEED: args.seed})
+    result = session.run()
+    report(result)
+    print(f"the truth of each process's energy: the simulated-truth marker of gpu0.processes "
+          f"(docs/processes.md); next: wattlab info {output}")
     status = exit_status(result)
     if lost := gap_rows(output):
         print(f"wattlab: {lost} gap(s) in {output}: data was lost (exit status {status})",

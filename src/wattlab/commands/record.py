@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from wattlab.acquisition.acquirers import (
@@ -68,11 +69,13 @@ from wattlab.sync.recorder import DiskFullReport
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:5560"
 MAX_STOP_TIMEOUT_S = 3600.0
+MAX_SHARED_PROCESSES = 16  # each one's truth goes in one marker of at most 2 kB
 NVML_STREAMS_HELP = (
     "NVML streams to record: 'all' (default) or a comma list of samples (the driver's 50 Hz "
     "buffer), power (instant and 1 s average, polled every 90 ms, for calibrate), energy "
-    "(the counter), state (clocks, utilisation, temperature, limit); 'samples,energy' "
-    "costs the least CPU")
+    "(the counter), state (clocks, utilisation, temperature, limit), processes (each "
+    "process's utilisation and identity, docs/processes.md); 'samples,energy' costs the "
+    "least CPU")
 
 
 NVML_INTERVALS_HELP = (
@@ -97,7 +100,9 @@ def nvml_specs(choice: NvmlChoice, other_sources: bool = False) -> list[SourceSp
         indices = [int(name.removeprefix("gpu")) for name, _ in gpus]
     return [SourceSpec(f"gpu{i}", "nvml", gpu_index=i, simulate=choice.simulate,
                        simulated_gpus=choice.simulated_gpus, seed=choice.seed,
-                       nvml_streams=choice.streams, nvml_intervals=choice.intervals)
+                       nvml_streams=choice.streams, nvml_intervals=choice.intervals,
+                       shared_processes=choice.shared_processes,
+                       process_cmdlines=choice.process_cmdlines)
             for i in indices]
 
 
@@ -119,7 +124,8 @@ def bench_meters(bench: BenchConfig | None) -> list[DeviceConfig]:
 
 BENCH_CONFLICTS = {"nvml": "--nvml", "simulate": "--simulate",
                    "simulated_gpus": "--simulated-gpus", "seed": "--seed",
-                   "nvml_streams": "--nvml-streams", "nvml_intervals": "--nvml-intervals"}
+                   "nvml_streams": "--nvml-streams", "nvml_intervals": "--nvml-intervals",
+                   "shared_processes": "--shared-processes"}
 
 
 def load_bench_for(args: argparse.Namespace) -> BenchConfig | None:
@@ -150,12 +156,15 @@ def load_bench_for(args: argparse.Namespace) -> BenchConfig | None:
 def nvml_choice(args: argparse.Namespace, bench: BenchConfig | None) -> NvmlChoice:
     """Which GPUs to read and how, from the bench file or the flags."""
     if bench is not None:
-        return nvml_selection(bench)
+        return replace(nvml_selection(bench), process_cmdlines=args.process_cmdlines)
     check_simulated_gpus(args.simulated_gpus)
+    if args.shared_processes and not args.simulate:
+        raise UsageError("--shared-processes needs --simulate: it shares the simulated GPU")
     gpus = args.nvml or ("none" if args.amd else "all")  # an AMD host has no NVIDIA GPU
     return NvmlChoice(gpus, args.simulate, 1 if args.simulated_gpus is None
                       else args.simulated_gpus, args.seed or 0, args.nvml_streams or "all",
-                      args.nvml_intervals or "")
+                      args.nvml_intervals or "", args.shared_processes or 0,
+                      args.process_cmdlines)
 
 
 def check_simulated_gpus(count: int | None) -> None:
@@ -183,6 +192,14 @@ def summary_table(run: Run) -> tuple[str, list[SourceSummary]]:
         return "", []
 
 
+def unread_processes(run: Run) -> list[str]:
+    """One line per GPU whose per-process readings were refused (``missing["processes"]``)."""
+    why = {sid.rpartition(".")[0]: view.descriptor.get("config", {}).get("missing", {})
+           .get("processes") for sid, view in sorted(run.sources.items())}
+    return [f"wattlab: {gpu}: no per-process stream ({reason})"
+            for gpu, reason in why.items() if reason]
+
+
 def report(result: SessionResult) -> int:
     """Print the per-source summary of a finished session; 1 if a bench meter is miswired.
 
@@ -204,7 +221,10 @@ def report(result: SessionResult) -> int:
         wiring = wiring_mismatches(run.sources, {r.source_id: r.mean_power_w for r in rows})
         gaps = run.gaps
         markers = run.markers
+        unread = unread_processes(run)
     print(f"run file: {result.output} ({len(markers)} markers, {len(gaps)} gaps)")
+    for line in unread:
+        print(line, file=sys.stderr)
     for gap in gaps:
         print(f"  gap in {gap.source}: {gap.reason}{span_text(gap)}")
     for name, error in result.source_errors.items():
@@ -328,6 +348,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--simulated-gpus", type=int, metavar="N",
                    help="how many simulated GPUs with --simulate (default 1)")
     p.add_argument("--seed", type=SEED, help="seed of the simulated GPU's workload (default 0)")
+    p.add_argument("--shared-processes", metavar="N",
+                   type=Number(1, MAX_SHARED_PROCESSES, integer=True),
+                   help="with --simulate: N simulated processes share each GPU (after 3 s "
+                        "idle, each alone in turn, then together, over 30 s), recorded in "
+                        "gpu{i}.processes with their true energy (docs/processes.md)")
+    p.add_argument("--process-cmdlines", action="store_true",
+                   help="put each GPU process's command line in its identity marker, other "
+                        "users' too (default: none)")
     p.add_argument("--duration", type=RECORD_S, metavar="S", help="stop after S seconds")
     p.add_argument("--meter", action="append", default=[], metavar="[ID=]KIND:ADDRESS",
                    help="an external meter, e.g. powersensor3:/dev/ttyACM0 or "

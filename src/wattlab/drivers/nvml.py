@@ -31,7 +31,14 @@ from wattlab.drivers.nvml_identity import (
     read_scope,
 )
 from wattlab.drivers.nvml_power import PowerCallError, PowerRead
-from wattlab.drivers.nvml_samples import VALUE_MEMBERS, SampleDrain, UnknownValueType
+from wattlab.drivers.nvml_samples import (
+    VALUE_MEMBERS,
+    ProcessSample,
+    SampleDrain,
+    UnknownValueType,
+    process_samples,
+    running_memory,
+)
 from wattlab.errors import NvmlError, NvmlMissingError, UsageError
 
 NO_LIBRARY_MESSAGE = (
@@ -49,7 +56,12 @@ NVML_CALLS: dict[str, str] = {
     "gpu_util_pct": "nvmlDeviceGetUtilizationRates().gpu",
     "temperature_c": "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
     "power_limit_w": "nvmlDeviceGetPowerManagementLimit",
+    "processes": "nvmlDeviceGetProcessUtilization",
+    "process_memory": "nvmlDeviceGetComputeRunningProcesses(+GraphicsRunningProcesses)",
 }
+# a GPU answering these to the per-process calls has no per-process stream (old driver, vGPU)
+PROCESS_REFUSALS = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION,
+                    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
 # State readings as data: (name, NVML reader, factor to SI units).
 StateReader = Callable[[Any, Any], float]
@@ -173,24 +185,22 @@ class NvmlDriver(SharedSession):
 
     def probe(self, gpu: int) -> dict[str, str]:
         """Which readings this GPU lacks: {reading name: NVML's message}, tried once each."""
-        lib = self.lib
-        h = self.handle(gpu)
+        lib, h = self.lib, self.handle(gpu)
         checks: list[tuple[str, Callable[[], Any]]] = [
-            (
-                "samples_power_w",
-                partial(lib.nvmlDeviceGetSamples, h, pynvml.NVML_TOTAL_POWER_SAMPLES, 0),
-            ),
+            ("samples_power_w",
+             partial(lib.nvmlDeviceGetSamples, h, pynvml.NVML_TOTAL_POWER_SAMPLES, 0)),
             ("average_power_w", partial(lib.nvmlDeviceGetPowerUsage, h)),
             ("energy_j", partial(lib.nvmlDeviceGetTotalEnergyConsumption, h)),
         ]
         checks += [(name, partial(reader, lib, h)) for name, reader, _ in STATE_READINGS]
+        checks.append(("processes", lambda: (process_samples(lib, h, 0), running_memory(lib, h))))
         missing: dict[str, str] = {}
         for name, check in checks:
             try:
                 check()
             except pynvml.NVMLError as e:
                 code = getattr(e, "value", None)
-                if is_not_supported(e):
+                if is_not_supported(e) or (name == "processes" and code in PROCESS_REFUSALS):
                     missing[name] = str(e)
                 elif not (name == "samples_power_w" and code == pynvml.NVML_ERROR_NOT_FOUND):
                     raise NvmlError(f"GPU {gpu}: {NVML_CALLS[name]} failed: {e}") from e
@@ -273,6 +283,13 @@ class NvmlDriver(SharedSession):
         except PowerCallError as e:
             raise NvmlError(f"GPU {gpu}: {NVML_CALLS[e.reading]} failed: {e}") from e
         return None if instant_mw is None else instant_mw / 1e3, average_mw / 1e3
+
+    def read_processes(self, gpu: int, last_seen_us: int
+                       ) -> tuple[list[ProcessSample], dict[int, float]]:
+        """(utilisation samples newer than ``last_seen_us``, pid -> used memory B)."""
+        lib, h = self.lib, self.handle(gpu)
+        return (self._call(gpu, NVML_CALLS["processes"], process_samples, lib, h, last_seen_us),
+                self._call(gpu, NVML_CALLS["process_memory"], running_memory, lib, h))
 
     def read_energy_j(self, gpu: int) -> float:
         """Energy counter (J since the driver loaded); the call costs ~3 ms on an H100."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import pynvml
 
+from wattlab.hardware.fake_nvml_processes import FakeNvmlProcesses
 from wattlab.hardware.fake_nvml_setters import FakeNvmlSetters
 from wattlab.hardware.simulated_gpu import SimulatedGpu
 
@@ -54,11 +55,12 @@ def _fill_samples(out: Any, stamps_us: Any, power_mw: Any) -> None:
         out[i].sampleValue.uiVal = mw
 
 
-class FakeNvml(FakeNvmlSetters):
+class FakeNvml(FakeNvmlSetters, FakeNvmlProcesses):
     """The subset of the pynvml API wattlab uses, backed by ``SimulatedGpu`` objects.
 
     ``init_error`` (an ``NVML_ERROR_*`` code) makes ``nvmlInit`` fail, e.g. to test a machine
-    without the NVIDIA driver. Calls before ``nvmlInit`` fail with UNINITIALIZED, as in NVML.
+    without the NVIDIA driver; ``process_query_error`` makes the per-process calls fail.
+    Calls before ``nvmlInit`` fail with UNINITIALIZED, as in NVML.
     """
 
     def __init__(
@@ -67,8 +69,10 @@ class FakeNvml(FakeNvmlSetters):
         driver_version: str = "580.159.04",
         nvml_version: str = "13.580.159.04",
         init_error: int | None = None,
+        process_query_error: int | None = None,
     ) -> None:
         self.gpus = list(gpus)
+        self.process_query_error = process_query_error
         self.driver_version = driver_version
         self.nvml_version = nvml_version
         self.init_error = init_error

@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,9 @@ import numpy.typing as npt
 from wattlab.device_models import SettingResponse, WorkloadSchedule
 from wattlab.errors import UsageError
 from wattlab.hardware.gpu_waveform import Waveform
+
+if TYPE_CHECKING:
+    from wattlab.hardware.shared_gpu import SharedLoad
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -151,6 +154,7 @@ class SimulatedGpu:
         )
         self.unsupported = frozenset(unsupported)
         self.settable = settable
+        self.processes: SharedLoad | None = None  # processes sharing it (shared_gpu.py)
         m = self.model
         rng = np.random.default_rng([seed, index, 0x1D])
         self.uuid = "GPU-{}-{}-{}-{}-{}".format(*(rng.bytes(n).hex() for n in (4, 2, 2, 2, 6)))

@@ -11,6 +11,7 @@ import socket
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from wattlab.acquisition.acquirers.process_stream import PROCESS_CHANNELS
 from wattlab.drivers.nvml_identity import DeviceInfo
 from wattlab.samples import Channel, SourceDescriptor
 
@@ -48,8 +49,9 @@ def describe_streams(kind: str, calls: Mapping[str, str], info: DeviceInfo,
             host=socket.gethostname(),
             value_dtype="<f8",
             config={**config, "nvml_calls": {n: calls[c] for n, _, c in channels}, **extra},
-            # the 50 Hz buffer's samples carry the driver's own stamps; the rest host times
-            time_raw="device_unix_us" if key == "samples" else SourceDescriptor.time_raw,
+            # the driver's samples carry its own stamps; the rest host times
+            time_raw=("device_unix_us" if key in ("samples", "processes")
+                      else SourceDescriptor.time_raw),
         )
 
     if "samples_power_w" not in missing and "samples" in streams:
@@ -67,4 +69,7 @@ def describe_streams(kind: str, calls: Mapping[str, str], info: DeviceInfo,
     if state_names and "state" in streams:
         describe("state", [(n, STATE_UNITS[n], n) for n in state_names],
                  power_channel=None)  # its only watts are the power *limit*
+    if "processes" not in missing and "processes" in streams:
+        describe("processes", [(n, u, "process_memory" if n == "used_memory_b" else "processes")
+                               for n, u in PROCESS_CHANNELS], power_channel=None)
     return out

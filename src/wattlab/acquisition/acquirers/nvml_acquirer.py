@@ -1,6 +1,6 @@
-"""Acquirer for one GPU's NVML readings: four streams on their own cadences.
+"""Acquirer for one GPU's NVML readings: five streams on their own cadences.
 
-Why four streams: the NVML views of power differ in rate, window and lag (PROTOCOLS.md §7),
+Why these streams: the NVML views of power differ in rate, window and lag (PROTOCOLS.md §7),
 and calibration needs each as the driver gave it:
 
 - ``gpu{i}.samples``: the driver's own 50 Hz buffer, with its unix-µs timestamps as raw time;
@@ -20,6 +20,8 @@ and calibration needs each as the driver gave it:
   is cumulative, so reading it less often loses no energy, only time resolution.
 - ``gpu{i}.state``: clocks, utilisation, temperature and power limit, every 0.9 s (five
   calls, ~0.2 ms of CPU together on an H200).
+- ``gpu{i}.processes``: each process's utilisation samples and identity markers
+  (process_stream.py, docs/processes.md), read on the state reads' wake-ups.
 
 Every cadence is a multiple of the 90 ms poll and they start together, so one wake-up serves
 all the reads due: a wake-up costs far more CPU than the reads (caches are cold after a sleep: a
@@ -51,20 +53,23 @@ from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.gpu_descriptors import describe_streams
 from wattlab.acquisition.acquirers.meter_registry import StreamRate
 from wattlab.acquisition.acquirers.nvml_cadence import DEFAULT_INTERVALS_S
+from wattlab.acquisition.acquirers.process_stream import ProcessReader
 from wattlab.drivers.gpu_scope import GpuScope
 from wattlab.drivers.nvml import NVML_CALLS
 from wattlab.drivers.nvml_identity import DeviceInfo
 from wattlab.errors import NvmlError, UsageError
 from wattlab.samples import Gap, SampleFlag, SourceDescriptor
 
-NVML_STREAMS = ("samples", "power", "energy", "state")
+NVML_STREAMS = ("samples", "power", "energy", "state", "processes")
 POWER_NAMES = ("instant_power_w", "average_power_w")  # what read_power returns, in order
 STREAM_RATES = {  # what each stream writes for one GPU (a `wattlab demo` run file), per name
     "samples": StreamRate(50.0, 25),
     "power": StreamRate(11.1, 33),
     "energy": StreamRate(0.11, 25),
     "state": StreamRate(1.1, 57),
+    "processes": StreamRate(12.0, 65),  # two busy processes, six samples a second each
 }
+CADENCE_OF = {"processes": "state"}  # read on the state reads' wake-ups: none of its own
 SHORT_SLEEP_S = 0.1  # a stop waits at most this long for a sleep that ``wake`` cannot end
 
 def energy_source(missing: Mapping[str, str], streams: Collection[str],
@@ -157,7 +162,7 @@ class _Rows:
 
 
 class NvmlAcquirer:
-    """Reads GPU ``gpu_index`` through a GPU driver and yields Chunks for four streams.
+    """Reads GPU ``gpu_index`` through a GPU driver and yields Chunks for five streams.
 
     The driver is an ``NvmlDriver`` or an ``AmdSmiDriver``: its ``kind``, ``prefix``
     (streams ``gpu{i}.*`` or ``amd{i}.*``), ``calls`` and ``state_names`` say what is read;
@@ -165,7 +170,8 @@ class NvmlAcquirer:
     counter wraps caps the ``energy`` cadence (``energy_interval_cap_s``).
 
     ``name`` replaces the streams' prefix (``amd0`` in ``amd0.power``), for a GPU named by
-    the user. ``streams`` keeps only some of them (see ``parse_streams``); a stream left
+    the user. ``process_cmdlines`` puts command lines in the process markers.
+    ``streams`` keeps only some of them (see ``parse_streams``); a stream left
     out is never read, so it costs no wake-up. ``intervals_s`` replaces some of
     ``DEFAULT_INTERVALS_S`` (checked user input comes from ``parse_intervals``; tests may go
     past its limits).
@@ -186,6 +192,7 @@ class NvmlAcquirer:
         buffer_capacity: int = 120,
         streams: str | Collection[str] = NVML_STREAMS,
         name: str | None = None,
+        process_cmdlines: bool = False,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall_clock_ns: Callable[[], int] = time.time_ns,
         sleep: Callable[[float], Any] | None = None,
@@ -204,7 +211,9 @@ class NvmlAcquirer:
         self._woken = threading.Event()
         self._sleep = sleep
         prefix = name or f"{driver.prefix}{gpu_index}"
-        self.ids = {k: f"{prefix}.{k}" for k in ("samples", "power", "energy", "state")}
+        self.ids = {k: f"{prefix}.{k}" for k in NVML_STREAMS}
+        self.process_cmdlines = process_cmdlines
+        self._processes: ProcessReader | None = None
         self.missing: dict[str, str] = {}
         self.descriptors: list[SourceDescriptor] = []
         self.unix_minus_monotonic_ns = 0
@@ -228,6 +237,8 @@ class NvmlAcquirer:
         try:
             info = self.driver.device_info(self.gpu)
             self.missing = {**info.missing, **self.driver.probe(self.gpu)}
+            if not hasattr(self.driver, "read_processes"):
+                self.missing["processes"] = f"{self.driver.kind} gives no per-process readings"
             scope = self.driver.scope(self.gpu, info.name)
             cap_s = self.driver.energy_interval_cap_s(self.gpu)
         except Exception:
@@ -244,6 +255,7 @@ class NvmlAcquirer:
         self._last_seen_us = (now + self.unix_minus_monotonic_ns) // 1000  # nothing before open
         self._seen_real_sample = False
         self._drained = []
+        self._processes = None
         config: dict[str, Any] = {
             "gpu_index": self.gpu,
             "uuid": info.uuid,
@@ -267,6 +279,10 @@ class NvmlAcquirer:
             state_names=self._state_names, sample_period_s=self.sample_period_s,
             buffer_capacity=self.buffer_capacity)
         self.descriptors = list(described.values())
+        if "processes" in described:
+            self._processes = ProcessReader(self.driver, self.gpu, self.ids["processes"],
+                                            t_ns=now, cmdlines=self.process_cmdlines,
+                                            unix_minus_monotonic_ns=self.unix_minus_monotonic_ns)
         for key in described:  # the drain first after a whole interval, the reads at once
             if key == "samples":
                 self._due_ns["drain"] = now + round(self.intervals_s["drain"] * 1e9)
@@ -317,12 +333,14 @@ class NvmlAcquirer:
         if wait_ns > 0:
             self._pause(wait_ns * 1e-9)
             now = self._clock()
-        for task in ("power", "energy", "state", "drain"):
+        for task in ("power", "energy", "state", "processes", "drain"):
             due = self._due_ns.get(task)
             if due is None or due > now:
                 continue
             if task == "drain":
                 self._drained += self._drain()
+            elif task == "processes" and self._processes is not None:
+                self._drained += self._processes.read(self._clock)
             else:
                 getattr(self, f"_read_{task}")()
             self._reschedule(task, now)
@@ -341,10 +359,13 @@ class NvmlAcquirer:
             self._read_energy()
         if "drain" in self._due_ns:
             self._drained += self._drain()
+        if self._processes is not None:
+            self._drained += self._processes.read(self._clock)
+            self._drained += self._processes.truth(self._clock())
         return self._take_rows()
 
     def _reschedule(self, task: str, now: int) -> None:
-        step = round(self.intervals_s[task] * 1e9)
+        step = round(self.intervals_s[CADENCE_OF.get(task, task)] * 1e9)
         nxt = self._due_ns[task] + step
         self._due_ns[task] = nxt if nxt > now else now + step  # fell behind: skip, don't burst
 

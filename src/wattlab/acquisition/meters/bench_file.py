@@ -371,6 +371,8 @@ class NvmlChoice:
     seed: int = 0
     streams: str = "all"  # --nvml-streams
     intervals: str = ""  # --nvml-intervals: cadences that differ from the defaults
+    shared_processes: int = 0  # --shared-processes: simulated processes sharing each GPU
+    process_cmdlines: bool = False  # --process-cmdlines: other users' command lines too
 
 
 def nvml_selection(config: BenchConfig) -> NvmlChoice:

@@ -228,12 +228,11 @@ def nvml_acquirers(choice: NvmlChoice, *, other_sources: bool = False
     intervals_s = parse_intervals(choice.intervals)
     lib = None
     if choice.simulate:
-        from wattlab.hardware.fake_nvml import FakeNvml
-        from wattlab.hardware.simulated_gpu import simulated_gpus as make_gpus
+        from wattlab.hardware.shared_gpu import simulated_nvml
 
         if choice.simulated_gpus < 1:
             raise UsageError("--simulated-gpus must be at least 1")
-        lib = FakeNvml(make_gpus(choice.simulated_gpus, choice.seed))
+        lib = simulated_nvml(choice.simulated_gpus, choice.seed, choice.shared_processes)
     driver = NvmlDriver(lib)
     try:
         driver.open()
@@ -249,7 +248,9 @@ def nvml_acquirers(choice: NvmlChoice, *, other_sources: bool = False
     try:
         indices = driver.resolve_gpus(choice.gpus)
         yield [(f"gpu{i}", NvmlAcquirer(driver, i, streams=choice.streams,
-                                        intervals_s=intervals_s)) for i in indices]
+                                        intervals_s=intervals_s,
+                                        process_cmdlines=choice.process_cmdlines))
+               for i in indices]
     finally:
         driver.close()
 

@@ -56,6 +56,8 @@ class SourceSpec:
     seed: int = 0
     nvml_streams: str = "all"  # what --nvml-streams says
     nvml_intervals: str = ""  # what --nvml-intervals says
+    shared_processes: int = 0  # what --shared-processes says
+    process_cmdlines: bool = False  # what --process-cmdlines says
 
     def __post_init__(self) -> None:
         if self.kind not in SPEC_KINDS:
@@ -86,15 +88,15 @@ class SourceSpec:
 
         lib = None
         if self.simulate:
-            from wattlab.hardware.fake_nvml import FakeNvml
-            from wattlab.hardware.simulated_gpu import simulated_gpus
+            from wattlab.hardware.shared_gpu import simulated_nvml
 
-            lib = FakeNvml(simulated_gpus(self.simulated_gpus, self.seed))
+            lib = simulated_nvml(self.simulated_gpus, self.seed, self.shared_processes)
         intervals_s = parse_intervals(self.nvml_intervals)
         driver = NvmlDriver(lib)
         driver.open()
         return (NvmlAcquirer(driver, self.gpu_index, streams=self.nvml_streams,
-                             intervals_s=intervals_s), driver.close)
+                             intervals_s=intervals_s, process_cmdlines=self.process_cmdlines),
+                driver.close)
 
 
 class ProcessSourceRunner:

@@ -1,0 +1,165 @@
+"""The ``gpu{i}.processes`` stream: per-process utilisation rows and identity markers.
+
+Why apart from the reader (nvml_acquirer.py): turning one read of the driver's per-process
+answers into rows and markers is pure bookkeeping (which samples are new, which process is
+new, gone or a reused pid), tested without a clock; the reader only calls it on the state
+cadence's wake-ups. The stream's layout is docs/processes.md's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
+from wattlab.acquisition.acquirers.process_identity import (
+    IDENTITY_KEYS,
+    PODS,
+    PROC,
+    cgroup_fields,
+    identify,
+    start_ticks,
+)
+from wattlab.drivers.nvml_samples import ProcessSample
+from wattlab.errors import NvmlError
+from wattlab.samples import Gap, Marker
+
+PROCESS_CHANNELS = (("pid", "1"), ("sm_util_pct", "%"), ("mem_util_pct", "%"),
+                    ("enc_util_pct", "%"), ("dec_util_pct", "%"), ("used_memory_b", "B"))
+Identify = Callable[[int], dict[str, Any]]
+StartTicks = Callable[[int], int | None]
+
+
+class ProcessStream:
+    """One GPU's per-process rows and markers, read after read.
+
+    ``identify(pid)`` gives the identity fields (``IDENTITY_KEYS``) of a host pid;
+    ``start_ticks(pid)`` only its start time, read every time to see a reused pid.
+    ``to_host_ns`` turns the driver's unix µs into host ns (as for ``gpu{i}.samples``).
+    """
+
+    def __init__(self, gpu: int, source_id: str, last_seen_us: int, *,
+                 identify: Identify, start_ticks: StartTicks,
+                 to_host_ns: Callable[[int], int]) -> None:
+        self.gpu = gpu
+        self.source_id = source_id
+        self.last_seen_us = last_seen_us
+        self._identify = identify
+        self._start_ticks = start_ticks
+        self._to_host_ns = to_host_ns
+        self.known: dict[int, int | None] = {}  # pid -> start_ticks of the process marked
+
+    def update(self, samples: list[ProcessSample], memory_b: Mapping[int, float],
+               read_us: int, read_ns: int) -> list[Reading]:
+        """Rows and markers for one read: samples newer than the last seen, oldest first.
+
+        ``memory_b``: the running processes' used memory (NaN: the driver did not say).
+        The driver lists only processes active since the last seen stamp, so a running
+        process without a sample in a successful read was idle over it: it gets one row at
+        the read instant with zero utilisation and its memory.
+        """
+        samples = sorted((s for s in samples if s[1] > self.last_seen_us),
+                         key=lambda s: (s[1], s[0]))
+        first_ns: dict[int, int] = {}
+        for s in samples:
+            first_ns.setdefault(s[0], self._to_host_ns(s[1]))
+        idle = [pid for pid in memory_b if pid not in first_ns]
+        for pid in idle:
+            first_ns[pid] = read_ns
+        out: list[Reading] = []
+        for pid in [p for p in self.known if p not in first_ns]:  # left the GPU
+            out.append(self._exit(pid, read_ns))
+        for pid, t_ns in sorted(first_ns.items(), key=lambda kv: (kv[1], kv[0])):
+            out += self._arrive(pid, t_ns)
+        rows = [(self._to_host_ns(s[1]), s[1], [float(s[0]), *map(float, s[2:6]),
+                                                memory_b.get(s[0], math.nan)])
+                for s in samples]
+        rows += [(read_ns, read_us, [float(pid), 0.0, 0.0, 0.0, 0.0, memory_b[pid]])
+                 for pid in sorted(idle)]
+        if samples:
+            self.last_seen_us = samples[-1][1]
+        if rows:
+            rows.sort(key=lambda r: (r[0], r[2][0]))
+            out.append(Chunk(self.source_id, np.array([r[0] for r in rows], dtype=np.int64),
+                             np.array([r[2] for r in rows], dtype=np.float64),
+                             t_raw=np.array([r[1] for r in rows], dtype=np.int64)))
+        return out
+
+    def _arrive(self, pid: int, t_ns: int) -> list[Reading]:
+        """A "process" marker for a pid first seen, or seen again with another start."""
+        if pid in self.known:
+            ticks = self._start_ticks(pid)
+            old = self.known[pid]
+            if ticks is None or old is None or ticks == old:
+                return []
+            return [self._exit(pid, t_ns), *self._arrive(pid, t_ns)]  # a reused pid
+        identity = {**dict.fromkeys(IDENTITY_KEYS), **self._identify(pid)}
+        self.known[pid] = identity["start_ticks"]
+        return [Marker(t_ns, "process", "point", self.source_id,
+                       {"gpu": self.gpu, "pid": pid, **identity})]
+
+    def _exit(self, pid: int, t_ns: int) -> Marker:
+        ticks = self.known.pop(pid)
+        return Marker(t_ns, "process-exit", "point", self.source_id,
+                      {"gpu": self.gpu, "pid": pid, "start_ticks": ticks})
+
+
+class ProcessReader:
+    """Reads one GPU's per-process answers through its driver into a ``ProcessStream``.
+
+    A read that fails after the stream was opened is a Gap with NVML's error as its reason
+    (from the last good read to now); the next read tries again. The identity comes from
+    ``proc`` (and the kubelet's ``pods`` folders) unless the NVML library is the simulator,
+    which says itself who its processes are (``wattlab_process_identity``) and what their
+    true energy was (``wattlab_simulated_truth``: the ``simulated-truth`` marker).
+    """
+
+    def __init__(self, driver: Any, gpu: int, source_id: str, *, t_ns: int,
+                 unix_minus_monotonic_ns: int, cmdlines: bool = False,
+                 proc: Path = PROC, pods: Path = PODS) -> None:
+        self.driver, self.gpu, self.offset_ns = driver, gpu, unix_minus_monotonic_ns
+        lib = getattr(driver, "lib", None)
+        self._sim_identity = getattr(lib, "wattlab_process_identity", None)
+        self._sim_truth = getattr(lib, "wattlab_simulated_truth", None)
+        who = (self._simulated if self._sim_identity is not None
+               else partial(identify, proc=proc, pods=pods, cmdlines=cmdlines))
+        ticks = ((lambda pid: self._simulated(pid)["start_ticks"])
+                 if self._sim_identity is not None else partial(start_ticks, proc=proc))
+        self.stream = ProcessStream(gpu, source_id, (t_ns + unix_minus_monotonic_ns) // 1000,
+                                    identify=who, start_ticks=ticks,
+                                    to_host_ns=lambda us: us * 1000 - unix_minus_monotonic_ns)
+        self.open_ns = self.good_ns = t_ns
+
+    def _simulated(self, pid: int) -> dict[str, Any]:
+        found = self._sim_identity(self.gpu, pid) if self._sim_identity else None
+        if not found:
+            return {}
+        return {**found, **cgroup_fields(found.get("cgroup"))}
+
+    def read(self, clock_ns: Callable[[], int]) -> list[Reading]:
+        """One read of the driver's per-process answers: rows, markers, or a Gap."""
+        t0 = clock_ns()
+        try:
+            samples, memory_b = self.driver.read_processes(self.gpu, self.stream.last_seen_us)
+        except NvmlError as e:
+            t1 = clock_ns()
+            gap = Gap(self.stream.source_id, str(e), t_first_ns=self.good_ns, t_last_ns=t1)
+            self.good_ns = t1
+            return [gap]
+        t_ns = (t0 + clock_ns()) // 2
+        self.good_ns = t_ns
+        return self.stream.update(samples, memory_b, (t_ns + self.offset_ns) // 1000, t_ns)
+
+    def truth(self, t_ns: int) -> list[Reading]:
+        """The simulator's ``simulated-truth`` marker from open to ``t_ns`` (none if real)."""
+        payload = None if self._sim_truth is None else self._sim_truth(self.gpu, self.open_ns,
+                                                                        t_ns)
+        if payload is None:
+            return []
+        return [Marker(t_ns, "simulated-truth", "point", self.stream.source_id,
+                       {"gpu": self.gpu, **payload})]

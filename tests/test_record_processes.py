@@ -1,0 +1,65 @@
+"""Recordings with the per-process stream: `record --simulate --shared-processes`,
+`demo --shared`, and a GPU that refuses the per-process query (docs/processes.md)."""
+
+from __future__ import annotations
+
+import pynvml
+import pytest
+
+import wattlab
+from tests.test_cli import run_cli
+from wattlab.acquisition.acquirers import NvmlAcquirer
+from wattlab.acquisition.session import Session
+from wattlab.commands.record import report, unread_processes
+from wattlab.drivers.nvml import NvmlDriver
+from wattlab.hardware.fake_nvml import FakeNvml
+from wattlab.hardware.simulated_gpu import simulated_gpus
+
+
+@pytest.mark.system
+def test_record_simulate_shared_processes_writes_rows_identities_and_truth(tmp_path):
+    out = tmp_path / "shared.h5"
+    done = run_cli("record", "--simulate", "--shared-processes", "2", "--duration", "7",
+                   "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "gpu0.processes" in done.stdout and "no per-process stream" not in done.stderr
+    with wattlab.open(str(out)) as run:
+        rows = run.source("gpu0.processes").to_pandas()
+        markers = run.markers
+    assert set(rows["pid"].astype(int)) <= {4100, 4137} and len(rows) > 5
+    identities = [m for m in markers if m.name == "process"]
+    assert {m.payload["comm"] for m in identities} <= {"sim-matmul", "sim-copy"}
+    assert identities and all(m.source == "gpu0.processes" for m in identities)
+    (truth,) = [m for m in markers if m.name == "simulated-truth"]
+    assert set(truth.payload["dynamic_j"]) == {"4100", "4137"}
+    assert truth.payload["idle_j"] > 0
+
+
+@pytest.mark.system
+def test_shared_processes_need_the_simulated_gpu(tmp_path):
+    done = run_cli("record", "--shared-processes", "2", "--duration", "1",
+                   "-o", str(tmp_path / "x.h5"))
+    assert done.returncode == 2 and "--shared-processes needs --simulate" in done.stderr
+
+
+@pytest.mark.system
+def test_demo_shared_says_where_the_run_and_its_truth_are(tmp_path):
+    out = tmp_path / "demo.h5"
+    done = run_cli("demo", "--shared", "--processes", "2", "--duration", "4", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert str(out) in done.stdout and "simulated-truth" in done.stdout
+    with wattlab.open(str(out)) as run:
+        assert len(run.source("gpu0.processes").to_pandas()) > 0
+
+
+@pytest.mark.system
+def test_a_refusing_gpu_records_everything_else_and_record_says_why_once(tmp_path, capsys):
+    lib = FakeNvml(simulated_gpus(1, 3), process_query_error=pynvml.NVML_ERROR_NO_PERMISSION)
+    out = str(tmp_path / "refused.h5")
+    result = Session(out, [("gpu0", NvmlAcquirer(NvmlDriver(lib), 0))], duration_s=1.5).run()
+    with wattlab.open(out) as run:
+        assert "gpu0.processes" not in run.sources and "gpu0.samples" in run.sources
+        assert unread_processes(run) == [
+            "wattlab: gpu0: no per-process stream (Insufficient Permissions)"]
+    report(result)
+    assert capsys.readouterr().err.count("no per-process stream") == 1
