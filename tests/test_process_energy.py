@@ -185,3 +185,12 @@ def test_export_by_process_writes_one_row_per_process(tmp_path: Path):
     assert float(rows[101]["dynamic_j"]) == pytest.approx(PROCS[0].truth_j(), rel=0.01)
     assert rows[101]["slurm_job"] == "4711" and rows[101]["rule"] == "activity"
     assert float(rows[303]["dynamic_j"]) == 0.0 and np.isfinite(float(rows[303]["energy_j"]))
+
+
+def test_the_report_shows_the_per_process_table(tmp_path: Path):
+    from wattlab.analysis.report import build_report
+
+    path = str(write_shared_run(tmp_path / "r.h5"))
+    build_report(path, str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    assert "Energy per process" in page and "gpu0:101 train" in page

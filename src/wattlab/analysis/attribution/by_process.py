@@ -135,15 +135,12 @@ def run_gpus(run: Run) -> list[int]:
 def energy_by_process(run: Run, *, rule: str = "activity", charge: tuple[str, ...] = ()
                       ) -> ByProcess:
     """Each process's energy on each GPU of ``run`` (module doc)."""
-    report = energy_report(run, by_marker=False)
-    gpus, missing = [], []
-    for gpu in run_gpus(run):
-        table = read_processes(run, gpu)
-        if table is None:
-            missing.append(missing_reason(run, gpu))
-            continue
-        gpus.append(split_gpu(run, report, table, rule, charge))
-    return ByProcess(run.path, rule, charge, gpus, missing)
+    tables = {gpu: read_processes(run, gpu) for gpu in run_gpus(run)}
+    missing = [missing_reason(run, gpu) for gpu, t in tables.items() if t is None]
+    found = [t for t in tables.values() if t is not None]
+    report = energy_report(run, by_marker=False) if found else {}
+    return ByProcess(run.path, rule, charge,
+                     [split_gpu(run, report, t, rule, charge) for t in found], missing)
 
 
 def choose_rule(stream: PowerStream, base_w: float, table: ProcessTable, name: str
