@@ -74,9 +74,10 @@ def identity(q: Proc, gpu: int) -> dict[str, Any]:
 
 def write_shared_run(path: Path, *, procs: list[Proc] | None = None, processes: bool = True,
                      missing: str | None = None, gap_s: tuple[float, float] | None = None,
-                     counter_gain: float = 1.0) -> Path:
+                     counter_gain: float = 1.0, truth: bool = False) -> Path:
     """The run (module doc). ``processes=False``: no per-process stream (``missing``: the
-    acquirer's reason in ``config["missing"]``); ``gap_s``: the per-process query failed then.
+    acquirer's reason in ``config["missing"]``); ``gap_s``: the per-process query failed then;
+    ``truth``: the simulated GPU's ``simulated-truth`` marker at the end.
     """
     procs = PROCS if procs is None else procs
     w = RunFileWriter(str(path), {"created": "test", "session_start_unix_ns": UNIX0_NS}, 0)
@@ -94,6 +95,11 @@ def write_shared_run(path: Path, *, procs: list[Proc] | None = None, processes: 
     w.append("gpu0.energy", te, te, e.reshape(-1, 1), np.zeros(te.size, np.uint8))
     if processes:
         write_processes(w, procs, gap_s)
+    if truth:
+        end_ns = round(DURATION_S * 1e9)
+        w.add_markers([Marker(end_ns, "simulated-truth", "point", "gpu0.processes", {
+            "gpu": 0, "window_ns": [0, end_ns], "idle_j": IDLE_W * DURATION_S,
+            "static_j": STATIC_W * 16.0, "dynamic_j": {str(q.pid): q.truth_j() for q in procs}})])
     w.close()
     return path
 

@@ -194,3 +194,12 @@ def test_the_report_shows_the_per_process_table(tmp_path: Path):
     build_report(path, str(tmp_path / "r.html"))
     page = (tmp_path / "r.html").read_text()
     assert "Energy per process" in page and "gpu0:101 train" in page
+
+
+def test_a_simulated_gpus_truth_is_shown_beside_each_figure(tmp_path: Path, capsys):
+    path = str(write_shared_run(tmp_path / "r.h5", truth=True))
+    assert main(["energy", path, "--by-process"]) == 0
+    out = capsys.readouterr().out
+    assert "truth J" in out and "simulated truth over [0, 20000000000] ns" in out
+    line = next(x for x in out.splitlines() if x.startswith("gpu0:101"))
+    assert float(line.split()[-1]) == pytest.approx(PROCS[0].truth_j())

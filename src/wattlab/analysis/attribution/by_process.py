@@ -67,6 +67,7 @@ class ProcessEnergy:
     pm_j: float
     valid: bool
     invalid_reasons: list[str]
+    truth_dynamic_j: float | None = None  # a simulated GPU's own figure, where it gave one
 
 
 @dataclass
@@ -139,8 +140,29 @@ def energy_by_process(run: Run, *, rule: str = "activity", charge: tuple[str, ..
     missing = [missing_reason(run, gpu) for gpu, t in tables.items() if t is None]
     found = [t for t in tables.values() if t is not None]
     report = energy_report(run, by_marker=False) if found else {}
-    return ByProcess(run.path, rule, charge,
-                     [split_gpu(run, report, t, rule, charge) for t in found], missing)
+    gpus = [split_gpu(run, report, t, rule, charge) for t in found]
+    for g in gpus:
+        add_truth(run, g)
+    return ByProcess(run.path, rule, charge, gpus, missing)
+
+
+def add_truth(run: Run, g: GpuSplit) -> None:
+    """A simulated GPU's ``simulated-truth`` marker: each process's true dynamic energy.
+
+    So that a split can be scored from the command line; the simulator's idle and static
+    joules, and its window, go into the notes.
+    """
+    marks = [m for m in run.markers if m.name == "simulated-truth"
+             and m.source == f"gpu{g.gpu}.processes"]
+    if not marks:
+        return
+    truth = marks[-1].payload
+    dyn = {str(k): float(v) for k, v in (truth.get("dynamic_j") or {}).items()}
+    for p in g.processes:
+        p.truth_dynamic_j = dyn.get(str(p.identity["pid"]))
+    g.notes.append(f"simulated truth over {truth.get('window_ns')} ns: idle "
+                   f"{truth.get('idle_j')} J, static {truth.get('static_j')} J; each "
+                   "process's in 'truth J'")
 
 
 def choose_rule(stream: PowerStream, base_w: float, table: ProcessTable, name: str

@@ -94,13 +94,17 @@ def format_by_process(result: ByProcess, by: str = "process") -> str:
     if not result.gpus:
         return "\n".join(lines)
     if by == "process":
+        truth = any(p.truth_dynamic_j is not None for p in result.processes)
         lines.append(f"{'process':<28} {'present s':>15} {'dynamic J':>10} {'static J':>9} "
-                     f"{'idle J':>8} {'energy J':>10} {'± J':>8} {'rule ±':>8} valid")
+                     f"{'idle J':>8} {'energy J':>10} {'± J':>8} {'rule ±':>8} valid"
+                     + ("    truth J" if truth else ""))
         for p in sorted(result.processes, key=lambda p: -p.energy_j):
+            t = p.truth_dynamic_j
             lines.append(f"{p.label[:28]:<28} {p.present_s[0]:7.2f}–{p.present_s[1]:<7.2f} "
                          f"{p.dynamic_j:10.1f} {p.static_j:9.1f} {p.idle_j:8.1f} "
                          f"{p.energy_j:10.1f} {p.pm_j:8.1f} {p.rule_pm_j:8.1f} "
-                         f"{'yes' if p.valid else 'NO'}")
+                         f"{'yes' if p.valid else 'NO ':<5}"
+                         + (f" {'-' if t is None else f'{t:10.1f}'}" if truth else ""))
         bad = {why for p in result.processes for why in p.invalid_reasons}
         lines += [f"  ! {why}" for why in sorted(bad)]
         return "\n".join(lines)
