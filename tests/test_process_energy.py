@@ -203,3 +203,13 @@ def test_a_simulated_gpus_truth_is_shown_beside_each_figure(tmp_path: Path, caps
     assert "truth J" in out and "simulated truth over [0, 20000000000] ns" in out
     line = next(x for x in out.splitlines() if x.startswith("gpu0:101"))
     assert float(line.split()[-1]) == pytest.approx(PROCS[0].truth_j())
+
+
+@pytest.mark.parametrize("rule", ["activity", "utilisation"])
+def test_a_gpu_whose_processes_only_hold_memory_has_no_dynamic_share(tmp_path: Path,
+                                                                   rule: str):
+    procs = [Proc(9, (2.0, 10.0), None, identity={"comm": "holder"})]
+    with Run(str(write_shared_run(tmp_path / "r.h5", procs=procs))) as run:
+        g = energy_by_process(run, rule=rule).gpus[0]
+    assert g.processes[0].dynamic_j == 0.0 and closure_ok(g)
+    assert g.static_j == pytest.approx(STATIC_W * 8, rel=0.01)

@@ -90,6 +90,8 @@ def prediction_error(t_s: FloatArray, power_w: FloatArray, idle_w: float,
     power. The rule's own error: a rule that cannot predict the power it shares cannot be
     trusted to share it. None where there are too few pieces to leave one out.
     """
+    if not kinds or not activities:
+        return None
     dt, p_dyn, n, use = design(t_s, power_w, idle_w, activities, kinds=kinds,
                                min_piece_s=min_piece_s)
     x, y, w = n[use], p_dyn[use], np.sqrt(dt[use])

@@ -97,6 +97,9 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
                "its ±"] if never and own else []
     notes = [f"own power per unit of SM activity, where each worked alone (>= {MIN_ALONE_S:g} "
              f"s in {SHARE_S:g} s windows): " + (", ".join(own) or "none")]
+    if not wins:
+        return Rule("activity", DESCRIPTION, {}, ["no process showed activity: no dynamic "
+                                                  "energy to share"]), [], []
     if not rest:
         return (Rule("activity", DESCRIPTION, own, notes), acts, list(own))
     kinds = fit_weights(stream.t_s, stream.power_w, base_w, rest, kinds=KINDS,
