@@ -213,3 +213,17 @@ def test_a_gpu_whose_processes_only_hold_memory_has_no_dynamic_share(tmp_path: P
         g = energy_by_process(run, rule=rule).gpus[0]
     assert g.processes[0].dynamic_j == 0.0 and closure_ok(g)
     assert g.static_j == pytest.approx(STATIC_W * 8, rel=0.01)
+
+
+def test_a_process_never_alone_is_priced_on_the_power_the_others_leave(tmp_path: Path):
+    # 202 always works beside 303: its power is fitted on what 101's and 303's measured
+    # power leave (before: on the whole power, as if the others drew none: -25 %)
+    procs = [Proc(101, (1.0, 19.0), (2.0, 12.0), 0.9, 0.2), Proc(202, (1.0, 19.0), (5.0, 16.0),
+             0.4, 0.8), Proc(303, (1.0, 19.0), (3.0, 18.0), 0.2, 0.1)]
+    with Run(str(write_shared_run(tmp_path / "r.h5", procs=procs))) as run:
+        g = energy_by_process(run).gpus[0]
+    got = {p.identity["pid"]: p for p in g.processes}
+    for q in procs:
+        assert got[q.pid].dynamic_j == pytest.approx(q.truth_j(), rel=0.01)
+    assert any("gpu0:202 never worked alone" in c for c in g.rule.caveats)
+    assert closure_ok(g)

@@ -165,11 +165,12 @@ def add_truth(run: Run, g: GpuSplit) -> None:
                    "process's in 'truth J'")
 
 
-def choose_rule(stream: PowerStream, base_w: float, table: ProcessTable, name: str
-                ) -> tuple[Rule, list[Activity], list[str]]:
+def choose_rule(stream: PowerStream, base_w: float, table: ProcessTable, name: str, *,
+                sliced: bool) -> tuple[Rule, list[Activity], list[str]]:
     """The rule, the activities it shares by, and the kinds its error is checked on."""
     if name == "activity":
-        return activity_rule(stream, base_w, table, RESOLVE_EDGES * stream.edge_s)
+        return activity_rule(stream, base_w, table, RESOLVE_EDGES * stream.edge_s,
+                             sliced=sliced)
     return (Rule("utilisation", KEPLER, {"sm": Param(1.0)}),
             [Activity(p.key, "sm", a, b, float(np.nan_to_num(s))) for p in table.processes
              for a, b, s in zip(p.t0_s, p.t1_s, p.sm, strict=True)], ["sm"])
@@ -187,8 +188,8 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
     """One GPU's split over ``stream.run_s`` (module doc); ``counter``: (J, name) over it."""
     base = measure_baseline(stream, table)
     base_w = base.idle_w + base.static_w
-    rule, acts, kinds = choose_rule(stream, base_w, table, rule_name)
     caveat = time_slicing_caveat(table)
+    rule, acts, kinds = choose_rule(stream, base_w, table, rule_name, sliced=bool(caveat))
     if caveat:
         rule = Rule(rule.name, rule.description, rule.weights, rule.notes,
                     [*rule.caveats, caveat])
