@@ -74,27 +74,20 @@ def identity(q: Proc, gpu: int) -> dict[str, Any]:
 
 def write_shared_run(path: Path, *, procs: list[Proc] | None = None, processes: bool = True,
                      missing: str | None = None, gap_s: tuple[float, float] | None = None,
-                     counter_gain: float = 1.0, truth: bool = False) -> Path:
+                     counter_gain: float = 1.0, truth: bool = False,
+                     gpus: tuple[int, ...] = (0,)) -> Path:
     """The run (module doc). ``processes=False``: no per-process stream (``missing``: the
     acquirer's reason in ``config["missing"]``); ``gap_s``: the per-process query failed then;
-    ``truth``: the simulated GPU's ``simulated-truth`` marker at the end.
+    ``truth``: the simulated GPU's ``simulated-truth`` marker at the end; ``gpus``: each of
+    these GPUs runs the same processes (one process across several GPUs).
     """
     procs = PROCS if procs is None else procs
     w = RunFileWriter(str(path), {"created": "test", "session_start_unix_ns": UNIX0_NS}, 0)
     config = {"missing": {"processes": missing} if missing else {}}
-    w.add_source(SourceDescriptor("gpu0.samples", "nvml", "sim", (Channel(
-        "power_w", "W", "nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)"),), config=config))
-    w.add_source(SourceDescriptor("gpu0.energy", "nvml", "sim", (Channel(
-        "energy_j", "J", "nvmlDeviceGetTotalEnergyConsumption"),), config=config))
-    t = np.arange(0, int(DURATION_S * 50) + 1) * 20_000_000
-    p = true_power_w(t / 1e9, procs)
-    w.append("gpu0.samples", t, t, p.reshape(-1, 1), np.zeros(t.size, np.uint8))
-    te = np.arange(0, int(DURATION_S) + 1) * 1_000_000_000
-    cum = np.concatenate(([0.0], np.cumsum(0.5 * (p[1:] + p[:-1]) * 0.02)))
-    e = 5e6 + counter_gain * cum[(te // 20_000_000).astype(int)]
-    w.append("gpu0.energy", te, te, e.reshape(-1, 1), np.zeros(te.size, np.uint8))
-    if processes:
-        write_processes(w, procs, gap_s)
+    for gpu in gpus:
+        write_gpu(w, gpu, procs, config, counter_gain)
+        if processes:
+            write_processes(w, procs, gap_s, gpu)
     if truth:
         end_ns = round(DURATION_S * 1e9)
         w.add_markers([Marker(end_ns, "simulated-truth", "point", "gpu0.processes", {
@@ -104,9 +97,26 @@ def write_shared_run(path: Path, *, procs: list[Proc] | None = None, processes: 
     return path
 
 
-def write_processes(w: RunFileWriter, procs: list[Proc], gap_s: tuple[float, float] | None
-                    ) -> None:
-    w.add_source(SourceDescriptor("gpu0.processes", "nvml", "sim", PROCESS_CHANNELS,
+def write_gpu(w: RunFileWriter, gpu: int, procs: list[Proc], config: dict[str, Any],
+              counter_gain: float) -> None:
+    """One GPU's 50 Hz power samples and its energy counter (read every second)."""
+    w.add_source(SourceDescriptor(f"gpu{gpu}.samples", "nvml", "sim", (Channel(
+        "power_w", "W", "nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)"),), config=config))
+    w.add_source(SourceDescriptor(f"gpu{gpu}.energy", "nvml", "sim", (Channel(
+        "energy_j", "J", "nvmlDeviceGetTotalEnergyConsumption"),), config=config))
+    t = np.arange(0, int(DURATION_S * 50) + 1) * 20_000_000
+    p = true_power_w(t / 1e9, procs)
+    w.append(f"gpu{gpu}.samples", t, t, p.reshape(-1, 1), np.zeros(t.size, np.uint8))
+    te = np.arange(0, int(DURATION_S) + 1) * 1_000_000_000
+    cum = np.concatenate(([0.0], np.cumsum(0.5 * (p[1:] + p[:-1]) * 0.02)))
+    e = 5e6 + counter_gain * cum[(te // 20_000_000).astype(int)]
+    w.append(f"gpu{gpu}.energy", te, te, e.reshape(-1, 1), np.zeros(te.size, np.uint8))
+
+
+def write_processes(w: RunFileWriter, procs: list[Proc], gap_s: tuple[float, float] | None,
+                    gpu: int = 0) -> None:
+    sid = f"gpu{gpu}.processes"
+    w.add_source(SourceDescriptor(sid, "nvml", "sim", PROCESS_CHANNELS,
                                   time_raw="device_unix_us"))
     stamps = np.arange(1, int(DURATION_S / PERIOD_S) + 1) * PERIOD_S
     rows = []
@@ -121,14 +131,14 @@ def write_processes(w: RunFileWriter, procs: list[Proc], gap_s: tuple[float, flo
             rows.append((ts, q.pid, 100 * q.sm if on else 0.0, 100 * q.mem if on else 0.0))
     t_ns = np.array([round(r[0] * 1e9) for r in rows], np.int64)
     values = np.array([[r[1], r[2], r[3], np.nan, np.nan, 1e9] for r in rows], np.float64)
-    w.append("gpu0.processes", t_ns, UNIX0_NS // 1000 + t_ns // 1000, values,
+    w.append(sid, t_ns, UNIX0_NS // 1000 + t_ns // 1000, values,
              np.zeros(t_ns.size, np.uint8))
-    marks = [Marker(round(q.present[0] * 1e9), "process", "point", "gpu0.processes",
-                    identity(q, 0)) for q in procs]
-    marks += [Marker(round(q.present[1] * 1e9), "process-exit", "point", "gpu0.processes",
-                     {"gpu": 0, "pid": q.pid, "start_ticks": None}) for q in procs
+    marks = [Marker(round(q.present[0] * 1e9), "process", "point", sid,
+                    identity(q, gpu)) for q in procs]
+    marks += [Marker(round(q.present[1] * 1e9), "process-exit", "point", sid,
+                     {"gpu": gpu, "pid": q.pid, "start_ticks": None}) for q in procs
               if q.present[1] < DURATION_S]
     w.add_markers(sorted(marks, key=lambda m: m.t_host_ns))
     if gap_s:
-        w.add_gaps([Gap("gpu0.processes", "NVML_ERROR_UNKNOWN", t_first_ns=round(gap_s[0] * 1e9),
+        w.add_gaps([Gap(sid, "NVML_ERROR_UNKNOWN", t_first_ns=round(gap_s[0] * 1e9),
                         t_last_ns=round(gap_s[1] * 1e9))])

@@ -227,3 +227,16 @@ def test_a_process_never_alone_is_priced_on_the_power_the_others_leave(tmp_path:
         assert got[q.pid].dynamic_j == pytest.approx(q.truth_j(), rel=0.01)
     assert any("gpu0:202 never worked alone" in c for c in g.rule.caveats)
     assert closure_ok(g)
+
+
+def test_one_process_on_two_gpus_is_a_row_per_gpu_and_one_sum_in_its_job(tmp_path: Path,
+                                                                         capsys):
+    path = str(write_shared_run(tmp_path / "r.h5", gpus=(0, 1)))
+    with Run(path) as run:
+        result = energy_by_process(run)
+    assert [g.gpu for g in result.gpus] == [0, 1]
+    assert all(closure_ok(g) for g in result.gpus)
+    assert main(["energy", path, "--by-job", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["groups"]["rows"]}
+    assert rows["4711"]["processes"] == 2
+    assert rows["4711"]["dynamic_j"] == pytest.approx(2 * PROCS[0].truth_j(), rel=0.01)
