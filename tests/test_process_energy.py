@@ -148,6 +148,11 @@ def test_a_gap_in_the_process_stream_makes_its_figures_invalid(tmp_path: Path, c
     out = capsys.readouterr().out
     assert "processes: gpu0.processes has 1 gap(s): NVML_ERROR_UNKNOWN" in out
     assert main(["energy", path, "--by-process", "--strict"]) == 1
+    capsys.readouterr()
+    assert main(["energy", path, "--by-process", "--json"]) == 0
+    proc = json.loads(capsys.readouterr().out)["gpus"][0]["processes"][0]
+    assert not proc["valid"] and not proc["checks"]["processes"]["ok"]
+    assert proc["checks"]["coverage"]["ok"]  # the power stream's own checks travel with it
 
 
 def test_time_slicing_is_said_where_the_driver_names_one_process_at_a_time(tmp_path: Path):

@@ -41,7 +41,10 @@ from wattlab.analysis.attribution.process_table import (
 )
 from wattlab.analysis.attribution.rule import Param, Rule
 from wattlab.analysis.energy import energy_report
-from wattlab.analysis.energy.validity.process_check import process_stream_check
+from wattlab.analysis.energy.validity.process_check import (
+    PROCESS_CHECK,
+    process_stream_check,
+)
 from wattlab.runfile import Run
 
 RULES = ("activity", "utilisation")
@@ -67,6 +70,7 @@ class ProcessEnergy:
     pm_j: float
     valid: bool
     invalid_reasons: list[str]
+    checks: dict[str, Any]  # the power stream's named checks and ``processes``
     truth_dynamic_j: float | None = None  # a simulated GPU's own figure, where it gave one
 
 
@@ -217,7 +221,8 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
         procs.append(ProcessEnergy(p.key, p.label, p.identity, clip(p, span), len(p.t1_s), d,
                                    s, i, e, abs(e) * sampling_rel, rule_pm,
                                    math.hypot(abs(e) * sampling_rel, rule_pm),
-                                   stream.valid and check.ok, reasons))
+                                   stream.valid and check.ok, reasons,
+                                   stream.checks | {PROCESS_CHECK: check.json}))
     charged_s = sum(p.static_j for p in procs)
     charged_i = sum(p.idle_j for p in procs)
     notes = [*table.notes, f"window {span[0]:.3f}–{span[1]:.3f} s; processes present before "

@@ -8,7 +8,7 @@ shortest edge. Its verdict and failed checks travel with every figure made from 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ class PowerStream:
     invalid_reasons: list[str]
     energy_j: float | None = None  # `energy`'s figure for the run on this stream, and its ±
     energy_pm_j: float | None = None
+    checks: dict[str, Any] = field(default_factory=dict)  # its named checks (docs/validity.md)
 
     def verdict_json(self) -> dict[str, Any]:
         return {"stream": self.name, "valid": self.valid,
@@ -62,4 +63,5 @@ def run_power_stream(run: Run, report: dict[str, Any], device: str = "") -> Powe
                          "times that do not increase: no attribution")
     return PowerStream(f"{row['source']}:{row['channel']}", t, p, float(row["edge_s"] or 0.0),
                        (float(row["t0_s"]), float(row["t1_s"])), bool(row["valid"]),
-                       invalid_reasons(row), row["energy_j"], row["uncertainty_j"])
+                       invalid_reasons(row), row["energy_j"], row["uncertainty_j"],
+                       row.get("checks", {}))
