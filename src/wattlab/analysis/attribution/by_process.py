@@ -24,8 +24,6 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from wattlab.analysis.attribution.by_request import RESOLVE_EDGES, rule_spread
 from wattlab.analysis.attribution.core import CLOSURE, Activity, attribute
 from wattlab.analysis.attribution.learn import prediction_error
@@ -176,7 +174,7 @@ def choose_rule(stream: PowerStream, base_w: float, table: ProcessTable, name: s
         return activity_rule(stream, base_w, table, RESOLVE_EDGES * stream.edge_s,
                              sliced=sliced)
     return (Rule("utilisation", KEPLER, {"sm": Param(1.0)}),
-            [Activity(p.key, "sm", a, b, float(np.nan_to_num(s))) for p in table.processes
+            [Activity(p.key, "sm", a, b, s) for p in table.processes
              for a, b, s in zip(p.t0_s, p.t1_s, p.sm, strict=True)], ["sm"])
 
 
@@ -281,7 +279,7 @@ def time_slicing_caveat(table: ProcessTable) -> str | None:
     spans = []  # each worker's first to last working sample
     for p in workers:
         on = [t for t, s, m in zip(p.t1_s, p.sm, p.mem, strict=True)
-              if np.nan_to_num(s) + np.nan_to_num(m) > 0]
+              if s + m > 0]
         spans.append((on[0], on[-1]))
         for t in on:
             stamps[t] = stamps.get(t, 0) + 1

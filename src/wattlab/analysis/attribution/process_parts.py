@@ -56,7 +56,7 @@ def active_intervals(table: ProcessTable) -> list[tuple[float, float]]:
     """The sample intervals in which some process showed activity."""
     return [(a, b) for p in table.processes
             for a, b, s, m in zip(p.t0_s, p.t1_s, p.sm, p.mem, strict=True)
-            if np.nan_to_num(s) > 0 or np.nan_to_num(m) > 0]
+            if s + m > 0]
 
 
 def measure_baseline(stream: PowerStream, table: ProcessTable) -> Baseline:

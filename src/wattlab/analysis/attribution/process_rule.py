@@ -38,7 +38,7 @@ KINDS = ["sm", "mem"]
 def windowed(p: Process, edges: Sequence[float]) -> list[tuple[float, float, float, float]]:
     """(t0, t1, mean SM, mean memory) of ``p`` per window it has samples in."""
     t0, t1 = np.asarray(p.t0_s), np.asarray(p.t1_s)
-    sm, mem = np.nan_to_num(np.asarray(p.sm)), np.nan_to_num(np.asarray(p.mem))
+    sm, mem = np.asarray(p.sm), np.asarray(p.mem)
     out = []
     for a, b in pairwise(edges):  # the samples in time order: only those overlapping [a, b]
         i, j = int(np.searchsorted(t1, a, "right")), int(np.searchsorted(t0, b, "left"))
@@ -60,7 +60,7 @@ def working(p: Process) -> list[tuple[float, float]]:
     """
     out: list[tuple[float, float]] = []
     for a, b, s, m in zip(p.t0_s, p.t1_s, p.sm, p.mem, strict=True):
-        if np.nan_to_num(s) + np.nan_to_num(m) <= 0:
+        if s + m <= 0:
             continue
         if out and a - out[-1][1] < SHARE_S:
             out[-1] = (out[-1][0], b)
@@ -77,7 +77,7 @@ def own_weights(stream: PowerStream, base_w: float, table: ProcessTable
     own: dict[str, Param] = {}
     for p in table.processes:
         others = [x for k, spans in busy.items() if k != p.key for x in spans]
-        alone = [(a, b, s) for a, b, s in zip(p.t0_s, p.t1_s, np.nan_to_num(p.sm), strict=True)
+        alone = [(a, b, s) for a, b, s in zip(p.t0_s, p.t1_s, p.sm, strict=True)
                  if s > 0 and span[0] <= a and b <= span[1]
                  and not any(a < y and x < b for x, y in others)]
         if sum(b - a for a, b, _ in alone) < MIN_ALONE_S:

@@ -32,7 +32,7 @@ class Process:
     present_s: tuple[float, float]
     t0_s: list[float] = field(default_factory=list)  # each sample's interval
     t1_s: list[float] = field(default_factory=list)
-    sm: list[float] = field(default_factory=list)  # 0..1; NaN where the driver gave none
+    sm: list[float] = field(default_factory=list)  # 0..1 (none given: 0, counted in notes)
     mem: list[float] = field(default_factory=list)
 
     @property
@@ -43,7 +43,7 @@ class Process:
     @property
     def active(self) -> bool:
         """Whether any sample shows work (a process that only holds memory does not)."""
-        return bool(np.nansum(self.sm) + np.nansum(self.mem) > 0)
+        return bool(sum(self.sm) + sum(self.mem) > 0)
 
 
 @dataclass
@@ -116,6 +116,8 @@ def _assign_rows(procs: list[Process], t: FloatArray, pid: FloatArray, sm: Float
     by_pid: dict[int, list[Process]] = {}
     for p in procs:
         by_pid.setdefault(int(p.identity["pid"]), []).append(p)
+    unknown = int(np.sum(~np.isfinite(sm) | ~np.isfinite(mem)))
+    sm, mem = np.nan_to_num(sm, nan=0.0), np.nan_to_num(mem, nan=0.0)
     orphans = 0
     for ti, pi, si, mi in zip(t.tolist(), pid.tolist(), sm.tolist(), mem.tolist(), strict=True):
         owner = [p for p in by_pid.get(int(pi), []) if p.present_s[0] <= ti]
@@ -129,5 +131,9 @@ def _assign_rows(procs: list[Process], t: FloatArray, pid: FloatArray, sm: Float
         p.t1_s.append(ti)
         p.sm.append(si)
         p.mem.append(mi)
-    return [f"{orphans} row(s) of a pid with no earlier 'process' marker: left out"
-            ] if orphans else []
+    notes = [f"{orphans} row(s) of a pid with no earlier 'process' marker: left out"
+             ] if orphans else []
+    if unknown:
+        notes.append(f"{unknown} row(s) without SM or memory utilisation from the driver: "
+                     "counted as no activity there")
+    return notes
