@@ -73,29 +73,58 @@ class SharedRun:
                          if u["pid"] == pid and t0_ns <= t <= t1_ns + UTIL_LAG_NS))
 
 
-def main() -> None:
-    shared = SharedRun(sys.argv[1] if len(sys.argv) > 1 else str(TRACE))
+@dataclass
+class Pair:
+    """One pair run together: its workloads, their work phases and the truth shares."""
+
+    names: list[str]
+    works: list[Phase]  # in the order of ``names``
+    t0_ns: int  # the first work's begin to the last's end
+    t1_ns: int
+    truth_j: npt.NDArray[np.float64]  # each one's exclusive dynamic energy (alone runs)
+
+    @property
+    def truth(self) -> npt.NDArray[np.float64]:
+        return self.truth_j / self.truth_j.sum()
+
+
+def exclusive_j(shared: SharedRun) -> dict[str, list[float]]:
+    """Each workload's dynamic energy over its work phase, per run alone."""
     alone: dict[str, list[float]] = {}
     for run in shared.phases["run"]:
         names = run.payload["workloads"].split("+")
         if len(names) == 1:
             [work] = shared.works_in(run)
             alone.setdefault(names[0], []).append(shared.dynamic_j(work.begin_ns, work.end_ns))
+    return alone
+
+
+def pairs_of(shared: SharedRun, alone: dict[str, list[float]]) -> list[tuple[Phase, Pair]]:
+    """Each run of two workloads together, with the truth its alone runs give."""
+    out = []
+    for run in shared.phases["run"]:
+        names = run.payload["workloads"].split("+")
+        if len(names) != 2:
+            continue
+        works = sorted(shared.works_in(run), key=lambda w: names.index(w.payload["workload"]))
+        out.append((run, Pair(names, works, min(w.begin_ns for w in works),
+                              max(w.end_ns for w in works),
+                              np.array([np.mean(alone[n]) for n in names]))))
+    return out
+
+
+def main() -> None:
+    shared = SharedRun(sys.argv[1] if len(sys.argv) > 1 else str(TRACE))
+    alone = exclusive_j(shared)
     rows = []
     print(f"idle {shared.idle_w:.1f} W; exclusive dynamic energy per workload (J): "
           + ", ".join(f"{k} {np.mean(v):.0f} (n={len(v)}, spread {np.ptp(v):.0f})"
                       for k, v in alone.items()))
     print(f"{'pair':16} {'pair J':>7} {'alone J':>7}  {'truth':>13}  {'kepler':>13}  "
           f"{'rel err %':>13}  {'abs err pt':>11}")
-    for run in shared.phases["run"]:
-        names = run.payload["workloads"].split("+")
-        if len(names) != 2:
-            continue
-        works = sorted(shared.works_in(run), key=lambda w: names.index(w.payload["workload"]))
-        t0, t1 = works[0].begin_ns, max(w.end_ns for w in works)
-        t0 = min(t0, works[1].begin_ns)
-        truth_j = np.array([np.mean(alone[n]) for n in names])
-        truth = truth_j / truth_j.sum()
+    for _, pair in pairs_of(shared, alone):
+        names, works, t0, t1, truth = pair.names, pair.works, pair.t0_ns, pair.t1_ns, pair.truth
+        truth_j = pair.truth_j
         sm = np.array([shared.sm_sum(w.payload["pid"], t0, t1) for w in works])
         kepler = sm / sm.sum()
         rel = (kepler - truth) / truth * 100

@@ -42,6 +42,15 @@ def window_s(text: str) -> tuple[float, float]:
     return t0_s, t1_s  # the order is energy_report's to check, for the API too
 
 
+def charge_parts(text: str) -> tuple[str, ...]:
+    """'static,idle' as the parts named (each once, each known)."""
+    parts = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [t for t in parts if t not in ("static", "idle")]
+    if bad or not parts:
+        raise argparse.ArgumentTypeError(f"{text!r}: name static, idle or static,idle")
+    return parts
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "energy", help="energy and mean power per source and phase, with intervals")
@@ -78,6 +87,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--by-request", action="store_true",
                    help="each request's energy, prefill and decode apart, from the table "
                         "`wattlab import requests` added (docs/serving.md)")
+    for flag, what in (("process", "each process's energy on each GPU"),
+                       ("job", "each Slurm job's (its processes summed)"),
+                       ("pod", "each Kubernetes pod's (its processes summed)")):
+        p.add_argument(f"--by-{flag}", action="store_true",
+                       help=f"{what}, from the per-process stream, idle and static apart "
+                            "(docs/process-energy.md)")
+    p.add_argument("--rule", choices=("activity", "utilisation"), default=None,
+                   help="with --by-process/-job/-pod: how dynamic energy is split: activity "
+                        "(weights fitted on the run itself; default) or utilisation "
+                        "(Kepler's SM share)")
+    p.add_argument("--charge", type=charge_parts, default=None, metavar="PARTS",
+                   help="with --by-process/-job/-pod: shared parts charged to the processes "
+                        "(static, idle or static,idle; default: neither, own rows)")
     p.add_argument("--idle-w", type=Number(0.0, 1e5, unit="W"), metavar="W",
                    help="with --per or --by-request: the idle power (default: measured where "
                         "no work ran)")
@@ -118,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.node or args.wall:
         return node_run(args)
+    if args.by_process or args.by_job or args.by_pod or args.rule or args.charge:
+        return process_run(args)
     if args.per or args.by_request or args.idle_w is not None:
         return attribution_run(args)
     if args.deconvolve and not args.calibration:
@@ -204,3 +228,28 @@ def attribution_run(args: argparse.Namespace) -> int:
             report, text, valid = split.to_json(), format_by_request(split), split.stream.valid
     print(json.dumps(report, indent=2) if args.json else text)
     return int(args.strict and not valid)
+
+
+def process_run(args: argparse.Namespace) -> int:
+    """``--by-process``/``--by-job``/``--by-pod``: each process's share of its GPU's energy."""
+    from wattlab.analysis.attribution import by_process_json, energy_by_process, format_by_process
+    from wattlab.runfile import Run
+
+    by = [g for g in ("process", "job", "pod") if getattr(args, f"by_{g}")]
+    if len(by) != 1:
+        raise UsageError("--rule and --charge go with one of --by-process, --by-job, --by-pod"
+                         if not by else f"give one of --by-{' and --by-'.join(by)}")
+    paths = expand_runs(args.runs)
+    if len(paths) != 1:
+        raise UsageError(f"--by-{by[0]} reads one run file, got {len(paths)}")
+    if (args.node or args.by_marker or args.window or args.calibration or args.reference
+            or args.deconvolve or args.per or args.by_request or args.idle_w is not None):
+        raise UsageError(f"--by-{by[0]} splits the run's energy on each GPU's own streams: drop "
+                         "--by-marker, --window, --reference, --calibration, --deconvolve, "
+                         "--per, --by-request, --idle-w")
+    with Run(paths[0]) as run_file:
+        result = energy_by_process(run_file, rule=args.rule or "activity",
+                                   charge=args.charge or ())
+    print(json.dumps(by_process_json(result, by[0]), indent=2) if args.json
+          else format_by_process(result, by[0]))
+    return int(args.strict and not result.valid)

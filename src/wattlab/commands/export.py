@@ -1,6 +1,7 @@
 """`wattlab export RUN… -o TABLE.parquet|.csv`: one tidy table of many runs' energies.
 
-``--by-request``: one row per request instead (``wattlab energy --by-request``'s figures).
+``--by-request``: one row per request instead (``wattlab energy --by-request``'s figures);
+``--by-process``: one row per process on each GPU (``wattlab energy --by-process``'s).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from wattlab.analysis.many_runs import add_runs_arguments, expand_runs, map_runs, report_errors
 from wattlab.arg_types import OutputFile
+from wattlab.errors import UsageError
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -26,6 +28,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="default: from the output's suffix; parquet needs pyarrow")
     p.add_argument("--by-request", action="store_true",
                    help="one row per request of each run (docs/serving.md) instead")
+    p.add_argument("--by-process", action="store_true",
+                   help="one row per process on each GPU of each run, activity rule, "
+                        "shared parts as their own (docs/process-energy.md) instead")
     return p
 
 
@@ -33,6 +38,12 @@ def run(args: argparse.Namespace) -> int:
     from wattlab.analysis.report import TableWriter, format_of, tidy_rows
 
     rows_of, columns = tidy_rows, None
+    if args.by_request and args.by_process:
+        raise UsageError("give one of --by-request and --by-process")
+    if args.by_process:
+        from wattlab.analysis.attribution import PROCESS_COLUMNS, process_rows
+
+        rows_of, columns = process_rows, PROCESS_COLUMNS
     if args.by_request:
         from wattlab.analysis.attribution import REQUEST_COLUMNS, request_rows
 

@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from wattlab.analysis.attribution.core import (
     Activity,
@@ -64,6 +65,49 @@ def free_stretches(busy: Sequence[tuple[float, float]], t0_s: float, t1_s: float
     return [(a, b) for a, b in out if b > a]
 
 
+def design(t_s: FloatArray, power_w: FloatArray, idle_w: float,
+           activities: Sequence[Activity], *, kinds: list[str], min_piece_s: float
+           ) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.bool_]]:
+    """The fit's data: each piece's duration, dynamic power, work per kind, and whether used.
+
+    Used: pieces at least ``min_piece_s`` long with some work in them.
+    """
+    edges = pieces(activities, float(t_s[0]), float(t_s[-1]))
+    dt = np.diff(edges)
+    p_dyn = np.diff(cumulative_energy(t_s, power_w, edges)) / np.where(dt > 0, dt, 1.0) - idle_w
+    n = np.stack([running(edges, activities, np.array(
+        [a.intensity if a.kind == k else 0.0 for a in activities])) for k in kinds], axis=1)
+    return dt, p_dyn, n, (dt >= min_piece_s) & (n.sum(axis=1) > 0)
+
+
+def prediction_error(t_s: FloatArray, power_w: FloatArray, idle_w: float,
+                     activities: Sequence[Activity], *, kinds: list[str], min_piece_s: float
+                     ) -> float | None:
+    """How well power ∝ the work predicts each piece the fit left out, relative (RMS/mean).
+
+    Leave-one-piece-out (the PRESS residuals of the least squares in ``fit_weights``: each
+    piece predicted by the fit on all the others), time-weighted, over the mean dynamic
+    power. The rule's own error: a rule that cannot predict the power it shares cannot be
+    trusted to share it. None where there are too few pieces to leave one out.
+    """
+    if not kinds or not activities:
+        return None
+    dt, p_dyn, n, use = design(t_s, power_w, idle_w, activities, kinds=kinds,
+                               min_piece_s=min_piece_s)
+    x, y, w = n[use], p_dyn[use], np.sqrt(dt[use])
+    if x.shape[0] <= len(kinds) + 1:
+        return None
+    xw = x * w[:, None]
+    pinv = np.linalg.pinv(xw)
+    hat = np.einsum("ij,ji->i", xw, pinv)
+    resid = y * w - xw @ (pinv @ (y * w))
+    loo_w = resid / np.where(hat < 1 - 1e-9, 1 - hat, np.inf) / w  # back to W
+    mean = float(np.average(np.abs(y), weights=dt[use]))
+    if mean <= 0:
+        return None
+    return float(np.sqrt(np.average(loo_w**2, weights=dt[use]))) / mean
+
+
 def fit_weights(t_s: FloatArray, power_w: FloatArray, idle_w: float,
                 activities: Sequence[Activity], *, kinds: list[str], min_piece_s: float
                 ) -> Rule:
@@ -73,12 +117,8 @@ def fit_weights(t_s: FloatArray, power_w: FloatArray, idle_w: float,
     Where the kinds cannot be told apart (a kind never runs, a weight comes out <= 0) the
     rule falls back to equal shares and says why.
     """
-    edges = pieces(activities, float(t_s[0]), float(t_s[-1]))
-    dt = np.diff(edges)
-    p_dyn = np.diff(cumulative_energy(t_s, power_w, edges)) / np.where(dt > 0, dt, 1.0) - idle_w
-    n = np.stack([running(edges, activities, np.array(
-        [a.intensity if a.kind == k else 0.0 for a in activities])) for k in kinds], axis=1)
-    use = (dt >= min_piece_s) & (n.sum(axis=1) > 0)
+    dt, p_dyn, n, use = design(t_s, power_w, idle_w, activities, kinds=kinds,
+                               min_piece_s=min_piece_s)
     alone = {k: int(np.sum(use & (n[:, i] > 0) & (n.sum(axis=1) == n[:, i])))
              for i, k in enumerate(kinds)}
     x, y, w = n[use], p_dyn[use], np.sqrt(dt[use])

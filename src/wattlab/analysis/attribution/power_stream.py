@@ -8,7 +8,7 @@ shortest edge. Its verdict and failed checks travel with every figure made from 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,18 +30,26 @@ class PowerStream:
     run_s: tuple[float, float]  # the span `energy` calls the run (every stream covers it)
     valid: bool
     invalid_reasons: list[str]
+    energy_j: float | None = None  # `energy`'s figure for the run on this stream, and its ±
+    energy_pm_j: float | None = None
+    checks: dict[str, Any] = field(default_factory=dict)  # its named checks (docs/validity.md)
 
     def verdict_json(self) -> dict[str, Any]:
         return {"stream": self.name, "valid": self.valid,
                 "invalid_reasons": self.invalid_reasons}
 
 
-def run_power_stream(run: Run, report: dict[str, Any]) -> PowerStream:
-    """The run's power stream as ``energy_report``'s ``report`` chose it (module doc)."""
+def run_power_stream(run: Run, report: dict[str, Any], device: str = "") -> PowerStream:
+    """The run's power stream as ``energy_report``'s ``report`` chose it (module doc).
+
+    ``device``: only that device's streams (``gpu0`` for ``gpu0.samples`` and the like).
+    """
     rows = [r for r in report["rows"] if r["phase"] == "run" and r["method"] == "power"
-            and r["energy_j"] is not None]
+            and r["energy_j"] is not None
+            and (not device or r["source"].partition(".")[0] == device)]
     if not rows:
-        raise UsageError(f"{run.path}: no power channel to attribute energy from")
+        raise UsageError(f"{run.path}: no power channel {'of ' + device + ' ' if device else ''}"
+                         "to attribute energy from")
     chosen = next((c["stream"] for c in report["chosen"] if c["phase"] == "run"), None)
     pick = [r for r in rows if f"{r['source']}:{r['channel']}" == chosen] or sorted(
         rows, key=lambda r: (not r.get("resolves"), r.get("edge_s") or np.inf))
@@ -55,4 +63,5 @@ def run_power_stream(run: Run, report: dict[str, Any]) -> PowerStream:
                          "times that do not increase: no attribution")
     return PowerStream(f"{row['source']}:{row['channel']}", t, p, float(row["edge_s"] or 0.0),
                        (float(row["t0_s"]), float(row["t1_s"])), bool(row["valid"]),
-                       invalid_reasons(row))
+                       invalid_reasons(row), row["energy_j"], row["uncertainty_j"],
+                       row.get("checks", {}))

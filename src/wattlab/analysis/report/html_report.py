@@ -58,6 +58,7 @@ from wattlab.analysis.models import (
 )
 from wattlab.analysis.report import plots
 from wattlab.analysis.report.layers_view import layers_panel
+from wattlab.analysis.report.process_energy_view import process_sections
 from wattlab.analysis.report.tuning_view import tuning_panel
 from wattlab.device_models import first_order_filter
 from wattlab.errors import RunFileError, UsageError, WattlabError
@@ -836,6 +837,7 @@ def _run_page(run_path: str, options: ReportOptions) -> Page:
                 "the markers carry them; 'run' is the span every stream covers." + left))
             sections.append(("energy", _energy_table(energy)))
             notes += energy.report["notes"]
+            sections += process_sections(run)
         cal_views: list[CalibrationView] = []
         if options.calibration:
             cal_views, cal_notes = calibration_views(run, options.reference,

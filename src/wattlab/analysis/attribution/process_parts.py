@@ -1,0 +1,106 @@
+"""The shared parts of a GPU's power: idle (no context) and static (contexts, no kernel).
+
+*Idle* is the GPU's power while no process holds a context on it: measured over the run's
+stretches with no process present. Where there are none (a process held the GPU
+throughout), idle cannot be measured from the run: the run's lowest stable power (its
+lowest 1 s mean) stands in, marked, with the spread of that second as its ±; it is an
+upper bound (it holds static, and work if the GPU never rested).
+*Static* is what live contexts add while no kernel runs: the power over stretches where
+processes are present and every one of them shows no activity, less idle. Where there is
+no such stretch it is not measured (0, said so): the context's cost is then in the dynamic
+part. *Dynamic* is the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from wattlab.analysis.attribution.core import FloatArray
+from wattlab.analysis.attribution.learn import free_stretches, measure_idle
+from wattlab.analysis.attribution.power_stream import PowerStream
+from wattlab.analysis.attribution.process_table import ProcessTable
+
+IDLE_MIN_S = 1.0  # a stretch with no process shorter than this does not measure idle
+STATIC_MIN_S = 0.5  # nor one with processes and no activity static
+STABLE_S = 1.0  # the window of "the lowest stable power"
+
+
+@dataclass
+class Baseline:
+    """Idle and static power (W) with their ± and how each was obtained."""
+
+    idle_w: float
+    idle_pm_w: float
+    idle_how: str
+    idle_measured: bool
+    static_w: float
+    static_pm_w: float
+    static_how: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"idle_w": self.idle_w, "idle_pm_w": self.idle_pm_w, "idle_how": self.idle_how,
+                "idle_measured": self.idle_measured, "static_w": self.static_w,
+                "static_pm_w": self.static_pm_w, "static_how": self.static_how}
+
+
+def presence(table: ProcessTable) -> list[tuple[float, float]]:
+    """Each process's present span."""
+    return [p.present_s for p in table.processes]
+
+
+def active_intervals(table: ProcessTable) -> list[tuple[float, float]]:
+    """The sample intervals in which some process showed activity."""
+    return [(a, b) for p in table.processes
+            for a, b, s, m in zip(p.t0_s, p.t1_s, p.sm, p.mem, strict=True)
+            if s + m > 0]
+
+
+def measure_baseline(stream: PowerStream, table: ProcessTable) -> Baseline:
+    """Idle and static of one GPU over its run (module doc)."""
+    t, p = stream.t_s, stream.power_w
+    guard = max(stream.edge_s, 0.1)
+    present = presence(table)
+    got = measure_idle(t, p, present, guard_s=guard, min_s=IDLE_MIN_S)
+    if got is not None:
+        idle_w, idle_pm, measured = got[0], got[1], True
+        idle_how = f"measured on {stream.name} over {got[2]:.2f} s with no process on the GPU"
+    else:
+        idle_w, idle_pm = lowest_stable(t, p)
+        measured = False
+        idle_how = (f"not measurable from this run: no stretch of >= {IDLE_MIN_S:g} s without a "
+                    f"process on the GPU; the run's lowest stable power ({STABLE_S:g} s mean) "
+                    "stands in: an upper bound of idle")
+    busy = active_intervals(table) + free_stretches(present, float(t[0]), float(t[-1]))
+    got = measure_idle(t, p, busy, guard_s=guard, min_s=STATIC_MIN_S)
+    if got is None:
+        return Baseline(idle_w, idle_pm, idle_how, measured, 0.0, 0.0,
+                        f"not measured: no stretch of >= {STATIC_MIN_S:g} s where processes held "
+                        "the GPU with no activity; what a live context costs is in dynamic")
+    static_w = got[0] - idle_w
+    return Baseline(idle_w, idle_pm, idle_how, measured, static_w,
+                    math.hypot(got[1], idle_pm) if math.isfinite(got[1]) else idle_pm,
+                    f"measured on {stream.name} over {got[2]:.2f} s with processes present "
+                    "and no activity, less idle")
+
+
+def lowest_stable(t_s: FloatArray, power_w: FloatArray) -> tuple[float, float]:
+    """The lowest mean power over any ``STABLE_S`` of samples, and those samples' spread."""
+    end = np.searchsorted(t_s, t_s + STABLE_S)
+    full = end < t_s.size
+    if not np.any(full):
+        return float(np.min(power_w)), float(np.std(power_w))
+    cum = np.concatenate(([0.0], np.cumsum(power_w)))
+    starts = np.flatnonzero(full)
+    means = (cum[end[starts]] - cum[starts]) / (end[starts] - starts)
+    i = int(starts[np.argmin(means)])
+    window = power_w[i:end[i]]
+    return float(window.mean()), float(window.std(ddof=1)) if window.size > 1 else 0.0
+
+
+def covered_s(spans: Sequence[tuple[float, float]], t0_s: float, t1_s: float) -> float:
+    """Seconds of [t0, t1] that some span covers."""
+    return (t1_s - t0_s) - sum(b - a for a, b in free_stretches(spans, t0_s, t1_s))

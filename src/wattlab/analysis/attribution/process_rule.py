@@ -1,0 +1,170 @@
+"""The ``activity`` rule: each process's power per unit of its work, learnt on the run itself.
+
+Why per process: SM utilisation is not power. A loop of small kernels keeps the SM "busy"
+at a tenth of a matrix product's power (issue 41), so no weight per kind of work
+(SM %, memory %) shared by all processes can tell them apart. Each process's own power
+per unit of SM activity is measured where it worked alone in the run: its samples outside
+every other process's ``working`` spans, their dynamic energy over their SM
+activity-seconds. A process that never worked alone gets its weight fitted by least
+squares (``learn.fit_weights``) on the power the measured processes leave; where that
+cannot be told apart, the kinds' weights (``w_sm * sm + w_mem * mem``) on that power; else
+the mean of the others' own weights with a ± as large (its power was never seen); where
+nothing can be fitted, Kepler's rule, said so.
+
+Why windows of ``SHARE_S``: a time-sliced GPU names one process per driver sample, with
+the device's utilisation; shared sample by sample, the process named takes the whole
+interval's power. Over a window of several samples each process's activity is the time it
+was named times what was reported: its share of the GPU's time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import pairwise
+
+import numpy as np
+
+from wattlab.analysis.attribution.core import Activity, FloatArray, cumulative_energy
+from wattlab.analysis.attribution.learn import fit_weights
+from wattlab.analysis.attribution.power_stream import PowerStream
+from wattlab.analysis.attribution.process_table import Process, ProcessTable
+from wattlab.analysis.attribution.rule import Param, Rule
+
+SHARE_S = 1.0  # the window each process's activity is averaged over
+MIN_ALONE_S = 0.5  # less time working alone than this does not measure a process's power
+KINDS = ["sm", "mem"]
+
+
+def windowed(p: Process, edges: Sequence[float]) -> list[tuple[float, float, float, float]]:
+    """(t0, t1, mean SM, mean memory) of ``p`` per window it has samples in."""
+    t0, t1 = np.asarray(p.t0_s), np.asarray(p.t1_s)
+    sm, mem = np.asarray(p.sm), np.asarray(p.mem)
+    out = []
+    for a, b in pairwise(edges):  # the samples in time order: only those overlapping [a, b]
+        i, j = int(np.searchsorted(t1, a, "right")), int(np.searchsorted(t0, b, "left"))
+        over = np.clip(np.minimum(t1[i:j], b) - np.maximum(t0[i:j], a), 0.0, None)
+        if over.sum() <= 0:
+            continue
+        seen = over > 0
+        lo, hi = max(a, float(t0[i:j][seen].min())), min(b, float(t1[i:j][seen].max()))
+        out.append((lo, hi, float(over @ sm[i:j] / over.sum()),
+                    float(over @ mem[i:j] / over.sum())))
+    return out
+
+
+def working(p: Process) -> list[tuple[float, float]]:
+    """Where ``p`` worked: its active samples, joined across pauses shorter than SHARE_S.
+
+    A time-sliced GPU names a process only in some of the samples while it works; a pause
+    this short is that, not the process resting.
+    """
+    out: list[tuple[float, float]] = []
+    for a, b, s, m in zip(p.t0_s, p.t1_s, p.sm, p.mem, strict=True):
+        if s + m <= 0:
+            continue
+        if out and a - out[-1][1] < SHARE_S:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def own_weights(stream: PowerStream, base_w: float, table: ProcessTable
+                ) -> dict[str, Param]:
+    """Each process's W per unit of SM activity where it worked alone (module doc)."""
+    span = stream.run_s
+    busy = {p.key: working(p) for p in table.processes if p.active}
+    own: dict[str, Param] = {}
+    for p in table.processes:
+        others = [x for k, spans in busy.items() if k != p.key for x in spans]
+        alone = [(a, b, s) for a, b, s in zip(p.t0_s, p.t1_s, p.sm, strict=True)
+                 if s > 0 and span[0] <= a and b <= span[1]
+                 and not any(a < y and x < b for x, y in others)]
+        if sum(b - a for a, b, _ in alone) < MIN_ALONE_S:
+            continue
+        ends = np.array([(a, b) for a, b, _ in alone]).ravel()
+        dt = np.array([b - a for a, b, _ in alone])
+        e = np.diff(cumulative_energy(stream.t_s, stream.power_w, ends))[::2] - base_w * dt
+        work = np.array([s for *_, s in alone]) * dt
+        ratios = e / work
+        pm = float(np.std(ratios, ddof=1) / np.sqrt(ratios.size)) if ratios.size > 1 else None
+        own[p.key] = Param(float(e.sum() / work.sum()), pm, "W")
+    return own
+
+
+def power_of(t_s: FloatArray, acts: list[Activity], weights: dict[str, Param]) -> FloatArray:
+    """The power the rule gives ``acts`` at each time of ``t_s`` (W)."""
+    diff = np.zeros(t_s.size + 1)
+    i0 = np.searchsorted(t_s, [a.t0_s for a in acts])
+    i1 = np.searchsorted(t_s, [a.t1_s for a in acts])
+    np.add.at(diff, i0, [weights[a.kind].value * a.intensity for a in acts])
+    np.add.at(diff, i1, [-weights[a.kind].value * a.intensity for a in acts])
+    out: FloatArray = np.cumsum(diff)[:-1]
+    return out
+
+
+def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_piece_s: float,
+                  *, sliced: bool = False) -> tuple[Rule, list[Activity], list[str]]:
+    """The rule, the activities it shares by, and the kinds its error is checked on.
+
+    A process that never worked alone: its own weight fitted by least squares on the power
+    the measured processes leave (identifiable where the unmeasured ones' activities vary
+    apart), else the kinds' weights on that power, else the mean of the measured weights
+    with a ± as large, else (nothing measured or fitted) Kepler's rule. On a ``sliced``
+    (time-sliced) GPU the power left is confounded by which process the driver named: a
+    weight fitted on it gets a ± as large as itself.
+    """
+    span = stream.run_s
+    edges = [*np.arange(span[0], span[1], SHARE_S).tolist(), span[1]]
+    wins = {p.key: windowed(p, edges) for p in table.processes if p.active}
+    if not wins:
+        return Rule("activity", DESCRIPTION, {}, ["no process showed activity: no dynamic "
+                                                  "energy to share"]), [], []
+    own = {k: w for k, w in own_weights(stream, base_w, table).items() if k in wins}
+    acts = [Activity(k, k, a, b, s) for k, w in wins.items() if k in own for a, b, s, _ in w]
+    notes = [f"own power per unit of SM activity, where each worked alone (>= {MIN_ALONE_S:g} "
+             "s): " + (", ".join(own) or "none")]
+    never = [k for k in wins if k not in own]
+    if not never:
+        return Rule("activity", DESCRIPTION, own, notes), acts, list(own)
+    caveats = [f"{', '.join(never)} never worked alone in this run: "
+               f"{'its' if len(never) == 1 else 'their'} power per unit of work is not measured "
+               "but fitted on what the others leave, or borrowed: the share is known only to "
+               "its ±"]
+    left_w = stream.power_w - power_of(stream.t_s, acts, own) if own else stream.power_w
+    each = [Activity(k, k, a, b, s) for k in never for a, b, s, _ in wins[k]]
+    fitted = fit_weights(stream.t_s, left_w, base_w, each, kinds=never, min_piece_s=min_piece_s)
+    if fitted.name != "equal":
+        notes.append("processes never alone: their own weights fitted on the power the others "
+                     "leave (" + "; ".join(fitted.notes) + ")"
+                     + (", ± all of it: the GPU was time-sliced" if sliced else ""))
+        weights = {k: Param(w.value, max(w.pm or 0.0, w.value), w.unit) if sliced else w
+                   for k, w in fitted.weights.items()}
+        return (Rule("activity", DESCRIPTION, own | weights, notes,
+                     fitted.caveats + caveats), acts + each, [*own, *never])
+    rest = [Activity(k, kind, a, b, s if kind == "sm" else m) for k in never
+            for a, b, s, m in wins[k] for kind in KINDS]
+    kinds = fit_weights(stream.t_s, left_w, base_w, rest, kinds=KINDS, min_piece_s=min_piece_s)
+    if kinds.name != "equal":
+        notes.append("processes never alone: weights of kinds of work fitted on the power the "
+                     "others leave (" + "; ".join(kinds.notes) + ")")
+        return (Rule("activity", DESCRIPTION, own | kinds.weights, notes,
+                     kinds.caveats + caveats), acts + rest, [*own, *KINDS])
+    if own:
+        mean = float(np.mean([p.value for p in own.values()]))
+        notes.append("processes never alone: neither their own nor the kinds' weights could be "
+                     "fitted (" + "; ".join(kinds.notes) + "): the mean of the others' own "
+                     "weights, on their SM activity, ± all of it (their power is not known)")
+        return (Rule("activity", DESCRIPTION, own | {"sm": Param(mean, mean, "W"),
+                                                     "mem": Param(0.0)}, notes, caveats),
+                acts + rest, [*own, "sm"])
+    return (Rule("utilisation", KEPLER, {"sm": Param(1.0)},
+                 [f"activity weights could not be fitted on this run (no process worked alone;"
+                  f" {'; '.join(kinds.notes)}): fell back to Kepler's rule"]),
+            [a for a in rest if a.kind == "sm"], ["sm"])
+
+
+DESCRIPTION = ("each window's dynamic energy shared in proportion to each process's power: "
+               "its own W per unit of SM activity times its activity, or w_sm sm + w_mem mem")
+KEPLER = ("Kepler's: each interval's dynamic energy split by the processes' SM-utilisation "
+          "share")

@@ -1,0 +1,139 @@
+"""A GPU's per-process stream as the attribution reads it: who, when, and how active.
+
+Reads ``gpu{i}.processes`` (docs/processes.md): one row per process per driver utilisation
+sample. A row describes the interval from the GPU's previous sample timestamp to its own
+(the driver's period, taken from the data: the first timestamp has none and is left out).
+Rows of pid P belong to the latest ``process`` marker of P at or before them, so a reused
+pid is another process. A process is *present* from its ``process`` marker to its
+``process-exit`` marker (else the stream's end): it holds a context on the GPU then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wattlab.analysis.attribution.core import FloatArray
+from wattlab.runfile import Run
+
+IDENTITY_KEYS = ("gpu", "pid", "start_ticks", "local_pid", "comm", "user", "cgroup",
+                 "container_id", "pod_uid", "pod_name", "pod_namespace", "slurm_job",
+                 "slurm_step", "cmdline")
+
+
+@dataclass
+class Process:
+    """One process on one GPU: its identity, presence and utilisation samples (fractions)."""
+
+    key: str  # unique in the run: gpu, pid and the n-th process of that pid
+    identity: dict[str, Any]
+    present_s: tuple[float, float]
+    t0_s: list[float] = field(default_factory=list)  # each sample's interval
+    t1_s: list[float] = field(default_factory=list)
+    sm: list[float] = field(default_factory=list)  # 0..1 (none given: 0, counted in notes)
+    mem: list[float] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        comm = self.identity.get("comm")
+        return f"gpu{self.identity['gpu']}:{self.identity['pid']}" + (f" {comm}" if comm else "")
+
+    @property
+    def active(self) -> bool:
+        """Whether any sample shows work (a process that only holds memory does not)."""
+        return bool(sum(self.sm) + sum(self.mem) > 0)
+
+
+@dataclass
+class ProcessTable:
+    """Every process of one GPU's stream, with the stream's span and its gaps."""
+
+    gpu: int
+    source: str
+    processes: list[Process]
+    span_s: tuple[float, float]
+    gaps: list[str]
+    notes: list[str]
+
+
+def missing_reason(run: Run, gpu: int) -> str:
+    """Why a run has no per-process stream of ``gpu`` (the acquirer's own words where given)."""
+    for sid, view in run.sources.items():
+        if sid.partition(".")[0] != f"gpu{gpu}":
+            continue
+        why = (view.descriptor.get("config") or {}).get("missing", {}).get("processes")
+        if why:
+            return f"gpu{gpu}: the driver refused the per-process query: {why}"
+    return (f"gpu{gpu}: no gpu{gpu}.processes stream in {run.path} (recorded before per-process "
+            "recording existed, or with it off)")
+
+
+def read_processes(run: Run, gpu: int) -> ProcessTable | None:
+    """The processes of ``gpu`` (module doc); None where the run has no such stream."""
+    sid = f"gpu{gpu}.processes"
+    if sid not in run.sources:
+        return None
+    view = run.source(sid)
+    t = np.asarray(view.time_s, dtype=np.float64)
+    pid = np.asarray(view.channel("pid"), dtype=np.float64)
+    sm = np.asarray(view.channel("sm_util_pct"), dtype=np.float64) / 100.0
+    mem = np.asarray(view.channel("mem_util_pct"), dtype=np.float64) / 100.0
+    marks = sorted((m for m in run.markers if m.source == sid
+                    and m.name in ("process", "process-exit")), key=lambda m: m.time_ns)
+    end_s = float(t.max()) if t.size else 0.0
+    procs: list[Process] = []
+    latest: dict[int, Process] = {}
+    seen: dict[int, int] = {}
+    for m in marks:
+        at_s = m.time_ns / 1e9  # the streams' clock: session ns
+        p = int(m.payload.get("pid", -1))
+        if m.name == "process":
+            if p in latest:  # pid reused without an exit marker: the old one ended here
+                latest[p].present_s = (latest[p].present_s[0], at_s)
+            seen[p] = seen.get(p, 0) + 1
+            ident = {k: m.payload.get(k) for k in IDENTITY_KEYS} | {"gpu": gpu, "pid": p}
+            latest[p] = Process(f"gpu{gpu}:{p}" + (f"#{seen[p]}" if seen[p] > 1 else ""),
+                                ident, (at_s, end_s))
+            procs.append(latest[p])
+        elif p in latest:
+            latest[p].present_s = (latest[p].present_s[0], at_s)
+            del latest[p]
+    notes = _assign_rows(procs, t, pid, sm, mem)
+    gaps = [f"{g.reason} ({'?' if g.time_first_ns is None else g.time_first_ns / 1e9:.6g}"
+            f"–{'?' if g.time_last_ns is None else g.time_last_ns / 1e9:.6g} s)"
+            for g in run.gaps if g.source == sid]
+    span = (float(t.min()), end_s) if t.size else (0.0, 0.0)
+    return ProcessTable(gpu, sid, procs, span, gaps, notes)
+
+
+def _assign_rows(procs: list[Process], t: FloatArray, pid: FloatArray, sm: FloatArray,
+                 mem: FloatArray) -> list[str]:
+    """Each row to its process, over the interval since the GPU's previous timestamp."""
+    stamps = np.unique(t)
+    prev = dict(zip(stamps[1:].tolist(), stamps[:-1].tolist(), strict=True))
+    by_pid: dict[int, list[Process]] = {}
+    for p in procs:
+        by_pid.setdefault(int(p.identity["pid"]), []).append(p)
+    unknown = int(np.sum(~np.isfinite(sm) | ~np.isfinite(mem)))
+    sm, mem = np.nan_to_num(sm, nan=0.0), np.nan_to_num(mem, nan=0.0)
+    orphans = 0
+    for ti, pi, si, mi in zip(t.tolist(), pid.tolist(), sm.tolist(), mem.tolist(), strict=True):
+        owner = [p for p in by_pid.get(int(pi), []) if p.present_s[0] <= ti]
+        if not owner:
+            orphans += 1
+            continue
+        if ti not in prev:
+            continue  # the first sample: its interval started before the stream did
+        p = owner[-1]
+        p.t0_s.append(prev[ti])
+        p.t1_s.append(ti)
+        p.sm.append(si)
+        p.mem.append(mi)
+    notes = [f"{orphans} row(s) of a pid with no earlier 'process' marker: left out"
+             ] if orphans else []
+    if unknown:
+        notes.append(f"{unknown} row(s) without SM or memory utilisation from the driver: "
+                     "counted as no activity there")
+    return notes

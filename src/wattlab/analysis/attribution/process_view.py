@@ -1,0 +1,139 @@
+"""The per-process split as a table: by process, by Slurm job, by pod; text, JSON and rows.
+
+A job or pod sums its processes over every GPU (one process on several GPUs is one row
+per GPU); processes without one are grouped as "(no job)" / "(no pod)". Sampling ± adds
+up (the same stream's error), the rule's ± in quadrature (its errors move shares between
+processes). Where a GPU has no per-process stream, the reason is printed and no figure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from wattlab.analysis.attribution.by_process import ByProcess, ProcessEnergy, energy_by_process
+from wattlab.errors import UsageError
+from wattlab.runfile import Run
+
+GROUPS = {"process": None, "job": ("slurm_job", "(no job)"), "pod": ("pod_uid", "(no pod)")}
+# `wattlab export --by-process`'s columns -> pyarrow type
+PROCESS_COLUMNS = {
+    "run": "string", "gpu": "int64", "process": "string", "pid": "int64", "comm": "string",
+    "user": "string", "slurm_job": "string", "pod_uid": "string", "pod_name": "string",
+    "pod_namespace": "string", "first_s": "float64", "last_s": "float64",
+    "dynamic_j": "float64", "static_j": "float64", "idle_j": "float64", "energy_j": "float64",
+    "pm_j": "float64", "rule_pm_j": "float64", "rule": "string", "stream": "string",
+    "valid": "bool",
+}
+
+
+@dataclass
+class Group:
+    """A job's or pod's processes summed."""
+
+    name: str
+    detail: str
+    processes: int
+    dynamic_j: float
+    static_j: float
+    idle_j: float
+    energy_j: float
+    pm_j: float
+    valid: bool
+
+
+def group_by(result: ByProcess, by: str) -> list[Group]:
+    """The processes summed per job or pod (``GROUPS``)."""
+    key, none = GROUPS[by] or ("", "")
+    groups: dict[str, list[ProcessEnergy]] = {}
+    for p in result.processes:
+        groups.setdefault(p.identity.get(key) or none, []).append(p)
+    out = []
+    for name, ps in groups.items():
+        detail = ""
+        if by == "pod" and name != none:
+            ns, pod = ps[0].identity.get("pod_namespace"), ps[0].identity.get("pod_name")
+            detail = f"{ns}/{pod}" if pod else ""
+        sampling = sum(p.sampling_pm_j for p in ps)
+        rule = math.sqrt(sum(p.rule_pm_j ** 2 for p in ps))
+        out.append(Group(name, detail, len(ps), sum(p.dynamic_j for p in ps),
+                         sum(p.static_j for p in ps), sum(p.idle_j for p in ps),
+                         sum(p.energy_j for p in ps), math.hypot(sampling, rule),
+                         all(p.valid for p in ps)))
+    return sorted(out, key=lambda g: -g.energy_j)
+
+
+def by_process_json(result: ByProcess, by: str) -> dict[str, Any]:
+    out = result.to_json()
+    if by != "process":
+        out["groups"] = {"by": by, "rows": [vars(g) for g in group_by(result, by)]}
+    return out
+
+
+def format_by_process(result: ByProcess, by: str = "process") -> str:
+    """Per GPU: the total and its parts, the rule; then one line per process (or group)."""
+    lines = [f"no per-process figure for {why}" for why in result.missing]
+    for g in result.gpus:
+        b, r = g.baseline, g.rule
+        lines += [f"gpu{g.gpu}: {g.total_j:.1f} J ({g.total_how})",
+                  f"  stream: {g.stream.name} (valid: {'yes' if g.stream.valid else 'NO'})"]
+        lines += [f"  ! {why}" for why in g.stream.invalid_reasons]
+        lines += [f"  idle {b.idle_w:.1f} ± {b.idle_pm_w:.1f} W: {b.idle_how}"
+                  + ("" if b.idle_measured else " [NOT MEASURED]"),
+                  f"  static {b.static_w:.1f} ± {b.static_pm_w:.1f} W: {b.static_how}",
+                  f"  rule: {r.name}: {r.description}"]
+        lines += [f"    w_{k} = {p.value:.4g}" + (f" ± {p.pm:.2g}" if p.pm else "")
+                  + f" {p.unit}" for k, p in r.weights.items()]
+        lines += [f"    {n}" for n in r.notes] + [f"  ! {c}" for c in r.caveats]
+        lines += [f"  note: {n}" for n in g.notes]
+        charged = ", ".join(result.charge) or "neither"
+        lines.append(f"  = processes {sum(p.energy_j for p in g.processes):.1f} J + static "
+                     f"{g.static_j:.1f} J + idle {g.idle_j:.1f} J + no process active "
+                     f"{g.unattributed_j:.1f} J (charged to processes: {charged})")
+    if not result.gpus:
+        return "\n".join(lines)
+    if by == "process":
+        truth = any(p.truth_dynamic_j is not None for p in result.processes)
+        lines.append(f"{'process':<28} {'present s':>15} {'dynamic J':>10} {'static J':>9} "
+                     f"{'idle J':>8} {'energy J':>10} {'± J':>8} {'rule ±':>8} valid"
+                     + ("    truth J" if truth else ""))
+        for p in sorted(result.processes, key=lambda p: -p.energy_j):
+            t = p.truth_dynamic_j
+            lines.append(f"{p.label[:28]:<28} {p.present_s[0]:7.2f}–{p.present_s[1]:<7.2f} "
+                         f"{p.dynamic_j:10.1f} {p.static_j:9.1f} {p.idle_j:8.1f} "
+                         f"{p.energy_j:10.1f} {p.pm_j:8.1f} {p.rule_pm_j:8.1f} "
+                         f"{'yes' if p.valid else 'NO ':<5}"
+                         + (f" {'-' if t is None else f'{t:10.1f}'}" if truth else ""))
+        bad = {why for p in result.processes for why in p.invalid_reasons}
+        lines += [f"  ! {why}" for why in sorted(bad)]
+        return "\n".join(lines)
+    lines.append(f"{by:<28} {'procs':>5} {'dynamic J':>10} {'static J':>9} {'idle J':>8} "
+                 f"{'energy J':>10} {'± J':>8} valid")
+    for grp in group_by(result, by):
+        name = grp.name + (f" ({grp.detail})" if grp.detail else "")
+        lines.append(f"{name[:28]:<28} {grp.processes:5d} {grp.dynamic_j:10.1f} "
+                     f"{grp.static_j:9.1f} {grp.idle_j:8.1f} {grp.energy_j:10.1f} "
+                     f"{grp.pm_j:8.1f} {'yes' if grp.valid else 'NO'}")
+    return "\n".join(lines)
+
+
+def process_rows(path: str) -> list[dict[str, Any]]:
+    """One table row per process of a run file (`wattlab export --by-process`)."""
+    with Run(path) as run:
+        result = energy_by_process(run)
+    if not result.gpus:
+        raise UsageError(f"{path}: no per-process figure: " + "; ".join(result.missing))
+    rows = []
+    for g in result.gpus:
+        for p in g.processes:
+            i = p.identity
+            rows.append({"run": path, "gpu": g.gpu, "process": p.key, "pid": i["pid"],
+                         "comm": i.get("comm"), "user": i.get("user"),
+                         "slurm_job": i.get("slurm_job"), "pod_uid": i.get("pod_uid"),
+                         "pod_name": i.get("pod_name"), "pod_namespace": i.get("pod_namespace"),
+                         "first_s": p.present_s[0], "last_s": p.present_s[1],
+                         "dynamic_j": p.dynamic_j, "static_j": p.static_j, "idle_j": p.idle_j,
+                         "energy_j": p.energy_j, "pm_j": p.pm_j, "rule_pm_j": p.rule_pm_j,
+                         "rule": g.rule.name, "stream": g.stream.name, "valid": p.valid})
+    return rows

@@ -1,0 +1,247 @@
+"""Energy per process on a shared GPU whose truth is known (tests/process_runs.py).
+
+The power is idle + static while a context lives + each working process's own additive
+power: the activity rule must find every process's energy, Kepler's rule must not (its
+processes mix SM and memory work differently), and every joule is counted once.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.process_runs import (
+    IDLE_W,
+    PROCS,
+    STATIC_W,
+    Proc,
+    write_shared_run,
+)
+from wattlab.analysis.attribution import energy_by_process
+from wattlab.analysis.attribution.by_process import split
+from wattlab.analysis.attribution.process_table import read_processes
+from wattlab.cli import main
+from wattlab.runfile import Run
+
+pytestmark = pytest.mark.fast
+
+
+def by_pid(result, gpu: int = 0) -> dict[int, object]:
+    return {p.identity["pid"]: p for p in result.gpus[gpu].processes}
+
+
+def closure_ok(g) -> bool:
+    parts = sum(p.energy_j for p in g.processes) + g.static_j + g.idle_j + g.unattributed_j
+    return abs(parts - g.total_j) <= 1e-3 * g.total_j
+
+
+def test_activity_rule_finds_each_process_energy_and_kepler_does_not(tmp_path: Path):
+    with Run(str(write_shared_run(tmp_path / "r.h5"))) as run:
+        act = by_pid(energy_by_process(run))
+        kep = by_pid(energy_by_process(run, rule="utilisation"))
+    for q in PROCS[:2]:
+        assert act[q.pid].dynamic_j == pytest.approx(q.truth_j(), rel=0.01)
+        assert act[q.pid].pm_j < 0.02 * q.truth_j()  # the rule predicts the power: small ±
+    assert abs(kep[101].dynamic_j / PROCS[0].truth_j() - 1) > 0.1  # SM share is not power
+    assert act[303].dynamic_j == kep[303].dynamic_j == 0.0  # only holds memory
+
+
+def test_parts_add_up_to_the_counter_and_say_how(tmp_path: Path):
+    with Run(str(write_shared_run(tmp_path / "r.h5", counter_gain=1.03))) as run:
+        g = energy_by_process(run).gpus[0]
+    assert closure_ok(g)
+    assert "energy counter gpu0.energy:energy_j" in g.total_how and "1.0300" in g.total_how
+    assert g.baseline.idle_w == pytest.approx(IDLE_W, abs=0.5) and g.baseline.idle_measured
+    assert g.baseline.static_w == pytest.approx(STATIC_W, abs=0.5)
+    # static: 20 W over the 16 s some process was present, scaled to the counter
+    assert g.static_j == pytest.approx(STATIC_W * 16 * 1.03, rel=0.01)
+    assert g.idle_j == pytest.approx(IDLE_W * 20 * 1.03, rel=0.01)
+
+
+def test_without_a_counter_the_total_is_the_integral_said_so(tmp_path: Path):
+    path = write_shared_run(tmp_path / "r.h5")
+    with Run(str(path)) as run:
+        g = energy_by_process(run).gpus[0]
+        stream = g.stream
+        table = read_processes(run, 0)
+    assert table is not None
+    alone = split(stream, table, "activity", ())
+    assert "integral of gpu0.samples:power_w (no energy counter)" in alone.total_how
+    assert closure_ok(alone)
+
+
+def test_charged_static_and_idle_move_to_processes_each_joule_once(tmp_path: Path):
+    with Run(str(write_shared_run(tmp_path / "r.h5"))) as run:
+        plain = energy_by_process(run).gpus[0]
+        charged = energy_by_process(run, charge=("static", "idle")).gpus[0]
+    assert closure_ok(charged) and charged.static_j == pytest.approx(0, abs=1e-6)
+    assert charged.idle_j == pytest.approx(0, abs=1e-6)
+    assert sum(p.static_j for p in charged.processes) == pytest.approx(plain.static_j)
+    assert sum(p.idle_j for p in charged.processes) == pytest.approx(plain.idle_j)
+    holder = next(p for p in charged.processes if p.identity["pid"] == 303)
+    assert holder.dynamic_j == 0 and holder.static_j > 0  # a context costs, work does not
+
+
+def test_a_window_clips_processes_present_before_and_after_it(tmp_path: Path):
+    with Run(str(write_shared_run(tmp_path / "r.h5"))) as run:
+        g = energy_by_process(run).gpus[0]
+        table = read_processes(run, 0)
+    assert table is not None
+    window = replace(g.stream, run_s=(4.0, 12.0))
+    got = {p.identity["pid"]: p for p in split(window, table, "activity", ()).processes}
+    for q in PROCS[:2]:
+        assert got[q.pid].dynamic_j == pytest.approx(q.truth_j((4.0, 12.0)), rel=0.01)
+    assert got[101].present_s == (4.0, 12.0)
+
+
+def test_idle_not_measurable_is_marked_and_taken_from_the_lowest_stable_power(tmp_path: Path):
+    procs = [Proc(7, (0.0, 20.0), (5.0, 12.0), 0.5, 0.1, {"comm": "always"})]
+    with Run(str(write_shared_run(tmp_path / "r.h5", procs=procs))) as run:
+        g = energy_by_process(run).gpus[0]
+    assert not g.baseline.idle_measured and "not measurable" in g.baseline.idle_how
+    assert g.baseline.idle_w == pytest.approx(IDLE_W + STATIC_W, abs=0.5)  # an upper bound
+    assert closure_ok(g)
+    text = json.dumps(g.to_json())
+    assert "lowest stable power" in text
+
+
+def test_a_reused_pid_is_another_process(tmp_path: Path):
+    procs = [Proc(55, (1.0, 6.0), (2.0, 5.0), 0.5, 0.0, {"comm": "first"}),
+             Proc(55, (8.0, 15.0), (9.0, 14.0), 0.8, 0.3, {"comm": "second"})]
+    with Run(str(write_shared_run(tmp_path / "r.h5", procs=procs))) as run:
+        got = energy_by_process(run).gpus[0].processes
+    assert [p.identity["comm"] for p in got] == ["first", "second"]
+    for p, q in zip(got, procs, strict=True):
+        assert p.dynamic_j == pytest.approx(q.truth_j(), rel=0.01)
+
+
+def test_by_job_and_by_pod_sum_processes_and_group_the_rest(tmp_path: Path, capsys):
+    path = str(write_shared_run(tmp_path / "r.h5"))
+    assert main(["energy", path, "--by-pod", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["groups"]["rows"]}
+    assert set(rows) == {"pod-a", "(no pod)"} and rows["pod-a"]["detail"] == "ml/trainer-0"
+    assert rows["(no pod)"]["processes"] == 2
+    assert main(["energy", path, "--by-job"]) == 0
+    out = capsys.readouterr().out
+    assert "4711" in out and "4712" in out and "(no job)" in out
+
+
+def test_a_gpu_that_refused_the_query_gets_the_reason_and_no_figure(tmp_path: Path, capsys):
+    path = str(write_shared_run(tmp_path / "r.h5", processes=False,
+                                missing="NVML_ERROR_NOT_SUPPORTED (vGPU)"))
+    assert main(["energy", path, "--by-process", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gpus"] == [] and "NOT_SUPPORTED (vGPU)" in report["missing"][0]
+    assert main(["energy", path, "--by-process"]) == 0
+    out = capsys.readouterr().out
+    assert "no per-process figure" in out and " 0.0" not in out
+
+
+def test_a_gap_in_the_process_stream_makes_its_figures_invalid(tmp_path: Path, capsys):
+    path = str(write_shared_run(tmp_path / "r.h5", gap_s=(7.0, 8.0)))
+    assert main(["energy", path, "--by-process"]) == 0
+    out = capsys.readouterr().out
+    assert "processes: gpu0.processes has 1 gap(s): NVML_ERROR_UNKNOWN" in out
+    assert main(["energy", path, "--by-process", "--strict"]) == 1
+    capsys.readouterr()
+    assert main(["energy", path, "--by-process", "--json"]) == 0
+    proc = json.loads(capsys.readouterr().out)["gpus"][0]["processes"][0]
+    assert not proc["valid"] and not proc["checks"]["processes"]["ok"]
+    assert proc["checks"]["coverage"]["ok"]  # the power stream's own checks travel with it
+
+
+def test_time_slicing_is_said_where_the_driver_names_one_process_at_a_time(tmp_path: Path):
+    with Run(str(write_shared_run(tmp_path / "r.h5"))) as run:
+        assert not any("time-sliced" in c for c in energy_by_process(run).gpus[0].rule.caveats)
+        table = read_processes(run, 0)
+        g = energy_by_process(run).gpus[0]
+    assert table is not None
+    a, b = (next(p for p in table.processes if p.identity["pid"] == q.pid) for q in PROCS[:2])
+    for i, t in enumerate(b.t1_s):  # the driver names one of the two per sample, in turns
+        j = a.t1_s.index(t) if t in a.t1_s else None
+        if j is not None and a.sm[j] > 0 and b.sm[i] > 0:
+            quiet, k = (a, j) if i % 2 else (b, i)
+            quiet.sm[k] = quiet.mem[k] = 0.0
+    got = split(g.stream, table, "activity", ())
+    assert any("time-sliced" in c for c in got.rule.caveats)
+
+
+@pytest.mark.parametrize("args", [["--rule", "utilisation"], ["--charge", "idle"],
+                                  ["--by-process", "--charge", "dynamic"],
+                                  ["--by-process", "--by-job"],
+                                  ["--by-process", "--by-marker"]])
+def test_options_that_do_not_fit_are_refused(tmp_path: Path, args: list[str]):
+    path = str(write_shared_run(tmp_path / "r.h5"))
+    assert main(["energy", path, *args]) == 2
+
+
+def test_export_by_process_writes_one_row_per_process(tmp_path: Path):
+    path = str(write_shared_run(tmp_path / "r.h5"))
+    out = tmp_path / "p.csv"
+    assert main(["export", path, "--by-process", "-o", str(out)]) == 0
+    with out.open() as f:
+        rows = {int(r["pid"]): r for r in csv.DictReader(f)}
+    assert sorted(rows) == [101, 202, 303]
+    assert float(rows[101]["dynamic_j"]) == pytest.approx(PROCS[0].truth_j(), rel=0.01)
+    assert rows[101]["slurm_job"] == "4711" and rows[101]["rule"] == "activity"
+    assert float(rows[303]["dynamic_j"]) == 0.0 and np.isfinite(float(rows[303]["energy_j"]))
+
+
+def test_the_report_shows_the_per_process_table(tmp_path: Path):
+    from wattlab.analysis.report import build_report
+
+    path = str(write_shared_run(tmp_path / "r.h5"))
+    build_report(path, str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    assert "Energy per process" in page and "gpu0:101 train" in page
+
+
+def test_a_simulated_gpus_truth_is_shown_beside_each_figure(tmp_path: Path, capsys):
+    path = str(write_shared_run(tmp_path / "r.h5", truth=True))
+    assert main(["energy", path, "--by-process"]) == 0
+    out = capsys.readouterr().out
+    assert "truth J" in out and "simulated truth over [0, 20000000000] ns" in out
+    line = next(x for x in out.splitlines() if x.startswith("gpu0:101"))
+    assert float(line.split()[-1]) == pytest.approx(PROCS[0].truth_j())
+
+
+@pytest.mark.parametrize("rule", ["activity", "utilisation"])
+def test_a_gpu_whose_processes_only_hold_memory_has_no_dynamic_share(tmp_path: Path,
+                                                                   rule: str):
+    procs = [Proc(9, (2.0, 10.0), None, identity={"comm": "holder"})]
+    with Run(str(write_shared_run(tmp_path / "r.h5", procs=procs))) as run:
+        g = energy_by_process(run, rule=rule).gpus[0]
+    assert g.processes[0].dynamic_j == 0.0 and closure_ok(g)
+    assert g.static_j == pytest.approx(STATIC_W * 8, rel=0.01)
+
+
+def test_a_process_never_alone_is_priced_on_the_power_the_others_leave(tmp_path: Path):
+    # 202 always works beside 303: its power is fitted on what 101's and 303's measured
+    # power leave (before: on the whole power, as if the others drew none: -25 %)
+    procs = [Proc(101, (1.0, 19.0), (2.0, 12.0), 0.9, 0.2), Proc(202, (1.0, 19.0), (5.0, 16.0),
+             0.4, 0.8), Proc(303, (1.0, 19.0), (3.0, 18.0), 0.2, 0.1)]
+    with Run(str(write_shared_run(tmp_path / "r.h5", procs=procs))) as run:
+        g = energy_by_process(run).gpus[0]
+    got = {p.identity["pid"]: p for p in g.processes}
+    for q in procs:
+        assert got[q.pid].dynamic_j == pytest.approx(q.truth_j(), rel=0.01)
+    assert any("gpu0:202 never worked alone" in c for c in g.rule.caveats)
+    assert closure_ok(g)
+
+
+def test_one_process_on_two_gpus_is_a_row_per_gpu_and_one_sum_in_its_job(tmp_path: Path,
+                                                                         capsys):
+    path = str(write_shared_run(tmp_path / "r.h5", gpus=(0, 1)))
+    with Run(path) as run:
+        result = energy_by_process(run)
+    assert [g.gpu for g in result.gpus] == [0, 1]
+    assert all(closure_ok(g) for g in result.gpus)
+    assert main(["energy", path, "--by-job", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["groups"]["rows"]}
+    assert rows["4711"]["processes"] == 2
+    assert rows["4711"]["dynamic_j"] == pytest.approx(2 * PROCS[0].truth_j(), rel=0.01)
