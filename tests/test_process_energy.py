@@ -245,3 +245,20 @@ def test_one_process_on_two_gpus_is_a_row_per_gpu_and_one_sum_in_its_job(tmp_pat
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["groups"]["rows"]}
     assert rows["4711"]["processes"] == 2
     assert rows["4711"]["dynamic_j"] == pytest.approx(2 * PROCS[0].truth_j(), rel=0.01)
+
+
+@pytest.mark.fast
+def test_a_sample_after_a_quiet_spell_covers_one_driver_period_not_the_spell():
+    """The driver names no process while none works: the first sample after a quiet spell
+    describes its own period (the stream's median step), not the whole spell. Before, the
+    simulated shared GPU's first process was priced 20 % low: its first sample (51 % SM) was
+    spread back over 0.8 s of idle context."""
+    from wattlab.analysis.attribution.process_table import Process, _assign_rows
+
+    proc = Process("gpu0:7", {"gpu": 0, "pid": 7}, (0.0, 10.0))
+    t = np.array([1.0, 1.2, 1.4, 1.6, 4.0, 4.2, 4.4])  # quiet from 1.6 s to 4.0 s
+    sm = np.array([0.0, 0.5, 0.5, 0.0, 0.5, 0.5, 0.5])
+    _assign_rows([proc], t, np.full(t.size, 7.0), sm, np.zeros(t.size))
+    spans = np.subtract(proc.t1_s, proc.t0_s)
+    assert spans == pytest.approx([0.2] * 6)
+    assert proc.t0_s[3] == pytest.approx(3.8)

@@ -233,17 +233,20 @@ def demo_processes(count: int, seed: int, span_s: float, first_pid: int = 4100,
                    lead_s: float = IDLE_LEAD_S) -> list[SimProcess]:
     """``count`` processes over ``span_s`` after ``lead_s``: each one alone in turn, then shared.
 
-    Every process has a stretch where it works alone (the other contexts live but idle), so
+    All contexts are up and idle first (the static part shows alone); then every process has
+    a stretch where it works alone (the other contexts live but idle), so
     an analysis can learn each one's power from the run itself; then they overlap, with
     pauses, and leave one by one. Half are Slurm job steps, half Kubernetes pods.
     """
     rng = np.random.default_rng([seed, 0x41])
-    lead, solo = 0.08 * span_s, 0.35 * span_s / count
+    lead, solo = 0.15 * span_s, 0.3 * span_s / count
     shared_end = 0.9 * span_s
     out = []
     for i in range(count):
         kind = WORK_KINDS[i % len(WORK_KINDS)]
-        start = lead * (0.3 + 0.7 * i / count)
+        # every context is up well before the first work: a stretch where all are alive and
+        # none works, longer than the running list's read interval, shows the static part
+        start = lead * 0.3 * i / count
         phases = [Phase(lead + i * solo - start), work_phase(kind, solo, 1.0)]
         if i < count - 1:  # idle (context alive) until every other one had its turn
             phases.append(Phase((count - 1 - i) * solo))

@@ -64,7 +64,12 @@ def measure_baseline(stream: PowerStream, table: ProcessTable) -> Baseline:
     t, p = stream.t_s, stream.power_w
     guard = max(stream.edge_s, 0.1)
     present = presence(table)
-    got = measure_idle(t, p, present, guard_s=guard, min_s=IDLE_MIN_S)
+    # idle only clear of every presence edge, static only well inside the presence: a
+    # stretch at an edge may hold a context the list did not show yet (or any more)
+    edge = table.edge_s
+    widened = [(a - edge, b + edge) for a, b in present]
+    narrowed = [(a + edge, b - edge) for a, b in present if b - a > 2 * edge]
+    got = measure_idle(t, p, widened, guard_s=guard, min_s=IDLE_MIN_S)
     if got is not None:
         idle_w, idle_pm, measured = got[0], got[1], True
         idle_how = f"measured on {stream.name} over {got[2]:.2f} s with no process on the GPU"
@@ -74,7 +79,7 @@ def measure_baseline(stream: PowerStream, table: ProcessTable) -> Baseline:
         idle_how = (f"not measurable from this run: no stretch of >= {IDLE_MIN_S:g} s without a "
                     f"process on the GPU; the run's lowest stable power ({STABLE_S:g} s mean) "
                     "stands in: an upper bound of idle")
-    busy = active_intervals(table) + free_stretches(present, float(t[0]), float(t[-1]))
+    busy = active_intervals(table) + free_stretches(narrowed, float(t[0]), float(t[-1]))
     got = measure_idle(t, p, busy, guard_s=guard, min_s=STATIC_MIN_S)
     if got is None:
         return Baseline(idle_w, idle_pm, idle_how, measured, 0.0, 0.0,

@@ -10,6 +10,8 @@ pid is another process. A process is *present* from its ``process`` marker to it
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +58,8 @@ class ProcessTable:
     span_s: tuple[float, float]
     gaps: list[str]
     notes: list[str]
+    # how far a presence edge may be off: half the running list's read step (0: exact)
+    edge_s: float = 0.0
 
 
 def missing_reason(run: Run, gpu: int) -> str:
@@ -68,6 +72,19 @@ def missing_reason(run: Run, gpu: int) -> str:
             return f"gpu{gpu}: the driver refused the per-process query: {why}"
     return (f"gpu{gpu}: no gpu{gpu}.processes stream in {run.path} (recorded before per-process "
             "recording existed, or with it off)")
+
+
+def list_read_step_s(run: Run, gpu: int) -> float:
+    """How often the running-process list was read: with the state readings (their step).
+
+    0 where the run has no state readings to tell (the markers are then taken as exact).
+    """
+    sid = f"gpu{gpu}.state"
+    if sid in run.sources:
+        t = np.asarray(run.source(sid).time_s, dtype=np.float64)
+        if t.size > 2:
+            return float(np.median(np.diff(t)))
+    return 0.0
 
 
 def read_processes(run: Run, gpu: int) -> ProcessTable | None:
@@ -86,8 +103,11 @@ def read_processes(run: Run, gpu: int) -> ProcessTable | None:
     procs: list[Process] = []
     latest: dict[int, Process] = {}
     seen: dict[int, int] = {}
+    # a marker is stamped at the read that first (or no longer) saw the process: the change
+    # happened in the read interval before it, half a step earlier on average
+    half_step_s = list_read_step_s(run, gpu) / 2
     for m in marks:
-        at_s = m.time_ns / 1e9  # the streams' clock: session ns
+        at_s = m.time_ns / 1e9 - half_step_s  # the streams' clock: session ns
         p = int(m.payload.get("pid", -1))
         if m.name == "process":
             if p in latest:  # pid reused without an exit marker: the old one ended here
@@ -105,14 +125,21 @@ def read_processes(run: Run, gpu: int) -> ProcessTable | None:
             f"–{'?' if g.time_last_ns is None else g.time_last_ns / 1e9:.6g} s)"
             for g in run.gaps if g.source == sid]
     span = (float(t.min()), end_s) if t.size else (0.0, 0.0)
-    return ProcessTable(gpu, sid, procs, span, gaps, notes)
+    return ProcessTable(gpu, sid, procs, span, gaps, notes, half_step_s)
 
 
 def _assign_rows(procs: list[Process], t: FloatArray, pid: FloatArray, sm: FloatArray,
                  mem: FloatArray) -> list[str]:
-    """Each row to its process, over the interval since the GPU's previous timestamp."""
+    """Each row to its process, over the interval since the GPU's previous timestamp.
+
+    At most one driver sampling period (the median step between the stream's timestamps)
+    long: the driver names no process while none is active, so the first sample after a
+    quiet spell would otherwise spread its activity over the whole spell.
+    """
     stamps = np.unique(t)
-    prev = dict(zip(stamps[1:].tolist(), stamps[:-1].tolist(), strict=True))
+    period_s = float(np.median(np.diff(stamps))) if stamps.size > 2 else math.inf
+    starts = np.maximum(stamps[:-1], stamps[1:] - period_s)
+    prev = dict(zip(stamps[1:].tolist(), starts.tolist(), strict=True))
     by_pid: dict[int, list[Process]] = {}
     for p in procs:
         by_pid.setdefault(int(p.identity["pid"]), []).append(p)

@@ -1,0 +1,74 @@
+"""Energy per process on the simulated shared GPU, against its truth (issue 41's 2 % goal).
+
+For each seed: ``wattlab demo --shared --seed S`` (three processes, each alone in turn, then
+together; power that saturates when they overlap; a shared static part), then
+``wattlab energy --by-process --json`` with the activity rule and with Kepler's utilisation
+rule. Each process's dynamic energy is scored against the ``simulated-truth`` marker. Prints
+a table, writes bench/results/process_energy_sim.json. Usage:
+
+    python bench/process_energy_sim.py [--seeds 1,2,3] [--processes 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from common import GOALS_MISSED, write_json
+
+GOAL_PCT = 2.0
+
+
+def wattlab(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "wattlab.cli", *args], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"wattlab {' '.join(args)}: exit {done.returncode}\n{done.stderr}")
+    return done.stdout
+
+
+def score(run: str, rule: str) -> list[dict[str, Any]]:
+    """Each process's error against the truth under ``rule``, in % of its true energy."""
+    out = json.loads(wattlab("energy", run, "--by-process", "--rule", rule, "--json"))
+    rows = []
+    for p in out["gpus"][0]["processes"]:
+        truth = p["truth_dynamic_j"]
+        rows.append({"process": p["label"], "dynamic_j": p["dynamic_j"], "truth_j": truth,
+                     "pm_j": p["pm_j"], "err_pct": 100 * (p["dynamic_j"] - truth) / truth})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--processes", default="3")
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {}
+    worst = 0.0
+    print(f"{'seed':>4}  {'process':24} {'truth J':>9} {'activity':>9} {'Kepler':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds.split(","):
+            run = str(Path(tmp) / f"shared-{seed}.h5")
+            wattlab("demo", "--shared", "--processes", args.processes, "--seed", seed, "-o", run)
+            act, kep = score(run, "activity"), score(run, "utilisation")
+            results[seed] = {"activity": act, "utilisation": kep}
+            for a in act:
+                k = next(x for x in kep if x["process"] == a["process"])
+                worst = max(worst, abs(a["err_pct"]))
+                print(f"{seed:>4}  {a['process']:24} {a['truth_j']:9.1f} "
+                      f"{a['err_pct']:+8.1f}% {k['err_pct']:+8.1f}%")
+    met = worst <= GOAL_PCT
+    print(f"worst activity-rule error {worst:.1f} % (goal {GOAL_PCT:g} %): "
+          f"{'met' if met else 'NOT met'}")
+    write_json("process_energy_sim", {"goal_pct": GOAL_PCT, "worst_pct": worst,
+                                           "seeds": results})
+    return 0 if met else GOALS_MISSED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
