@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pynvml
 import pytest
 
@@ -63,3 +65,22 @@ def test_a_refusing_gpu_records_everything_else_and_record_says_why_once(tmp_pat
             "wattlab: gpu0: no per-process stream (Insufficient Permissions)"]
     report(result)
     assert capsys.readouterr().err.count("no per-process stream") == 1
+
+
+@pytest.mark.system
+def test_the_activity_rule_beats_keplers_on_every_process_of_the_simulated_shared_gpu(tmp_path):
+    """The whole path: demo --shared, then energy --by-process under both rules, scored
+    against the simulator's truth (bench/process_energy_sim.py measures the errors)."""
+    out = str(tmp_path / "shared.h5")
+    assert run_cli("demo", "--shared", "--seed", "1", "-o", out).returncode == 0
+    errors = {}
+    for rule in ("activity", "utilisation"):
+        done = run_cli("energy", out, "--by-process", "--rule", rule, "--json")
+        assert done.returncode == 0, done.stderr
+        gpu = json.loads(done.stdout)["gpus"][0]
+        assert abs(gpu["closure_j"]) <= 1e-3 * gpu["total_j"]
+        errors[rule] = {p["key"]: p["dynamic_j"] / p["truth_dynamic_j"] - 1
+                        for p in gpu["processes"]}
+    assert len(errors["activity"]) == 3
+    for key, err in errors["activity"].items():
+        assert abs(err) < abs(errors["utilisation"][key]), errors
