@@ -64,6 +64,10 @@ WRAP_NS = DEVICE_CLOCK_WRAP_US * 1000
 # the device's 20 kHz x 18 bytes; bench/decode.py) that is under 37 ms, within a poll's
 # ~0.1 s, and 0.36 s of stream, so a backlog drains at over 3x the line rate
 READ_MAX_BYTES = 1 << 17
+# Between two reads of the stream: 1.8 kB arrive at 20 kHz, under the 4 kB a Linux tty
+# holds before it throttles a USB CDC device (which then loses frames), in 200 wake-ups a
+# second instead of one per USB packet or pty write (~400 on the emulator; issue 39)
+READ_PACE_S = 0.005
 
 # High bits each of the 18 frame bytes must carry: (mask, expected) per position.
 _FRAME_MASK = np.array(
@@ -650,15 +654,17 @@ class PowerSensor3:
         return _concat(frames)
 
     # -- streaming -------------------------------------------------------------------------
-    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = READ_MAX_BYTES
-                    ) -> StreamBlock:
-        """Read what has arrived (for at least ``min_duration_s``) and decode it."""
+    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = READ_MAX_BYTES,
+                    pace_s: float = READ_PACE_S) -> StreamBlock:
+        """Read what arrives for at least ``min_duration_s``, every ``pace_s``; decode it once."""
         deadline = time.monotonic() + min_duration_s
         data = bytearray()
         while True:
             data += self.transport.read_available(max_bytes - len(data))
-            if time.monotonic() >= deadline or len(data) >= max_bytes:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0 or len(data) >= max_bytes:
                 break
+            time.sleep(min(pace_s, left_s))
         return self._block(bytes(data), self.clock_ns())
 
     def _block(self, data: bytes, host_read_ns: int) -> StreamBlock:
