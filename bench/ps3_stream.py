@@ -1,6 +1,6 @@
 """PowerSensor3 end to end: emulator at 20 kHz -> pty -> source process -> bus -> recorder.
 
-    python bench/ps3_stream.py [--seconds 60] [--runs 3] [--warmup 10] [--quick]
+    python bench/ps3_stream.py [--seconds 60] [--runs 3] [--warmup 10] [--quick] [--floor]
 
 Each run is ``wattlab record --nvml none --source-processes --meter ps3=powersensor3:PTY``
 (a subprocess), the emulator in this process, apart from what is measured. Per run: frames
@@ -9,6 +9,10 @@ steady CPU of the source process and of the recorder process, % of one core, fro
 ``--warmup`` s after the recording started to 2 s before its end (start-up imports and
 the close's clock fit are not what a recording costs per second). Prints each run and the
 median; the issue's goal is source + recorder <= 1 % of a core.
+
+``--floor`` adds, per run, what reading the bytes and writing them costs alone: a process
+that reads the emulator's pty every ``READ_PACE_S`` (as the driver does) and appends the
+raw bytes to a file, flushed every 0.5 s (the recorder's interval), nothing decoded.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import GOALS_MISSED, median, write_json
+from common import GOALS_MISSED, median, process_cpu_clock, write_json
 from soak import proc_stats, tree
+from wattlab.drivers.powersensor3 import READ_PACE_S
 from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
 from wattlab.runfile import Run
 
@@ -76,19 +81,61 @@ def one_run(seconds: float, warmup_s: float, folder: str) -> dict[str, Any]:
             "stdout_tail": stdout.decode()[-200:]}
 
 
+FLOOR_LOOP = """
+import os, sys, time
+from wattlab.drivers.transport import open_serial
+port, seconds, out, pace_s = sys.argv[1], float(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+transport = open_serial(port)
+fd = transport._port.fd
+os.write(fd, b"S")
+end = time.monotonic() + seconds
+next_flush = 0.0
+with open(out, "ab") as f:
+    while (now := time.monotonic()) < end:
+        try:
+            f.write(os.read(fd, 1 << 17))
+        except BlockingIOError:
+            pass
+        if now >= next_flush:
+            f.flush()
+            next_flush = now + 0.5
+        time.sleep(pace_s)
+os.write(fd, b"X")
+transport.close()
+"""
+
+
+def floor_run(seconds: float, warmup_s: float, folder: str) -> float:
+    """Steady CPU (% of one core) of reading the stream's bytes and appending them to a file."""
+    with PowerSensor3Emulator(lambda t: 300.0, max_backlog_ns=EMULATOR_BUFFER_NS) as emu:
+        child = subprocess.Popen([sys.executable, "-c", FLOOR_LOOP, emu.path, str(seconds),
+                                  str(Path(folder) / "bytes.bin"), str(READ_PACE_S)])
+        time.sleep(warmup_s)
+        clock = process_cpu_clock(child.pid)
+        t0, cpu0 = time.monotonic(), time.clock_gettime(clock)
+        time.sleep(seconds - warmup_s - END_MARGIN_S)
+        t1, cpu1 = time.monotonic(), time.clock_gettime(clock)
+        child.wait()
+    return 100 * (cpu1 - cpu0) / (t1 - t0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=10.0, help="s before the window")
     parser.add_argument("--quick", action="store_true", help="one run of 8 s, 3 s warm-up")
+    parser.add_argument("--floor", action="store_true",
+                        help="also the floor: the bytes read and written, nothing else")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.runs, args.warmup = 8.0, 1, 3.0
-    runs = []
+    runs, floors = [], []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="wattlab-ps3-") as folder:
             runs.append(one_run(args.seconds, args.warmup, folder))
+            if args.floor:
+                floors.append(floor_run(args.seconds, args.warmup, folder))
     print(f"PowerSensor3 emulator -> run file, {args.seconds:g} s at 20 kHz, "
           f"steady CPU from {args.warmup:g} s to {END_MARGIN_S:g} s before the end, "
           "% of one core")
@@ -108,6 +155,9 @@ def main() -> int:
     both = median([pct(r, "source ps3") + pct(r, "recorder") for r in runs])
     print(f"median: source {source:.3f} %, recorder {recorder:.3f} %, both {both:.3f} % "
           f"(goal <= 1 %)")
+    if floors:
+        print(f"floor (read every {READ_PACE_S * 1000:g} ms, bytes appended to a file): "
+              f"median {median(floors):.3f} % ({', '.join(f'{f:.3f}' for f in floors)})")
     lost = sum(r["lost"] for r in runs)
     gaps = sum(r["gaps"] for r in runs)
     write_json("ps3_stream", {"benchmark": "ps3_stream", "quick": args.quick,
@@ -116,7 +166,10 @@ def main() -> int:
                               "rows": sum(r["rows"] for r in runs), "lost": lost, "gaps": gaps,
                               "source_cpu_pct_of_core": source,
                               "recorder_cpu_pct_of_core": recorder,
-                              "source_and_recorder_pct_of_core": both, "runs": runs})
+                              "source_and_recorder_pct_of_core": both,
+                              "floor_pct_of_core": median(floors) if floors else None,
+                              "floor_runs_pct_of_core": floors, "read_pace_s": READ_PACE_S,
+                              "runs": runs})
     ok = lost == 0 and gaps == 0 and all(r["exit_status"] == 0 for r in runs)
     return 0 if ok else GOALS_MISSED
 
