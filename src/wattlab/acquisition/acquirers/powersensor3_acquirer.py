@@ -28,8 +28,8 @@ from wattlab.option_checks import rail_table
 from wattlab.samples import Gap, Marker, SourceDescriptor
 
 # What one poll reads before it is decoded and sent as one batch: each poll costs the
-# source a decode and a send and the recorder a message (20 a second at 0.05 s were a
-# third of the path's CPU); what a crash of the whole recording can lose grows by it
+# source a decode and a send and the recorder a message (20 a second at 0.05 s cost ~3 %
+# of a core, BENCHMARKS.md); what a crash of the whole recording can lose grows by it
 # (docs/reliability.md: 0.25 s + the recorder's flush interval, issue 39)
 POLL_COLLECT_S = 0.25
 CLOSE_DRAIN_S = 0.5
