@@ -377,3 +377,20 @@ def test_stream_is_read_at_a_pace_not_per_arrival(emu: PowerSensor3Emulator) -> 
     assert reads <= math.ceil(window_s / READ_PACE_S) + 1, reads
     assert block.n >= 0.8 * window_s * RATE_HZ  # everything that arrived was read
     assert block.skipped_bytes == rest.skipped_bytes == 0
+
+
+def test_a_poll_is_one_batch_of_a_quarter_second(emu: PowerSensor3Emulator) -> None:
+    """One poll, one chunk of ~0.25 s: 4 decodes, sends and recorder messages a second, not
+    20 (issue 39), and no more stream held than docs/reliability.md's crash-loss bound says
+    (0.25 s of it, plus what arrives within one read pace)."""
+    acq = PowerSensor3Acquirer(emu.path, source_id="ps3")
+    try:
+        acq.open()
+        acq.poll()  # the stream is flowing
+        readings = acq.poll()
+    finally:
+        acq.close()
+    chunks = [r for r in readings if isinstance(r, Chunk)]
+    assert len(chunks) == 1
+    rows = len(chunks[0].t_host_ns)
+    assert 0.8 * 0.25 * RATE_HZ <= rows <= (0.25 + READ_PACE_S + 0.1) * RATE_HZ, rows
