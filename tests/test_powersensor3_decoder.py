@@ -18,6 +18,7 @@ from wattlab.drivers.powersensor3 import (
     READ_MAX_BYTES,
     DeviceClock,
     FrameDecoder,
+    PowerSensor3,
     Scaling,
     SensorConfig,
 )
@@ -309,3 +310,30 @@ def test_scaling_is_the_formula_bit_for_bit(config: list[SensorConfig], seed: in
     got = Scaling(config).convert(levels)
     assert got.dtype == np.float32
     assert got.tobytes() == formula_values(config, levels).tobytes()
+
+
+class BacklogTransport:
+    """A port with a backlog that never ends: every read returns a full tty buffer (4 kB)."""
+
+    def __init__(self) -> None:
+        self.data = stream(100_000)
+        self.pos = 0
+
+    def read_available(self, max_n: int) -> bytes:
+        n = min(max_n, 4096)
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+
+def test_a_backlog_is_read_without_pausing() -> None:
+    """Reads that come back fuller than the line rate fills a pace mean the host is behind:
+    the driver reads on at once (a poll drains its 128 kB, 0.36 s of stream, in
+    milliseconds, as it did before it paced its reads; issue 39)."""
+    ps = PowerSensor3(BacklogTransport())  # type: ignore[arg-type]
+    ps.decoder.stop_on_terminator = False
+    t0 = time.perf_counter()
+    block = ps.read_stream(min_duration_s=5.0)
+    elapsed_s = time.perf_counter() - t0
+    assert block.n == READ_MAX_BYTES // FRAME_BYTES
+    assert elapsed_s < 0.1  # 32 paced reads would take 0.16 s

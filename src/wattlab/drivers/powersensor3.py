@@ -60,13 +60,15 @@ FULL_SCALE_V = 3.3
 MAX_LEVEL = 1023
 DEVICE_CLOCK_WRAP_US = 1024
 WRAP_NS = DEVICE_CLOCK_WRAP_US * 1000
+LINE_RATE_BYTES_PER_S = 20_000 * FRAME_BYTES
 # One poll decodes at most this much: at the 3.6 MB/s the decoder holds on any bytes (10x
 # the device's 20 kHz x 18 bytes; bench/decode.py) that is under 37 ms, within a poll's
-# ~0.1 s, and 0.36 s of stream, so a backlog drains at over 3x the line rate
+# 0.25 s, and 0.36 s of stream, so a backlog drains at over 3x the line rate
 READ_MAX_BYTES = 1 << 17
 # Between two reads of the stream: 1.8 kB arrive at 20 kHz, under the 4 kB a Linux tty
 # holds before it throttles a USB CDC device (which then loses frames), in 200 wake-ups a
-# second instead of one per USB packet or pty write (~400 on the emulator; issue 39)
+# second instead of one per USB packet or pty write (~400 on the emulator; issue 39).
+# A read that brings over two paces' worth means the host is behind: read on at once.
 READ_PACE_S = 0.005
 
 # High bits each of the 18 frame bytes must carry: (mask, expected) per position.
@@ -686,15 +688,21 @@ class PowerSensor3:
     # -- streaming -------------------------------------------------------------------------
     def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = READ_MAX_BYTES,
                     pace_s: float = READ_PACE_S) -> StreamBlock:
-        """Read what arrives for at least ``min_duration_s``, every ``pace_s``; decode it once."""
+        """Read what arrives for at least ``min_duration_s``, every ``pace_s``; decode it once.
+
+        A read fuller than two paces of the line rate is a backlog: no pause before the next.
+        """
         deadline = time.monotonic() + min_duration_s
+        behind_bytes = 2 * pace_s * LINE_RATE_BYTES_PER_S
         data = bytearray()
         while True:
-            data += self.transport.read_available(max_bytes - len(data))
+            got = self.transport.read_available(max_bytes - len(data))
+            data += got
             left_s = deadline - time.monotonic()
             if left_s <= 0 or len(data) >= max_bytes:
                 break
-            time.sleep(min(pace_s, left_s))
+            if len(got) < behind_bytes:
+                time.sleep(min(pace_s, left_s))
         return self._block(bytes(data), self.clock_ns())
 
     def _block(self, data: bytes, host_read_ns: int) -> StreamBlock:
