@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 from tests.decoder_corpus import garbage
 from tests.decoder_streams import ps3_frame as frame
 from tests.decoder_streams import ps3_stream as stream
-from wattlab.drivers.powersensor3 import FRAME_BYTES, READ_MAX_BYTES, DeviceClock, FrameDecoder
+from wattlab.drivers.powersensor3 import (
+    FRAME_BYTES,
+    READ_MAX_BYTES,
+    DeviceClock,
+    FrameDecoder,
+    PowerSensor3,
+    Scaling,
+    SensorConfig,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -264,3 +272,68 @@ def test_faulty_bytes_decode_faster_than_the_device_sends(case: str, stop: bool)
     t0 = time.process_time()
     FrameDecoder(stop_on_terminator=stop).feed(data)
     assert time.process_time() - t0 < len(data) / (20_000 * FRAME_BYTES)
+
+
+def formula_values(config: list[SensorConfig], levels: np.ndarray) -> np.ndarray:
+    """PROTOCOLS.md's scaling as plain arithmetic: per pair current, voltage, power, then the
+    pairs' power summed from +0.0 in order (as numpy's row sum did before issue 39: -0.0 W
+    on every pair totals +0.0); float64, stored as float32."""
+    pairs = [p for p in range(4) if config[2 * p].in_use and config[2 * p + 1].in_use]
+    columns, total = [], np.zeros(levels.shape[0])
+    for p in pairs:
+        i, v = ((3.3 * levels[:, s] / 1023 - config[s].vref_v) / config[s].sensitivity
+                for s in (2 * p, 2 * p + 1))
+        columns += [i, v, i * v]
+        total = total + i * v
+    return np.stack([*columns, total], axis=1).astype(np.float32)
+
+
+# zero points at the ends of the ADC's range make exact zeros (and -0.0) at level 0 and 1023
+vrefs = st.one_of(st.sampled_from([0.0, 3.3]), st.floats(0.0, 3.3))
+sensitivities = st.sampled_from([1.0, -1.0]).flatmap(
+    lambda sign: st.floats(1e-3, 10.0).map(lambda x: sign * x))
+sensors = st.builds(SensorConfig, st.just("MLX10"), st.just("pair"), vrefs, sensitivities,
+                    st.booleans())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(sensors, min_size=8, max_size=8), st.integers(0, 2**32 - 1))
+def test_scaling_is_the_formula_bit_for_bit(config: list[SensorConfig], seed: int) -> None:
+    """Every level of every sensor, and random rows: the stored float32 bytes are the
+    formula's (the look-up table must not move a single value; issue 39)."""
+    if not any(config[2 * p].in_use and config[2 * p + 1].in_use for p in range(4)):
+        config[0:2] = [SensorConfig("MLX10", "pair", 1.65, 0.12, True),
+                       SensorConfig("voltage", "pair", 0.0, 0.091, True)]
+    rng = np.random.default_rng(seed)
+    levels = np.concatenate([np.repeat(np.arange(1024, dtype=np.uint16)[:, None], 8, axis=1),
+                             rng.integers(0, 1024, (500, 8)).astype(np.uint16)])
+    got = Scaling(config).convert(levels)
+    assert got.dtype == np.float32
+    assert got.tobytes() == formula_values(config, levels).tobytes()
+
+
+class BacklogTransport:
+    """A port with a backlog that never ends: every read returns a full tty buffer (4 kB)."""
+
+    def __init__(self) -> None:
+        self.data = stream(100_000)
+        self.pos = 0
+
+    def read_available(self, max_n: int) -> bytes:
+        n = min(max_n, 4096)
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+
+def test_a_backlog_is_read_without_pausing() -> None:
+    """Reads that come back fuller than the line rate fills a pace mean the host is behind:
+    the driver reads on at once (a poll drains its 128 kB, 0.36 s of stream, in
+    milliseconds, as it did before it paced its reads; issue 39)."""
+    ps = PowerSensor3(BacklogTransport())  # type: ignore[arg-type]
+    ps.decoder.stop_on_terminator = False
+    t0 = time.perf_counter()
+    block = ps.read_stream(min_duration_s=5.0)
+    elapsed_s = time.perf_counter() - t0
+    assert block.n == READ_MAX_BYTES // FRAME_BYTES
+    assert elapsed_s < 0.1  # 32 paced reads would take 0.16 s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import pytest
 from tests.conftest import ctrl_c, emulator_cli, running
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.powersensor3_acquirer import PowerSensor3Acquirer
-from wattlab.drivers.powersensor3 import PowerSensor3, SensorConfig, StreamBlock
+from wattlab.drivers.powersensor3 import READ_PACE_S, PowerSensor3, SensorConfig, StreamBlock
 from wattlab.drivers.transport import SerialTransport
 from wattlab.errors import MeterError
 from wattlab.hardware.emulators.powersensor3_emulator import PowerSensor3Emulator
@@ -345,3 +346,51 @@ def assert_wraps_explained(wraps: int, late_before_ns: int, late_after_ns: int) 
     lateness across it, plus one (see ``assert_loss_reported``)."""
     assert abs(wraps) <= abs(late_after_ns - late_before_ns) / 1_024_000 + 1, (
         wraps, late_before_ns, late_after_ns)
+
+
+class CountingTransport(SerialTransport):
+    """The real pty transport, counting its reads of the stream."""
+
+    reads = 0
+
+    def read_available(self, max_n: int) -> bytes:
+        self.reads += 1
+        return super().read_available(max_n)
+
+
+def test_stream_is_read_at_a_pace_not_per_arrival(emu: PowerSensor3Emulator) -> None:
+    """A 20 kHz stream is read every few ms, all of it, not each time a byte arrives (each
+    read costs a wake-up; issue 39): at most one read per pace step of the window."""
+    transport = CountingTransport(emu.path, timeout_s=1.0)
+    try:
+        ps = PowerSensor3(transport)
+        ps.connect()
+        ps.start()
+        ps.read_stream(min_duration_s=0.05)  # the stream is flowing
+        transport.reads = 0
+        window_s = 0.25
+        block = ps.read_stream(min_duration_s=window_s)
+        reads = transport.reads
+        rest = ps.stop_and_flush()
+    finally:
+        transport.close()
+    assert reads <= math.ceil(window_s / READ_PACE_S) + 1, reads
+    assert block.n >= 0.8 * window_s * RATE_HZ  # everything that arrived was read
+    assert block.skipped_bytes == rest.skipped_bytes == 0
+
+
+def test_a_poll_is_one_batch_of_a_quarter_second(emu: PowerSensor3Emulator) -> None:
+    """One poll, one chunk of ~0.25 s: 4 decodes, sends and recorder messages a second, not
+    20 (issue 39), and no more stream held than docs/reliability.md's crash-loss bound says
+    (0.25 s of it, plus what arrives within one read pace)."""
+    acq = PowerSensor3Acquirer(emu.path, source_id="ps3")
+    try:
+        acq.open()
+        acq.poll()  # the stream is flowing
+        readings = acq.poll()
+    finally:
+        acq.close()
+    chunks = [r for r in readings if isinstance(r, Chunk)]
+    assert len(chunks) == 1
+    rows = len(chunks[0].t_host_ns)
+    assert 0.8 * 0.25 * RATE_HZ <= rows <= (0.25 + READ_PACE_S + 0.1) * RATE_HZ, rows

@@ -60,10 +60,16 @@ FULL_SCALE_V = 3.3
 MAX_LEVEL = 1023
 DEVICE_CLOCK_WRAP_US = 1024
 WRAP_NS = DEVICE_CLOCK_WRAP_US * 1000
+LINE_RATE_BYTES_PER_S = 20_000 * FRAME_BYTES
 # One poll decodes at most this much: at the 3.6 MB/s the decoder holds on any bytes (10x
 # the device's 20 kHz x 18 bytes; bench/decode.py) that is under 37 ms, within a poll's
-# ~0.1 s, and 0.36 s of stream, so a backlog drains at over 3x the line rate
+# 0.25 s, and 0.36 s of stream, so a backlog drains at over 3x the line rate
 READ_MAX_BYTES = 1 << 17
+# Between two reads of the stream: 1.8 kB arrive at 20 kHz, under the 4 kB a Linux tty
+# holds before it throttles a USB CDC device (which then loses frames), in 200 wake-ups a
+# second instead of one per USB packet or pty write (~400 on the emulator; issue 39).
+# A read that brings over two paces' worth means the host is behind: read on at once.
+READ_PACE_S = 0.005
 
 # High bits each of the 18 frame bytes must carry: (mask, expected) per position.
 _FRAME_MASK = np.array(
@@ -160,9 +166,27 @@ def frame_starts(buf: npt.NDArray[np.uint8], lo: int = 0) -> npt.NDArray[np.bool
     return out
 
 
-def _valid_rows(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
-    ok: npt.NDArray[np.bool_] = ((rows & _FRAME_MASK) == _FRAME_EXPECT).all(axis=1)
-    return ok
+# The masks repeated over a whole read (and the carry), made once
+_TILED_FRAMES = READ_MAX_BYTES // FRAME_BYTES + 1
+_FRAME_MASK_TILED = np.tile(_FRAME_MASK, _TILED_FRAMES)
+_FRAME_EXPECT_TILED = np.tile(_FRAME_EXPECT, _TILED_FRAMES)
+
+
+def aligned_frames(buf: npt.NDArray[np.uint8]) -> int:
+    """How many whole frames from offset 0 carry every byte's fixed bits, in a row.
+
+    Why over the flat bytes against the masks repeated: one pass, where comparing
+    ``(frames, 18)`` rows against the 18-byte mask broadcast took ten times as long and
+    was most of a read's decoding (issue 39).
+    """
+    k = buf.shape[0] // FRAME_BYTES
+    size = FRAME_BYTES * k
+    if k <= _TILED_FRAMES:
+        mask, expect = _FRAME_MASK_TILED[:size], _FRAME_EXPECT_TILED[:size]
+    else:
+        mask, expect = np.tile(_FRAME_MASK, k), np.tile(_FRAME_EXPECT, k)
+    ok = (buf[:size] & mask) == expect
+    return k if bool(ok.all()) else int(np.argmin(ok)) // FRAME_BYTES
 
 
 def run_length(starts: npt.NDArray[np.bool_], p: int, stride: int) -> int:
@@ -227,9 +251,7 @@ class FrameDecoder:
         resume = np.zeros(0, dtype=np.intp)  # offsets where decoding can go on
         while True:
             if valid is None:  # the common case: aligned frames to the end, one check
-                k = n // FRAME_BYTES
-                ok = _valid_rows(buf[:FRAME_BYTES * k].reshape(k, FRAME_BYTES))
-                j = k if bool(ok.all()) else int(np.argmin(ok))
+                j = aligned_frames(buf)
             else:
                 j = run_length(valid, p, FRAME_BYTES) if p < n and valid[p] else 0
             if j:
@@ -467,8 +489,14 @@ class Scaling:
             for s in (2 * p, 2 * p + 1):
                 check_physical(config[s], s, port)
         self.sensors = [s for p in self.pairs for s in (2 * p, 2 * p + 1)]
-        self._vref = np.array([config[s].vref_v for s in self.sensors])
-        self._sens = np.array([config[s].sensitivity for s in self.sensors])
+        vref = np.array([config[s].vref_v for s in self.sensors])
+        sens = np.array([config[s].sensitivity for s in self.sensors])
+        # Each sensor's value at every one of the 1024 levels, by the formula ``convert``
+        # states: a look-up per sample instead of the arithmetic (a fifth of the CPU, and
+        # the same float64 numbers bit for bit, issue 39)
+        level = np.arange(MAX_LEVEL + 1)
+        self._table = np.ascontiguousarray(
+            ((FULL_SCALE_V * level[:, None] / MAX_LEVEL - vref) / sens).T)
 
     def channels(self) -> list[Channel]:
         out: list[Channel] = []
@@ -484,16 +512,24 @@ class Scaling:
         return out
 
     def convert(self, levels: npt.NDArray[np.uint16]) -> npt.NDArray[np.float32]:
-        """``(3.3 · level / 1023 − vref) / sensitivity``; negative sensitivity inverts."""
-        v = (FULL_SCALE_V * levels[:, self.sensors] / MAX_LEVEL - self._vref) / self._sens
+        """``(3.3 · level / 1023 − vref) / sensitivity``; negative sensitivity inverts.
+
+        Current, voltage and power per pair, then the pairs' power summed from +0.0 in
+        pair order (so -0.0 W on every pair totals +0.0), in float64, stored as float32.
+        """
         n = levels.shape[0]
-        out = np.empty((n, 3 * len(self.pairs) + 1), dtype=np.float64)
-        power = v[:, 0::2] * v[:, 1::2]
-        out[:, 0:-1:3] = v[:, 0::2]
-        out[:, 1:-1:3] = v[:, 1::2]
-        out[:, 2:-1:3] = power
-        out[:, -1] = power.sum(axis=1)
-        return out.astype(np.float32)
+        out = np.empty((n, 3 * len(self.pairs) + 1), dtype=np.float32)
+        total = np.zeros(n)
+        for j in range(len(self.pairs)):
+            current = self._table[2 * j].take(levels[:, self.sensors[2 * j]])
+            voltage = self._table[2 * j + 1].take(levels[:, self.sensors[2 * j + 1]])
+            power = current * voltage
+            out[:, 3 * j] = current
+            out[:, 3 * j + 1] = voltage
+            out[:, 3 * j + 2] = power
+            total += power
+        out[:, -1] = total
+        return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -650,15 +686,23 @@ class PowerSensor3:
         return _concat(frames)
 
     # -- streaming -------------------------------------------------------------------------
-    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = READ_MAX_BYTES
-                    ) -> StreamBlock:
-        """Read what has arrived (for at least ``min_duration_s``) and decode it."""
+    def read_stream(self, min_duration_s: float = 0.0, max_bytes: int = READ_MAX_BYTES,
+                    pace_s: float = READ_PACE_S) -> StreamBlock:
+        """Read what arrives for at least ``min_duration_s``, every ``pace_s``; decode it once.
+
+        A read fuller than two paces of the line rate is a backlog: no pause before the next.
+        """
         deadline = time.monotonic() + min_duration_s
+        behind_bytes = 2 * pace_s * LINE_RATE_BYTES_PER_S
         data = bytearray()
         while True:
-            data += self.transport.read_available(max_bytes - len(data))
-            if time.monotonic() >= deadline or len(data) >= max_bytes:
+            got = self.transport.read_available(max_bytes - len(data))
+            data += got
+            left_s = deadline - time.monotonic()
+            if left_s <= 0 or len(data) >= max_bytes:
                 break
+            if len(got) < behind_bytes:
+                time.sleep(min(pace_s, left_s))
         return self._block(bytes(data), self.clock_ns())
 
     def _block(self, data: bytes, host_read_ns: int) -> StreamBlock:

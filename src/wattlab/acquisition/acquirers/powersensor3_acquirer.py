@@ -27,7 +27,11 @@ from wattlab.errors import MeterError
 from wattlab.option_checks import rail_table
 from wattlab.samples import Gap, Marker, SourceDescriptor
 
-POLL_COLLECT_S = 0.05
+# What one poll reads before it is decoded and sent as one batch: each poll costs the
+# source a decode and a send and the recorder a message (20 a second at 0.05 s cost ~3 %
+# of a core, BENCHMARKS.md); what a crash of the whole recording can lose grows by it
+# (docs/reliability.md: 0.25 s + the recorder's flush interval, issue 39)
+POLL_COLLECT_S = 0.25
 CLOSE_DRAIN_S = 0.5
 NOMINAL_RATE_HZ = 20000
 FRAME_PERIOD_US = 1_000_000 // NOMINAL_RATE_HZ
@@ -72,7 +76,7 @@ class PowerSensor3Acquirer(SerialAcquirer[PowerSensor3]):
         return [desc]
 
     def poll(self) -> list[Reading]:
-        """Read ~50 ms of stream and turn it into a chunk, markers and resync gaps."""
+        """Read ``POLL_COLLECT_S`` of stream and turn it into a chunk, markers and resync gaps."""
         if self.driver is None:
             raise MeterError(f"{self.port}: poll before open")
         block = self.driver.read_stream(min_duration_s=POLL_COLLECT_S)
