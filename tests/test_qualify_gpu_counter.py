@@ -63,3 +63,28 @@ def test_the_gpu_alone_is_scored_against_its_counter_end_to_end(
         counter = run.source("gpu0.energy")
         assert len(counter) / (counter.first_last_ns()[1] - counter.first_last_ns()[0]) \
             * 1e9 > 8.0
+
+
+@pytest.mark.fast
+def test_the_device_scripts_repeat_table_compares_x_per_target() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "qualify_repeat", Path(__file__).resolve().parent.parent / "bench/qualify_repeat.py")
+    assert spec is not None and spec.loader is not None
+    repeat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repeat)
+
+    def doc(avg: float, inst: float | None) -> dict[str, object]:
+        return {"targets": [
+            {"target": "gpu0.power:average_power_w", "corrected": False, "refused": None,
+             "x_pct": avg},
+            {"target": "gpu0.power:instant_power_w", "corrected": False, "refused": None,
+             "x_pct": inst},
+            {"target": "wall:power_w", "corrected": False, "refused": "a wall", "x_pct": None}]}
+
+    rows = repeat.repeat_rows(doc(1.50, 2.0), doc(1.62, None))
+    assert [r["target"] for r in rows] == ["gpu0.power:average_power_w",
+                                           "gpu0.power:instant_power_w"]
+    assert rows[0]["difference_points"] == pytest.approx(0.12) and rows[0]["within_goal"]
+    assert rows[1]["difference_points"] is None and not rows[1]["within_goal"]
