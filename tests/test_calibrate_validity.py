@@ -105,14 +105,20 @@ def test_a_cut_reference_inside_a_phase_fails_coverage_there_and_in_the_fit(tmp_
     assert summary.invalid_parts == ["phase:high"]
 
 
-def test_a_phase_past_the_end_is_kept_as_an_invalid_figure(tmp_path):
+def test_a_phase_past_the_end_is_listed_with_why_it_has_no_figure(tmp_path, capsys):
     phases = (*PHASES_S, ("late", 35.0, 45.0))
-    record = _record(_run(tmp_path, phases=phases))
+    path = _run(tmp_path, phases=phases)
+    record = _record(path)
     assert [p.name for p in record.energy.phases] == ["low", "high", "mixed"]  # no error
-    assert _invalid(record) == {"phase:late": ["coverage"]}
-    late = next(f for f in record.validity.figures if f.figure == "phase:late")
+    assert record.validity.valid and _invalid(record) == {}  # no figure is not a bad figure
+    (late,) = record.validity.left_out
+    assert (late.figure, late.valid) == ("phase:late", False)
     assert "ends 5.001 s after the stream's last row (39.999 s)" in \
         late.checks["coverage"]["reason"]
+    assert main(["calibrate", "--no-store", "--strict", "--reference", REF, "--target", TARGET,
+                 str(path)]) == 0
+    assert "  no figure       phase:late: coverage: meter:power_w: the window ends 5.001 s" in \
+        capsys.readouterr().out
 
 
 def test_a_swapped_gpu_fails_identity_on_every_figure(tmp_path):

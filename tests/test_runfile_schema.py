@@ -312,7 +312,7 @@ def _calibration(source: str, kernel: str) -> CalibrationRecord:
     params = FittedParams(Estimate(0.1, 0.01), WIDTH_NAME[kernel], Estimate(0.5, 0.01),
                           Estimate(1.02, 0.01), Estimate(-3.0, 0.01))
     return replace(real, target=TargetStream(source, "power_w", "W"), kernel=kernel,
-                   params=params, validity=CalibrationValidity(True, 0, []))
+                   params=params, validity=CalibrationValidity(True, 0, [], []))
 
 
 def _tuning(t0_ns: int) -> TuningRecord:

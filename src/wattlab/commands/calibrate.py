@@ -129,10 +129,13 @@ def _validity_lines(doc: dict[str, Any]) -> None:
     if validity["valid"]:
         print(f"  valid           all {len(figures)} figures (parameters, overall, phases, "
               "summary) pass the validity checks (docs/validity.md)")
-        return
-    print(f"  INVALID         {validity['invalid_figures']} of {len(figures)} figures fail a "
-          "validity check (docs/validity.md):")
+    else:
+        print(f"  INVALID         {validity['invalid_figures']} of {len(figures)} figures fail "
+              "a validity check (docs/validity.md):")
     for figure in figures:
         if not figure["valid"]:
             for why in invalid_reasons(figure):
                 print(f"    {figure['figure']}: {why}")
+    for phase in validity["left_out"]:
+        for why in invalid_reasons(phase):
+            print(f"  no figure       {phase['figure']}: {why}")

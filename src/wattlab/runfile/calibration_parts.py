@@ -272,18 +272,27 @@ class FigureVerdict(_Flat):
 
 @dataclass(frozen=True)
 class CalibrationValidity:
-    """Every figure's verdict; ``valid`` when all are (records before issue 37 lack it)."""
+    """Every figure's verdict; ``valid`` when all are (records before issue 37 lack it).
+
+    ``left_out``: marked phases with no figure (no energy error could be taken), each with
+    the checks that say why; listed so none is dropped in silence, not counted as figures.
+    """
 
     valid: bool
     invalid_figures: int
     figures: list[FigureVerdict]
+    left_out: list[FigureVerdict]
 
     def to_json(self) -> dict[str, Any]:
         return {"valid": self.valid, "invalid_figures": self.invalid_figures,
-                "figures": [f.to_json() for f in self.figures]}
+                "figures": [f.to_json() for f in self.figures],
+                "left_out": [f.to_json() for f in self.left_out]}
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> CalibrationValidity:
+        def parts(key: str) -> list[FigureVerdict]:
+            return [FigureVerdict.from_json(f, f"{where}.{key}[{i}]")
+                    for i, f in enumerate(need(doc, key, where))]
+
         return cls(bool(need(doc, "valid", where)), int(need(doc, "invalid_figures", where)),
-                   [FigureVerdict.from_json(f, f"{where}.figures[{i}]")
-                    for i, f in enumerate(need(doc, "figures", where))])
+                   parts("figures"), parts("left_out"))

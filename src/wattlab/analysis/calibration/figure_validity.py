@@ -4,9 +4,11 @@ Why: a gain fitted across a hole in the reference, or a phase's error taken wher
 target's times step back, looks as sure as any other. Each figure compares two streams, so
 each is judged by the same checks as ``energy`` (``windows_verdict``) on both streams over
 the window it was taken on (the target's shifted by the energy delay, as it was
-integrated) and is valid where both are. A marked phase the energy errors leave out is
-kept as an invalid figure. The summary over long phases is a total: invalid
-where a phase it sums is, naming it.
+integrated) and is valid where both are. A marked phase the energy errors leave out has
+no figure: it is listed (``left_out``) with the checks that say why, and does not make the
+record invalid (the recording's own ``session`` phase is one on every real run: the target
+ends before the workload's end plus the energy delay). The summary over long phases is a
+total: invalid where a phase it sums is, naming it.
 """
 
 from __future__ import annotations
@@ -51,20 +53,22 @@ def calibration_validity(run: Run, ref: Stream, target: Stream, *,
     for (view, channel), spans in ((ref, windows), (target, shifted)):
         rows = windows_verdict(run, view, channel, spans)
         per_stream[f"{view.source_id}:{channel}"] = {r.phase: r.checks for r in rows}
-    figures = []
+    figures: list[FigureVerdict] = []
+    missing: list[FigureVerdict] = []
     for name, t0_s, t1_s in windows:
         checks = combined_checks({s: by[name] for s, by in per_stream.items()})
-        if (name, t0_s, t1_s) in left_out and all(c["ok"] for c in checks.values()):
+        no_figure = (name, t0_s, t1_s) in left_out
+        if no_figure and all(c["ok"] for c in checks.values()):
             checks["coverage"] = NO_ERROR_FIGURE
-        figures.append(FigureVerdict(name, t0_s, t1_s, all(c["ok"] for c in checks.values()),
-                                     checks, []))
+        (missing if no_figure else figures).append(FigureVerdict(
+            name, t0_s, t1_s, all(c["ok"] for c in checks.values()), checks, []))
     figures.append(_summary(energy, {f.figure: f for f in figures}))
     invalid = sum(not f.valid for f in figures)
-    return CalibrationValidity(invalid == 0, invalid, figures)
+    return CalibrationValidity(invalid == 0, invalid, figures, missing)
 
 
 def _left_out(run: Run, energy: EnergyCheck) -> list[Window]:
-    """Marked phases with no energy error: kept as figures, invalid, never silently dropped.
+    """Marked phases with no energy error: listed with why, never silently dropped.
 
     The energy errors leave out a phase outside what both streams cover, or one the
     reference misses too much of.
