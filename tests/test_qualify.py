@@ -31,11 +31,13 @@ def _meter(sid: str, channel: str, **config: object) -> SourceDescriptor:
 
 def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] = tuple(LEVEL_W),
                      start_unix_ns: int = 1, wired: bool = True, riser_lost: float = 0.0,
-                     level_s: float = LEVEL_S, lost_rows: int = 0) -> Path:
+                     level_s: float = LEVEL_S, lost_rows: int = 0, counter: bool = False
+                     ) -> Path:
     """Three held levels with a ripple; NVML reads gain × truth, the wall adds 150 W.
 
     ``riser_lost``: the share of the riser's rows lost in holes of 5-50 ms (a USB riser on
-    a busy host).
+    a busy host). ``counter``: the GPU's energy counter too (``gpu0.energy``, the truth's
+    integral read every 0.1 s, as ``qualify --gpu`` without a meter reads it).
     """
     writer = RunFileWriter(str(path), {"host": "test", "session_start_unix_ns": start_unix_ns,
                                        "created": "test"}, 0)
@@ -69,6 +71,14 @@ def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] 
     poll = slice(None, None, 20)
     writer.append("gpu0.power", t_ns[poll], t_ns[poll], (gain * truth[poll]).reshape(-1, 1),
                   flags[poll])
+    if counter:
+        writer.add_source(SourceDescriptor("gpu0.energy", "nvml", "Simulated H100",
+                                           (Channel("energy_j", "J", "total energy"),),
+                                           config={"driver_version": "1"}))
+        reads = slice(None, None, 100)
+        joules = np.concatenate(([0.0], np.cumsum(truth[1:] * np.diff(t_s))))
+        writer.append("gpu0.energy", t_ns[reads], t_ns[reads],
+                      (1e5 + joules[reads]).reshape(-1, 1), flags[reads])
     writer.add_markers(markers)
     if lost_rows:
         writer.add_gaps([Gap("riser", "frames lost before they reached the host",

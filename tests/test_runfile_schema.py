@@ -27,6 +27,7 @@ from wattlab.analysis.attribution import parse_request_log, write_requests
 from wattlab.analysis.calibration.stream_calibration import WIDTH_NAME, store_in_run
 from wattlab.runfile import (
     CalibrationRecord,
+    CalibrationValidity,
     Estimate,
     FittedParams,
     TargetStream,
@@ -311,7 +312,7 @@ def _calibration(source: str, kernel: str) -> CalibrationRecord:
     params = FittedParams(Estimate(0.1, 0.01), WIDTH_NAME[kernel], Estimate(0.5, 0.01),
                           Estimate(1.02, 0.01), Estimate(-3.0, 0.01))
     return replace(real, target=TargetStream(source, "power_w", "W"), kernel=kernel,
-                   params=params)
+                   params=params, validity=CalibrationValidity(True, 0, [], []))
 
 
 def _tuning(t0_ns: int) -> TuningRecord:

@@ -29,6 +29,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="resolution of the reference grid (default 1000 Hz)")
     p.add_argument("--min-phase", type=seconds(zero=True), default=2.0, metavar="S",
                    help="phases shorter than this are left out of the error summary")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 if any figure fails a validity check (docs/validity.md); "
+                        "without it an invalid figure is marked and the exit status is 0")
     return p
 
 
@@ -63,9 +66,10 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         with open(args.output, "x", encoding="utf-8") as f:
             json.dump(doc, f, indent=2)
+    status = int(args.strict and record.validity is not None and not record.validity.valid)
     if args.json:
         print(json.dumps(doc, indent=2))
-        return 0
+        return status
     key, verdict = record.key, record.verdict
     print(f"{record.where} vs {record.reference.source}:{record.reference.channel}")
     print(f"  GPU {key.gpu_model}, board {key.board or '-'}, driver "
@@ -108,8 +112,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"  phases ≥ {e.min_phase_s:g} s ({e.phases_considered}): mean |error| "
               f"{e.mean_abs_error_before_pct:.2f} % before, "
               f"{e.mean_abs_error_after_pct:.2f} % after")
+    _validity_lines(doc)
     if stored:
         print(f"  stored in {args.run}:{stored}")
     if args.output:
         print(f"  record written to {args.output}")
-    return 0
+    return status
+
+
+def _validity_lines(doc: dict[str, Any]) -> None:
+    """Whether every figure above passed the validity checks; each one that did not, why."""
+    from wattlab.analysis.energy import invalid_reasons
+
+    validity = doc["validity"]
+    figures = validity["figures"]
+    if validity["valid"]:
+        print(f"  valid           all {len(figures)} figures (parameters, overall, phases, "
+              "summary) pass the validity checks (docs/validity.md)")
+    else:
+        print(f"  INVALID         {validity['invalid_figures']} of {len(figures)} figures fail "
+              "a validity check (docs/validity.md):")
+    for figure in figures:
+        if not figure["valid"]:
+            for why in invalid_reasons(figure):
+                print(f"    {figure['figure']}: {why}")
+    for phase in validity["left_out"]:
+        for why in invalid_reasons(phase):
+            print(f"  no figure       {phase['figure']}: {why}")

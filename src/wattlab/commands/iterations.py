@@ -31,6 +31,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--to", dest="t1", type=SESSION_TIME_S, default=None, metavar="S",
                    help="end (session seconds)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 if the stream's figure over the span fails a validity check "
+                        "(docs/validity.md); without it the failure is a warning, exit 0")
     return p
 
 
@@ -39,11 +42,12 @@ def run(args: argparse.Namespace) -> int:
         result = iterations(run_file, args.source, markers=args.markers, rate_hz=args.rate,
                             min_period_s=args.min_period, max_period_s=args.max_period,
                             t0_s=args.t0, t1_s=args.t1)
+    status = int(args.strict and result.valid is False)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
-        return 0
+        return status
     print(describe(args.source, result))
-    return 0
+    return status
 
 
 def describe(source: str, r: IterationResult) -> str:

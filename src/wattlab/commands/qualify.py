@@ -14,12 +14,16 @@ import os
 import sys
 from typing import Any
 
-from wattlab.arg_types import GPU_INDEX, SEED, InputFile, Number, OutputFile
+from wattlab.arg_types import GPU_INDEX, SEED, InputFile, Number, OutputFile, seconds
 from wattlab.errors import UsageError
 
 SIM_REFERENCE = "ps3:board_power_w"
 SIM_TARGETS = ("gpu0.power:average_power_w", "gpu0.power:instant_power_w", "wall:wall_power_w")
 SIM_CLASS = "emulated PowerSensor3 (truth known)"
+GPU_VIEWS = ("power:average_power_w", "power:instant_power_w")
+"""With --gpu and no bench file: the GPU's two NVML power views, scored against its counter."""
+COUNTER_CLASS = "none: the GPU's own energy counter"
+COUNTER_READ = "energy=0.1"
 SIM_CALIBRATION_S = 60.0
 LEVEL_MARGIN_S = 1.0
 PERCENT = Number(0.0, 100.0)
@@ -37,6 +41,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="the reference's accuracy class, as its calibration certificate says")
     p.add_argument("--short", action="store_true",
                    help="five 12 s windows a level instead of five 60 s (CI, quick checks)")
+    p.add_argument("--window-s", type=seconds(), metavar="S",
+                   help="windows of S s instead of the form's (rehearsals and tests: not a "
+                        "qualification by either form)")
     p.add_argument("--max-pct", type=PERCENT, default=5.0, metavar="X",
                    help="pass at x %% or less (default 5, as MLPerf asks)")
     p.add_argument("--calibration", type=InputFile("calibration file"), metavar="CAL.json",
@@ -47,10 +54,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="what a stream measures where the run's wiring does not say it "
                         "(ps3=gpu0, wall=wall)")
     p.add_argument("--simulate", action="store_true",
-                   help="record the levels on a simulated bench first (no hardware)")
+                   help="record the levels on a simulated bench first (no hardware); with "
+                        "--gpu: the GPU alone, simulated (a rehearsal)")
     p.add_argument("--gpu", type=GPU_INDEX, help="record the levels on this real GPU first")
     p.add_argument("--bench", type=InputFile("bench file"),
-                   help="with --gpu: the bench file of the meters (their wiring)")
+                   help="with --gpu: the bench file of the meters (their wiring); without "
+                        "it only the GPU is read, and its energy counter is the reference "
+                        "(agreement, not accuracy)")
     p.add_argument("-o", "--output", type=OutputFile("run file"),
                    help="with --simulate/--gpu: run file to create (default qualify-<time>.h5)")
     p.add_argument("--seed", type=SEED, default=7, help="with --simulate: the simulated card")
@@ -132,15 +142,33 @@ def _simulate(args: argparse.Namespace, window_s: float, output: str) -> str | N
     return str(cal_path)
 
 
+def _gpu_only_bench(gpu: int, simulate: bool) -> str:
+    """The bench file of a machine with no meter: the one GPU, read by NVML.
+
+    Its energy counter is read at every update (0.1 s), not every 9 s: it is the reference,
+    so each window's edges are its own readings, not placed by the samples between them.
+    """
+    text = f'[[device]]\nkind = "nvml"\ngpus = "{gpu}"\nintervals = "{COUNTER_READ}"\n'
+    return text + (f"simulate = true\nsimulated_gpus = {gpu + 1}\n" if simulate else "")
+
+
 def _record_gpu(args: argparse.Namespace, window_s: float, output: str) -> None:
-    """Record the levels on a real GPU with the bench file's meters."""
+    """Record the levels on a real GPU with the bench file's meters (or none but the GPU).
+
+    A simulated GPU (the bench file's ``simulate = true``: rehearsals, tests) follows its
+    own workload, so the levels are only marked there, not driven.
+    """
     from wattlab.acquisition.meters import bench_file
     from wattlab.acquisition.session import Session
     from wattlab.commands.record import exit_status, report
 
-    config = bench_file.load_bench(args.bench)
+    config = (bench_file.load_bench(args.bench) if args.bench else
+              bench_file.parse_bench(_gpu_only_bench(args.gpu, args.simulate),
+                                     "<qualify --gpu>"))
     command = [sys.executable, "-m", "wattlab.acquisition.experiments.qualify_levels_on_gpu",
                "--gpu", str(args.gpu), "--level-s", str(_level_s(window_s))]
+    if bench_file.nvml_selection(config).simulate:
+        command.append("--no-load")
     with bench_file.bench_acquirers(config) as acquirers:
         result = Session(output, acquirers, command=command,
                          bench_config=config.to_json()).run()
@@ -150,16 +178,32 @@ def _record_gpu(args: argparse.Namespace, window_s: float, output: str) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    modes = sum(bool(x) for x in (args.run, args.simulate, args.gpu is not None))
+    modes = sum(bool(x) for x in (args.run, args.simulate and args.gpu is None,
+                                  args.gpu is not None))
     if modes != 1:
-        raise UsageError("give one of: a run file, --simulate, --gpu I")
+        raise UsageError("give one of: a run file, --simulate, --gpu I (--gpu I --simulate: "
+                         "the GPU alone, simulated)")
+    if args.gpu is not None and args.simulate and args.bench:
+        raise UsageError("--gpu I --simulate reads a simulated GPU alone: a bench file says "
+                         "`simulate = true` in its nvml entry instead")
     if args.gpu is not None and not args.bench:
-        raise UsageError("--gpu needs --bench FILE: the meters and what each measures")
+        return  # the GPU alone: its counter and views are the defaults (_defaults)
     if not args.simulate and not (args.reference and args.target and args.accuracy_class):
         raise UsageError("--reference, --target and --accuracy-class are needed (the user "
                          "names the reference and its accuracy class)")
     if args.output and args.run:
         raise UsageError("-o is for --simulate/--gpu: a recorded run is only read")
+
+
+def _defaults(args: argparse.Namespace) -> tuple[str, list[str], str]:
+    """(reference, targets, accuracy class): as given, else the mode's defaults."""
+    if args.gpu is not None and not args.bench:
+        gpu = f"gpu{args.gpu}"
+        return (args.reference or f"{gpu}.energy",
+                args.target or [f"{gpu}.{view}" for view in GPU_VIEWS],
+                args.accuracy_class or COUNTER_CLASS)
+    return (args.reference or SIM_REFERENCE, args.target or list(SIM_TARGETS),
+            args.accuracy_class or SIM_CLASS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -170,31 +214,34 @@ def run(args: argparse.Namespace) -> int:
         Procedure,
         parse_measures,
         qualify,
+        reference_meaning,
+        reference_stream,
     )
     from wattlab.commands.record import default_output
     from wattlab.runfile import Run
 
     _check_args(args)
-    window_s = SHORT_WINDOW_S if args.short else MLPERF_WINDOW_S
+    window_s = args.window_s or (SHORT_WINDOW_S if args.short else MLPERF_WINDOW_S)
+    form = "custom" if args.window_s else "short" if args.short else "mlperf"
     path, cal_path = args.run, args.calibration
     if not path:
         path = args.output or default_output("qualify")
         # with --json, stdout is the JSON alone: the recordings' reports go to stderr
         with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-            if args.simulate:
+            if args.simulate and args.gpu is None:
                 cal_path = _simulate(args, window_s, path)
             else:
                 _record_gpu(args, window_s, path)
-    reference = args.reference or SIM_REFERENCE
-    targets = args.target or list(SIM_TARGETS)
-    accuracy = args.accuracy_class or SIM_CLASS
+    reference, targets, accuracy = _defaults(args)
     record = load_record(cal_path, force=args.force_calibration) if cal_path else None
     procedure = Procedure(window_s, args.max_pct, told=parse_measures(args.measures))
     with Run(path) as run_file:
         verdicts = qualify(run_file, reference, targets, procedure, record)
         lost = len(run_file.gaps) if not args.run else 0
+        meaning = reference_meaning(*reference_stream(run_file, reference))
     doc = {"run": path, "reference": reference, "accuracy_class": accuracy,
-           "window_s": window_s, "form": "short" if args.short else "mlperf",
+           "meaning": meaning or "accuracy against the reference meter",
+           "window_s": window_s, "form": form,
            "max_pct": args.max_pct, "calibration": cal_path,
            "calibration_warnings": list(record.verdict.warnings) if record else [],
            "targets": [v.to_json() for v in verdicts]}
@@ -215,7 +262,8 @@ def _text(doc: dict[str, Any]) -> str:
     """The verdicts as a person reads them: one block a target."""
     lines = [f"{doc['run']}: qualification against {doc['reference']} "
              f"({doc['accuracy_class']}), {doc['form']} form: five {doc['window_s']:g} s "
-             f"windows a level, pass at {doc['max_pct']:g} %"]
+             f"windows a level, pass at {doc['max_pct']:g} %",
+             f"  what x means: {doc['meaning']}"]
     for warning in doc["calibration_warnings"]:
         lines.append(f"  calibration {doc['calibration']}: {warning}")
     for t in doc["targets"]:

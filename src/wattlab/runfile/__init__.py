@@ -1,6 +1,7 @@
 """The run-file format's one owner: its layout, the writer, the reader, the layout check, repair."""
 
 from wattlab.runfile.calibration_parts import (
+    CalibrationValidity,
     CrossCorrelation,
     EnergyCheck,
     Estimate,
@@ -121,6 +122,7 @@ __all__ = [
     "WINDOW_S",
     "BetweenLayers",
     "CalibrationRecord",
+    "CalibrationValidity",
     "ClockPlans",
     "ClockSource",
     "CountedLayer",

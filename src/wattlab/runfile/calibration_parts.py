@@ -250,3 +250,49 @@ class EnergyCheck:
             need(doc, "mean_abs_error_after_pct", where),
             [LengthErrors.from_json(b, f"{where}.by_length[{i}]")
              for i, b in enumerate(need(doc, "by_length", where))])
+
+
+@dataclass(frozen=True)
+class FigureVerdict(_Flat):
+    """The validity verdict on one figure of a calibration (docs/validity.md, issue 37).
+
+    ``figure``: ``params`` (the fitted parameters: both streams over the span fitted),
+    ``overall``, ``phase:<label>`` (a marked phase's energy errors) or ``mean_abs_error``
+    (the summary over long phases, a total: invalid where a phase it sums is, named in
+    ``invalid_parts``). ``checks``: the six named checks, each over both streams.
+    """
+
+    figure: str
+    t0_s: float | None
+    t1_s: float | None
+    valid: bool
+    checks: dict[str, dict[str, Any]]
+    invalid_parts: list[str]
+
+
+@dataclass(frozen=True)
+class CalibrationValidity:
+    """Every figure's verdict; ``valid`` when all are (records before issue 37 lack it).
+
+    ``left_out``: marked phases with no figure (no energy error could be taken), each with
+    the checks that say why; listed so none is dropped in silence, not counted as figures.
+    """
+
+    valid: bool
+    invalid_figures: int
+    figures: list[FigureVerdict]
+    left_out: list[FigureVerdict]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"valid": self.valid, "invalid_figures": self.invalid_figures,
+                "figures": [f.to_json() for f in self.figures],
+                "left_out": [f.to_json() for f in self.left_out]}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> CalibrationValidity:
+        def parts(key: str) -> list[FigureVerdict]:
+            return [FigureVerdict.from_json(f, f"{where}.{key}[{i}]")
+                    for i, f in enumerate(need(doc, key, where))]
+
+        return cls(bool(need(doc, "valid", where)), int(need(doc, "invalid_figures", where)),
+                   parts("figures"), parts("left_out"))

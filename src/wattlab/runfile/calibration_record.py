@@ -19,6 +19,7 @@ import h5py
 from wattlab.errors import RunFileError
 from wattlab.runfile import schema
 from wattlab.runfile.calibration_parts import (
+    CalibrationValidity,
     CrossCorrelation,
     EnergyCheck,
     Estimate,
@@ -120,6 +121,7 @@ class CalibrationRecord:
     verdict: Identifiability = field(default_factory=Identifiability)
     profiles: Profiles | None = None  # issue 20 on
     update_period_se_s: float | None = None  # issue 20 on
+    validity: CalibrationValidity | None = None  # issue 37 on: every figure's verdict
 
     @property
     def where(self) -> str:
@@ -147,7 +149,7 @@ class CalibrationRecord:
             "kernels": {name: k.to_json() for name, k in self.kernels.items()},
             "power_dependent_gain": self.power_dependent_gain.to_json(),
             "energy": self.energy.to_json(),
-        }
+        } | ({} if self.validity is None else {"validity": self.validity.to_json()})
 
     @classmethod
     def from_json(cls, doc: Any) -> CalibrationRecord:
@@ -156,6 +158,7 @@ class CalibrationRecord:
             return need(doc, key, "")
 
         profiles = doc.get("profiles") if isinstance(doc, dict) else None
+        validity = doc.get("validity") if isinstance(doc, dict) else None
         return cls(
             get("format"), StreamKey.read(doc, "key", ""), TargetStream.read(doc, "target", ""),
             ReferenceStream.read(doc, "reference", ""), get("run"), get("created"),
@@ -171,7 +174,8 @@ class CalibrationRecord:
             Identifiability(bool(doc.get("identifiable", True)),
                             tuple(doc.get("warnings", ())), doc.get("advice") or ""),
             None if profiles is None else Profiles.from_json(profiles, "profiles"),
-            doc.get("update_period_se_s"))
+            doc.get("update_period_se_s"),
+            None if validity is None else CalibrationValidity.from_json(validity, "validity"))
 
 
 def write_calibration(path: str, record: CalibrationRecord, *, hint: str = "") -> str:
@@ -180,6 +184,8 @@ def write_calibration(path: str, record: CalibrationRecord, *, hint: str = "") -
         group.attrs[schema.RECORD_JSON] = json.dumps(record.to_json(), sort_keys=True)
         group.attrs[schema.KERNEL] = record.kernel
         group.attrs[schema.IDENTIFIABLE] = record.verdict.identifiable
+        if record.validity is not None:
+            group.attrs[schema.ALL_VALID] = record.validity.valid
         for name, value in record.params.pinned().items():
             group.attrs[name] = value
 

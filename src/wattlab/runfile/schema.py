@@ -213,10 +213,12 @@ TUNING = "tuning"
 RECORD_JSON = "record_json"
 KERNEL = "kernel"
 IDENTIFIABLE = "identifiable"
+ALL_VALID = "all_valid"
+"""Every figure of the record passed its validity verdict (issue 37; older records lack it)."""
 CALIBRATION_PARAMS = ("tau_s", "w_s", "time_constant_s", "gain", "offset_w")
 """A fitted parameter is also an attribute where the data pinned it (w_s: boxcar kernels,
 time_constant_s: first-order ones)."""
-CALIBRATION_ATTRS = (RECORD_JSON, KERNEL, IDENTIFIABLE, *CALIBRATION_PARAMS)
+CALIBRATION_ATTRS = (RECORD_JSON, KERNEL, IDENTIFIABLE, ALL_VALID, *CALIBRATION_PARAMS)
 SUMMARY_JSON = "summary_json"
 MODELS_JSON = "models_json"
 DECISIONS_JSON = "decisions_json"

@@ -4,6 +4,8 @@
 
 Run by `wattlab qualify --gpu I` as the recorded command: phases ``idle``, ``load1`` (matrix
 products half of every 10 ms slice) and ``load2`` (all of it), each ``--level-s`` long.
+``--no-load`` only marks the levels: a simulated GPU follows its own workload (rehearsals
+and tests on the fake NVML, where no CUDA device runs products).
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gpu", type=int, default=0)
     parser.add_argument("--level-s", type=float, required=True)
+    parser.add_argument("--no-load", action="store_true",
+                        help="mark the levels without running products (a simulated GPU)")
     args = parser.parse_args()
-    product = matmul_backend(args.gpu)
+    product = (lambda: None) if args.no_load else matmul_backend(args.gpu)
     product()  # warm-up outside the marked levels
     end = time.monotonic()
     for name, duty in LEVEL_DUTIES:
         end += args.level_s
         with wattlab.phase(name):
-            busy_until(end, duty, product)
+            busy_until(end, duty if not args.no_load else 0.0, product)
 
 
 if __name__ == "__main__":

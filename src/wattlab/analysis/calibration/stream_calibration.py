@@ -42,6 +42,7 @@ from wattlab.analysis.alignment import (
     span_s,
 )
 from wattlab.analysis.calibration.energy_check import TargetEnergy, energy_errors
+from wattlab.analysis.calibration.figure_validity import calibration_validity
 from wattlab.analysis.calibration.fit_uncertainty import (
     batch_errors,
     identify,
@@ -62,6 +63,7 @@ from wattlab.errors import RunFileError, UsageError
 from wattlab.runfile import (
     RECORD_FORMAT,
     CalibrationRecord,
+    CalibrationValidity,
     CrossCorrelation,
     EnergyCheck,
     Estimate,
@@ -313,18 +315,22 @@ def calibrate(
                                                        centroid / width * se["w"])]))
     energy = energy_errors(run, ref, tgt, g=(fit.gain, se["g"]), c=(fit.offset_w, se["c"]),
                            d=(d_energy, se["d"]), min_phase_s=min_phase_s)
+    validity = calibration_validity(run, (ref_view, ref_ch), (tgt_view, tgt_ch),
+                                    fit_ref_s=(t0, t1), fit_target_s=(float(x[0]), float(x[-1])),
+                                    energy=energy, delay_s=d_energy)
     return _record(
         run, (ref_view, ref_ch), (tgt_view, tgt_ch), fit=fit, se=se, seen=seen,
         d_energy=d_energy, lag=lag, verdict=verdict, profiles=profiles,
         fit_summary=FitSummary(finite(math.sqrt(fit.mse)), finite(fit.r2), int(fit.n),
                                grid_rate_hz, int(batch.fitted)),
-        gain_test=power_dependent_gain(fit, x, y, batch), energy=energy)
+        gain_test=power_dependent_gain(fit, x, y, batch), energy=energy, validity=validity)
 
 
 def _record(run: Run, ref: tuple[SourceView, str], tgt: tuple[SourceView, str], *,
             fit: ChosenKernel, se: dict[str, float], seen: _Observed, d_energy: float,
             lag: LagEstimate, verdict: Verdict, profiles: Profiles, fit_summary: FitSummary,
-            gain_test: GainTest, energy: EnergyCheck) -> CalibrationRecord:
+            gain_test: GainTest, energy: EnergyCheck, validity: CalibrationValidity
+            ) -> CalibrationRecord:
     """The calibration record: what was fitted against what, and how well it holds."""
     (ref_view, ref_ch), (tgt_view, tgt_ch) = ref, tgt
     kernel, tau, width, period = fit.kernel, fit.tau_s, fit.width_s, seen.period_s
@@ -352,7 +358,7 @@ def _record(run: Run, ref: tuple[SourceView, str], tgt: tuple[SourceView, str], 
         poll_delay_s=finite(seen.poll_delay_s), coverage=float(held_coverage), fit=fit_summary,
         kernels={k: KernelCandidate(finite(math.sqrt(v[2])), finite(v[0]), WIDTH_NAME[k],
                                     finite(v[1])) for k, v in fit.fits.items()},
-        power_dependent_gain=gain_test, energy=energy)
+        power_dependent_gain=gain_test, energy=energy, validity=validity)
 
 
 # --------------------------------------------------------------------------- records

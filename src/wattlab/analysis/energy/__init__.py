@@ -25,6 +25,7 @@ from wattlab.analysis.energy.source_energy import (
     record_applies,
     span_verdict,
     stream_identity,
+    windows_verdict,
 )
 from wattlab.analysis.energy.validity import invalid_reasons, judge
 from wattlab.analysis.energy.wiring_check import WiringMismatch, wiring_mismatches
@@ -57,5 +58,6 @@ __all__ = [
     "span_verdict",
     "stream_identity",
     "summarise",
+    "windows_verdict",
     "wiring_mismatches",
 ]

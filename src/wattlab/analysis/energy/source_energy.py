@@ -422,16 +422,26 @@ def span_verdict(run: Run, view: SourceView, channel: str, t0_s: float, t1_s: fl
 
     For analyses that report a figure of their own over a span (``iterations``).
     """
-    phase = [Phase("span", 0, t0_s, t1_s, "")]
+    return windows_verdict(run, view, channel, [("span", t0_s, t1_s)])[0]
+
+
+def windows_verdict(run: Run, view: SourceView, channel: str,
+                    windows: Sequence[tuple[str, float, float]]) -> list[EnergyRow]:
+    """One stream's figure over each (label, t0, t1) window, each with its verdict.
+
+    For analyses whose figures are taken over windows of their own (``calibrate``'s phases,
+    ``qualify``'s windows): the same judge as ``energy``, on a power stream or a counter.
+    """
+    phases = [Phase(label, 0, t0_s, t1_s, "") for label, t0_s, t1_s in windows]
     method = "counter" if view.unit(channel) == "J" else "power"
     if scan_times(view).backwards_s.size:
-        row = _unintegrated(view, channel, method, phase)[0]
+        rows = _unintegrated(view, channel, method, phases)
     elif method == "counter":
-        row = counter_energy(view, channel, phase, shape_source(run, view))[0]
+        rows = counter_energy(view, channel, phases, shape_source(run, view))
     else:
-        row = integrate_power(run, view, [channel], phase)[channel][0][0]
-    judge(run, [row], (t0_s, t1_s), {})
-    return row
+        rows = integrate_power(run, view, [channel], phases)[channel][0]
+    judge(run, rows, (min(p.t0_s for p in phases), max(p.t1_s for p in phases)), {})
+    return rows
 
 
 def _report_phases(run: Run, streams: list[tuple[SourceView, str, str]], by_marker: bool,

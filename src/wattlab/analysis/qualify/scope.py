@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from wattlab.analysis.alignment import parse_spec, power_channel, resolve
+from wattlab.analysis.energy import energy_channel
 from wattlab.errors import UsageError
-from wattlab.runfile import SourceView
+from wattlab.runfile import Run, SourceView
 
 GPU_KINDS = ("nvml", "amdsmi")
 
@@ -70,3 +72,29 @@ def parse_measures(items: list[str]) -> dict[str, str]:
         index = _gpu_index(what)
         out[source] = f"gpu {index} board" if index is not None else f"rail {what}"
     return out
+
+
+COUNTER_AGREEMENT = ("agreement with the GPU's own energy counter, not accuracy: the counter "
+                     "is no meter of a stated class, and what it shares with the GPU's power "
+                     "readings (the same sensor) no comparison against it can show")
+
+
+def reference_stream(run: Run, spec: str) -> tuple[SourceView, str]:
+    """The reference ``SRC[:CH]`` names: its power channel, else (a counter) its J channel."""
+    source_id, channel = parse_spec(spec)
+    if channel is None and power_channel(view := run.source(source_id)) is None:
+        channel = energy_channel(view)
+        if channel is not None:
+            return view, channel
+    return resolve(run, spec)
+
+
+def reference_meaning(view: SourceView, channel: str) -> str | None:
+    """What a score against this reference means where it is not accuracy (None: it is).
+
+    Why: on a machine with no meter the GPU's energy counter is the best reference at hand,
+    and a figure scored against it must never read as a meter's qualification.
+    """
+    if view.kind in GPU_KINDS and view.unit(channel) == "J":
+        return COUNTER_AGREEMENT
+    return None

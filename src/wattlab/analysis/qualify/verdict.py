@@ -18,17 +18,11 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.analysis.alignment import json_safe, resolve
-from wattlab.analysis.energy import (
-    Phase,
-    integrate_power,
-    invalid_reasons,
-    judge,
-    record_applies,
-)
+from wattlab.analysis.energy import invalid_reasons, record_applies, windows_verdict
 from wattlab.analysis.qualify.calibration_origin import same_run
 from wattlab.analysis.qualify.levels import Level, marked_levels, place_windows
 from wattlab.analysis.qualify.olympic import olympic_mean
-from wattlab.analysis.qualify.scope import refusal
+from wattlab.analysis.qualify.scope import reference_stream, refusal
 from wattlab.analysis.qualify.window_means import window_means
 from wattlab.errors import UsageError
 from wattlab.runfile import CalibrationRecord, Run, SourceView
@@ -104,10 +98,9 @@ def _means(run: Run, view: SourceView, channel: str, levels: Sequence[Level],
 def _invalid_windows(run: Run, view: SourceView, channel: str, levels: Sequence[Level]
                      ) -> list[str]:
     """Labels of the scored windows whose validity verdict fails, with the failing checks."""
-    phases = [Phase(f"{lv.name} w{k + 1}", 0, a, b, "qualify")
-              for lv in levels for k, (a, b) in enumerate(lv.windows_s)]
-    rows = integrate_power(run, view, [channel], phases)[channel][0]
-    judge(run, rows, (phases[0].t0_s, phases[-1].t1_s), {})
+    windows = [(f"{lv.name} w{k + 1}", a, b) for lv in levels
+               for k, (a, b) in enumerate(lv.windows_s)]
+    rows = windows_verdict(run, view, channel, windows)
     return [f"{r.source} {r.phase}: {'; '.join(invalid_reasons(r.to_json()))}" for r in rows
             if not r.valid]
 
@@ -142,7 +135,7 @@ def qualify(run: Run, reference: str, targets: Sequence[str], procedure: Procedu
     """Every target's verdict against ``reference`` over the run's marked levels."""
     levels = [place_windows(lv, procedure.window_s, procedure.settle_s)
               for lv in marked_levels(run.markers, run.path)]
-    ref_view, ref_ch = resolve(run, reference)
+    ref_view, ref_ch = reference_stream(run, reference)
     if record is not None and (why := same_run(run, record)) is not None:
         raise UsageError(f"--calibration: refused: {why}; qualify calibrated NVML with a "
                          "calibration from another run")

@@ -2,7 +2,8 @@
 
 from wattlab.analysis.energy.validity.figure_judge import judge
 from wattlab.analysis.energy.validity.time_scan import scan_times
-from wattlab.analysis.energy.validity.verdict import CHECKS, invalid_reasons
+from wattlab.analysis.energy.validity.verdict import CHECKS, combined_checks, invalid_reasons
 from wattlab.analysis.energy.validity.window_check import clip_window
 
-__all__ = ["CHECKS", "clip_window", "invalid_reasons", "judge", "scan_times"]
+__all__ = ["CHECKS", "clip_window", "combined_checks", "invalid_reasons", "judge",
+           "scan_times"]

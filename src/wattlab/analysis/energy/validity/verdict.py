@@ -58,3 +58,21 @@ def invalid_reasons(figure: Mapping[str, Any]) -> list[str]:
                    + (" ..." if len(parts) > 5 else ""))
     return out
 
+
+
+def combined_checks(by_stream: Mapping[str, Mapping[str, Mapping[str, Any]]]
+                    ) -> dict[str, dict[str, Any]]:
+    """One figure's checks from the checks of the streams it compares (``name: checks``).
+
+    Why: a calibration's figure (a fitted gain, a phase's error) is only as good as both
+    streams over its window; each check passes where every stream's does, applies where any
+    stream's does, and gives the failing streams' reasons (else every stream's), named.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name in CHECKS:
+        each = {stream: checks[name] for stream, checks in by_stream.items()}
+        ok = all(c["ok"] for c in each.values())
+        said = {s: c for s, c in each.items() if not c["ok"]} if not ok else each
+        out[name] = {"ok": ok, "applies": any(c["applies"] for c in each.values()),
+                     "reason": "; ".join(f"{s}: {c['reason']}" for s, c in said.items())}
+    return out
