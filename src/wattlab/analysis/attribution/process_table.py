@@ -11,7 +11,6 @@ pid is another process. A process is *present* from its ``process`` marker to it
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from typing import Any
 
