@@ -75,47 +75,56 @@ def identity(q: Proc, gpu: int) -> dict[str, Any]:
 def write_shared_run(path: Path, *, procs: list[Proc] | None = None, processes: bool = True,
                      missing: str | None = None, gap_s: tuple[float, float] | None = None,
                      counter_gain: float = 1.0, truth: bool = False,
-                     gpus: tuple[int, ...] = (0,)) -> Path:
+                     gpus: tuple[int, ...] = (0,), nodes: tuple[str, ...] = ("",)) -> Path:
     """The run (module doc). ``processes=False``: no per-process stream (``missing``: the
     acquirer's reason in ``config["missing"]``); ``gap_s``: the per-process query failed then;
     ``truth``: the simulated GPU's ``simulated-truth`` marker at the end; ``gpus``: each of
-    these GPUs runs the same processes (one process across several GPUs).
+    these GPUs runs the same processes (one process across several GPUs); ``nodes``: each
+    of these nodes has those GPUs, its streams named ``NODE.gpu{i}.*`` as a multi-node
+    (Slurm/agent) run names them ("": one host, ``gpu{i}.*``).
     """
     procs = PROCS if procs is None else procs
     w = RunFileWriter(str(path), {"created": "test", "session_start_unix_ns": UNIX0_NS}, 0)
     config = {"missing": {"processes": missing} if missing else {}}
-    for gpu in gpus:
-        write_gpu(w, gpu, procs, config, counter_gain)
-        if processes:
-            write_processes(w, procs, gap_s, gpu)
+    for node in nodes:
+        for gpu in gpus:
+            write_gpu(w, gpu, procs, config, counter_gain, node)
+            if processes:
+                write_processes(w, procs, gap_s, gpu, node)
     if truth:
         end_ns = round(DURATION_S * 1e9)
-        w.add_markers([Marker(end_ns, "simulated-truth", "point", "gpu0.processes", {
+        w.add_markers([Marker(end_ns, "simulated-truth", "point",
+                              f"{prefix(nodes[0], 0)}.processes", {
             "gpu": 0, "window_ns": [0, end_ns], "idle_j": IDLE_W * DURATION_S,
             "static_j": STATIC_W * 16.0, "dynamic_j": {str(q.pid): q.truth_j() for q in procs}})])
     w.close()
     return path
 
 
+def prefix(node: str, gpu: int) -> str:
+    return f"{node}.gpu{gpu}" if node else f"gpu{gpu}"
+
+
 def write_gpu(w: RunFileWriter, gpu: int, procs: list[Proc], config: dict[str, Any],
-              counter_gain: float) -> None:
+              counter_gain: float, node: str = "") -> None:
     """One GPU's 50 Hz power samples and its energy counter (read every second)."""
-    w.add_source(SourceDescriptor(f"gpu{gpu}.samples", "nvml", "sim", (Channel(
+    device = prefix(node, gpu)
+    w.add_source(SourceDescriptor(f"{device}.samples", "nvml", "sim", (Channel(
         "power_w", "W", "nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)"),), config=config))
-    w.add_source(SourceDescriptor(f"gpu{gpu}.energy", "nvml", "sim", (Channel(
+    w.add_source(SourceDescriptor(f"{device}.energy", "nvml", "sim", (Channel(
         "energy_j", "J", "nvmlDeviceGetTotalEnergyConsumption"),), config=config))
     t = np.arange(0, int(DURATION_S * 50) + 1) * 20_000_000
     p = true_power_w(t / 1e9, procs)
-    w.append(f"gpu{gpu}.samples", t, t, p.reshape(-1, 1), np.zeros(t.size, np.uint8))
+    w.append(f"{device}.samples", t, t, p.reshape(-1, 1), np.zeros(t.size, np.uint8))
     te = np.arange(0, int(DURATION_S) + 1) * 1_000_000_000
     cum = np.concatenate(([0.0], np.cumsum(0.5 * (p[1:] + p[:-1]) * 0.02)))
     e = 5e6 + counter_gain * cum[(te // 20_000_000).astype(int)]
-    w.append(f"gpu{gpu}.energy", te, te, e.reshape(-1, 1), np.zeros(te.size, np.uint8))
+    w.append(f"{device}.energy", te, te, e.reshape(-1, 1), np.zeros(te.size, np.uint8))
 
 
 def write_processes(w: RunFileWriter, procs: list[Proc], gap_s: tuple[float, float] | None,
-                    gpu: int = 0) -> None:
-    sid = f"gpu{gpu}.processes"
+                    gpu: int = 0, node: str = "") -> None:
+    sid = f"{prefix(node, gpu)}.processes"
     w.add_source(SourceDescriptor(sid, "nvml", "sim", PROCESS_CHANNELS,
                                   time_raw="device_unix_us"))
     stamps = np.arange(1, int(DURATION_S / PERIOD_S) + 1) * PERIOD_S

@@ -2,7 +2,8 @@
 
 docs/process-energy.md says what the parts and rules are.
 
-Per GPU: idle and static apart (``process_parts``); the dynamic rest shared by the
+Per GPU (keyed by its stream prefix: ``gpu0``, or ``node1.gpu0`` on a multi-node run):
+idle and static apart (``process_parts``); the dynamic rest shared by the
 attribution core among the processes' utilisation samples by a rule:
 
 - ``activity``: each process's own power per unit of its activity, learnt where it worked
@@ -34,6 +35,7 @@ from wattlab.analysis.attribution.process_rule import KEPLER, activity_rule
 from wattlab.analysis.attribution.process_table import (
     Process,
     ProcessTable,
+    gpu_prefix,
     missing_reason,
     read_processes,
 )
@@ -87,6 +89,11 @@ class GpuSplit:
     unattributed_j: float
     processes: list[ProcessEnergy]
     notes: list[str] = field(default_factory=list)
+    node: str = ""  # the node's stream prefix on a multi-node run
+
+    @property
+    def prefix(self) -> str:
+        return gpu_prefix(self.node, self.gpu)
 
     @property
     def closure_j(self) -> float:
@@ -94,7 +101,8 @@ class GpuSplit:
                 + self.unattributed_j - self.total_j)
 
     def to_json(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, **self.stream.verdict_json(), **self.baseline.to_json(),
+        return {"gpu": self.gpu, **({"node": self.node} if self.node else {}),
+                **self.stream.verdict_json(), **self.baseline.to_json(),
                 "rule": self.rule.to_json(), "total_j": self.total_j,
                 "total_how": self.total_how, "idle_j": self.idle_j, "static_j": self.static_j,
                 "unattributed_j": self.unattributed_j, "closure_j": self.closure_j,
@@ -125,21 +133,26 @@ class ByProcess:
                 "gpus": [g.to_json() for g in self.gpus]}
 
 
-def run_gpus(run: Run) -> list[int]:
-    """The GPU indices the run has streams of (``gpu{i}.*``)."""
+def run_gpus(run: Run) -> list[tuple[str, int]]:
+    """The GPUs the run has streams of, as (node, index), one host's first, then by node.
+
+    ("", i) for ``gpu{i}.*``; on a multi-node run (NODE, i) for ``NODE.gpu{i}.*``.
+    """
     out = set()
     for sid in run.sources:
-        head = sid.partition(".")[0]
-        if head.startswith("gpu") and head[3:].isdigit():
-            out.add(int(head[3:]))
+        parts = sid.split(".")
+        for node, head in (("", parts[0]), (parts[0], parts[1] if len(parts) > 2 else "")):
+            if head.startswith("gpu") and head[3:].isdigit():
+                out.add((node, int(head[3:])))
+                break
     return sorted(out)
 
 
 def energy_by_process(run: Run, *, rule: str = "activity", charge: tuple[str, ...] = ()
                       ) -> ByProcess:
     """Each process's energy on each GPU of ``run`` (module doc)."""
-    tables = {gpu: read_processes(run, gpu) for gpu in run_gpus(run)}
-    missing = [missing_reason(run, gpu) for gpu, t in tables.items() if t is None]
+    tables = {(node, gpu): read_processes(run, gpu, node) for node, gpu in run_gpus(run)}
+    missing = [missing_reason(run, gpu, node) for (node, gpu), t in tables.items() if t is None]
     found = [t for t in tables.values() if t is not None]
     report = energy_report(run, by_marker=False) if found else {}
     gpus = [split_gpu(run, report, t, rule, charge) for t in found]
@@ -155,7 +168,7 @@ def add_truth(run: Run, g: GpuSplit) -> None:
     joules, and its window, go into the notes.
     """
     marks = [m for m in run.markers if m.name == "simulated-truth"
-             and m.source == f"gpu{g.gpu}.processes"]
+             and m.source == f"{g.prefix}.processes"]
     if not marks:
         return
     truth = marks[-1].payload
@@ -181,8 +194,8 @@ def choose_rule(stream: PowerStream, base_w: float, table: ProcessTable, name: s
 def split_gpu(run: Run, report: dict[str, Any], table: ProcessTable, rule_name: str,
               charge: tuple[str, ...]) -> GpuSplit:
     """One GPU's split on its run's power stream, to its energy counter where it has one."""
-    stream = run_power_stream(run, report, f"gpu{table.gpu}")
-    return split(stream, table, rule_name, charge, gpu_counter(report, table.gpu))
+    stream = run_power_stream(run, report, table.prefix)
+    return split(stream, table, rule_name, charge, gpu_counter(report, table.prefix))
 
 
 def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tuple[str, ...],
@@ -235,9 +248,9 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
     out = GpuSplit(table.gpu, stream, base, rule, total, how, idle_j - charged_i,
                    static_j - charged_s,
                    (att.unattributed_j + base.static_w * (span[1] - span[0] - present_s))
-                   * scale, procs, notes)
+                   * scale, procs, notes, table.node)
     if abs(out.closure_j) > CLOSURE * max(abs(total), 1e-12):
-        raise RuntimeError(f"gpu{table.gpu}: processes + static + idle + unattributed - total "
+        raise RuntimeError(f"{table.prefix}: processes + static + idle + unattributed - total "
                            f"= {out.closure_j:.6g} J of {total:.6g} J (a bug in wattlab)")
     return out
 
@@ -246,11 +259,11 @@ def clip(p: Process, span: tuple[float, float]) -> tuple[float, float]:
     return max(p.present_s[0], span[0]), min(p.present_s[1], span[1])
 
 
-def gpu_counter(report: dict[str, Any], gpu: int) -> tuple[float, str] | None:
-    """The GPU's energy counter's figure for the run, and its name (None: it has none)."""
+def gpu_counter(report: dict[str, Any], prefix: str) -> tuple[float, str] | None:
+    """The energy counter of the GPU ``prefix`` over the run, and its name (None: none)."""
     for r in report["rows"]:
         if (r["phase"] == "run" and r["method"] == "counter" and r["energy_j"] is not None
-                and r["source"].partition(".")[0] == f"gpu{gpu}"):
+                and r["source"].startswith(f"{prefix}.")):
             return float(r["energy_j"]), f"{r['source']}:{r['channel']}"
     return None
 

@@ -42,11 +42,12 @@ class PowerStream:
 def run_power_stream(run: Run, report: dict[str, Any], device: str = "") -> PowerStream:
     """The run's power stream as ``energy_report``'s ``report`` chose it (module doc).
 
-    ``device``: only that device's streams (``gpu0`` for ``gpu0.samples`` and the like).
+    ``device``: only that device's streams (``gpu0`` for ``gpu0.samples`` and the like,
+    ``node1.gpu0`` for ``node1.gpu0.samples`` on a multi-node run).
     """
     rows = [r for r in report["rows"] if r["phase"] == "run" and r["method"] == "power"
             and r["energy_j"] is not None
-            and (not device or r["source"].partition(".")[0] == device)]
+            and (not device or r["source"].startswith(f"{device}."))]
     if not rows:
         raise UsageError(f"{run.path}: no power channel {'of ' + device + ' ' if device else ''}"
                          "to attribute energy from")

@@ -1,8 +1,10 @@
 """A GPU's per-process stream as the attribution reads it: who, when, and how active.
 
-Reads ``gpu{i}.processes`` (docs/processes.md): one row per process per driver utilisation
-sample. A row describes the interval from the GPU's previous sample timestamp to its own
-(the driver's period, taken from the data: the first timestamp has none and is left out).
+Reads ``gpu{i}.processes`` (docs/processes.md), or ``NODE.gpu{i}.processes`` on a
+multi-node run (each agent's streams carry its node's prefix): one row per process per
+driver utilisation sample. A row describes the interval from the GPU's previous sample
+timestamp to its own (the driver's period, taken from the data: the first timestamp has
+none and is left out).
 Rows of pid P belong to the latest ``process`` marker of P at or before them, so a reused
 pid is another process. A process is *present* from its ``process`` marker to its
 ``process-exit`` marker (else the stream's end): it holds a context on the GPU then.
@@ -28,7 +30,7 @@ IDENTITY_KEYS = ("gpu", "pid", "start_ticks", "local_pid", "comm", "user", "cgro
 class Process:
     """One process on one GPU: its identity, presence and utilisation samples (fractions)."""
 
-    key: str  # unique in the run: gpu, pid and the n-th process of that pid
+    key: str  # unique in the run: node, gpu, pid and the n-th process of that pid
     identity: dict[str, Any]
     present_s: tuple[float, float]
     t0_s: list[float] = field(default_factory=list)  # each sample's interval
@@ -39,7 +41,8 @@ class Process:
     @property
     def label(self) -> str:
         comm = self.identity.get("comm")
-        return f"gpu{self.identity['gpu']}:{self.identity['pid']}" + (f" {comm}" if comm else "")
+        device = gpu_prefix(self.identity.get("node") or "", self.identity["gpu"])
+        return f"{device}:{self.identity['pid']}" + (f" {comm}" if comm else "")
 
     @property
     def active(self) -> bool:
@@ -59,26 +62,40 @@ class ProcessTable:
     notes: list[str]
     # how far a presence edge may be off: half the running list's read step (0: exact)
     edge_s: float = 0.0
+    node: str = ""  # the streams' node prefix on a multi-node run ("" on one host)
+
+    @property
+    def prefix(self) -> str:
+        return gpu_prefix(self.node, self.gpu)
 
 
-def missing_reason(run: Run, gpu: int) -> str:
-    """Why a run has no per-process stream of ``gpu`` (the acquirer's own words where given)."""
+def gpu_prefix(node: str, gpu: int) -> str:
+    """A GPU's stream prefix: ``gpu0`` on one host, ``node1.gpu0`` on a multi-node run."""
+    return f"{node}.gpu{gpu}" if node else f"gpu{gpu}"
+
+
+def missing_reason(run: Run, gpu: int, node: str = "") -> str:
+    """Why a run has no per-process stream of ``gpu`` (of ``node``: a multi-node run).
+
+    The acquirer's own words where it gave them.
+    """
+    prefix = gpu_prefix(node, gpu)
     for sid, view in run.sources.items():
-        if sid.partition(".")[0] != f"gpu{gpu}":
+        if not sid.startswith(f"{prefix}."):
             continue
         why = (view.descriptor.get("config") or {}).get("missing", {}).get("processes")
         if why:
-            return f"gpu{gpu}: the driver refused the per-process query: {why}"
-    return (f"gpu{gpu}: no gpu{gpu}.processes stream in {run.path} (recorded before per-process "
-            "recording existed, or with it off)")
+            return f"{prefix}: the driver refused the per-process query: {why}"
+    return (f"{prefix}: no {prefix}.processes stream in {run.path} (recorded before "
+            "per-process recording existed, or with it off)")
 
 
-def list_read_step_s(run: Run, gpu: int) -> float:
+def list_read_step_s(run: Run, prefix: str) -> float:
     """How often the running-process list was read: with the state readings (their step).
 
     0 where the run has no state readings to tell (the markers are then taken as exact).
     """
-    sid = f"gpu{gpu}.state"
+    sid = f"{prefix}.state"
     if sid in run.sources:
         t = np.asarray(run.source(sid).time_s, dtype=np.float64)
         if t.size > 2:
@@ -86,9 +103,14 @@ def list_read_step_s(run: Run, gpu: int) -> float:
     return 0.0
 
 
-def read_processes(run: Run, gpu: int) -> ProcessTable | None:
-    """The processes of ``gpu`` (module doc); None where the run has no such stream."""
-    sid = f"gpu{gpu}.processes"
+def read_processes(run: Run, gpu: int, node: str = "") -> ProcessTable | None:
+    """The processes of ``gpu`` (module doc); None where the run has no such stream.
+
+    ``node``: a multi-node run's GPU (``NODE.gpu{i}.processes``); each process's identity
+    (``node``), key and label then carry the node, so two nodes' pids never meet.
+    """
+    prefix = gpu_prefix(node, gpu)
+    sid = f"{prefix}.processes"
     if sid not in run.sources:
         return None
     view = run.source(sid)
@@ -104,7 +126,7 @@ def read_processes(run: Run, gpu: int) -> ProcessTable | None:
     seen: dict[int, int] = {}
     # a marker is stamped at the read that first (or no longer) saw the process: the change
     # happened in the read interval before it, half a step earlier on average
-    half_step_s = list_read_step_s(run, gpu) / 2
+    half_step_s = list_read_step_s(run, prefix) / 2
     for m in marks:
         at_s = m.time_ns / 1e9 - half_step_s  # the streams' clock: session ns
         p = int(m.payload.get("pid", -1))
@@ -113,7 +135,9 @@ def read_processes(run: Run, gpu: int) -> ProcessTable | None:
                 latest[p].present_s = (latest[p].present_s[0], at_s)
             seen[p] = seen.get(p, 0) + 1
             ident = {k: m.payload.get(k) for k in IDENTITY_KEYS} | {"gpu": gpu, "pid": p}
-            latest[p] = Process(f"gpu{gpu}:{p}" + (f"#{seen[p]}" if seen[p] > 1 else ""),
+            if node:
+                ident["node"] = node
+            latest[p] = Process(f"{prefix}:{p}" + (f"#{seen[p]}" if seen[p] > 1 else ""),
                                 ident, (at_s, end_s))
             procs.append(latest[p])
         elif p in latest:
@@ -124,7 +148,7 @@ def read_processes(run: Run, gpu: int) -> ProcessTable | None:
             f"–{'?' if g.time_last_ns is None else g.time_last_ns / 1e9:.6g} s)"
             for g in run.gaps if g.source == sid]
     span = (float(t.min()), end_s) if t.size else (0.0, 0.0)
-    return ProcessTable(gpu, sid, procs, span, gaps, notes, half_step_s)
+    return ProcessTable(gpu, sid, procs, span, gaps, notes, half_step_s, node)
 
 
 def _assign_rows(procs: list[Process], t: FloatArray, pid: FloatArray, sm: FloatArray,

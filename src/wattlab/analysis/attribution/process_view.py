@@ -76,7 +76,7 @@ def format_by_process(result: ByProcess, by: str = "process") -> str:
     lines = [f"no per-process figure for {why}" for why in result.missing]
     for g in result.gpus:
         b, r = g.baseline, g.rule
-        lines += [f"gpu{g.gpu}: {g.total_j:.1f} J ({g.total_how})",
+        lines += [f"{g.prefix}: {g.total_j:.1f} J ({g.total_how})",
                   f"  stream: {g.stream.name} (valid: {'yes' if g.stream.valid else 'NO'})"]
         lines += [f"  ! {why}" for why in g.stream.invalid_reasons]
         lines += [f"  idle {b.idle_w:.1f} ± {b.idle_pm_w:.1f} W: {b.idle_how}"
