@@ -151,3 +151,24 @@ def write_processes(w: RunFileWriter, procs: list[Proc], gap_s: tuple[float, flo
     if gap_s:
         w.add_gaps([Gap(sid, "NVML_ERROR_UNKNOWN", t_first_ns=round(gap_s[0] * 1e9),
                         t_last_ns=round(gap_s[1] * 1e9))])
+
+
+# A second node: pid 101 again (another host's process), a third job, job 4711 on both
+NODE1 = [Proc(101, (1.0, 12.0), (2.0, 11.0), 0.3, 0.6, {"comm": "infer", "slurm_job": "4713"}),
+         Proc(505, (3.0, 19.0), (4.0, 9.0), 0.8, 0.0, {"comm": "train", "slurm_job": "4711"})]
+NODE1_GAIN = 1.02  # node1's counter reads 2 % above its power: its split follows its counter
+
+
+def write_two_nodes(path: Path, *, node1_processes: bool = True) -> Path:
+    """A multi-node run: node0 runs PROCS, node1 runs NODE1 (its per-process stream
+    optional), streams named ``node0.gpu0.*`` and ``node1.gpu0.*`` as `wattlab slurm` names
+    them."""
+    w = RunFileWriter(str(path), {"created": "test", "session_start_unix_ns": UNIX0_NS}, 0)
+    config: dict[str, Any] = {"missing": {}}
+    write_gpu(w, 0, PROCS, config, 1.0, "node0")
+    write_processes(w, PROCS, None, 0, "node0")
+    write_gpu(w, 0, NODE1, config, NODE1_GAIN, "node1")
+    if node1_processes:
+        write_processes(w, NODE1, None, 0, "node1")
+    w.close()
+    return path

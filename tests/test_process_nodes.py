@@ -12,32 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.process_runs import PROCS, UNIX0_NS, Proc, write_gpu, write_processes
+from tests.process_runs import NODE1, NODE1_GAIN, PROCS, write_two_nodes
 from wattlab.analysis.attribution import energy_by_process
 from wattlab.cli import main
 from wattlab.runfile import Run
-from wattlab.runfile.writer import RunFileWriter
 
 pytestmark = pytest.mark.fast
-
-# node1: pid 101 again (another process: another host's pid) and a third job
-NODE1 = [Proc(101, (1.0, 12.0), (2.0, 11.0), 0.3, 0.6, {"comm": "infer", "slurm_job": "4713"}),
-         Proc(505, (3.0, 19.0), (4.0, 9.0), 0.8, 0.0, {"comm": "train", "slurm_job": "4711"})]
-NODE1_GAIN = 1.02  # node1's counter reads 2 % above its power: its split follows its counter
-
-
-def write_two_nodes(path: Path, *, node1_processes: bool = True) -> Path:
-    """node0 runs PROCS, node1 runs NODE1 (its per-process stream optional)."""
-    w = RunFileWriter(str(path), {"created": "test", "session_start_unix_ns": UNIX0_NS}, 0)
-    config: dict[str, dict[str, str]] = {"missing": {}}
-    write_gpu(w, 0, PROCS, config, 1.0, "node0")
-    write_processes(w, PROCS, None, 0, "node0")
-    write_gpu(w, 0, NODE1, config, NODE1_GAIN, "node1")
-    if node1_processes:
-        write_processes(w, NODE1, None, 0, "node1")
-    w.close()
-    return path
-
 
 def test_each_nodes_gpu_is_split_on_its_own_streams_keyed_by_node(tmp_path: Path):
     with Run(str(write_two_nodes(tmp_path / "r.h5"))) as run:

@@ -15,7 +15,12 @@ import h5py
 import pytest
 
 from tests.conftest import free_port
+from tests.process_runs import NODE1, NODE1_GAIN, PROCS, write_two_nodes
+from wattlab.acquisition.session import SlurmTask, job_summary
+from wattlab.acquisition.session.slurm_job import comment_text
+from wattlab.analysis.attribution import energy_by_process
 from wattlab.cli import main
+from wattlab.runfile import Run
 
 WATTLAB = [sys.executable, "-m", "wattlab.cli"]
 OFFSET_GOAL_NS = 50_000  # one host: both "nodes" share a clock, so the estimate is the error
@@ -55,6 +60,9 @@ def test_two_tasks_record_one_job_into_one_run_file(tmp_path, spawn):
     assert not (tmp_path / ".wattlab-slurm-4242").exists()  # the job's keys are gone
     summary = json.loads((tmp_path / "slurm-4242.wattlab.json").read_text())
     assert set(summary["nodes"]) == {"node0", "node1"}
+    own = summary["processes"]  # the job's share, or why there is none: never silent
+    assert (own["this_job"] is None) != (own["this_job_unknown"] is None)
+    assert "this job's processes: " in task0.stdout
     # per node: the same figure `wattlab energy` gives for that node's GPU stream
     rows = {(r["source"], r["channel"]): r["energy_j"] for r in energy_rows(out)}
     for node, info in summary["nodes"].items():
@@ -76,6 +84,56 @@ def test_outside_a_slurm_step_it_says_so(tmp_path, monkeypatch, capsys):
         monkeypatch.delenv(key, raising=False)
     assert main(["slurm", "-o", str(tmp_path / "j.h5"), "--simulate", "--duration", "1"]) == 2
     assert "not a task of a Slurm job step" in capsys.readouterr().err
+
+
+def two_node_task(tmp_path: Path, job_id: str) -> SlurmTask:
+    return SlurmTask(job_id, 0, 0, 2, 2, "n0", str(tmp_path))
+
+
+@pytest.mark.fast
+def test_the_summary_charges_the_job_its_own_processes_on_shared_gpus(tmp_path):
+    path = str(write_two_nodes(tmp_path / "job.h5"))
+    summary = job_summary(path, two_node_task(tmp_path, "4711"))
+    with Run(path) as run:
+        split = {g.prefix: g for g in energy_by_process(run).gpus}
+    own = summary["processes"]
+    truth_j = PROCS[0].truth_j() + NODE1[1].truth_j() * NODE1_GAIN  # pid 101 on n0, 505 on n1
+    assert own["this_job"]["energy_j"] == pytest.approx(truth_j, rel=0.01)
+    assert own["this_job"]["processes"] == 2 and own["this_job"]["valid"]
+    assert 0 < own["this_job"]["pm_j"] < 0.02 * truth_j and own["this_job_unknown"] is None
+    gpus = {g["gpu"]: g for g in own["gpus"]}
+    assert set(gpus) == {"node0.gpu0", "node1.gpu0"}
+    n0, n1 = gpus["node0.gpu0"], gpus["node1.gpu0"]
+    assert n0["this_job"]["energy_j"] == pytest.approx(PROCS[0].truth_j(), rel=0.01)
+    assert set(n0["other_jobs"]) == {"4712"} and set(n1["other_jobs"]) == {"4713"}
+    assert n0["other_jobs"]["4712"]["energy_j"] == pytest.approx(PROCS[1].truth_j(), rel=0.01)
+    assert n0["no_job"]["processes"] == 1 and n1["no_job"] is None  # the memory holder
+    assert n0["rule"] == "activity" and "static" in own["not_charged"]
+    for prefix, g in gpus.items():  # static and idle stay the GPU's: charged to no job
+        assert g["not_charged"]["static_j"] == pytest.approx(split[prefix].static_j)
+        assert g["not_charged"]["idle_j"] == pytest.approx(split[prefix].idle_j)
+        assert g["not_charged"]["idle_j"] > 0
+    # the GPU totals as before: the densest stream per GPU, summed over nodes
+    assert summary["total_gpu_energy_j"] == pytest.approx(
+        sum(g.stream.energy_j or 0 for g in split.values()), rel=1e-9)
+    text = comment_text(summary)
+    assert (f"this job's processes {own['this_job']['energy_j'] / 1e3:.3f}±"
+            f"{own['this_job']['pm_j'] / 1e3:.3f}; node0") in text
+    json.dumps(summary)  # what publish writes
+
+
+@pytest.mark.fast
+def test_a_gpu_without_a_process_stream_gives_its_reason_never_a_zero(tmp_path):
+    path = str(write_two_nodes(tmp_path / "job.h5", node1_processes=False))
+    summary = job_summary(path, two_node_task(tmp_path, "4711"))
+    own = summary["processes"]
+    assert own["this_job"] is None and "node1.gpu0 (" in own["this_job_unknown"]
+    gpus = {g["gpu"]: g for g in own["gpus"]}
+    assert "no node1.gpu0.processes stream" in gpus["node1.gpu0"]["reason"]
+    assert "energy_j" not in gpus["node1.gpu0"]
+    assert gpus["node0.gpu0"]["this_job"]["processes"] == 1  # what is known stays
+    assert "this job's processes" not in comment_text(summary)
+    assert summary["nodes"]["node1"]["gpu_energy_j"] > 0
 
 
 def _wait(predicate, timeout_s: float) -> bool:

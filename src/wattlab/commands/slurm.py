@@ -90,6 +90,12 @@ def run(args: argparse.Namespace) -> int:
     for name, node in summary["nodes"].items():
         print(f"  {name} ({node['host']}): {node['gpu_energy_j']:.1f} J "
               f"({', '.join(node['gpu_streams']) or 'no GPU'})")
+    own = summary["processes"]
+    mine = own["this_job"]
+    print(f"  this job's processes: {own['this_job_unknown']}" if mine is None else
+          f"  this job's processes: {mine['energy_j']:.1f} ± {mine['pm_j']:.1f} J "
+          f"(rule {own['rule']}; valid: {'yes' if mine['valid'] else 'NO'}; static and idle "
+          "charged to no job)")
     for line in publish(summary, task):
         print(line)
     return exit_status(result)

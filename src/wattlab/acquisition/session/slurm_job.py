@@ -6,7 +6,9 @@ job's working folder is shared by its nodes, as it must be for the output itself
 the recorder and writes where it listens; every other task waits for that note, then runs
 an agent with its own key. Task 0 records its own node's GPUs, runs CMD, and at the end
 writes the job's energy per node and in total where Slurm users look: a JSON file beside
-the job's output and the job's comment (``scontrol update``, shown by ``sacct``).
+the job's output and the job's comment (``scontrol update``, shown by ``sacct``); where
+the run has per-process streams, each GPU's split by job (``job_share``): on a shared GPU
+the job is charged its own processes only.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wattlab.errors import UsageError, WattlabError
 from wattlab.sync.bus import create_keypair
+
+if TYPE_CHECKING:
+    from wattlab.runfile import Run
 
 RENDEZVOUS_TIMEOUT_S = 60.0
 STREAM_PREFERENCE = ("samples", "power", "energy")  # one stream per GPU: the densest
@@ -144,7 +149,7 @@ def node_energy(report: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
 
 
 def job_summary(run_path: str, task: SlurmTask) -> dict[str, Any]:
-    """The job's energy per node and in total, from the finished run file."""
+    """The job's energy per node and in total, and its processes' share of each GPU."""
     from wattlab.analysis.energy import energy_report
     from wattlab.runfile import Run
 
@@ -153,18 +158,39 @@ def job_summary(run_path: str, task: SlurmTask) -> dict[str, Any]:
         hosts = {sid.partition(".")[0]: str(v.descriptor.get("host", ""))
                  for sid, v in run.sources.items()}
         phase = report["phases"][0]
+        processes = job_processes(run, task.job_id)
     nodes = node_energy(report, [task.name, *task.others])
     for name, info in nodes.items():
         info["host"] = hosts.get(name, "")
     return {"job_id": task.job_id, "run_file": run_path,
             "span_s": [phase["t0_s"], phase["t1_s"]],
             "total_gpu_energy_j": sum(n["gpu_energy_j"] for n in nodes.values()),
-            "nodes": nodes}
+            "nodes": nodes, "processes": processes}
+
+
+def job_processes(run: Run, job_id: str) -> dict[str, Any]:
+    """The job's processes' share of each GPU (``job_share``).
+
+    A split that cannot be made is said in ``this_job_unknown``: the GPU totals are still
+    published.
+    """
+    from wattlab.analysis.attribution import energy_by_process
+    from wattlab.analysis.attribution.job_share import NOT_CHARGED, job_share
+
+    try:
+        return job_share(energy_by_process(run), job_id)
+    except UsageError as e:
+        return {"job_id": job_id, "rule": None, "not_charged": NOT_CHARGED, "this_job": None,
+                "this_job_unknown": f"no per-process split: {e}", "gpus": []}
 
 
 def comment_text(summary: dict[str, Any]) -> str:
     parts = [f"{n} {v['gpu_energy_j'] / 1e3:.3f}" for n, v in summary["nodes"].items()]
-    text = (f"wattlab GPU energy kJ: total {summary['total_gpu_energy_j'] / 1e3:.3f}; "
+    mine = (summary.get("processes") or {}).get("this_job")
+    own = ("" if mine is None else
+           f"; this job's processes {mine['energy_j'] / 1e3:.3f}±{mine['pm_j'] / 1e3:.3f}"
+           + ("" if mine["valid"] else " (NOT valid)"))
+    text = (f"wattlab GPU energy kJ: total {summary['total_gpu_energy_j'] / 1e3:.3f}{own}; "
             + ", ".join(parts))
     return text if len(text) <= COMMENT_MAX else text[:COMMENT_MAX - 3] + "..."
 

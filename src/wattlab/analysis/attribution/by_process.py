@@ -118,6 +118,7 @@ class ByProcess:
     charge: tuple[str, ...]
     gpus: list[GpuSplit]
     missing: list[str]
+    missing_gpus: list[str] = field(default_factory=list)  # each reason's GPU prefix
 
     @property
     def processes(self) -> list[ProcessEnergy]:
@@ -158,7 +159,8 @@ def energy_by_process(run: Run, *, rule: str = "activity", charge: tuple[str, ..
     gpus = [split_gpu(run, report, t, rule, charge) for t in found]
     for g in gpus:
         add_truth(run, g)
-    return ByProcess(run.path, rule, charge, gpus, missing)
+    return ByProcess(run.path, rule, charge, gpus, missing,
+                     [gpu_prefix(node, gpu) for (node, gpu), t in tables.items() if t is None])
 
 
 def add_truth(run: Run, g: GpuSplit) -> None:
