@@ -53,8 +53,8 @@ def gpu_share(result: ByProcess, g: GpuSplit, job_id: str) -> dict[str, Any]:
             "this_job": none_here(one) if mine is None else figures(mine, one, job_id),
             "other_jobs": {name: figures(grp, one, name) for name, grp in groups.items()},
             "no_job": None if no_job is None else figures(no_job, one, NO_JOB),
-            "not_charged": {"static_j": g.static_j, "idle_j": g.idle_j,
-                            "no_process_active_j": g.unattributed_j}}
+            "not_charged": {"static_j": float(g.static_j), "idle_j": float(g.idle_j),
+                            "no_process_active_j": float(g.unattributed_j)}}
 
 
 def figures(grp: Group, result: ByProcess, name: str) -> dict[str, Any]:
