@@ -12,10 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.process_runs import NODE1, NODE1_GAIN, PROCS, write_two_nodes
+from tests.process_runs import (
+    NODE1,
+    NODE1_GAIN,
+    PROCS,
+    UNIX0_NS,
+    write_gpu,
+    write_processes,
+    write_two_nodes,
+)
 from wattlab.analysis.attribution import energy_by_process
 from wattlab.cli import main
 from wattlab.runfile import Run
+from wattlab.runfile.writer import RunFileWriter
 
 pytestmark = pytest.mark.fast
 
@@ -58,3 +67,15 @@ def test_a_node_without_a_process_stream_says_so_and_the_other_is_split(tmp_path
     assert [g.prefix for g in result.gpus] == ["node0.gpu0"]
     assert result.missing == [f"node1.gpu0: no node1.gpu0.processes stream in {tmp_path}/r.h5 "
                               "(recorded before per-process recording existed, or with it off)"]
+
+
+def test_a_node_named_like_a_gpu_is_still_a_node(tmp_path: Path):
+    # agents may be named after their hosts: a host called gpu7 has streams gpu7.gpu0.*
+    w = RunFileWriter(str(tmp_path / "r.h5"),
+                      {"created": "test", "session_start_unix_ns": UNIX0_NS}, 0)
+    write_gpu(w, 0, PROCS, {"missing": {}}, 1.0, "gpu7")
+    write_processes(w, PROCS, None, 0, "gpu7")
+    w.close()
+    with Run(str(tmp_path / "r.h5")) as run:
+        result = energy_by_process(run)
+    assert [g.prefix for g in result.gpus] == ["gpu7.gpu0"] and result.missing == []

@@ -142,7 +142,8 @@ def run_gpus(run: Run) -> list[tuple[str, int]]:
     out = set()
     for sid in run.sources:
         parts = sid.split(".")
-        for node, head in (("", parts[0]), (parts[0], parts[1] if len(parts) > 2 else "")):
+        # a node's prefix first: an agent may be named after a host called gpu7
+        for node, head in ((parts[0], parts[1] if len(parts) > 2 else ""), ("", parts[0])):
             if head.startswith("gpu") and head[3:].isdigit():
                 out.add((node, int(head[3:])))
                 break
