@@ -87,9 +87,11 @@ class GpuLiveSplit:
                       sm_pct: npt.NDArray[np.float64]) -> None:
         """Per-process rows: each covers one driver period before its stamp."""
         ok = np.isfinite(pid) & np.isfinite(sm_pct) & (sm_pct > 0)
-        steps = np.diff(np.unique(t_ns))
+        order = np.lexsort((t_ns, pid))  # each pid's rows in time order: its own steps
+        same_pid = np.diff(pid[order]) == 0
+        steps = np.diff(t_ns[order])[same_pid & (np.diff(t_ns[order]) > 0)]
         if len(steps):
-            self._period_ns = int(min(np.median(steps), WINDOW_NS))
+            self._period_ns = min(int(np.median(steps)), WINDOW_NS)
         t_end, p, sm = t_ns[ok], pid[ok].astype(np.int64), sm_pct[ok]
         if not len(t_end):
             return

@@ -55,10 +55,10 @@ class LiveProcessEnergy:
                                 values[:, sm_col].astype(np.float64, copy=False))
         elif source in self._power_column:
             gpu = source.removesuffix(POWER_SUFFIX)
-            split = self._splits.get(gpu)
-            if split is not None:
+            power_split = self._splits.get(gpu)
+            if power_split is not None:
                 power = values[:, self._power_column[source]].astype(np.float64, copy=False)
-                for _, joules in split.add_power(t_ns, power):
+                for _, joules in power_split.add_power(t_ns, power):
                     self.series.charge(gpu, joules)
 
     def add_markers(self, markers: list[Marker]) -> None:

@@ -122,7 +122,8 @@ def group_labels(gpu: str, payload: dict[str, Any]) -> list[tuple[Key, dict[str,
     uid = payload.get("pod_uid")
     if uid:
         out.append((("pod", gpu, str(uid)),
-                    {"gpu": gpu, "pod_uid": str(uid), "pod_name": str(payload.get("pod_name") or ""),
+                    {"gpu": gpu, "pod_uid": str(uid),
+                     "pod_name": str(payload.get("pod_name") or ""),
                      "namespace": str(payload.get("pod_namespace") or "")}))
     job = payload.get("slurm_job")
     if job is not None and job != "":
