@@ -1,5 +1,5 @@
 """The live per-pod and per-job split: Kepler's rule per window, idle and static learnt
-live, series per pod and job with a grace period and a cap (docs/scrape.md)."""
+live, series per pod and job with a grace period and a cap (docs/fleet.md)."""
 
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ KEPLER_HELP = ("by Kepler's rule, live: the GPU's power above its live idle and 
                "charged. `wattlab energy RUN --by-process` after the run is the better figure "
                "(Kepler's rule erred by up to +317 % on a small share, 20 points, on the "
                "measured pairs of BENCHMARKS.md). Dropped after the last process left "
-               "(docs/scrape.md)")
+               "(docs/fleet.md)")
 
 
 def process_families(figures: ProcessFigures, counter: Any, gauge: Any) -> list[Any]:
