@@ -119,7 +119,7 @@ def test_a_gpu_that_refused_the_query_has_a_reason_and_no_series():
 
     from wattlab.sync.recorder.stream_metrics import StreamMetrics
 
-    metrics = StreamMetrics()
+    metrics = StreamMetrics(processes=True)
     metrics.describe(SourceDescriptor(
         "gpu0.samples", "nvml", "Simulated H100", (Channel("power_w", "W"),),
         config={"missing": {"processes": "Insufficient Permissions"}}))
@@ -140,3 +140,16 @@ def test_rows_of_other_streams_and_unknown_pids_charge_nobody():
     t = np.arange(0, 12 * S, S // 50, dtype=np.int64)
     live.add_rows("gpu0.samples", t, power_w(t)[:, None])  # not described: not routed
     assert live.figures(0).idle_w == {}
+
+
+@pytest.mark.fast
+def test_an_agent_without_the_markers_exposes_no_pod_or_job_series():
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    from wattlab.sync.recorder.stream_metrics import StreamMetrics
+
+    names = {f.name for f in families(StreamMetrics().snapshot(), CounterMetricFamily,
+                                      GaugeMetricFamily)}
+    assert "wattlab_energy_joules" in names and not any(n.startswith("wattlab_gpu_")
+                                                        for n in names)

@@ -72,15 +72,17 @@ class StreamMetrics:
     """Per-stream last power, integrated energy, sample and gap counts; thread-safe.
 
     ``unix_minus_monotonic_ns`` turns the monotonic sample times fed in into wall time
-    (Prometheus speaks unix seconds).
+    (Prometheus speaks unix seconds). ``processes``: split each GPU's energy among its pods
+    and jobs too (the recorder: it alone receives the processes' markers).
     """
 
-    def __init__(self, unix_minus_monotonic_ns: int | None = None) -> None:
+    def __init__(self, unix_minus_monotonic_ns: int | None = None,
+                 processes: bool = False) -> None:
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
         self._info: dict[str, dict[str, str]] = {}
         self._offsets_s: dict[str, float] = {}
-        self._processes = LiveProcessEnergy()
+        self._processes = LiveProcessEnergy() if processes else None
         self.unix_minus_monotonic_ns = (time.time_ns() - time.monotonic_ns()
                                         if unix_minus_monotonic_ns is None
                                         else unix_minus_monotonic_ns)
@@ -91,7 +93,8 @@ class StreamMetrics:
         names = desc.channel_names
         with self._lock:
             self._info[desc.source_id] = info_labels(desc)
-            self._processes.describe(desc)
+            if self._processes is not None:
+                self._processes.describe(desc)
             if desc.source_id in self._streams:
                 return
             figures = StreamFigures(desc.source_id, channels, [float("nan")] * len(channels),
@@ -107,7 +110,8 @@ class StreamMetrics:
             stream = self._streams.get(source_id)
             if stream is None or n == 0:
                 return
-            self._processes.add_rows(source_id, t_ns, values)
+            if self._processes is not None:
+                self._processes.add_rows(source_id, t_ns, values)
             fig = stream.figures
             fig.samples += n
             fig.last_unix_s = (int(t_ns[-1]) + self.unix_minus_monotonic_ns) / 1e9
@@ -144,7 +148,8 @@ class StreamMetrics:
     def add_markers(self, markers: list[Marker]) -> None:
         """Markers as the recorder writes them: the processes' identities come and go."""
         with self._lock:
-            self._processes.add_markers(markers)
+            if self._processes is not None:
+                self._processes.add_markers(markers)
 
     def set_clock_offset(self, host: str, offset_ns: float) -> None:
         """A remote host's clock minus this host's, as its newest samples were mapped."""
@@ -159,7 +164,8 @@ class StreamMetrics:
                        for f in (s.figures for s in self._streams.values())]
             return MetricsSnapshot(streams, [dict(v) for v in self._info.values()],
                                    dict(self._offsets_s),
-                                   self._processes.figures(time.monotonic_ns()))
+                                   None if self._processes is None
+                                   else self._processes.figures(time.monotonic_ns()))
 
 
 def info_labels(desc: SourceDescriptor) -> dict[str, str]:
