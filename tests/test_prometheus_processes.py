@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import threading
+from typing import Any
 
 import h5py
 import numpy as np
+import pynvml
 import pytest
 
 from tests.conftest import free_port
-from tests.test_prometheus import WATTLAB, Samples, pick, scrape_while
+from tests.test_prometheus import WATTLAB, Samples, pick, scrape, scrape_while
+from wattlab.acquisition.acquirers import NvmlAcquirer
+from wattlab.acquisition.session import Session
+from wattlab.drivers.nvml import NvmlDriver
+from wattlab.hardware.fake_nvml import FakeNvml
+from wattlab.hardware.simulated_gpu import simulated_gpus
 from wattlab.sync.recorder.process_series import GRACE_ENV
 
 pytest.importorskip("prometheus_client.parser",
@@ -63,3 +72,25 @@ def test_pods_and_jobs_of_a_shared_gpu_get_counters_that_end_with_them(tmp_path,
     # of the recording have none
     assert scrapes[-1] and not group_series(scrapes[-1])
     assert pick(scrapes[-1], "wattlab_gpu_process_series_refused_total") == 0
+
+
+@pytest.mark.system
+def test_a_gpu_refusing_the_process_query_says_why_and_has_no_pod_series(tmp_path):
+    lib = FakeNvml(simulated_gpus(1, 3), process_query_error=pynvml.NVML_ERROR_NO_PERMISSION)
+    port = free_port()
+    session = Session(str(tmp_path / "refused.h5"), [("gpu0", NvmlAcquirer(NvmlDriver(lib), 0))],
+                      duration_s=3.0, recorder_options={"prometheus": str(port)})
+    done: list[Any] = []
+    runner = threading.Thread(target=lambda: done.append(session.run()))
+    runner.start()
+    scrapes: list[Samples] = []
+    while runner.is_alive():
+        with contextlib.suppress(OSError):
+            scrapes.append(scrape(f"http://127.0.0.1:{port}/metrics"))
+        runner.join(0.3)
+    assert done, "the session did not finish"
+    described = [s for s in scrapes if any(k[0] == "wattlab_gpu_processes_missing" for k in s)]
+    assert described, "no scrape said why the GPU has no per-process stream"
+    assert pick(described[-1], "wattlab_gpu_processes_missing", gpu="gpu0",
+                reason="Insufficient Permissions") == 1
+    assert not any(group_series(s) for s in scrapes)
