@@ -197,6 +197,8 @@ class Flusher:
         # a /progress row vouches for rows: a full disk must fail before it is written
         self.writer.flush_rows()
         if self.markers:
+            if self._metrics is not None:
+                self._metrics.add_markers(self.markers)
             self.writer.add_markers(self.markers)
             self.markers = []
         if self._gaps.pending:

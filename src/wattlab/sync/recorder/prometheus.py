@@ -18,6 +18,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from wattlab.errors import UsageError
+from wattlab.sync.recorder.process_series import MAX_SERIES, ProcessFigures
 from wattlab.sync.recorder.stream_metrics import MetricsSnapshot, StreamMetrics
 
 LOOPBACK = "127.0.0.1"
@@ -110,7 +111,45 @@ def families(snap: MetricsSnapshot, counter: Any, gauge: Any) -> list[Any]:
                  "driver version", labels=keys)
     for labels in snap.info:
         info.add_metric([labels.get(k, "") for k in keys], 1)
-    return [power, energy, samples, gaps, last, offset, info, valid]
+    out = [power, energy, samples, gaps, last, offset, info, valid]
+    if snap.processes is not None:
+        out += process_families(snap.processes, counter, gauge)
+    return out
+
+
+KEPLER_HELP = ("by Kepler's rule, live: the GPU's power above its live idle and static "
+               "estimates, shared by SM-utilisation share each second; idle and static not "
+               "charged. `wattlab energy RUN --by-process` after the run is the better figure "
+               "(Kepler's rule erred by up to +317 % on a small share, 20 points, on the "
+               "measured pairs of BENCHMARKS.md). Dropped after the last process left "
+               "(docs/fleet.md)")
+
+
+def process_families(figures: ProcessFigures, counter: Any, gauge: Any) -> list[Any]:
+    """Per-pod and per-job energy on each GPU, and what makes them honest."""
+    pod_keys = ["gpu", "pod_uid", "pod_name", "namespace"]
+    pods = counter("wattlab_gpu_pod_energy_joules", "A Kubernetes pod's GPU energy "
+                   + KEPLER_HELP, labels=pod_keys)
+    for labels, energy_j in figures.pods:
+        pods.add_metric([labels[k] for k in pod_keys], energy_j)
+    jobs = counter("wattlab_gpu_job_energy_joules", "A Slurm job's GPU energy " + KEPLER_HELP,
+                   labels=["gpu", "slurm_job"])
+    for labels, energy_j in figures.jobs:
+        jobs.add_metric([labels["gpu"], labels["slurm_job"]], energy_j)
+    refused = counter("wattlab_gpu_process_series_refused", "Pod or job series not created: "
+                      f"{MAX_SERIES} were live (their energy is in no series)")
+    refused.add_metric([], figures.refused)
+    idle = gauge("wattlab_gpu_idle_watts", "The live idle estimate behind the pod and job "
+                 "counters: the lowest 1 s mean with no process present (absent: not yet "
+                 "known, and no counter grows)", labels=["gpu"])
+    for gpu, idle_w in sorted(figures.idle_w.items()):
+        idle.add_metric([gpu], idle_w)
+    missing = gauge("wattlab_gpu_processes_missing", "1 for a GPU without a per-process "
+                    "stream (its driver refused the query): no pod or job series for it",
+                    labels=["gpu", "reason"])
+    for gpu, reason in sorted(figures.missing.items()):
+        missing.add_metric([gpu, reason], 1)
+    return [pods, jobs, refused, idle, missing]
 
 
 class _Quiet(WSGIRequestHandler):

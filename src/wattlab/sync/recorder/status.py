@@ -29,7 +29,7 @@ def start_exporter(address: str) -> tuple[StreamMetrics | None, Exporter | None]
         return None, None
     from wattlab.sync.recorder.prometheus import Exporter
 
-    metrics = StreamMetrics()
+    metrics = StreamMetrics(processes=True)
     exporter = Exporter(address, metrics)
     print(f"wattlab recorder: Prometheus metrics at {exporter.url}", file=sys.stderr,
           flush=True)

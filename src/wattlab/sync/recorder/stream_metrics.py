@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wattlab.samples import SourceDescriptor
+from wattlab.samples import Marker, SourceDescriptor
+from wattlab.sync.recorder.process_energy import LiveProcessEnergy
+from wattlab.sync.recorder.process_series import ProcessFigures
 
 
 def watt_channels(desc: SourceDescriptor) -> list[str]:
@@ -63,20 +65,24 @@ class MetricsSnapshot:
     streams: list[StreamFigures]
     info: list[dict[str, str]]  # one label set per stream: instrument, model, driver
     clock_offsets_s: dict[str, float]  # remote host -> its clock minus this host's
+    processes: ProcessFigures | None = None  # per-pod and per-job energy (recorder only)
 
 
 class StreamMetrics:
     """Per-stream last power, integrated energy, sample and gap counts; thread-safe.
 
     ``unix_minus_monotonic_ns`` turns the monotonic sample times fed in into wall time
-    (Prometheus speaks unix seconds).
+    (Prometheus speaks unix seconds). ``processes``: split each GPU's energy among its pods
+    and jobs too (the recorder: it alone receives the processes' markers).
     """
 
-    def __init__(self, unix_minus_monotonic_ns: int | None = None) -> None:
+    def __init__(self, unix_minus_monotonic_ns: int | None = None,
+                 processes: bool = False) -> None:
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
         self._info: dict[str, dict[str, str]] = {}
         self._offsets_s: dict[str, float] = {}
+        self._processes = LiveProcessEnergy() if processes else None
         self.unix_minus_monotonic_ns = (time.time_ns() - time.monotonic_ns()
                                         if unix_minus_monotonic_ns is None
                                         else unix_minus_monotonic_ns)
@@ -87,6 +93,8 @@ class StreamMetrics:
         names = desc.channel_names
         with self._lock:
             self._info[desc.source_id] = info_labels(desc)
+            if self._processes is not None:
+                self._processes.describe(desc)
             if desc.source_id in self._streams:
                 return
             figures = StreamFigures(desc.source_id, channels, [float("nan")] * len(channels),
@@ -102,6 +110,8 @@ class StreamMetrics:
             stream = self._streams.get(source_id)
             if stream is None or n == 0:
                 return
+            if self._processes is not None:
+                self._processes.add_rows(source_id, t_ns, values)
             fig = stream.figures
             fig.samples += n
             fig.last_unix_s = (int(t_ns[-1]) + self.unix_minus_monotonic_ns) / 1e9
@@ -135,6 +145,12 @@ class StreamMetrics:
             if stream is not None:
                 stream.figures.gaps += 1
 
+    def add_markers(self, markers: list[Marker]) -> None:
+        """Markers as the recorder writes them: the processes' identities come and go."""
+        with self._lock:
+            if self._processes is not None:
+                self._processes.add_markers(markers)
+
     def set_clock_offset(self, host: str, offset_ns: float) -> None:
         """A remote host's clock minus this host's, as its newest samples were mapped."""
         with self._lock:
@@ -147,7 +163,9 @@ class StreamMetrics:
                                      f.ordered_and_finite)
                        for f in (s.figures for s in self._streams.values())]
             return MetricsSnapshot(streams, [dict(v) for v in self._info.values()],
-                                   dict(self._offsets_s))
+                                   dict(self._offsets_s),
+                                   None if self._processes is None
+                                   else self._processes.figures(time.monotonic_ns()))
 
 
 def info_labels(desc: SourceDescriptor) -> dict[str, str]:
