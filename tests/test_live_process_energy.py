@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from wattlab.samples import Channel, Marker, SourceDescriptor
-from wattlab.sync.recorder.live_split import GpuLiveSplit
-from wattlab.sync.recorder.process_energy import LiveProcessEnergy
-from wattlab.sync.recorder.process_series import (
+from wattlab.sync.recorder.live_energy.live_split import GpuLiveSplit
+from wattlab.sync.recorder.live_energy.process_energy import LiveProcessEnergy
+from wattlab.sync.recorder.live_energy.process_series import (
     GRACE_ENV,
     MIN_GRACE_S,
     ProcessSeries,

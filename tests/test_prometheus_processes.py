@@ -21,7 +21,7 @@ from wattlab.acquisition.session import Session
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.simulated_gpu import simulated_gpus
-from wattlab.sync.recorder.process_series import GRACE_ENV
+from wattlab.sync.recorder.live_energy.process_series import GRACE_ENV
 
 pytest.importorskip("prometheus_client.parser",
                     reason="prometheus-client is not installed (the prometheus extra)")

@@ -162,12 +162,18 @@ def _emulate(power_w: Callable[[Any], Any], seed: int, name: str) -> int:
     from wattlab.hardware.emulators.powercap_emulator import PowercapEmulator, intel_server
 
     root = Path(tempfile.mkdtemp(prefix="wattlab-powercap-"))
-    emulator = PowercapEmulator(root, intel_server()).start()
-    print(f"emulated powercap tree: {root}  (wattlab record --rapl {root} ...)", flush=True)
+    emulator = PowercapEmulator(root, intel_server())
+    # stopped however the run ends: a stop signal can land before the sleep (on a loaded
+    # machine, right after the line below), and a thread still writing the tree then
+    # outlives the removal of the run's temporary folder
     try:
+        emulator.start()
+        print(f"emulated powercap tree: {root}  (wattlab record --rapl {root} ...)", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
+        pass
+    finally:
         emulator.stop()
     return 0
 

@@ -7,7 +7,7 @@ the recorder and writes where it listens; every other task waits for that note, 
 an agent with its own key. Task 0 records its own node's GPUs, runs CMD, and at the end
 writes the job's energy per node and in total where Slurm users look: a JSON file beside
 the job's output and the job's comment (``scontrol update``, shown by ``sacct``); where
-the run has per-process streams, each GPU's split by job (``job_share``): on a shared GPU
+the run has per-process streams, each GPU's split by job (``share_of_job``): on a shared GPU
 the job is charged its own processes only.
 """
 
@@ -169,16 +169,15 @@ def job_summary(run_path: str, task: SlurmTask) -> dict[str, Any]:
 
 
 def job_processes(run: Run, job_id: str) -> dict[str, Any]:
-    """The job's processes' share of each GPU (``job_share``).
+    """The job's processes' share of each GPU (``share_of_job``).
 
     A split that cannot be made is said in ``this_job_unknown``: the GPU totals are still
     published.
     """
-    from wattlab.analysis.attribution import energy_by_process
-    from wattlab.analysis.attribution.job_share import NOT_CHARGED, job_share
+    from wattlab.analysis.attribution import NOT_CHARGED, energy_by_process, share_of_job
 
     try:
-        return job_share(energy_by_process(run), job_id)
+        return share_of_job(energy_by_process(run), job_id)
     except UsageError as e:
         return {"job_id": job_id, "rule": None, "not_charged": NOT_CHARGED, "this_job": None,
                 "this_job_unknown": f"no per-process split: {e}", "gpus": []}

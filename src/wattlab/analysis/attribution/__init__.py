@@ -18,6 +18,7 @@ from wattlab.analysis.attribution.counters import (
     find_counter,
     run_counters,
 )
+from wattlab.analysis.attribution.job_share import NOT_CHARGED, share_of_job
 from wattlab.analysis.attribution.learn import fit_weights, measure_idle
 from wattlab.analysis.attribution.per_unit import (
     PerUnit,
@@ -38,6 +39,7 @@ from wattlab.analysis.attribution.rule import Param, Rule, equal_rule
 
 __all__ = [
     "CLOSURE",
+    "NOT_CHARGED",
     "PROCESS_COLUMNS",
     "REQUEST_COLUMNS",
     "Activity",
@@ -72,5 +74,6 @@ __all__ = [
     "request_rows",
     "run_counters",
     "run_power_stream",
+    "share_of_job",
     "write_requests",
 ]

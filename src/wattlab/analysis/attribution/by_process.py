@@ -29,8 +29,12 @@ from wattlab.analysis.attribution.by_request import RESOLVE_EDGES, rule_spread
 from wattlab.analysis.attribution.core import CLOSURE, Activity, attribute
 from wattlab.analysis.attribution.learn import prediction_error
 from wattlab.analysis.attribution.power_stream import PowerStream, run_power_stream
-from wattlab.analysis.attribution.process_charge import charge_shares
-from wattlab.analysis.attribution.process_parts import Baseline, covered_s, measure_baseline
+from wattlab.analysis.attribution.process_parts import (
+    Baseline,
+    charge_shares,
+    covered_s,
+    measure_baseline,
+)
 from wattlab.analysis.attribution.process_rule import KEPLER, activity_rule
 from wattlab.analysis.attribution.process_table import (
     Process,
@@ -40,11 +44,7 @@ from wattlab.analysis.attribution.process_table import (
     read_processes,
 )
 from wattlab.analysis.attribution.rule import Param, Rule
-from wattlab.analysis.energy import energy_report
-from wattlab.analysis.energy.validity.process_check import (
-    PROCESS_CHECK,
-    process_stream_check,
-)
+from wattlab.analysis.energy import PROCESS_CHECK, energy_report, process_stream_check
 from wattlab.runfile import Run
 
 RULES = ("activity", "utilisation")

@@ -20,7 +20,7 @@ NOT_CHARGED = ("static (a live context while no kernel runs), idle and the time 
                "static,idle` charges them by presence)")
 
 
-def job_share(result: ByProcess, job_id: str) -> dict[str, Any]:
+def share_of_job(result: ByProcess, job_id: str) -> dict[str, Any]:
     """Per GPU, the job's processes, other jobs', no job's, and what is charged to none.
 
     ``this_job`` sums the job over every GPU; it is None (with ``this_job_unknown``) where

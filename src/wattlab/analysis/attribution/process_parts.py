@@ -9,6 +9,11 @@ upper bound (it holds static, and work if the GPU never rested).
 processes are present and every one of them shows no activity, less idle. Where there is
 no such stretch it is not measured (0, said so): the context's cost is then in the dynamic
 part. *Dynamic* is the rest.
+
+Who pays the shared parts when they are charged (``--charge static,idle``, for chargeback):
+each moment a process holds a context it shares that moment with the others present, in
+equal parts; static and idle are charged by these shares, which sum to 1 where any process
+was present, so no joule is charged twice.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wattlab.analysis.attribution.core import FloatArray
+from wattlab.analysis.attribution.core import Activity, FloatArray, piece_range, pieces, running
 from wattlab.analysis.attribution.learn import free_stretches, measure_idle
 from wattlab.analysis.attribution.power_stream import PowerStream
 from wattlab.analysis.attribution.process_table import ProcessTable
@@ -109,3 +114,23 @@ def lowest_stable(t_s: FloatArray, power_w: FloatArray) -> tuple[float, float]:
 def covered_s(spans: Sequence[tuple[float, float]], t0_s: float, t1_s: float) -> float:
     """Seconds of [t0, t1] that some span covers."""
     return (t1_s - t0_s) - sum(b - a for a, b in free_stretches(spans, t0_s, t1_s))
+
+
+def charge_shares(table: ProcessTable, span_s: tuple[float, float]) -> dict[str, float]:
+    """Each process's share of the time processes held the GPU within ``span_s``."""
+    acts = [Activity(p.key, "present", *p.present_s) for p in table.processes]
+    if not acts:
+        return {}
+    edges = pieces(acts, *span_s)
+    count = running(edges, acts, np.ones(len(acts)))
+    dt = np.diff(edges)
+    per_one = np.concatenate(([0.0], np.cumsum(np.where(count > 0.5, dt / np.maximum(count, 1),
+                                                         0.0))))
+    held = float(dt[count > 0.5].sum())
+    if held <= 0:
+        return {}
+    i0, i1 = piece_range(edges, acts)
+    out: dict[str, float] = {}
+    for a, lo, hi in zip(acts, i0, i1, strict=True):
+        out[a.owner] = out.get(a.owner, 0.0) + float(per_one[hi] - per_one[lo]) / held
+    return out

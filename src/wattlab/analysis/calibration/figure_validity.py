@@ -13,10 +13,15 @@ total: invalid where a phase it sums is, naming it.
 
 from __future__ import annotations
 
-from wattlab.analysis.energy import phases_from_markers, windows_verdict
-from wattlab.analysis.energy.validity import CHECKS, combined_checks
-from wattlab.runfile import CalibrationValidity, EnergyCheck, PhaseEnergy, Run, SourceView
-from wattlab.runfile.calibration_parts import FigureVerdict
+from wattlab.analysis.energy import CHECKS, combined_checks, phases_from_markers, windows_verdict
+from wattlab.runfile import (
+    CalibrationValidity,
+    EnergyCheck,
+    FigureVerdict,
+    PhaseEnergy,
+    Run,
+    SourceView,
+)
 
 Stream = tuple[SourceView, str]
 Window = tuple[str, float, float]

@@ -27,16 +27,26 @@ from wattlab.analysis.energy.source_energy import (
     stream_identity,
     windows_verdict,
 )
-from wattlab.analysis.energy.validity import invalid_reasons, judge
+from wattlab.analysis.energy.validity import (
+    CHECKS,
+    PROCESS_CHECK,
+    combined_checks,
+    invalid_reasons,
+    judge,
+    process_stream_check,
+)
 from wattlab.analysis.energy.wiring_check import WiringMismatch, wiring_mismatches
 
 __all__ = [
+    "CHECKS",
     "COUNTER_UPDATE_S",
     "GAP_FACTOR",
+    "PROCESS_CHECK",
     "Phase",
     "SourceSummary",
     "WiringMismatch",
     "at_updates",
+    "combined_checks",
     "corrected_energy",
     "correction_terms",
     "counter_energy",
@@ -53,6 +63,7 @@ __all__ = [
     "node_report",
     "phases_from_markers",
     "power_channel",
+    "process_stream_check",
     "record_applies",
     "shape_source",
     "span_verdict",

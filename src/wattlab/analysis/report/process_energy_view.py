@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import html
 
-from wattlab.analysis.attribution import energy_by_process
-from wattlab.analysis.attribution.by_process import ByProcess
+from wattlab.analysis.attribution import ByProcess, energy_by_process
 from wattlab.errors import UsageError
 from wattlab.runfile import Run
 

@@ -201,7 +201,8 @@ def _finish(request: SealRequest, report: DiskFullReport, room: bool) -> None:
         last_ns = int(tail[-1]) if len(tail) else None
         report.spans.append(_span(source_id, tail, point.seq_next))
         if not point.ended:
-            t_first = -1 if last_ns is None else last_ns + request.session_start_ns
+            # a stream that never had a row written: from the session's start
+            t_first = request.session_start_ns + (0 if last_ns is None else last_ns)
             gaps.append(Gap(source_id, f"disk full ({request.error}): recording stopped",
                             point.seq_next, -1, t_first, request.failed_at_ns))
     report.spans = [s for s in report.spans if not points[s.source].ended]

@@ -18,7 +18,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from wattlab.errors import UsageError
-from wattlab.sync.recorder.process_series import MAX_SERIES, ProcessFigures
+from wattlab.sync.recorder.live_energy import MAX_SERIES, ProcessFigures
 from wattlab.sync.recorder.stream_metrics import MetricsSnapshot, StreamMetrics
 
 LOOPBACK = "127.0.0.1"

@@ -19,8 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.samples import Marker, SourceDescriptor
-from wattlab.sync.recorder.process_energy import LiveProcessEnergy
-from wattlab.sync.recorder.process_series import ProcessFigures
+from wattlab.sync.recorder.live_energy import LiveProcessEnergy, ProcessFigures
 
 
 def watt_channels(desc: SourceDescriptor) -> list[str]:

@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.samples import Marker, SourceDescriptor
-from wattlab.sync.recorder.live_split import GpuLiveSplit
-from wattlab.sync.recorder.process_series import ProcessFigures, ProcessSeries
+from wattlab.sync.recorder.live_energy.live_split import GpuLiveSplit
+from wattlab.sync.recorder.live_energy.process_series import ProcessFigures, ProcessSeries
 
 PROCESSES_SUFFIX = ".processes"
 POWER_SUFFIX = ".samples"

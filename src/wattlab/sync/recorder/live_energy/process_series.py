@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wattlab.samples import Marker
-from wattlab.sync.recorder.live_split import SETTLE_S, WINDOW_S
+from wattlab.sync.recorder.live_energy.live_split import SETTLE_S, WINDOW_S
 
 # two scrape intervals of Prometheus's default 15 s: the scraper sees the final value
 SERIES_GRACE_S = 30.0
