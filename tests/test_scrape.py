@@ -389,3 +389,22 @@ def test_the_get_reconnects_to_servers_that_close_after_each_answer_or_when_idle
     assert get.get() == (200, "OK", b"up 2\n")
     get.close()
     served.join()
+
+
+@pytest.mark.system
+def test_a_cut_connection_is_no_traceback_but_another_error_still_is(capsys) -> None:
+    """The loaded fresh-clone run printed a socketserver traceback when the outage test's
+    endpoint stopped mid-answer: a cut connection is the endpoint's own doing, not news."""
+    with MetricsEndpoint(lambda: "x 1\n") as endpoint:
+        server = endpoint._server
+        assert server is not None
+        try:
+            raise BrokenPipeError(32, "Broken pipe")
+        except OSError:
+            server.handle_error(None, ("127.0.0.1", 1))
+        assert capsys.readouterr().err == ""
+        try:
+            raise ValueError("a real defect")
+        except ValueError:
+            server.handle_error(None, ("127.0.0.1", 1))
+        assert "ValueError: a real defect" in capsys.readouterr().err

@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A server for which a cut connection is not an error worth a traceback on stderr.
+
+    ``stop`` shuts kept-alive connections down, and a scraper may go away mid-answer; the
+    handler's thread then meets an OSError that the standard server prints in full.
+    """
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class MetricsEndpoint:
@@ -67,7 +81,7 @@ class MetricsEndpoint:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # a scrape every 100 ms is not news
 
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server = QuietServer(("127.0.0.1", self.port), Handler)
         server.daemon_threads = True
         self.port = server.server_address[1]
         self._server = server
