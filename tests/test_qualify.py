@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.data_files import DATA
 from wattlab.analysis.calibration import calibrate
-from wattlab.analysis.qualify import Procedure, check_windows, olympic_mean, qualify
+from wattlab.analysis.qualify import LEVELS, Procedure, check_windows, olympic_mean, qualify
+from wattlab.analysis.qualify.levels import marked_levels
 from wattlab.cli import main
 from wattlab.errors import UsageError
-from wattlab.runfile import Run
+from wattlab.runfile import MarkerRow, Run
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
 
@@ -224,3 +226,55 @@ def test_a_recording_that_lost_data_is_scored_but_never_exits_0(
     captured = capsys.readouterr()
     assert json.loads(captured.out)["targets"][0]["passed"]
     assert ("1 gap(s)" in captured.err) == bool(lost_rows)
+
+
+TRACES = DATA / "traces"
+
+
+def _level_marks(edges_ns: list[tuple[int, int | None]]) -> list[MarkerRow]:
+    """Begin/end marks of idle, load1, load2 back to back: (host ns, GPU ns) per edge."""
+    rows = []
+    for i, name in enumerate(LEVELS):
+        edges = edges_ns[2 * i:2 * i + 2]
+        for kind, (host_ns, gpu_ns) in zip(("begin", "end"), edges, strict=True):
+            rows.append(MarkerRow(host_ns, name, kind, "pid1", {}, gpu_ns, 40_000))
+    return rows
+
+
+@pytest.mark.fast
+def test_back_to_back_levels_whose_gpu_times_invert_are_taken_in_the_order_sent() -> None:
+    # The lent H200 (qualify --gpu 0, twice): idle's end ran 142 us after load1's begin on
+    # the GPU's timeline though it was sent first; qualify refused its own recording.
+    s = 1_000_000_000
+    marks = _level_marks([(4 * s, 4 * s), (67_742_848_664, 67_743_330_010),
+                          (67_743_173_273, 67_743_187_953), (130 * s, 130 * s),
+                          (130 * s + 1, 130 * s + 1), (193 * s, 193 * s)])
+    levels = marked_levels(marks, "r.h5")
+    assert [lv.name for lv in levels] == list(LEVELS)
+    assert levels[0].t1_s == pytest.approx(67.742848664)
+    assert levels[0].t1_s <= levels[1].t0_s
+    sent_overlapping = _level_marks([(4 * s, None), (70 * s, None), (67 * s, None),
+                                     (130 * s, None), (131 * s, None), (193 * s, None)])
+    with pytest.raises(UsageError, match="phases 'idle' and 'load1' overlap"):
+        marked_levels(sent_overlapping, "r.h5")
+
+
+@pytest.mark.fast
+def test_the_lent_h200s_own_qualification_runs_score_and_repeat(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # `bash bench/device_qualify_37.sh`: two short-form runs of `qualify --gpu 0`, the GPU's
+    # energy counter as the reference; both were refused on the GPU (phases overlapping by
+    # 142 us on its timeline) before the levels were taken in the order the marks were sent.
+    xs = []
+    for k in (1, 2):
+        trace = TRACES / f"h200_qualify-short-{k}.h5"
+        assert main(["qualify", str(trace), "--reference", "gpu0.energy",
+                     "--target", "gpu0.power:average_power_w",
+                     "--target", "gpu0.power:instant_power_w",
+                     "--accuracy-class", "the GPU's own counter", "--short", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert [lv["level"] for lv in doc["targets"][0]["levels"]] == list(LEVELS)
+        xs.append([t["x_pct"] for t in doc["targets"]])
+    for first, second in zip(*xs, strict=True):
+        assert abs(first - second) <= 0.2  # issue 37: x repeats within 0.2 points
+    assert max(max(x) for x in xs) < 1.0

@@ -4,12 +4,18 @@ The documented marking (docs/qualify.md): one phase per level, named ``idle``, `
 and ``load2`` (begin/end markers: ``wattlab.phase("load1")`` in a workload, or the
 simulated GPU's schedule segments of those names). Windows are placed inside each level
 after a settling time, back to back, so they never overlap.
+
+Level edges are the marks' host times, the order they were sent in, not the GPU's: on the
+lent H200 the end of a 63 s idle level ran 142 us *after* the next level's begin on the
+GPU's timeline (beyond both marks' stated +-), which made two back-to-back levels overlap.
+The windows start ``SETTLE_S`` after an edge, so where inside a millisecond it lies does
+not move them onto other work.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from wattlab.analysis.energy import phases_from_markers
@@ -34,7 +40,8 @@ class Level:
 
 def marked_levels(markers: Sequence[MarkerRow], where: str) -> list[Level]:
     """The idle, load1 and load2 phases, once each and not overlapping, in time order."""
-    phases = [p for p in phases_from_markers(markers) if p.name in LEVELS]
+    as_sent = [replace(m, gpu_time_ns=None, gpu_uncertainty_ns=None) for m in markers]
+    phases = [p for p in phases_from_markers(as_sent) if p.name in LEVELS]
     found: dict[str, Level] = {}
     for p in phases:
         if p.name in found:
