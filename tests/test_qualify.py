@@ -214,10 +214,11 @@ def test_a_recording_that_lost_data_is_scored_but_never_exits_0(
         lost_rows: int, status: int) -> None:
     from wattlab.commands import qualify as command
 
-    def recorded(args: object, window_s: float, output: str) -> None:
+    def recorded(args: object, window_s: float, output: str) -> tuple[None, int]:
         # the recording itself (minutes of emulated bench) is bench/qualify.py's; here the
         # run it would leave, with or without a gap row
         write_levels_run(Path(output), level_s=63.0, lost_rows=lost_rows)
+        return None, 0
 
     monkeypatch.setattr(command, "_simulate", recorded)
     out = tmp_path / "q.h5"
@@ -278,3 +279,23 @@ def test_the_lent_h200s_own_qualification_runs_score_and_repeat(
     for first, second in zip(*xs, strict=True):
         assert abs(first - second) <= 0.2  # issue 37: x repeats within 0.2 points
     assert max(max(x) for x in xs) < 1.0
+
+
+@pytest.mark.fast
+def test_a_recording_with_lost_frames_is_scored_and_a_failed_one_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # bench/qualify.py: one 0.75 ms hole in the riser's first second of the calibration
+    # run refused the whole qualification ("lost data; not scored", exit 2)
+    from wattlab.acquisition.session import SessionResult
+    from wattlab.commands.qualify import recording_status
+
+    gap = write_levels_run(tmp_path / "gap.h5", level_s=20.0, lost_rows=1)
+    whole = write_levels_run(tmp_path / "whole.h5", level_s=20.0)
+    lost = SessionResult(str(gap), None, {}, {}, False)
+    assert recording_status(lost) == 1
+    assert recording_status(replace(lost, output=str(whole))) == 0
+    for failed in (replace(lost, source_errors={"ps3": "port vanished"}),
+                   replace(lost, command_exit_code=3), replace(lost, interrupted=True)):
+        with pytest.raises(UsageError, match=r"failed .*not scored"):
+            recording_status(failed)
+    capsys.readouterr()
