@@ -96,11 +96,19 @@ def write_serving_run(path: Path, *, reset_at_s: float | None = 9.0,
     return path
 
 
-def request_log_lines() -> list[str]:
-    """The requests in wattlab's JSONL format, on the wall clock."""
+PROMPT_TOKENS_PER_S = 1000  # a prefill's duration is its prompt at this pace
+
+
+def request_log_lines(waited_s: dict[str, float] | None = None) -> list[str]:
+    """The requests in wattlab's JSONL format, on the wall clock.
+
+    ``waited_s``: requests sent that long before their prefill began (they waited for a
+    place in the batch, drawing nothing).
+    """
     import json
 
-    u = UNIX0_NS / 1e9
-    return [json.dumps({"id": r.id, "start_unix_s": u + r.start_s, "first_token_unix_s":
-                        u + r.first_s, "end_unix_s": u + r.end_s, "prompt_tokens": 100,
+    u, waited = UNIX0_NS / 1e9, waited_s or {}
+    return [json.dumps({"id": r.id, "start_unix_s": u + r.start_s - waited.get(r.id, 0.0),
+                        "first_token_unix_s": u + r.first_s, "end_unix_s": u + r.end_s,
+                        "prompt_tokens": round(PROMPT_TOKENS_PER_S * (r.first_s - r.start_s)),
                         "output_tokens": r.output_tokens}) for r in REQUESTS]

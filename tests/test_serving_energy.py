@@ -137,13 +137,17 @@ def test_each_request_gets_its_own_energy_and_the_sum_closes(with_requests: Path
 STATIC_W = 150.0  # drawn once while any request is in flight
 
 
-@pytest.fixture
-def with_static_part(tmp_path: Path) -> Path:
+def static_run(tmp_path: Path, waited_s: dict[str, float] | None = None) -> Path:
     run_path = write_serving_run(tmp_path / "static.h5", static_w=STATIC_W)
     log = tmp_path / "requests.jsonl"
-    log.write_text("\n".join(request_log_lines()) + "\n")
+    log.write_text("\n".join(request_log_lines(waited_s)) + "\n")
     assert main(["import", "requests", str(log), "--into", str(run_path)]) == 0
     return run_path
+
+
+@pytest.fixture
+def with_static_part(tmp_path: Path) -> Path:
+    return static_run(tmp_path)
 
 
 def shares_vs_alone(path: Path, rule: str) -> list[float]:
@@ -164,6 +168,13 @@ def test_the_alone_rule_shares_by_what_each_request_costs_alone(with_static_part
     # alone rule by what it costs alone
     assert max(abs(e) for e in shares_vs_alone(with_static_part, "alone")) < 0.01
     assert max(abs(e) for e in shares_vs_alone(with_static_part, "in-flight")) > 0.10
+
+
+def test_time_waiting_for_the_batch_is_not_priced_as_prefill(tmp_path: Path):
+    # d was sent 1 s before its prefill began: its log's TTFT is 1.4 s for 400 prompt
+    # tokens, where the others take 1 ms a token; alone it would not have waited
+    waited = static_run(tmp_path, waited_s={"d": 1.0})
+    assert max(abs(e) for e in shares_vs_alone(waited, "alone")) < 0.01
 
 
 def test_the_alone_rule_learns_the_static_part_and_each_kinds_alone_power(with_static_part):

@@ -27,7 +27,11 @@ import numpy as np
 from wattlab.analysis.attribution.core import Activity, Attribution, attribute
 from wattlab.analysis.attribution.learn import fit_weights, measure_idle
 from wattlab.analysis.attribution.power_stream import PowerStream, run_power_stream
-from wattlab.analysis.attribution.request_alone import alone_attribution, fit_alone_power
+from wattlab.analysis.attribution.request_alone import (
+    alone_attribution,
+    fit_alone_power,
+    unqueued_activities,
+)
 from wattlab.analysis.attribution.request_log import Request
 from wattlab.analysis.attribution.request_table import read_requests
 from wattlab.analysis.attribution.rule import Param, Rule
@@ -148,6 +152,8 @@ def energy_by_request(run: Run, *, idle_w: float | None = None, rule: str = REQU
                              "in flight to measure idle power on: give --idle-w")
         idle_w, idle_pm = got[0], got[1]
         how = f"measured on {stream.name} over {got[2]:.2f} s with no request in flight"
+    if rule == "alone":
+        acts = unqueued_activities(requests, acts)
     fit = fit_alone_power if rule == "alone" else fit_weights
     learnt = fit(stream.t_s, stream.power_w, idle_w, acts, kinds=KINDS,
                  min_piece_s=RESOLVE_EDGES * stream.edge_s)

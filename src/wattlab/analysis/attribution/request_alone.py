@@ -22,12 +22,35 @@ import numpy as np
 
 from wattlab.analysis.attribution.core import CLOSURE, Activity, Attribution, FloatArray
 from wattlab.analysis.attribution.learn import design
+from wattlab.analysis.attribution.request_log import Request
 from wattlab.analysis.attribution.rule import Param, Rule
 
 NAME = "alone"
 DESCRIPTION = ("the run's dynamic energy with a request in flight shared in proportion to "
                "each activity's predicted alone energy: (s + c_k) x its duration, s the "
                "static part any batch draws, c_k the part per activity of kind k")
+
+
+QUEUE_QUANTILE = 0.1  # the prefill pace taken as unqueued: this quantile of TTFT per token
+
+
+def unqueued_activities(requests: Sequence[Request], activities: Sequence[Activity]
+                        ) -> list[Activity]:
+    """``activities`` with each prefill cut to the time its prompt takes when it does not wait.
+
+    A log's time to first token holds the time a request waited for a place in the batch,
+    which costs nothing alone. The run's unqueued prefill pace is the ``QUEUE_QUANTILE``
+    quantile of TTFT per prompt token over its requests; a prefill longer than its prompt
+    at that pace starts that much before its first token (the rest was waiting).
+    """
+    paces = [(r.first_token_s - r.start_s) / r.prompt_tokens for r in requests
+             if r.first_token_s is not None and r.prompt_tokens > 0]
+    if not paces:
+        return list(activities)
+    pace_s = float(np.quantile(paces, QUEUE_QUANTILE))
+    prompt = {r.id: r.prompt_tokens for r in requests}
+    return [replace(a, t0_s=max(a.t0_s, a.t1_s - pace_s * prompt[a.owner]))
+            if a.kind == "prefill" and prompt[a.owner] > 0 else a for a in activities]
 
 
 def fit_alone_power(t_s: FloatArray, power_w: FloatArray, idle_w: float,
@@ -59,8 +82,9 @@ def fit_alone_power(t_s: FloatArray, power_w: FloatArray, idle_w: float,
         f"fitted on {x.shape[0]} pieces of >= {1e3 * min_piece_s:.3g} ms: static part "
         f"s = {coef[0]:.3g} W, " + ", ".join(f"c_{k} = {c:.3g} W"
                                             for k, c in zip(kinds, coef[1:], strict=True)),
-        "durations are the run's: where batching stretched a request's steps, its alone "
-        "energy is overstated"])
+        "durations are the run's, each prefill cut to its prompt at the run's unqueued pace "
+        "(time waiting for the batch is free); where batching stretched a request's steps, "
+        "its alone energy is overstated"])
 
 
 def flat_rule(kinds: list[str], why: str) -> Rule:
