@@ -246,7 +246,7 @@ def main() -> None:
                         help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--prompt-tokens", type=token_range, default=(128, 1024),
                         metavar="MIN:MAX")
-    parser.add_argument("--output-tokens", type=token_range, default=(16, 64),
+    parser.add_argument("--output-tokens", type=token_range, default=(16, 48),
                         metavar="MIN:MAX")
     args = parser.parse_args()
     global DEVICE
