@@ -190,6 +190,8 @@ def test_by_request_takes_a_rule_and_refuses_a_process_rule(with_requests, capsy
     assert "rule: fitted power per kind" in capsys.readouterr().out
     assert main(["energy", str(with_requests), "--by-request", "--rule", "activity"]) == 2
     assert "alone, in-flight" in capsys.readouterr().err
+    assert main(["energy", str(with_requests), "--by-process", "--rule", "alone"]) == 2
+    assert "goes with --by-request" in capsys.readouterr().err
 
 
 def test_by_request_without_a_table_says_how_to_add_one(run_path, capsys):

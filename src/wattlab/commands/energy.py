@@ -145,6 +145,11 @@ def run(args: argparse.Namespace) -> int:
         return node_run(args)
     if args.by_request:
         return attribution_run(args)
+    if args.rule and not args.by_request:
+        from wattlab.analysis.attribution.by_request import REQUEST_RULES
+
+        if args.rule in REQUEST_RULES:
+            raise UsageError(f"--rule {args.rule} shares requests: it goes with --by-request")
     if args.by_process or args.by_job or args.by_pod or args.rule or args.charge:
         return process_run(args)
     if args.per or args.by_request or args.idle_w is not None:
