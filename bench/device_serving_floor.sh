@@ -11,7 +11,8 @@ if [ -z "${SIMULATE:-}" ]; then
     gpu=(--nvml 0); small=(); floor=(--seconds "${1:-60}")
     export PYTHONPATH=/tmp/site:$PWD/src
 else
-    gpu=(--simulate); small=(--device cpu --layers 1 --requests 16 --rate-hz 20 --idle-s 0.5)
+    gpu=(--simulate); small=(--device cpu --layers 1 --embd 64 --heads 2 --prompt-tokens 16:64
+           --requests 16 --rate-hz 20 --idle-s 0.5)
     floor=(--simulate --seconds 2 --runs 1)
     export PYTHONPATH=$PWD/src
 fi

@@ -29,9 +29,10 @@ class Req:
     end_s: float
     output_tokens: int
 
-    def truth_j(self) -> float:
+    def truth_j(self, static_w: float = 0.0) -> float:
         """Its exclusive dynamic energy: what it alone costs above idle."""
-        return PREFILL_W * (self.first_s - self.start_s) + DECODE_W * (self.end_s - self.first_s)
+        return (PREFILL_W * (self.first_s - self.start_s) + DECODE_W * (self.end_s - self.first_s)
+                + static_w * (self.end_s - self.start_s))
 
 
 # staggered, overlapping, mixes of prefill and decode; idle stretches before, between, after
@@ -39,8 +40,10 @@ REQUESTS = [Req("a", 2.0, 2.5, 6.0, 70), Req("b", 3.0, 3.2, 5.0, 36), Req("c", 4
             50), Req("d", 11.0, 11.4, 13.0, 32), Req("e", 12.0, 12.1, 15.5, 70)]
 
 
-def true_power_w(t_s: np.ndarray) -> np.ndarray:
+def true_power_w(t_s: np.ndarray, static_w: float = 0.0) -> np.ndarray:
+    """Idle, plus ``static_w`` while any request is in flight, plus each one's own part."""
     p = np.full(t_s.shape, IDLE_W)
+    p += static_w * np.any([(t_s >= r.start_s) & (t_s < r.end_s) for r in REQUESTS], axis=0)
     for r in REQUESTS:
         p += PREFILL_W * ((t_s >= r.start_s) & (t_s < r.first_s))
         p += DECODE_W * ((t_s >= r.first_s) & (t_s < r.end_s))
@@ -54,9 +57,12 @@ def tokens_done(t_s: float) -> float:
 
 
 def write_serving_run(path: Path, *, reset_at_s: float | None = 9.0,
-                      failed_reads_s: tuple[float, float] | None = None) -> Path:
+                      failed_reads_s: tuple[float, float] | None = None,
+                      static_w: float = 0.0) -> Path:
     """The run (module doc); the counter drops to 0 at ``reset_at_s`` (a server restart).
 
+    ``static_w``: a part any batch draws once, however many requests are in it (power that
+    is not additive in the work in flight).
     ``failed_reads_s``: the scrapes in this span failed (no rows, one gap row).
     """
     writer = RunFileWriter(str(path), {"created": "test", "session_start_unix_ns": UNIX0_NS}, 0)
@@ -66,7 +72,7 @@ def write_serving_run(path: Path, *, reset_at_s: float | None = 9.0,
                                        (Channel(TOKEN_COUNTER, "token"),)))
     t = np.arange(0, int(DURATION_S * 1000) + 1) * 1_000_000
     zeros = np.zeros(t.size, np.uint8)
-    writer.append("meter", t, t, true_power_w(t / 1e9).reshape(-1, 1), zeros)
+    writer.append("meter", t, t, true_power_w(t / 1e9, static_w).reshape(-1, 1), zeros)
     t_read = np.arange(0, int(DURATION_S * 10) + 1) * 100_000_000 + 7_000_000
     offset = 1000.0  # the server had counted before the run
     raw = []
@@ -90,11 +96,19 @@ def write_serving_run(path: Path, *, reset_at_s: float | None = 9.0,
     return path
 
 
-def request_log_lines() -> list[str]:
-    """The requests in wattlab's JSONL format, on the wall clock."""
+PROMPT_TOKENS_PER_S = 1000  # a prefill's duration is its prompt at this pace
+
+
+def request_log_lines(waited_s: dict[str, float] | None = None) -> list[str]:
+    """The requests in wattlab's JSONL format, on the wall clock.
+
+    ``waited_s``: requests sent that long before their prefill began (they waited for a
+    place in the batch, drawing nothing).
+    """
     import json
 
-    u = UNIX0_NS / 1e9
-    return [json.dumps({"id": r.id, "start_unix_s": u + r.start_s, "first_token_unix_s":
-                        u + r.first_s, "end_unix_s": u + r.end_s, "prompt_tokens": 100,
+    u, waited = UNIX0_NS / 1e9, waited_s or {}
+    return [json.dumps({"id": r.id, "start_unix_s": u + r.start_s - waited.get(r.id, 0.0),
+                        "first_token_unix_s": u + r.first_s, "end_unix_s": u + r.end_s,
+                        "prompt_tokens": round(PROMPT_TOKENS_PER_S * (r.first_s - r.start_s)),
                         "output_tokens": r.output_tokens}) for r in REQUESTS]

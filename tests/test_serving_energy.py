@@ -134,6 +134,66 @@ def test_each_request_gets_its_own_energy_and_the_sum_closes(with_requests: Path
     assert summary["j_per_output_token_median"] == pytest.approx(per_token[2], rel=0.01)
 
 
+STATIC_W = 150.0  # drawn once while any request is in flight
+
+
+def static_run(tmp_path: Path, waited_s: dict[str, float] | None = None) -> Path:
+    run_path = write_serving_run(tmp_path / "static.h5", static_w=STATIC_W)
+    log = tmp_path / "requests.jsonl"
+    log.write_text("\n".join(request_log_lines(waited_s)) + "\n")
+    assert main(["import", "requests", str(log), "--into", str(run_path)]) == 0
+    return run_path
+
+
+@pytest.fixture
+def with_static_part(tmp_path: Path) -> Path:
+    return static_run(tmp_path)
+
+
+def shares_vs_alone(path: Path, rule: str) -> list[float]:
+    """Each request's share of the requests' energy over its alone-truth share, minus 1."""
+    with Run(str(path)) as run:
+        split = energy_by_request(run, rule=rule)
+    att = split.attribution
+    assert sum(att.parts_j.values()) + att.idle_j + att.unattributed_j == pytest.approx(
+        att.total_j, rel=1e-3)
+    got = {r.id: r.energy_j for r in split.requests}
+    truth = {r.id: r.truth_j(STATIC_W) for r in REQUESTS}
+    return [got[i] / sum(got.values()) / (truth[i] / sum(truth.values())) - 1 for i in truth]
+
+
+def test_the_alone_rule_shares_by_what_each_request_costs_alone(with_static_part: Path):
+    # a static part drawn once per batch: the in-flight rule charges a request by what ran
+    # beside it (b, overlapping a and c, gets less than its alone share), the default
+    # alone rule by what it costs alone
+    assert max(abs(e) for e in shares_vs_alone(with_static_part, "alone")) < 0.01
+    assert max(abs(e) for e in shares_vs_alone(with_static_part, "in-flight")) > 0.10
+
+
+def test_time_waiting_for_the_batch_is_not_priced_as_prefill(tmp_path: Path):
+    # d was sent 1 s before its prefill began: its log's TTFT is 1.4 s for 400 prompt
+    # tokens, where the others take 1 ms a token; alone it would not have waited
+    waited = static_run(tmp_path, waited_s={"d": 1.0})
+    assert max(abs(e) for e in shares_vs_alone(waited, "alone")) < 0.01
+
+
+def test_the_alone_rule_learns_the_static_part_and_each_kinds_alone_power(with_static_part):
+    with Run(str(with_static_part)) as run:
+        rule = energy_by_request(run).attribution.rule
+    assert rule.name == "alone"
+    assert rule.weights["prefill"].value == pytest.approx(STATIC_W + PREFILL_W, rel=0.01)
+    assert rule.weights["decode"].value == pytest.approx(STATIC_W + DECODE_W, rel=0.01)
+
+
+def test_by_request_takes_a_rule_and_refuses_a_process_rule(with_requests, capsys):
+    assert main(["energy", str(with_requests), "--by-request", "--rule", "in-flight"]) == 0
+    assert "rule: fitted power per kind" in capsys.readouterr().out
+    assert main(["energy", str(with_requests), "--by-request", "--rule", "activity"]) == 2
+    assert "alone, in-flight" in capsys.readouterr().err
+    assert main(["energy", str(with_requests), "--by-process", "--rule", "alone"]) == 2
+    assert "goes with --by-request" in capsys.readouterr().err
+
+
 def test_by_request_without_a_table_says_how_to_add_one(run_path, capsys):
     assert main(["energy", str(run_path), "--by-request"]) == 2
     assert "wattlab import requests" in capsys.readouterr().err
@@ -142,7 +202,7 @@ def test_by_request_without_a_table_says_how_to_add_one(run_path, capsys):
 def test_by_request_prints_the_rule_and_the_split(with_requests, capsys):
     assert main(["energy", str(with_requests), "--by-request"]) == 0
     out = capsys.readouterr().out
-    assert "rule: fitted power per kind" in out and "w_prefill" in out
+    assert "rule: alone" in out and "w_prefill" in out
     assert "idle" in out and "J per output token: median" in out
 
 
@@ -217,7 +277,7 @@ def test_export_writes_one_row_per_request(with_requests, tmp_path):
     rows = list(csv.DictReader(table.read_text().splitlines()))
     assert [r["id"] for r in rows] == [r.id for r in REQUESTS]
     assert float(rows[0]["energy_j"]) == pytest.approx(REQUESTS[0].truth_j(), rel=0.01)
-    assert rows[0]["rule"] == "fitted power per kind" and rows[0]["valid"] == "True"
+    assert rows[0]["rule"] == "alone" and rows[0]["valid"] == "True"
 
 
 def _counter(name: str, unit: str):

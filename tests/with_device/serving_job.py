@@ -1,8 +1,14 @@
 """A real generation server for the per-request and per-token energy checks (real GPU only).
 
-No model can be downloaded on the lent machine: a GPT-2-sized transformer is built from its
+No model can be downloaded on the lent machine: a GPT-2-style transformer is built from its
 config with random weights (the energy of a forward pass does not depend on the weights'
-values). Requests arrive staggered (seeded Poisson arrivals, prompt and output lengths
+values), on the GPU, in bf16. Its default size (24 layers of width 4096: ~4.8 B parameters,
+~10 GB) and prompts of 128-1024 tokens make the GPU's work, not Python, set the pace: GPT-2
+small with short prompts drew 123 W against 121 W idle on the H200 (BENCHMARKS.md), every
+decode step a few microseconds of GPU work behind milliseconds of Python; here each decode
+step reads ~10 GB of weights per cohort and each prefill is tens of TFLOP.
+
+Requests arrive staggered (seeded Poisson arrivals, prompt and output lengths
 drawn per request); arrived requests are admitted as a cohort while fewer than ``--cap``
 are in flight, each cohort prefilled in one batched forward (left-padded) and then decoded
 one token a step alongside the other cohorts. The server exposes vLLM's metric names on its
@@ -100,13 +106,23 @@ def serve_metrics(counters: Counters, port: int) -> http.server.ThreadingHTTPSer
     return server
 
 
-def requests(n: int, rate_hz: float, seed: int) -> list[Request]:
+def requests(n: int, rate_hz: float, seed: int, prompt: tuple[int, int],
+             output: tuple[int, int]) -> list[Request]:
     rng = random.Random(seed)
     t, out = 0.0, []
     for i in range(n):
         t += rng.expovariate(rate_hz)
-        out.append(Request(f"r{i:04d}", t, rng.randint(32, 512), rng.randint(16, 64)))
+        out.append(Request(f"r{i:04d}", t, rng.randint(*prompt), rng.randint(*output)))
     return out
+
+
+def token_range(text: str) -> tuple[int, int]:
+    """``MIN:MAX`` tokens, 1 <= MIN <= MAX."""
+    lo, _, hi = text.partition(":")
+    low, high = int(lo), int(hi or lo)
+    if not 1 <= low <= high:
+        raise argparse.ArgumentTypeError(f"{text!r}: want MIN:MAX with 1 <= MIN <= MAX")
+    return low, high
 
 
 def sync() -> None:
@@ -223,18 +239,31 @@ def main() -> None:
                         "only once this file exists: a server already up when the recording "
                         "(and its scraper) starts, as with a real server and a load generator")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--embd", type=int, default=4096, help="the model's width")
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                        help="default: bfloat16 on cuda, float32 on cpu")
+    parser.add_argument("--prompt-tokens", type=token_range, default=(128, 1024),
+                        metavar="MIN:MAX")
+    parser.add_argument("--output-tokens", type=token_range, default=(16, 48),
+                        metavar="MIN:MAX")
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
     torch.manual_seed(args.seed)
-    config = GPT2Config(n_layer=args.layers, n_embd=768, n_head=12, n_positions=1024)
-    model = GPT2LMHeadModel(config).to(DEVICE).eval()
-    if DEVICE == "cuda":
-        model = model.half()
+    config = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=args.heads,
+                        n_positions=args.prompt_tokens[1] + args.output_tokens[1])
+    dtype = getattr(torch, args.dtype or ("bfloat16" if DEVICE == "cuda" else "float32"))
+    with torch.device(DEVICE):  # built where it runs: no 19 GB of fp32 on the host first
+        model = GPT2LMHeadModel(config).to(dtype).eval()
+    print(f"model: {args.layers} layers x {args.embd} wide, "
+          f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters, {dtype}",
+          flush=True)
     counters = Counters()
     server = serve_metrics(counters, args.port)
-    todo = requests(args.requests, args.rate_hz, args.seed)
+    todo = requests(args.requests, args.rate_hz, args.seed, args.prompt_tokens,
+                    args.output_tokens)
     Cohort(model, todo[:4], config.vocab_size)  # warm-up: kernels chosen before timing
     sync()
     while args.start_file and not os.path.exists(args.start_file):

@@ -93,10 +93,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         p.add_argument(f"--by-{flag}", action="store_true",
                        help=f"{what}, from the per-process stream, idle and static apart "
                             "(docs/process-energy.md)")
-    p.add_argument("--rule", choices=("activity", "utilisation"), default=None,
+    p.add_argument("--rule", choices=("activity", "utilisation", "alone", "in-flight"),
+                   default=None,
                    help="with --by-process/-job/-pod: how dynamic energy is split: activity "
                         "(weights fitted on the run itself; default) or utilisation "
-                        "(Kepler's SM share)")
+                        "(Kepler's SM share); with --by-request: alone (by each request's "
+                        "predicted alone energy; default) or in-flight (each interval among "
+                        "the requests in flight then)")
     p.add_argument("--charge", type=charge_parts, default=None, metavar="PARTS",
                    help="with --by-process/-job/-pod: shared parts charged to the processes "
                         "(static, idle or static,idle; default: neither, own rows)")
@@ -140,6 +143,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.node or args.wall:
         return node_run(args)
+    if args.by_request:
+        return attribution_run(args)
+    if args.rule and not args.by_request:
+        from wattlab.analysis.attribution.by_request import REQUEST_RULES
+
+        if args.rule in REQUEST_RULES:
+            raise UsageError(f"--rule {args.rule} shares requests: it goes with --by-request")
     if args.by_process or args.by_job or args.by_pod or args.rule or args.charge:
         return process_run(args)
     if args.per or args.by_request or args.idle_w is not None:
@@ -209,6 +219,9 @@ def attribution_run(args: argparse.Namespace) -> int:
     )
     from wattlab.runfile import Run
 
+    if args.by_request and (args.by_process or args.by_job or args.by_pod or args.charge):
+        raise UsageError("--by-request goes alone: drop --by-process, --by-job, --by-pod, "
+                         "--charge")
     if bool(args.per) == args.by_request:
         raise UsageError("give one of --per UNIT and --by-request" if args.per else
                          "--idle-w goes with --per UNIT or --by-request")
@@ -224,7 +237,8 @@ def attribution_run(args: argparse.Namespace) -> int:
             per = energy_per_unit(run_file, args.per, idle_w=args.idle_w)
             report, text, valid = per.to_json(), format_per_unit(per), per.valid
         else:
-            split = energy_by_request(run_file, idle_w=args.idle_w)
+            split = energy_by_request(run_file, idle_w=args.idle_w,
+                                      **({"rule": args.rule} if args.rule else {}))
             report, text, valid = split.to_json(), format_by_request(split), split.stream.valid
     print(json.dumps(report, indent=2) if args.json else text)
     return int(args.strict and not valid)

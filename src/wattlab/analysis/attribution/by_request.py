@@ -2,17 +2,24 @@
 
 Each request is two activities: prefill (start to first token) and decode (first token
 to end); a request without a first token is all prefill. Idle is given, or measured where
-no request is in flight. The rule's weights (the power of one prefill and one decode) are
-fitted on the run itself (``learn.fit_weights``); the attribution core shares each piece's
-dynamic energy by them, idle apart, and checks parts + unattributed + idle = total.
-Each request's ``rule_pm_j`` is how far its energy moves when each weight moves by its ±
-(in quadrature): the fit's share of the error, not the rule's own.
+no request is in flight. Two rules, both learnt from the run itself:
+
+- ``alone`` (the default): the run's dynamic energy shared in proportion to each request's
+  predicted alone energy (``request_alone``), what issue 40 defines as a request's cost;
+- ``in-flight``: each piece's dynamic energy shared among the requests in flight then, by
+  the fitted power of one prefill and one decode (``learn.fit_weights``).
+
+The attribution core keeps idle apart and checks parts + unattributed + idle = total.
+Each request's ``rule_pm_j`` is how far its energy moves when each of the rule's powers
+moves by its ± (in quadrature): the fit's share of the error, not the rule's own.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,14 +27,20 @@ import numpy as np
 from wattlab.analysis.attribution.core import Activity, Attribution, attribute
 from wattlab.analysis.attribution.learn import fit_weights, measure_idle
 from wattlab.analysis.attribution.power_stream import PowerStream, run_power_stream
+from wattlab.analysis.attribution.request_alone import (
+    alone_attribution,
+    fit_alone_power,
+    unqueued_activities,
+)
 from wattlab.analysis.attribution.request_log import Request
 from wattlab.analysis.attribution.request_table import read_requests
-from wattlab.analysis.attribution.rule import Param
+from wattlab.analysis.attribution.rule import Param, Rule
 from wattlab.analysis.energy import energy_report
 from wattlab.errors import UsageError
 from wattlab.runfile import Run
 
 KINDS = ["prefill", "decode"]
+REQUEST_RULES = ("alone", "in-flight")  # `--by-request --rule`, the default first
 # `wattlab export --by-request`'s columns -> pyarrow type
 REQUEST_COLUMNS = {
     "run": "string", "stream": "string", "valid": "bool", "rule": "string",
@@ -116,8 +129,12 @@ def request_row(r: Request, parts: dict[tuple[str, str], float], rule_pm_j: floa
                          pre + dec, rule_pm_j, per_token, ttft, itl)
 
 
-def energy_by_request(run: Run, *, idle_w: float | None = None) -> ByRequest:
-    """Each request's share of the run's energy (module doc)."""
+def energy_by_request(run: Run, *, idle_w: float | None = None, rule: str = REQUEST_RULES[0]
+                      ) -> ByRequest:
+    """Each request's share of the run's energy by ``rule`` (module doc)."""
+    if rule not in REQUEST_RULES:
+        raise UsageError(f"--rule {rule!r} does not share requests: give one of "
+                         + ", ".join(REQUEST_RULES))
     table = read_requests(run)
     if table is None:
         raise UsageError(f"{run.path}: no request table; add one with `wattlab import requests "
@@ -135,33 +152,45 @@ def energy_by_request(run: Run, *, idle_w: float | None = None) -> ByRequest:
                              "in flight to measure idle power on: give --idle-w")
         idle_w, idle_pm = got[0], got[1]
         how = f"measured on {stream.name} over {got[2]:.2f} s with no request in flight"
-    rule = fit_weights(stream.t_s, stream.power_w, idle_w, acts, kinds=KINDS,
-                       min_piece_s=RESOLVE_EDGES * stream.edge_s)
-    att = attribute(stream.t_s, stream.power_w, idle_w, acts, rule, span_s=stream.run_s)
-    pm = rule_spread(stream, idle_w, acts, att)
+    if rule == "alone":
+        acts = unqueued_activities(requests, acts)
+    fit = fit_alone_power if rule == "alone" else fit_weights
+    learnt = fit(stream.t_s, stream.power_w, idle_w, acts, kinds=KINDS,
+                 min_piece_s=RESOLVE_EDGES * stream.edge_s)
+    share: Callable[[Rule], Attribution] = partial(
+        attribute, stream.t_s, stream.power_w, idle_w, acts, span_s=stream.run_s)
+    if rule == "alone":
+        share = alone_attribution(share, acts)
+    att = share(learnt)
+    pm = share_spread(share, att)
     return ByRequest(run.path, stream, idle_pm, how, att,
                      [request_row(r, att.parts_j, pm.get(r.id, 0.0)) for r in requests])
 
 
 def rule_spread(stream: PowerStream, idle_w: float, acts: list[Activity], att: Attribution
                 ) -> dict[str, float]:
+    """Each owner's energy change with each weight moved by its ±, in quadrature (core rule)."""
+    return share_spread(partial(attribute, stream.t_s, stream.power_w, idle_w, acts,
+                                span_s=stream.run_s), att)
+
+
+def share_spread(share: Callable[[Rule], Attribution], att: Attribution) -> dict[str, float]:
     """Each owner's energy change with each weight moved by its ±, in quadrature."""
     base, var = att.by_owner(), dict.fromkeys(att.by_owner(), 0.0)
     for kind, p in att.rule.weights.items():
         if not p.pm:
             continue
         moved = replace(att.rule, weights=att.rule.weights | {kind: Param(p.value + p.pm)})
-        other = attribute(stream.t_s, stream.power_w, idle_w, acts, moved,
-                          span_s=stream.run_s).by_owner()
+        other = share(moved).by_owner()
         for owner, e in base.items():
             var[owner] += (other.get(owner, 0.0) - e) ** 2
     return {owner: v ** 0.5 for owner, v in var.items()}
 
 
-def request_rows(path: str) -> list[dict[str, Any]]:
+def request_rows(path: str, rule: str = REQUEST_RULES[0]) -> list[dict[str, Any]]:
     """One table row per request of a run file (`wattlab export --by-request`)."""
     with Run(path) as run:
-        split = energy_by_request(run)
+        split = energy_by_request(run, rule=rule)
     a = split.attribution
     common = {"run": path, "stream": split.stream.name, "valid": split.stream.valid,
               "rule": a.rule.name, "idle_w": a.idle_w}
