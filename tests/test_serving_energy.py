@@ -340,6 +340,23 @@ def test_joules_per_token_on_the_lent_gpus_server_agree_with_its_energy_counter(
     assert row.marginal_j_per_unit_pm > 0.1 * abs(row.marginal_j_per_unit)
 
 
+def test_joules_per_token_of_the_5b_model_served_on_the_lent_gpu_agree_with_its_counter():
+    """The second real trace (a 5 B model, tests/data/traces/README.md): its recording was cut
+    at 200 s with 27 requests still running, so the counter holds the tokens generated up
+    to the cut (6,024 of 6,514), and J/token still agrees with the energy counter to 1 %."""
+    from wattlab.analysis.energy import energy_report
+
+    path = Path(__file__).parent / "data" / "traces" / "h200_serving5b-shared.h5"
+    with Run(str(path)) as run:
+        per = energy_per_unit(run, "tokens")
+        report = energy_report(run)
+    [row] = [r for r in per.rows if r.phase == "run"]
+    [counter] = [r for r in report["rows"] if r["phase"] == "run"
+                 and r["source"] == "gpu0.energy"]
+    assert row.units == pytest.approx(6024, abs=row.units_pm)  # interpolated at the edges
+    assert row.j_per_unit == pytest.approx(counter["energy_j"] / row.units, rel=0.01)
+
+
 def test_an_empty_unit_is_refused_not_taken_as_no_unit(run_path: Path, capsys):
     """`--per ""` printed the plain energy table and exited 0."""
     assert main(["energy", str(run_path), "--per", " "]) == 2
