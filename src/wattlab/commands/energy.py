@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.by_request:
         return attribution_run(args)
     if args.rule and not args.by_request:
-        from wattlab.analysis.attribution.by_request import REQUEST_RULES
+        from wattlab.analysis.attribution import REQUEST_RULES
 
         if args.rule in REQUEST_RULES:
             raise UsageError(f"--rule {args.rule} shares requests: it goes with --by-request")

@@ -6,6 +6,7 @@ One core (``attribute``) for every split: per request, per unit of work, per pro
 from wattlab.analysis.attribution.by_process import ByProcess, ProcessEnergy, energy_by_process
 from wattlab.analysis.attribution.by_request import (
     REQUEST_COLUMNS,
+    REQUEST_RULES,
     ByRequest,
     RequestEnergy,
     energy_by_request,
@@ -33,15 +34,20 @@ from wattlab.analysis.attribution.process_view import (
     format_by_process,
     process_rows,
 )
-from wattlab.analysis.attribution.request_log import Request, RequestLog, parse_request_log
-from wattlab.analysis.attribution.request_table import read_requests, write_requests
+from wattlab.analysis.attribution.request_log import (
+    Request,
+    RequestLog,
+    parse_request_log,
+    read_requests,
+    write_requests,
+)
 from wattlab.analysis.attribution.rule import Param, Rule, equal_rule
 
 __all__ = [
     "CLOSURE",
     "NOT_CHARGED",
     "PROCESS_COLUMNS",
-    "REQUEST_COLUMNS",
+    "REQUEST_COLUMNS", "REQUEST_RULES",
     "Activity",
     "Attribution",
     "ByProcess",

@@ -32,8 +32,7 @@ from wattlab.analysis.attribution.request_alone import (
     fit_alone_power,
     unqueued_activities,
 )
-from wattlab.analysis.attribution.request_log import Request
-from wattlab.analysis.attribution.request_table import read_requests
+from wattlab.analysis.attribution.request_log import Request, read_requests
 from wattlab.analysis.attribution.rule import Param, Rule
 from wattlab.analysis.energy import energy_report
 from wattlab.errors import UsageError

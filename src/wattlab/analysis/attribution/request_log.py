@@ -1,4 +1,8 @@
-"""Per-request logs: the project's JSONL format and AIPerf's ``profile_export.jsonl``.
+"""Per-request logs (wattlab's JSONL, AIPerf's export) and the run's request table.
+
+The table, ``/analysis/requests``, is where `wattlab import requests` stores a log: one
+dataset per column (session seconds, NaN where a request had no first token) and
+attributes saying where the log came from and how its times were mapped.
 
 wattlab's format (docs/serving.md), one object a line: ``id``, ``start_unix_s``,
 ``first_token_unix_s`` (or null), ``end_unix_s``, ``prompt_tokens``, ``output_tokens``.
@@ -17,11 +21,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from wattlab.errors import UsageError
+import h5py
+import numpy as np
+
+from wattlab.errors import RunFileError, UsageError
+from wattlab.runfile import Run, add_record, open_read_only, schema
 
 # NTP slews a wall clock by at most 500 ppm: the run's wall-to-monotonic pairing drifts
 # by up to that fraction of the time since the session start
@@ -169,3 +178,41 @@ def _mapped(where: str, row: tuple[str, float, float | None, float, int, int], t
                          f"the run ({span_s[0]:.3f}..{span_s[1]:.3f} s since its start): "
                          "another run's log, or another host's clock")
     return Request(rid, start_s, first_s, end_s, prompt, output)
+
+
+WHERE = (schema.REQUESTS,)
+COLUMNS = schema.REQUEST_COLUMNS
+
+
+def write_requests(path: str, log_path: str, log: RequestLog) -> str:
+    """Store ``log`` in the run file at ``path`` (replacing an older table); its group path."""
+    def fill(group: h5py.Group) -> None:
+        reqs = log.requests
+        group.create_dataset(schema.REQUEST_ID, data=[r.id for r in reqs],
+                             dtype=h5py.string_dtype())
+        first_s = [math.nan if r.first_token_s is None else r.first_token_s for r in reqs]
+        columns = ([r.start_s for r in reqs], first_s, [r.end_s for r in reqs],
+                   [r.prompt_tokens for r in reqs], [r.output_tokens for r in reqs])
+        for name, values in zip(COLUMNS, columns, strict=True):
+            group[name] = np.array(values)  # floats stay float64, token counts int64
+        group.attrs.update(dict(zip(schema.REQUEST_ATTRS, (
+            os.path.basename(log_path), log.format, log.skipped, log.mapping), strict=True)))
+
+    return add_record(path, WHERE, fill)
+
+
+def read_requests(run: Run) -> tuple[list[Request], dict[str, str]] | None:
+    """The run's request table and its attributes; None where it has none."""
+    with open_read_only(run.path) as f:
+        group = f.get("/".join(("", schema.ANALYSIS, *WHERE)))
+        if group is None:
+            return None
+        try:
+            ids = [x.decode() if isinstance(x, bytes) else str(x)
+                   for x in group[schema.REQUEST_ID][()]]
+            cols = [group[c][()] for c in COLUMNS]
+            attrs = {k: str(v) for k, v in group.attrs.items()}
+        except KeyError as e:
+            raise RunFileError(f"{run.path}: the request table is incomplete ({e})") from e
+    return [Request(i, float(a), None if math.isnan(b) else float(b), float(c), int(d), int(e))
+            for i, a, b, c, d, e in zip(ids, *cols, strict=True)], attrs
