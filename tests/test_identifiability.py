@@ -146,3 +146,24 @@ def test_calibration_reports_the_energy_error_by_phase_length_and_the_report_sho
     text = calibration_caveats(rec)
     assert "observes 100 % of the time" in text and "10 s:" in text
     assert "NOT IDENTIFIABLE" in calibration_caveats(record_of("square-1hz"))
+
+
+# system: over a second (a calibration fitted), as the test above
+@pytest.mark.system
+def test_the_reports_calibration_line_carries_the_validity_verdict():
+    """Issue 37: every figure carries its verdict; the report's calibration line lacked it."""
+    from dataclasses import replace
+
+    from wattlab.analysis.report.html_report import calibration_caveats
+
+    rec = record_of("torch-long")
+    assert rec.validity is not None and rec.validity.valid
+    assert f"valid: all {len(rec.validity.figures)} figures passed" in calibration_caveats(rec)
+    first = rec.validity.figures[0]
+    cut = replace(first, valid=False, checks={**first.checks, "coverage": {
+        **first.checks["coverage"], "ok": False}})
+    broken = replace(rec, validity=replace(rec.validity, valid=False, invalid_figures=1,
+                                           figures=[cut, *rec.validity.figures[1:]]))
+    assert (f"NOT VALID: 1 of {len(rec.validity.figures)} figures failed their checks: "
+            f"{first.figure} (coverage)") in calibration_caveats(broken)
+    assert "validity not judged" in calibration_caveats(replace(rec, validity=None))

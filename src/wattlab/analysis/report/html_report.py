@@ -525,7 +525,20 @@ def calibration_caveats(rec: CalibrationRecord) -> str:
             f"{row.length_s:g} s: {row.rms_error_after_pct:.1f} %" for row in lengths)
     if not rec.verdict.identifiable:
         text += "; NOT IDENTIFIABLE: " + "; ".join(rec.verdict.warnings)
-    return text
+    return text + calibration_validity_text(rec)
+
+
+def calibration_validity_text(rec: CalibrationRecord) -> str:
+    """The record's validity verdict (issue 37), as `wattlab calibrate` states it."""
+    verdict = rec.validity
+    if verdict is None:
+        return "; validity not judged (a record from before the verdict)"
+    if verdict.valid:
+        return f"; valid: all {len(verdict.figures)} figures passed their checks"
+    bad = [f"{f.figure} ({', '.join(n for n, c in f.checks.items() if not c['ok'])})"
+           for f in verdict.figures if not f.valid]
+    return (f"; NOT VALID: {verdict.invalid_figures} of {len(verdict.figures)} figures "
+            f"failed their checks: {'; '.join(bad)}")
 
 
 # ----------------------------------------------------------------------------- figures
