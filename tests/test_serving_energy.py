@@ -23,6 +23,7 @@ from tests.serving_runs import (
     write_serving_run,
 )
 from wattlab.analysis.attribution import (
+    UnitRow,
     energy_by_request,
     energy_per_unit,
     find_counter,
@@ -322,20 +323,25 @@ def test_a_metric_of_several_labelled_series_counts_as_their_sum():
                      "requests", "r")
 
 
-def test_joules_per_token_on_the_lent_gpus_server_agree_with_its_energy_counter():
-    """Issue 40's consistency goal on the real trace (tests/data/traces/README.md): J/token
-    from the scraped counter within 1 % of the energy counter's ΔE over the run / tokens."""
+def _tokens_and_counter(trace: str) -> tuple[UnitRow, float]:
+    """A real trace's J/token row over the run and its energy counter's ΔE over the run."""
     from wattlab.analysis.energy import energy_report
 
-    path = Path(__file__).parent / "data" / "traces" / "h200_serving-shared.h5"
-    with Run(str(path)) as run:
+    with Run(str(Path(__file__).parent / "data" / "traces" / trace)) as run:
         per = energy_per_unit(run, "tokens")
         report = energy_report(run)
     [row] = [r for r in per.rows if r.phase == "run"]
     [counter] = [r for r in report["rows"] if r["phase"] == "run"
                  and r["source"] == "gpu0.energy"]
+    return row, counter["energy_j"]
+
+
+def test_joules_per_token_on_the_lent_gpus_server_agree_with_its_energy_counter():
+    """Issue 40's consistency goal on the real trace (tests/data/traces/README.md): J/token
+    from the scraped counter within 1 % of the energy counter's ΔE over the run / tokens."""
+    row, counter_j = _tokens_and_counter("h200_serving-shared.h5")
     assert row.units == 8091  # every generated token, whole across the failed scrapes
-    assert row.j_per_unit == pytest.approx(counter["energy_j"] / row.units, rel=0.01)
+    assert row.j_per_unit == pytest.approx(counter_j / row.units, rel=0.01)
     # the work drew ~1.5 % of the energy: above idle is small and says its ± is wide
     assert row.marginal_j_per_unit_pm > 0.1 * abs(row.marginal_j_per_unit)
 
@@ -344,17 +350,9 @@ def test_joules_per_token_of_the_5b_model_served_on_the_lent_gpu_agree_with_its_
     """The second real trace (a 5 B model, tests/data/traces/README.md): its recording was cut
     at 200 s with 27 requests still running, so the counter holds the tokens generated up
     to the cut (6,024 of 6,514), and J/token still agrees with the energy counter to 1 %."""
-    from wattlab.analysis.energy import energy_report
-
-    path = Path(__file__).parent / "data" / "traces" / "h200_serving5b-shared.h5"
-    with Run(str(path)) as run:
-        per = energy_per_unit(run, "tokens")
-        report = energy_report(run)
-    [row] = [r for r in per.rows if r.phase == "run"]
-    [counter] = [r for r in report["rows"] if r["phase"] == "run"
-                 and r["source"] == "gpu0.energy"]
+    row, counter_j = _tokens_and_counter("h200_serving5b-shared.h5")
     assert row.units == pytest.approx(6024, abs=row.units_pm)  # interpolated at the edges
-    assert row.j_per_unit == pytest.approx(counter["energy_j"] / row.units, rel=0.01)
+    assert row.j_per_unit == pytest.approx(counter_j / row.units, rel=0.01)
 
 
 def test_an_empty_unit_is_refused_not_taken_as_no_unit(run_path: Path, capsys):
