@@ -262,3 +262,18 @@ def test_a_sample_after_a_quiet_spell_covers_one_driver_period_not_the_spell():
     spans = np.subtract(proc.t1_s, proc.t0_s)
     assert spans == pytest.approx([0.2] * 6)
     assert proc.t0_s[3] == pytest.approx(3.8)
+
+
+def test_a_share_the_run_cannot_tell_from_zero_says_so(tmp_path: Path):
+    # the lent H200's pairs (real per-process stream) printed -13.0 ± 133 J as a result
+    from wattlab.analysis.attribution import format_by_process
+
+    with Run(str(write_shared_run(tmp_path / "r.h5"))) as run:
+        result = energy_by_process(run)
+    text = format_by_process(result)
+    assert "cannot tell it from zero" not in text  # every share here is resolved
+    g = result.gpus[0]
+    first = g.processes[0]
+    g.processes[0] = replace(first, dynamic_j=-13.0, energy_j=-13.0, pm_j=133.3)
+    assert (f"! {first.label}: -13.0 ± 133.3 J of dynamic energy: this run cannot tell it "
+            "from zero") in format_by_process(result)

@@ -43,6 +43,14 @@ class Group:
     valid: bool
 
 
+def unresolved(p: ProcessEnergy) -> bool:
+    """A dynamic share whose ± reaches past zero: a figure the run cannot tell from none.
+
+    The lent H200's pairs printed one process at -13.0 ± 133 J as a plain result.
+    """
+    return p.dynamic_j != 0.0 and abs(p.dynamic_j) <= p.pm_j
+
+
 def group_by(result: ByProcess, by: str) -> list[Group]:
     """The processes summed per job or pod (``GROUPS``)."""
     key, none = GROUPS[by] or ("", "")
@@ -107,6 +115,9 @@ def format_by_process(result: ByProcess, by: str = "process") -> str:
                          + (f" {'-' if t is None else f'{t:10.1f}'}" if truth else ""))
         bad = {why for p in result.processes for why in p.invalid_reasons}
         lines += [f"  ! {why}" for why in sorted(bad)]
+        lines += [f"  ! {p.label}: {p.dynamic_j:.1f} ± {p.pm_j:.1f} J of dynamic energy: this "
+                  "run cannot tell it from zero (kept so the parts still add up)"
+                  for p in result.processes if unresolved(p)]
         return "\n".join(lines)
     lines.append(f"{by:<28} {'procs':>5} {'dynamic J':>10} {'static J':>9} {'idle J':>8} "
                  f"{'energy J':>10} {'± J':>8} valid")
