@@ -107,7 +107,11 @@ def test_defaults_and_json() -> None:
     assert wt.options == {"resource": "TCPIP::10.0.0.2::10001::SOCKET", "rate_s": 0.5,
                           "elements": [1], "items": ["U", "I", "P"]}
     assert config.to_json()["devices"][1]["kind"] == "wt300e"
+    assert config.to_json()["path"] == str(Path("b.toml").resolve())
     json.dumps(config.to_json())
+    # a bench a command made has no file: its name is kept, not put under the working
+    # directory (the lent H200's qualify runs stored "/work/main/<qualify --gpu>")
+    assert parse_bench(GOOD, "<qualify --gpu>").to_json()["path"] == "<qualify --gpu>"
 
 
 @pytest.mark.fast

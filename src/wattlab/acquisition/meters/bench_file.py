@@ -144,7 +144,9 @@ class BenchConfig:
 
     def to_json(self) -> dict[str, Any]:
         """What the recorder stores in the run's ``bench_config`` attribute."""
-        return {"path": os.path.abspath(self.path), "name": self.name,
+        # a bench made by a command ("<qualify --gpu>") has no file: no directory to prefix
+        path = self.path if self.path.startswith("<") else os.path.abspath(self.path)
+        return {"path": path, "name": self.name,
                 "description": self.description,
                 "devices": [{"kind": d.kind, "id": d.id, **d.options} for d in self.devices]}
 
