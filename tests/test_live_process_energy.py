@@ -153,3 +153,29 @@ def test_an_agent_without_the_markers_exposes_no_pod_or_job_series():
                                       GaugeMetricFamily)}
     assert "wattlab_energy_joules" in names and not any(n.startswith("wattlab_gpu_")
                                                         for n in names)
+
+
+@pytest.mark.fast
+def test_per_process_rows_after_their_window_settled_are_counted_and_exported():
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    from wattlab.sync.recorder.stream_metrics import StreamMetrics
+
+    metrics = StreamMetrics(processes=True)
+    metrics.describe(SourceDescriptor("gpu0.samples", "nvml", "Simulated H100",
+                                      (Channel("power_w", "W"),)))
+    metrics.describe(SourceDescriptor("gpu0.processes", "nvml", "Simulated H100",
+                                      (Channel("pid", "1"), Channel("sm_util_pct", "%"))))
+    t = np.arange(0, 12 * S, S // 50, dtype=np.int64)
+    metrics.add_rows("gpu0.samples", t, power_w(t)[:, None])  # windows up to 8 s settled
+    # a stream that arrives late: two pids' rows in settled windows, one in an open one
+    rows_t = np.array([2 * S, 4 * S, 11 * S], dtype=np.int64)
+    metrics.add_rows("gpu0.processes", rows_t, np.array([[101, 50.0], [202, 50.0],
+                                                         [101, 50.0]]))
+    figures = metrics.snapshot().processes
+    assert figures is not None and figures.late_rows == {"gpu0": 2}
+    fams = {f.name: f for f in families(metrics.snapshot(), CounterMetricFamily,
+                                        GaugeMetricFamily)}
+    late = fams["wattlab_gpu_process_rows_late"].samples
+    assert [(s.labels, s.value) for s in late] == [({"gpu": "gpu0"}, 2)]

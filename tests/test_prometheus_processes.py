@@ -40,12 +40,6 @@ def simulated_truth(path: str) -> dict[str, float]:
 
 
 @pytest.mark.system
-@pytest.mark.xfail(strict=False, reason=(
-    "known defect, not fixed (issue 34/41, closing note of stop 47): the simulated shared "
-    "GPU's 3 s no-process lead starts when `record` makes the fake NVML, before the session "
-    "spawns its recorder; when the reader's first process read comes after the lead, the "
-    "live idle is never measured and every pod/job counter stays at 0 J (failed in 2 of 5 "
-    "fresh-clone runs, quiet and loaded)"))
 def test_pods_and_jobs_of_a_shared_gpu_get_counters_that_end_with_them(tmp_path, spawn):
     out = tmp_path / "shared.h5"
     port = free_port()
@@ -78,6 +72,8 @@ def test_pods_and_jobs_of_a_shared_gpu_get_counters_that_end_with_them(tmp_path,
     # of the recording have none
     assert scrapes[-1] and not group_series(scrapes[-1])
     assert pick(scrapes[-1], "wattlab_gpu_process_series_refused_total") == 0
+    # exported (a loaded machine may deliver some rows late: counted, not a failure)
+    assert pick(scrapes[-1], "wattlab_gpu_process_rows_late_total", gpu="gpu0") >= 0
 
 
 @pytest.mark.system

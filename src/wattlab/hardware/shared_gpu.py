@@ -33,6 +33,8 @@ import numpy as np
 from wattlab.device_models import Segment, WorkloadSchedule
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from wattlab.hardware.fake_nvml import FakeNvml
     from wattlab.hardware.simulated_gpu import SimulatedGpu
 
@@ -286,16 +288,21 @@ def shared_simulated_gpu(count: int, seed: int, span_s: float = 30.0, index: int
     return gpu
 
 
-def simulated_nvml(gpus: int, seed: int, shared_processes: int = 0) -> FakeNvml:
+def simulated_nvml(gpus: int, seed: int, shared_processes: int = 0,
+                   clock_ns: Callable[[], int] = time.monotonic_ns) -> FakeNvml:
     """The fake NVML of ``record --simulate``: ``gpus`` GPUs, each shared by that many processes.
 
-    Without shared processes the GPUs run the demo workload (``simulated_gpus``).
+    Without shared processes the GPUs run the demo workload (``simulated_gpus``). With them,
+    the GPUs' start (and so their idle lead) is the reader's first timed read, not now
+    (``SharedFakeNvml``).
     """
     from wattlab.hardware.fake_nvml import FakeNvml
+    from wattlab.hardware.shared_fake_nvml import SharedFakeNvml
     from wattlab.hardware.simulated_gpu import simulated_gpus
 
     if shared_processes <= 0:
         return FakeNvml(simulated_gpus(gpus, seed))
-    start_ns = time.monotonic_ns()
-    return FakeNvml([shared_simulated_gpu(shared_processes, seed + i, index=i, start_ns=start_ns)
-                     for i in range(gpus)])
+    return SharedFakeNvml(
+        lambda start_ns: [shared_simulated_gpu(shared_processes, seed + i, index=i,
+                                               start_ns=start_ns, clock_ns=clock_ns)
+                          for i in range(gpus)], clock_ns)

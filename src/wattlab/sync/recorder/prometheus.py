@@ -149,7 +149,13 @@ def process_families(figures: ProcessFigures, counter: Any, gauge: Any) -> list[
                     labels=["gpu", "reason"])
     for gpu, reason in sorted(figures.missing.items()):
         missing.add_metric([gpu, reason], 1)
-    return [pods, jobs, refused, idle, missing]
+    late = counter("wattlab_gpu_process_rows_late", "Per-process rows that arrived after "
+                   "their second was charged (once the power rows passed it by 3 s): "
+                   "their utilisation charged nobody; growing, the per-process stream is late",
+                   labels=["gpu"])
+    for gpu, rows in sorted(figures.late_rows.items()):
+        late.add_metric([gpu], rows)
+    return [pods, jobs, refused, idle, missing, late]
 
 
 class _Quiet(WSGIRequestHandler):

@@ -80,4 +80,5 @@ class LiveProcessEnergy:
         self.series.expire(now_ns)
         pods, jobs = self.series.figures()
         idle = {gpu: s.idle_w for gpu, s in self._splits.items() if s.idle_w is not None}
-        return ProcessFigures(pods, jobs, self.series.refused, idle, dict(self._missing))
+        late = {gpu: s.late_rows for gpu, s in self._splits.items()}
+        return ProcessFigures(pods, jobs, self.series.refused, idle, dict(self._missing), late)

@@ -51,6 +51,8 @@ class ProcessFigures:
     refused: int
     idle_w: dict[str, float]  # gpu -> the live idle estimate (absent: not yet known)
     missing: dict[str, str]  # gpu -> why it has no per-process stream
+    # gpu -> per-process rows that came after their window was charged (a late stream)
+    late_rows: dict[str, int] = field(default_factory=dict)
 
 
 class ProcessSeries:
