@@ -530,14 +530,19 @@ def calibration_caveats(rec: CalibrationRecord) -> str:
 
 def calibration_validity_text(rec: CalibrationRecord) -> str:
     """The record's validity verdict (issue 37), as `wattlab calibrate` states it."""
+    return "; " + validity_verdict(rec)
+
+
+def validity_verdict(rec: CalibrationRecord) -> str:
+    """Valid, not valid with each failed figure's failed checks, or not judged (older record)."""
     verdict = rec.validity
     if verdict is None:
-        return "; validity not judged (a record from before the verdict)"
+        return "validity not judged (a record from before the verdict)"
     if verdict.valid:
-        return f"; valid: all {len(verdict.figures)} figures passed their checks"
+        return f"valid: all {len(verdict.figures)} figures passed their checks"
     bad = [f"{f.figure} ({', '.join(n for n, c in f.checks.items() if not c['ok'])})"
            for f in verdict.figures if not f.valid]
-    return (f"; NOT VALID: {verdict.invalid_figures} of {len(verdict.figures)} figures "
+    return (f"NOT VALID: {verdict.invalid_figures} of {len(verdict.figures)} figures "
             f"failed their checks: {'; '.join(bad)}")
 
 
@@ -1002,6 +1007,9 @@ def _calibration_table(view: CalibrationView) -> str:
             [f"phases ≥ {energy.min_phase_s:g} s ({energy.phases_considered})",
              f"mean |error| {_num(energy.mean_abs_error_before_pct)} % as read, "
              f"{_num(energy.mean_abs_error_after_pct)} % corrected"]]
+    verdict = _e(validity_verdict(rec))  # a row of its own: the figures above depend on it
+    invalid = rec.validity is not None and not rec.validity.valid
+    rows.append(["validity", f"<span class='low'>{verdict}</span>" if invalid else verdict])
     return _table(["", _e(view.label)], rows, left=2)
 
 
