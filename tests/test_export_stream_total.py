@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.data_files import data_file
@@ -57,3 +58,23 @@ def test_every_stream_has_exactly_one_total_channel_per_phase() -> None:
     assert sorted(totals) == sorted(keys)
     ps3 = {r["channel"] for r in rows if r["source"] == "ps3" and not r["stream_total"]}
     assert ps3 == {f"power{p}_w" for p in range(4)}
+
+
+@pytest.mark.fast
+def test_the_remote_host_column_is_the_run_files_attribute(tmp_path: Path) -> None:
+    """The column is the stream's ``remote_host`` attribute (the host that sent it), as
+    `wattlab info` reads it, never a guess from a descriptor key a run file need not hold."""
+    from wattlab.runfile.writer import RunFileWriter
+    from wattlab.samples import Channel, SourceDescriptor
+
+    path = tmp_path / "two_hosts.h5"
+    w = RunFileWriter(str(path), {}, 0)
+    for sid, host in (("local", ""), ("far", "nodeB")):
+        w.add_source(SourceDescriptor(sid, "meter", "meter", (Channel("power_w", "W"),)),
+                     remote_host=host)
+        t_ns = np.arange(0, 2_000_000_000, 10_000_000, dtype=np.int64)
+        w.append(sid, t_ns, t_ns, np.full((t_ns.size, 1), 50.0), np.zeros(t_ns.size, np.uint8),
+                 t_sender_ns=t_ns if host else None)
+    w.close()
+    hosts = {r["source"]: r["remote_host"] for r in tidy_rows(str(path))}
+    assert hosts == {"local": "", "far": "nodeB"}

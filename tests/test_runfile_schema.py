@@ -99,7 +99,6 @@ EXEMPT: dict[tuple[str, str], str] = {
     ("samples.py", "flags"): "a SampleBatch buffer (the dataset is named after it)",
     ("commands/import_data.py", "time_unit"): "the CSV importer's option",
     ("analysis/models/sweep_results.py", "format_version"): "the sweep file's own layout",
-    ("analysis/report/export_table.py", "remote_host"): "a column of the energy export",
 }
 """(module under src/wattlab, name): a literal that is not a run-file name there, and why."""
 

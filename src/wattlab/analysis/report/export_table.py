@@ -26,7 +26,7 @@ from wattlab.runfile import schema
 COLUMNS: dict[str, str] = {
     "run": "string", "created": "string", "host": "string",
     "source": "string", "channel": "string", "stream_total": "bool", "method": "string",
-    "kind": "string", "model": "string", "remote_host": "string",
+    "kind": "string", "model": "string", schema.REMOTE_HOST: "string",  # the stream's attribute
     "phase": "string", "t0_s": "float64", "t1_s": "float64", "duration_s": "float64",
     "energy_j": "float64", "uncertainty_j": "float64", "low_j": "float64", "high_j": "float64",
     "mean_power_w": "float64", "covered_s": "float64", "uncovered_s": "float64",
@@ -46,8 +46,7 @@ def tidy_rows(path: str) -> list[dict[str, Any]]:
         report = energy_report(run, by_marker=True)
         attrs = run.attrs
         views = run.sources
-        about = {sid: (v.kind, v.model, str(v.descriptor.get("config", {}).get("agent", "")))
-                 for sid, v in views.items()}
+        about = {sid: (v.kind, v.model, v.remote_host) for sid, v in views.items()}
         totals = {sid: power_channel(v) or energy_channel(v) for sid, v in views.items()}
     out = []
     for r in report["rows"]:
@@ -56,7 +55,7 @@ def tidy_rows(path: str) -> list[dict[str, Any]]:
             "run": path, "created": str(attrs.get(schema.CREATED, "")),
             "host": str(attrs.get(schema.HOST, "")), "source": r["source"], "channel": r["channel"],
             "stream_total": r["channel"] == totals[r["source"]], "method": r["method"],
-            "kind": kind, "model": model, "remote_host": remote,
+            "kind": kind, "model": model, schema.REMOTE_HOST: remote,
             "phase": r["phase"], "t0_s": r["t0_s"], "t1_s": r["t1_s"],
             "duration_s": r["t1_s"] - r["t0_s"],
             **{k: r[k] for k in ("energy_j", "uncertainty_j", "low_j", "high_j", "mean_power_w",
