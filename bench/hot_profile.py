@@ -1,6 +1,7 @@
 """Where each microsecond of a wake-up goes: the NVML reader and the PowerSensor3 source.
 
     python bench/hot_profile.py nvml [--seconds 600] [--streams all] [--intervals ""]
+    python bench/hot_profile.py recorder [--seconds 120] [--streams all] [--intervals ""]
     python bench/hot_profile.py ps3 [--seconds 10]
 
 ``nvml``: the NVML reader's wake-ups (``NvmlAcquirer.poll`` and the runner's publish onto a
@@ -8,6 +9,12 @@ real ZeroMQ socket) against the fake NVML, on a simulated clock: ``--seconds`` o
 run back to back, so the figures are the Python around the calls and the fake's answers,
 with warm caches (a real GPU after a sleep adds its cold-cache cost on top). Prints the
 CPU per wake-up and cProfile's own-time per wake-up of the functions that cost most.
+
+``recorder``: the same reader's messages into a real ``Recorder`` (bound socket, HDF5 run
+file in SWMR mode) in this process, which handles what arrives and flushes once per emit,
+as the recorder process does with its 20 ms gather: after ``WARMUP_EMITS``, the CPU per
+emit of the handling and of the flush (timed apart), then cProfile's own time per emit of
+the recorder's functions.
 
 ``ps3``: a real recording session of the emulated PowerSensor3 at 20 kHz, profiled in the
 session's process (the source thread: read, decode, publish); the recorder is a separate
@@ -34,8 +41,11 @@ from wattlab.drivers.nvml import NvmlDriver
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.simulated_gpu import simulated_gpus
 from wattlab.sync.bus import BusPublisher
+from wattlab.sync.recorder.config import RecorderConfig
+from wattlab.sync.recorder.process import Recorder
 
 TOP = 14  # functions shown
+WARMUP_EMITS = 10  # the recorder's first emits: new streams, the switch to SWMR; not counted
 # the simulated GPU behind the fake NVML: a real GPU's driver does this work
 FAKE_FILES = ("hardware/", "recursive_filter.py", "pynvml.py")
 
@@ -90,6 +100,62 @@ def nvml_wakeups(seconds: float, streams: str, intervals: str, profile: cProfile
         sink.close(0)
     context.term()
     return wakeups, cpu_ns
+
+
+def recorder_emits(seconds: float, streams: str, intervals: str,
+                   profile: cProfile.Profile | None) -> tuple[int, int, int]:
+    """(emits, handling CPU ns, flush CPU ns) of the recorder for ``seconds`` of the reader.
+
+    The reader runs on a simulated clock and publishes to a real ``Recorder``; its own CPU is
+    left out: only the recorder's calls are timed (and profiled).
+    """
+    clock = SimulatedClock()
+    lib = FakeNvml(simulated_gpus(1, 0, clock_ns=clock))
+    acquirer = NvmlAcquirer(NvmlDriver(lib), 0, streams=streams,
+                            intervals_s=parse_intervals(intervals), clock_ns=clock,
+                            sleep=clock.sleep)
+    context: zmq.Context[Any] = zmq.Context()
+    with tempfile.TemporaryDirectory(prefix="wattlab-prof-") as folder:
+        endpoint = f"ipc://{folder}/bus.sock"
+        recorder = Recorder(RecorderConfig(endpoint, f"{folder}/run.h5", time.monotonic_ns(),
+                                           swmr_after_s=0.0), context)
+        publisher = BusPublisher(endpoint, context, linger_ms=0, coalesce_rows=COALESCE_ROWS,
+                                 backlog_bytes=1 << 26)
+        runner = SourceRunner("gpu0", acquirer, endpoint)
+        for desc in acquirer.open():
+            publisher.announce(desc)
+        publisher.flush()
+        end_ns = clock() + round(seconds * 1e9)
+        emits = handle_ns = flush_ns = seen = 0
+        while clock() < end_ns:
+            readings = acquirer.poll()
+            runner._publish(publisher, readings)
+            if not readings:
+                continue
+            time.sleep(0.002)  # the messages reach the bound socket (the gather's role)
+            warm = seen > WARMUP_EMITS
+            seen += 1
+            if profile is not None and warm:
+                profile.enable()
+            t0 = time.thread_time_ns()
+            for frames in recorder._sockets.local_messages():
+                recorder.handle(frames)
+            t1 = time.thread_time_ns()
+            recorder.flush()
+            t2 = time.thread_time_ns()
+            if profile is not None and warm:
+                profile.disable()
+            if not warm:
+                continue
+            emits += 1
+            handle_ns += t1 - t0
+            flush_ns += t2 - t1
+        acquirer.close()
+        publisher.close(wait=False)
+        recorder.request_stop()
+        recorder._finish()
+    context.term()
+    return emits, handle_ns, flush_ns
 
 
 def ps3_session(seconds: float) -> tuple[int, int, pstats.Stats]:
@@ -147,7 +213,7 @@ def show(stats: pstats.Stats, per: int, what: str, skip: tuple[str, ...] = ()) -
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=("nvml", "ps3"))
+    parser.add_argument("what", choices=("nvml", "recorder", "ps3"))
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--streams", default="all")
     parser.add_argument("--intervals", default="")
@@ -165,6 +231,16 @@ def main() -> int:
               f"profiled {profiled_ns / 1e3 / wakeups:.1f} µs, of which wattlab's and pyzmq's "
               f"own Python {own_us:.1f} µs")
         show(stats, wakeups, "wake", skip=FAKE_FILES)
+    elif args.what == "recorder":
+        seconds = args.seconds or 120.0
+        emits, handle_ns, flush_ns = recorder_emits(seconds, args.streams, args.intervals, None)
+        profile = cProfile.Profile()
+        recorder_emits(seconds, args.streams, args.intervals, profile)
+        print(f"recorder, NVML reader ({args.streams}"
+              f"{', ' + args.intervals if args.intervals else ''}), {seconds:g} simulated s: "
+              f"{emits} emits, CPU per emit: handling the messages {handle_ns / 1e3 / emits:.0f}"
+              f" µs, the flush {flush_ns / 1e3 / emits:.0f} µs")
+        show(pstats.Stats(profile), emits, "emit")
     else:
         seconds = args.seconds or 10.0
         rows, cpu_ns, stats = ps3_session(seconds)

@@ -110,8 +110,13 @@ class _ChunkColumn:
             self._on_disk = self._fill
 
     def _resize(self, rows: int) -> None:
+        """The extent to ``rows``, through the low-level call.
+
+        h5py's ``resize`` asks HDF5 for the shape and the chunks each time: a third of a
+        resize's CPU, and the recorder resizes every column with new rows at every flush.
+        """
         if rows != self._extent:
-            self.ds.resize(rows, axis=0)
+            self.ds.id.set_extent((rows, *self._buf.shape[1:]))
             self._extent = rows
 
     def _write(self, start: int, chunk: npt.NDArray[Any]) -> None:
