@@ -264,16 +264,38 @@ def test_a_sample_after_a_quiet_spell_covers_one_driver_period_not_the_spell():
     assert proc.t0_s[3] == pytest.approx(3.8)
 
 
-def test_a_share_the_run_cannot_tell_from_zero_says_so(tmp_path: Path):
+def test_a_share_the_run_cannot_tell_from_zero_says_so_and_prints_no_negative_energy(
+        tmp_path: Path):
     # the lent H200's pairs (real per-process stream) printed -13.0 ± 133 J as a result
     from wattlab.analysis.attribution import format_by_process
 
     with Run(str(write_shared_run(tmp_path / "r.h5"))) as run:
         result = energy_by_process(run)
     text = format_by_process(result)
-    assert "cannot tell it from zero" not in text  # every share here is resolved
+    assert "cannot be told from zero" not in text  # every share here is resolved
     g = result.gpus[0]
     first = g.processes[0]
     g.processes[0] = replace(first, dynamic_j=-13.0, energy_j=-13.0, pm_j=133.3)
-    assert (f"! {first.label}: -13.0 ± 133.3 J of dynamic energy: this run cannot tell it "
-            "from zero") in format_by_process(result)
+    text = format_by_process(result)
+    assert f"! {first.label}: its dynamic energy (-13.0 ± 133.3 J by the rule) cannot be " \
+        "told from zero" in text
+    row = next(line for line in text.splitlines() if line.startswith(first.label[:28]))
+    assert "-13.0" not in row and row.count("≤ 120.3") == 2
+    assert g.to_json()["processes"][0]["resolved"] is False
+
+
+REAL_PAIRS = Path(__file__).parent / "data" / "traces" / "h200_shared-pairs2.h5"
+
+
+def test_the_real_pairs_give_no_negative_weight_nor_energy(capsys):
+    """The lent H200's pairs with the real per-process stream: a small-kernel process that
+    started with a matrix product "measured" -91 ± 240 W per unit of SM on its samples
+    alone and was printed at -13.0 J. A weight that measures nothing is not taken: the
+    process is priced as one never alone, and says so."""
+    with Run(str(REAL_PAIRS)) as run:
+        g = energy_by_process(run).gpus[0]
+    assert all(w.value > 0 for w in g.rule.weights.values())
+    assert all(p.dynamic_j >= 0 for p in g.processes)
+    assert any("gpu0:815 never worked alone" in c for c in g.rule.caveats)
+    assert any("gpu0:815: its samples alone gave -91" in n for n in g.rule.notes)
+    assert closure_ok(g)
