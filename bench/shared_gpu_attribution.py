@@ -7,8 +7,9 @@ one, else (``--markers``, and runs recorded before the stream existed) the strea
 from its ``proc_util`` markers (``proc_util_table``); then the product's split
 (``by_process.split``) run on that together phase only (its ``run`` phase: the processes'
 start-up first, where no process is on the GPU, gives idle) with each rule. A process's
-share = its dynamic energy over the pair's; truth = its exclusive dynamic energy (its alone runs) over the pair's, as
-``shared_gpu_truth`` computes it: the alone phases are the truth, never the fit.
+share = its dynamic energy over the pair's; truth = its exclusive dynamic energy (its
+alone runs) over the pair's, as ``shared_gpu_truth`` computes it: the alone phases are the
+truth, never the fit.
 Goal (issue 41): every share within 10 % relative and 3 points absolute. Usage:
 
     python bench/shared_gpu_attribution.py [RUN] [--markers]
