@@ -264,16 +264,78 @@ def test_a_sample_after_a_quiet_spell_covers_one_driver_period_not_the_spell():
     assert proc.t0_s[3] == pytest.approx(3.8)
 
 
-def test_a_share_the_run_cannot_tell_from_zero_says_so(tmp_path: Path):
+def test_a_share_the_run_cannot_tell_from_zero_says_so_and_prints_no_negative_energy(
+        tmp_path: Path):
     # the lent H200's pairs (real per-process stream) printed -13.0 ± 133 J as a result
     from wattlab.analysis.attribution import format_by_process
 
     with Run(str(write_shared_run(tmp_path / "r.h5"))) as run:
         result = energy_by_process(run)
     text = format_by_process(result)
-    assert "cannot tell it from zero" not in text  # every share here is resolved
+    assert "cannot be told from zero" not in text  # every share here is resolved
     g = result.gpus[0]
     first = g.processes[0]
     g.processes[0] = replace(first, dynamic_j=-13.0, energy_j=-13.0, pm_j=133.3)
-    assert (f"! {first.label}: -13.0 ± 133.3 J of dynamic energy: this run cannot tell it "
-            "from zero") in format_by_process(result)
+    text = format_by_process(result)
+    assert f"! {first.label}: its dynamic energy (-13.0 ± 133.3 J by the rule) cannot be " \
+        "told from zero" in text
+    row = next(line for line in text.splitlines() if line.startswith(first.label[:28]))
+    assert "-13.0" not in row and row.count("≤ 120.3") == 2
+    assert g.to_json()["processes"][0]["resolved"] is False
+
+
+REAL_PAIRS = Path(__file__).parent / "data" / "traces" / "h200_shared-pairs2.h5"
+
+
+def test_the_real_pairs_give_no_negative_weight_nor_energy(capsys):
+    """The lent H200's pairs with the real per-process stream: a small-kernel process that
+    started with a matrix product "measured" -91 ± 240 W per unit of SM on its samples
+    alone and was printed at -13.0 J. A weight that measures nothing is not taken: the
+    process is priced as one never alone, and says so."""
+    with Run(str(REAL_PAIRS)) as run:
+        g = energy_by_process(run).gpus[0]
+    assert all(w.value > 0 for w in g.rule.weights.values())
+    assert all(p.dynamic_j >= 0 for p in g.processes)
+    assert any("gpu0:815 never worked alone" in c for c in g.rule.caveats)
+    assert any("gpu0:815: its samples alone gave -" in n for n in g.rule.notes)
+    assert closure_ok(g)
+
+
+def without_rows_while_alone(src: Path, dst: Path) -> Path:
+    """A copy of ``src`` whose per-process stream has no rows while one process is alone:
+    as the recorder writes it since it reads the per-process utilisation only while two or
+    more processes share the GPU."""
+    import shutil
+
+    import h5py
+
+    with Run(str(src)) as run:
+        table = read_processes(run, 0)
+    assert table is not None
+    present = [p.present_s for p in table.processes]
+    shutil.copy(src, dst)
+    with h5py.File(dst, "r+") as f:
+        g = f["sources/gpu0.processes"]
+        keep = np.array([sum(a <= x <= b for a, b in present) >= 2 for x in g["time"][:] / 1e9])
+        for name in ("flags", "time", "time_raw", "values"):
+            data, attrs = g[name][:][keep], dict(g[name].attrs)
+            del g[name]
+            g.create_dataset(name, data=data)
+            g[name].attrs.update(attrs)
+    return dst
+
+
+def test_a_lone_process_without_rows_takes_the_devices_utilisation(tmp_path: Path):
+    """Without rows while alone (the stream's new cadence), a lone process's activity is
+    the device's (gpu0.state:gpu_util_pct). Before, every process that ran alone got 0 J.
+    The device's reading is the driver's latest sample at each state read (~1 Hz), coarser
+    than the rows: the matrix products alone land within 15 % of the split with rows."""
+    with Run(str(REAL_PAIRS)) as run:
+        ref = {p.key: p for p in energy_by_process(run).gpus[0].processes}
+    with Run(str(without_rows_while_alone(REAL_PAIRS, tmp_path / "r.h5"))) as run:
+        g = energy_by_process(run).gpus[0]
+    assert any("taken from gpu0.state:gpu_util_pct" in n for n in g.notes)
+    got = {p.key: p for p in g.processes}
+    for key in ("gpu0:653", "gpu0:758", "gpu0:965"):  # matmul alone
+        assert got[key].dynamic_j == pytest.approx(ref[key].dynamic_j, rel=0.15)
+    assert closure_ok(g)

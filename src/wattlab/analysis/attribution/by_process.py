@@ -73,6 +73,14 @@ class ProcessEnergy:
     checks: dict[str, Any]  # the power stream's named checks and ``processes``
     truth_dynamic_j: float | None = None  # a simulated GPU's own figure, where it gave one
 
+    @property
+    def resolved(self) -> bool:
+        """Whether the run tells its dynamic energy from none: not below zero, ± under it.
+
+        The lent H200's pairs printed one process at -13.0 ± 133 J as a plain result.
+        """
+        return self.dynamic_j == 0.0 or self.pm_j < self.dynamic_j
+
 
 @dataclass
 class GpuSplit:
@@ -106,7 +114,8 @@ class GpuSplit:
                 "rule": self.rule.to_json(), "total_j": self.total_j,
                 "total_how": self.total_how, "idle_j": self.idle_j, "static_j": self.static_j,
                 "unattributed_j": self.unattributed_j, "closure_j": self.closure_j,
-                "notes": self.notes, "processes": [asdict(p) for p in self.processes]}
+                "notes": self.notes,
+                "processes": [asdict(p) | {"resolved": p.resolved} for p in self.processes]}
 
 
 @dataclass

@@ -84,7 +84,10 @@ def measure_baseline(stream: PowerStream, table: ProcessTable) -> Baseline:
         idle_how = (f"not measurable from this run: no stretch of >= {IDLE_MIN_S:g} s without a "
                     f"process on the GPU; the run's lowest stable power ({STABLE_S:g} s mean) "
                     "stands in: an upper bound of idle")
-    busy = active_intervals(table) + free_stretches(narrowed, float(t[0]), float(t[-1]))
+    # activity too is known only to the read step (a lone process's may come from the
+    # device's utilisation, read with the list): static only clear of it by that much
+    active = [(a - edge, b + edge) for a, b in active_intervals(table)]
+    busy = active + free_stretches(narrowed, float(t[0]), float(t[-1]))
     got = measure_idle(t, p, busy, guard_s=guard, min_s=STATIC_MIN_S)
     if got is None:
         return Baseline(idle_w, idle_pm, idle_how, measured, 0.0, 0.0,

@@ -92,6 +92,17 @@ def own_weights(stream: PowerStream, base_w: float, table: ProcessTable
     return own
 
 
+def unmeasured(own: dict[str, Param]) -> dict[str, Param]:
+    """The weights measured alone that measure nothing: not positive, or ± as large.
+
+    A process's power cannot be below nothing: on the lent H200 a small-kernel process that
+    started with a matrix product "measured" -91 ± 240 W per unit of SM on its few samples
+    before the other ramped, and printed -13 J. Such a process is handled as one that never
+    worked alone.
+    """
+    return {k: w for k, w in own.items() if w.value <= 0 or (w.pm or 0.0) >= w.value}
+
+
 def power_of(t_s: FloatArray, acts: list[Activity], weights: dict[str, Param]) -> FloatArray:
     """The power the rule gives ``acts`` at each time of ``t_s`` (W)."""
     diff = np.zeros(t_s.size + 1)
@@ -121,9 +132,14 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
         return Rule("activity", DESCRIPTION, {}, ["no process showed activity: no dynamic "
                                                   "energy to share"]), [], []
     own = {k: w for k, w in own_weights(stream, base_w, table).items() if k in wins}
+    bad = unmeasured(own)
+    own = {k: w for k, w in own.items() if k not in bad}
     acts = [Activity(k, k, a, b, s) for k, w in wins.items() if k in own for a, b, s, _ in w]
     notes = [f"own power per unit of SM activity, where each worked alone (>= {MIN_ALONE_S:g} "
              "s): " + (", ".join(own) or "none")]
+    notes += [f"{k}: its samples alone gave {w.value:.4g} ± {w.pm or 0.0:.2g} W per unit of SM, "
+              "which measures nothing (not positive, or its ± as large): taken as never alone"
+              for k, w in bad.items()]
     never = [k for k in wins if k not in own]
     if not never:
         return Rule("activity", DESCRIPTION, own, notes), acts, list(own)

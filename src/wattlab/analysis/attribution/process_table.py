@@ -5,6 +5,11 @@ multi-node run (each agent's streams carry its node's prefix): one row per proce
 driver utilisation sample. A row describes the interval from the GPU's previous sample
 timestamp to its own (the driver's period, taken from the data: the first timestamp has
 none and is left out).
+While one process is alone on the GPU the stream may hold no rows of it (the recorder
+reads the per-process utilisation, 1.9 ms of CPU a call, only while two or more share the
+GPU): its activity then is the device's own utilisation (``{prefix}.state``,
+``gpu_util_pct``), the same quantity the driver reports per process, each state reading
+over the time nearer to it than to the readings beside it. Runs with rows while alone keep them.
 Rows of pid P belong to the latest ``process`` marker of P at or before them, so a reused
 pid is another process. A process is *present* from its ``process`` marker to its
 ``process-exit`` marker (else the stream's end): it holds a context on the GPU then.
@@ -144,11 +149,52 @@ def read_processes(run: Run, gpu: int, node: str = "") -> ProcessTable | None:
             latest[p].present_s = (latest[p].present_s[0], at_s)
             del latest[p]
     notes = _assign_rows(procs, t, pid, sm, mem)
+    notes += _alone_from_device(run, prefix, procs)
     gaps = [f"{g.reason} ({'?' if g.time_first_ns is None else g.time_first_ns / 1e9:.6g}"
             f"–{'?' if g.time_last_ns is None else g.time_last_ns / 1e9:.6g} s)"
             for g in run.gaps if g.source == sid]
     span = (float(t.min()), end_s) if t.size else (0.0, 0.0)
     return ProcessTable(gpu, sid, procs, span, gaps, notes, half_step_s, node)
+
+
+DEVICE_UTIL = "gpu_util_pct"  # the state stream's channel: the device's SM utilisation
+
+
+def _alone_from_device(run: Run, prefix: str, procs: list[Process]) -> list[str]:
+    """Rows from the device's utilisation where one process was alone and has none (doc)."""
+    sid = f"{prefix}.state"
+    if sid not in run.sources:
+        return []
+    view = run.source(sid)
+    names = [c.get("name") for c in view.descriptor.get("channels", [])]
+    if DEVICE_UTIL not in names:
+        return []
+    t = np.asarray(view.time_s, dtype=np.float64)
+    util = np.asarray(view.channel(DEVICE_UTIL), dtype=np.float64) / 100.0
+    # each reading is the driver's latest sample, a fraction of the read step before it:
+    # it stands for the time nearer to it than to its neighbours (half a step each side)
+    mids = (t[:-1] + t[1:]) / 2
+    lo_s = np.concatenate(([t[0] - (mids[0] - t[0]) if mids.size else t[0]], mids))
+    hi_s = np.concatenate((mids, [t[-1] + (t[-1] - mids[-1]) if mids.size else t[-1]]))
+    added = 0
+    for a, b, u in zip(lo_s.tolist(), hi_s.tolist(), util.tolist(), strict=True):
+        here = [p for p in procs if p.present_s[0] < b and a < p.present_s[1]]
+        if len(here) != 1 or not math.isfinite(u):
+            continue
+        p = here[0]
+        if any(x < b and a < y for x, y in zip(p.t0_s, p.t1_s, strict=True)):
+            continue  # the stream has its own rows here
+        lo, hi = max(a, p.present_s[0]), min(b, p.present_s[1])
+        # the device worked only while the process was there: its utilisation, over that
+        at = int(np.searchsorted(p.t1_s, hi))
+        p.t0_s.insert(at, lo)
+        p.t1_s.insert(at, hi)
+        p.sm.insert(at, min(1.0, u * (b - a) / (hi - lo)))
+        p.mem.insert(at, 0.0)
+        added += 1
+    return [f"{added} interval(s) of a process alone without rows of its own: its activity "
+            f"taken from {sid}:{DEVICE_UTIL} (the device's utilisation; memory activity "
+            "unknown there, 0)"] if added else []
 
 
 def _assign_rows(procs: list[Process], t: FloatArray, pid: FloatArray, sm: FloatArray,

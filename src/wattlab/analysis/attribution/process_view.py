@@ -43,12 +43,14 @@ class Group:
     valid: bool
 
 
-def unresolved(p: ProcessEnergy) -> bool:
-    """A dynamic share whose ± reaches past zero: a figure the run cannot tell from none.
+def figure_j(p: ProcessEnergy, value_j: float) -> str:
+    """A table cell of ``p``'s joules: the bound it is known to, where it is unresolved.
 
-    The lent H200's pairs printed one process at -13.0 ± 133 J as a plain result.
+    Never a negative energy printed as a result: a process draws no less than nothing.
     """
-    return p.dynamic_j != 0.0 and abs(p.dynamic_j) <= p.pm_j
+    if p.resolved:
+        return f"{value_j:10.1f}"
+    return f"{'≤ ' + format(max(value_j + p.pm_j, 0.0), '.1f'):>10}"
 
 
 def group_by(result: ByProcess, by: str) -> list[Group]:
@@ -109,15 +111,16 @@ def format_by_process(result: ByProcess, by: str = "process") -> str:
         for p in sorted(result.processes, key=lambda p: -p.energy_j):
             t = p.truth_dynamic_j
             lines.append(f"{p.label[:28]:<28} {p.present_s[0]:7.2f}–{p.present_s[1]:<7.2f} "
-                         f"{p.dynamic_j:10.1f} {p.static_j:9.1f} {p.idle_j:8.1f} "
-                         f"{p.energy_j:10.1f} {p.pm_j:8.1f} {p.rule_pm_j:8.1f} "
+                         f"{figure_j(p, p.dynamic_j)} {p.static_j:9.1f} {p.idle_j:8.1f} "
+                         f"{figure_j(p, p.energy_j)} {p.pm_j:8.1f} {p.rule_pm_j:8.1f} "
                          f"{'yes' if p.valid else 'NO ':<5}"
                          + (f" {'-' if t is None else f'{t:10.1f}'}" if truth else ""))
         bad = {why for p in result.processes for why in p.invalid_reasons}
         lines += [f"  ! {why}" for why in sorted(bad)]
-        lines += [f"  ! {p.label}: {p.dynamic_j:.1f} ± {p.pm_j:.1f} J of dynamic energy: this "
-                  "run cannot tell it from zero (kept so the parts still add up)"
-                  for p in result.processes if unresolved(p)]
+        lines += [f"  ! {p.label}: its dynamic energy ({p.dynamic_j:.1f} ± {p.pm_j:.1f} J by the "
+                  "rule) cannot be told from zero by this run: printed as the bound it is known "
+                  "to; the rule's figure stays in JSON so the parts still add up"
+                  for p in result.processes if not p.resolved]
         return "\n".join(lines)
     lines.append(f"{by:<28} {'procs':>5} {'dynamic J':>10} {'static J':>9} {'idle J':>8} "
                  f"{'energy J':>10} {'± J':>8} valid")
