@@ -21,11 +21,16 @@ from wattlab.acquisition.acquirers.meter_registry import (
     register,
 )
 from wattlab.acquisition.acquirers.serial_acquirer import SerialAcquirer
-from wattlab.drivers.powersensor3 import N_PAIRS, PowerSensor3, StreamBlock
+from wattlab.drivers.powersensor3 import (
+    DEVICE_CLOCK_WRAP_US,
+    N_PAIRS,
+    PowerSensor3,
+    StreamBlock,
+)
 from wattlab.drivers.transport import ByteTransport, open_serial
 from wattlab.errors import MeterError
 from wattlab.option_checks import rail_table
-from wattlab.samples import Gap, Marker, SourceDescriptor
+from wattlab.samples import Gap, Marker, SampleFlag, SourceDescriptor
 
 # What one poll reads before it is decoded and sent as one batch: each poll costs the
 # source a decode and a send and the recorder a message (20 a second at 0.05 s cost ~3 %
@@ -35,6 +40,22 @@ POLL_COLLECT_S = 0.25
 CLOSE_DRAIN_S = 0.5
 NOMINAL_RATE_HZ = 20000
 FRAME_PERIOD_US = 1_000_000 // NOMINAL_RATE_HZ
+# A frame's step on the device clock is one period; further off, frames were lost (the
+# emulator's steps are exact; a step 10 µs short already means a lost clock wrap)
+STEP_TOLERANCE_US = 10
+
+
+def fewest_frames_lost(step_us: int) -> int:
+    """The fewest frames missing between two frames ``step_us`` apart on the device clock.
+
+    Whole 1024 µs wraps are added only while the step is too short to hold one lost frame.
+    """
+    wraps = 0
+    lost = round(step_us / FRAME_PERIOD_US) - 1
+    while lost < 1:
+        wraps += 1
+        lost = round((step_us + wraps * DEVICE_CLOCK_WRAP_US) / FRAME_PERIOD_US) - 1
+    return lost
 
 
 class PowerSensor3Acquirer(SerialAcquirer[PowerSensor3]):
@@ -101,9 +122,12 @@ class PowerSensor3Acquirer(SerialAcquirer[PowerSensor3]):
     def _device_time_jumps(self, block: StreamBlock) -> list[Gap]:
         """Frames the device took but the host never got (its USB buffer overflowed).
 
-        Their bytes are simply absent, so only the device clock shows the hole: a step of
-        more than one frame period between neighbours (also across reads). Where bytes were
-        skipped the resync gap already says so.
+        Their bytes are simply absent, so only the device clock shows the hole: a step
+        between neighbours (also across reads) other than one frame period. The 10-bit clock
+        gives a step modulo its 1024 µs wrap; whole wraps come from the host clock only when
+        the hole outlasts its slack (the times after it are then re-anchored and flagged
+        estimated). A shorter hole's count is a lower bound: 61 frames lost step 28 µs, 400
+        step 594 µs. Where bytes were skipped the resync gap already says so.
         """
         if not block.n:
             return []
@@ -115,14 +139,21 @@ class PowerSensor3Acquirer(SerialAcquirer[PowerSensor3]):
         steps_us = np.diff(dev_us)
         offset = 0 if dev_us.shape[0] == block.n else 1
         resynced = {i + offset - 1 for i, _ in block.skip_events}
+        re_anchored = (block.flags & SampleFlag.ESTIMATED_TIME).astype(bool)
         gaps = []
-        for i in np.flatnonzero(steps_us > FRAME_PERIOD_US * 3 // 2).tolist():
+        odd = np.abs(steps_us - FRAME_PERIOD_US) > STEP_TOLERANCE_US
+        for i in np.flatnonzero(odd).tolist():
             if i in resynced:
                 continue
-            lost = round(int(steps_us[i]) / FRAME_PERIOD_US) - 1
+            step_us = int(steps_us[i])
+            lost = fewest_frames_lost(step_us)
             self.frames_lost += lost
-            gaps.append(Gap(self.source_id, f"device time jumped {int(steps_us[i]) / 1000:.2f}"
-                            " ms: frames lost before they reached the host",
+            if re_anchored[i + 1 - offset]:
+                why = f"{lost} frames lost before they reached the host (wraps by host clock)"
+            else:
+                why = (f"at least {lost} frames lost before they reached the host (each unseen "
+                       "1.024 ms wrap of its clock adds 20.48)")
+            gaps.append(Gap(self.source_id, f"device time jumped {step_us / 1000:.3f} ms: {why}",
                             t_first_ns=int(host_ns[i]), t_last_ns=int(host_ns[i + 1]),
                             samples_lost=lost))
         return gaps

@@ -131,6 +131,7 @@ class PowerSensor3Emulator(PtyDevice):
         self._marker_pending = False
         self._corrupt_pending = 0
         self._drop_pending = 0
+        self._skip_frames_pending = 0
         self.garbage_inserted = 0
         self.bytes_dropped = 0
         self._fault_lock = threading.Lock()
@@ -145,6 +146,12 @@ class PowerSensor3Emulator(PtyDevice):
         """Lose the first ``n`` bytes of the next streamed frame(s)."""
         with self._fault_lock:
             self._drop_pending += n
+
+    def inject_lost_frames(self, n: int) -> None:
+        """Take the next ``n`` frames but never send them (a USB buffer that overflowed):
+        only the device clock's jump shows the hole, its size modulo the 1024 µs wrap."""
+        with self._fault_lock:
+            self._skip_frames_pending += n
 
     def stall(self, seconds: float) -> None:
         """Hang for ``seconds``; frames due meanwhile beyond a short backlog are lost."""
@@ -290,17 +297,28 @@ class PowerSensor3Emulator(PtyDevice):
             self._reset()  # the host stalled a configuration exchange: the firmware resets
         self._flush_due(now_ns)
 
+    def _lose_frames(self, lost: int) -> None:
+        """The device takes ``lost`` frames that never reach the host; its clock runs on."""
+        if lost <= 0:
+            return
+        self.frames_lost += int(lost)
+        self.losses.append((self._next_frame_ns, int(lost)))
+        self.conversions += int(lost)
+        self._next_frame_ns += int(lost) * self.period_ns
+
     def _flush_due(self, now_ns: int) -> None:
         """Generate every frame due by ``now_ns`` as one vectorised block."""
         if not self._streaming or now_ns < self._next_frame_ns:
             return
+        with self._fault_lock:
+            skipped, self._skip_frames_pending = self._skip_frames_pending, 0
+        if skipped:
+            self._lose_frames(skipped)
         if now_ns - self._next_frame_ns > self.max_backlog_ns:
-            lost = (now_ns - self.max_backlog_ns - self._next_frame_ns) // self.period_ns
-            self.frames_lost += int(lost)
-            if lost:
-                self.losses.append((self._next_frame_ns, int(lost)))
-            self.conversions += int(lost)
-            self._next_frame_ns += int(lost) * self.period_ns
+            self._lose_frames((now_ns - self.max_backlog_ns - self._next_frame_ns)
+                              // self.period_ns)
+        if now_ns < self._next_frame_ns:
+            return
         n = (now_ns - self._next_frame_ns) // self.period_ns + 1
         t_ns = self._next_frame_ns + np.arange(n, dtype=np.int64) * self.period_ns
         self._next_frame_ns += int(n) * self.period_ns
