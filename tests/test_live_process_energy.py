@@ -44,8 +44,8 @@ def feed(split: GpuLiveSplit, until_s: int, sm: dict[int, float]) -> dict[int, f
 
 def two_processes() -> GpuLiveSplit:
     split = GpuLiveSplit()
-    split.presence(3 * S, +1)
-    split.presence(3 * S, +1)
+    split.presence(3 * S, 101, came=True)
+    split.presence(3 * S, 202, came=True)
     return split
 
 
@@ -64,9 +64,28 @@ def test_dynamic_power_above_idle_and_static_is_shared_by_sm_share():
 @pytest.mark.fast
 def test_no_joule_is_charged_while_idle_is_not_known():
     split = GpuLiveSplit()
-    split.presence(0, +1)  # a process from the start: never a stretch without one
+    split.presence(0, 101, came=True)  # a process from the start: never a stretch without one
     charged = feed(split, 12, {101: 50.0})
     assert split.idle_w is None and charged == {}
+
+
+@pytest.mark.fast
+def test_a_process_alone_without_rows_is_charged_the_dynamic_energy():
+    # the reader reads no utilisation while one process is alone: its windows have no
+    # rows, yet the device's work above idle is its own (and measures no static)
+    split = GpuLiveSplit()
+    split.presence(3 * S, 101, came=True)
+    charged = {}
+    for start in range(0, 20 * S, S // 2):
+        t = np.arange(start, start + S // 2, S // 50, dtype=np.int64)
+        for _, joules in split.add_power(t, power_w(t)):
+            for pid, j in joules.items():
+                charged[pid] = charged.get(pid, 0.0) + j
+    assert split.idle_w == pytest.approx(70.0, abs=0.5) and split.static_w is None
+    assert set(charged) == {101}
+    # 3 s to 16 s settled, the window 2-3 s holds no process: 35 W from 3 to 6 s, 235 W
+    # from 6 to 16 s, and the trapezoid across the step at 6 s (20 ms, 2 J)
+    assert charged[101] == pytest.approx(35 * 3 + 235 * 10 + 2, abs=0.01)
 
 
 def process(t_ns: int, pid: int, **identity: str | None) -> Marker:

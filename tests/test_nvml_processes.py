@@ -131,6 +131,38 @@ def test_identity_markers_exits_and_the_truth_marker_from_the_simulator():
     assert total == pytest.approx(gpu.true_energy_j(t0, t1), rel=1e-9)
 
 
+class CountingUtilisation(FakeNvml):
+    """The fake NVML, counting its per-process utilisation calls."""
+
+    utilisation_calls = 0
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, last_seen_us: int) -> Any:
+        self.utilisation_calls += 1
+        return super().nvmlDeviceGetProcessUtilization(handle, last_seen_us)
+
+
+@pytest.mark.fast
+def test_utilisation_is_read_only_while_two_or_more_processes_share_the_gpu():
+    # a alone for 2 s: no rows (its activity is the device's, the state stream's
+    # gpu_util_pct), no utilisation call; b joins at 2 s: both get rows from the call
+    clock = FakeClock()
+    load = two_process_load(2.0)
+    gpu = SimulatedGpu(0, 1, load.schedule(), clock_ns=clock, start_ns=clock(),
+                       unix_offset_ns=UNIX_MINUS_MONO)
+    gpu.processes = load
+    lib = CountingUtilisation([gpu])
+    acq = reader(lib, clock)
+    acq.open()
+    probed = lib.utilisation_calls  # open asks once whether the GPU answers the query
+    alone = run_for(acq, clock, 1.8)
+    assert lib.utilisation_calls == probed and rows(alone).shape[0] == 0
+    assert [r.payload["pid"] for r in alone
+            if isinstance(r, Marker) and r.name == "process"] == [1]
+    together = rows(run_for(acq, clock, 2.0))
+    assert lib.utilisation_calls > probed
+    assert set(together[:, 0].astype(int)) == {1, 2} and (together[:, 1] > 0).any()
+
+
 def two_process_load(start_b_s: float) -> SharedLoad:
     a = SimProcess(1, "a", 0.0, (Phase(4.0, 60, 10, 250.0),))
     b = SimProcess(2, "b", start_b_s, (Phase(4.0, 40, 40, 200.0),))

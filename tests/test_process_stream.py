@@ -68,6 +68,18 @@ def test_a_process_holding_memory_without_activity_gets_a_zero_row_at_the_read()
 
 
 @pytest.mark.fast
+def test_a_read_without_utilisation_marks_who_came_and_writes_no_row():
+    # the reader skips the utilisation call while one process is alone: a zero row would
+    # say the process did nothing, when it had the whole device
+    s = stream({7: 100})
+    chunks, markers = split(s.update(None, {7: 1.0}, read_us=2_100, read_ns=555))
+    assert chunks == [] and [m.payload["pid"] for m in markers] == [7]
+    assert s.last_seen_us == 1_000  # nothing read: the next read asks from the same stamp
+    chunks, markers = split(s.update([], {7: 1.0}, read_us=2_300, read_ns=777))
+    assert chunks[0].values.tolist() == [[7, 0, 0, 0, 0, 1.0]] and markers == []
+
+
+@pytest.mark.fast
 def test_a_process_leaving_the_gpu_is_marked_once():
     s = stream({7: 100})
     s.update([(7, 2_000, 40, 9, 0, 0)], {7: 1.0}, 2_100, 10)

@@ -284,12 +284,21 @@ class NvmlDriver(SharedSession):
             raise NvmlError(f"GPU {gpu}: {NVML_CALLS[e.reading]} failed: {e}") from e
         return None if instant_mw is None else instant_mw / 1e3, average_mw / 1e3
 
-    def read_processes(self, gpu: int, last_seen_us: int
-                       ) -> tuple[list[ProcessSample], dict[int, float]]:
-        """(utilisation samples newer than ``last_seen_us``, pid -> used memory B)."""
+    def read_processes(self, gpu: int, last_seen_us: int, *, shared_from: int = 2
+                       ) -> tuple[list[ProcessSample] | None, dict[int, float]]:
+        """(utilisation samples newer than ``last_seen_us``, pid -> used memory B).
+
+        The samples are read only while ``shared_from`` or more processes hold the GPU
+        (else ``None``: not read). The utilisation call costs ~1.9 ms of CPU on an H200
+        against ~75 µs for both running-process lists; a process alone takes all the
+        device's activity, which the state stream already has (``gpu_util_pct``).
+        """
         lib, h = self.lib, self.handle(gpu)
+        memory_b = self._call(gpu, NVML_CALLS["process_memory"], running_memory, lib, h)
+        if len(memory_b) < shared_from:
+            return None, memory_b
         return (self._call(gpu, NVML_CALLS["processes"], process_samples, lib, h, last_seen_us),
-                self._call(gpu, NVML_CALLS["process_memory"], running_memory, lib, h))
+                memory_b)
 
     def read_energy_j(self, gpu: int) -> float:
         """Energy counter (J since the driver loaded); the call costs ~3 ms on an H100."""

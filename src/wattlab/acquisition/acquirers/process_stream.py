@@ -54,16 +54,18 @@ class ProcessStream:
         self._to_host_ns = to_host_ns
         self.known: dict[int, int | None] = {}  # pid -> start_ticks of the process marked
 
-    def update(self, samples: list[ProcessSample], memory_b: Mapping[int, float],
+    def update(self, samples: list[ProcessSample] | None, memory_b: Mapping[int, float],
                read_us: int, read_ns: int) -> list[Reading]:
         """Rows and markers for one read: samples newer than the last seen, oldest first.
 
         ``memory_b``: the running processes' used memory (NaN: the driver did not say).
         The driver lists only processes active since the last seen stamp, so a running
         process without a sample in a successful read was idle over it: it gets one row at
-        the read instant with zero utilisation and its memory.
+        the read instant with zero utilisation and its memory. ``samples`` None: the
+        utilisation was not read (a process alone): no rows, only who came and went.
         """
-        samples = sorted((s for s in samples if s[1] > self.last_seen_us),
+        read = samples is not None
+        samples = sorted((s for s in samples or () if s[1] > self.last_seen_us),
                          key=lambda s: (s[1], s[0]))
         first_ns: dict[int, int] = {}
         for s in samples:
@@ -80,7 +82,7 @@ class ProcessStream:
                                                 memory_b.get(s[0], math.nan)])
                 for s in samples]
         rows += [(read_ns, read_us, [float(pid), 0.0, 0.0, 0.0, 0.0, memory_b[pid]])
-                 for pid in sorted(idle)]
+                 for pid in sorted(idle) if read]
         if samples:
             self.last_seen_us = samples[-1][1]
         if rows:

@@ -148,8 +148,10 @@ class PowerSensor3Emulator(PtyDevice):
             self._drop_pending += n
 
     def inject_lost_frames(self, n: int) -> None:
-        """Take the next ``n`` frames but never send them (a USB buffer that overflowed):
-        only the device clock's jump shows the hole, its size modulo the 1024 µs wrap."""
+        """Take the next ``n`` frames but never send them (a USB buffer that overflowed).
+
+        Only the device clock's jump shows the hole, its size modulo the 1024 µs wrap.
+        """
         with self._fault_lock:
             self._skip_frames_pending += n
 

@@ -51,14 +51,14 @@ class GpuLiveSplit:
         self._sm_s: dict[int, dict[int, float]] = defaultdict(dict)  # window -> pid -> SM%·s
         self._period_ns = DEFAULT_PERIOD_NS
         self._events_ns: list[int] = []  # presence changes, in time order
-        self._present_after: list[int] = []  # processes present after each change
-        self._present = 0
+        self._present_after: list[frozenset[int]] = []  # pids present after each change
+        self._present: frozenset[int] = frozenset()
 
     # ---- feeding --------------------------------------------------------------------------
-    def presence(self, t_ns: int, change: int) -> None:
-        """A process came (+1) or left (-1) at ``t_ns`` (its marker)."""
-        self._present = max(0, self._present + change)
-        i = bisect_left(self._events_ns, t_ns)
+    def presence(self, t_ns: int, pid: int, came: bool) -> None:
+        """Process ``pid`` came or left at ``t_ns`` (its marker)."""
+        self._present = self._present | {pid} if came else self._present - {pid}
+        i = bisect_right(self._events_ns, t_ns)  # markers of one instant in their order
         self._events_ns.insert(i, t_ns)
         self._present_after.insert(i, self._present)
 
@@ -124,6 +124,9 @@ class GpuLiveSplit:
             ja, jb = np.interp([a, b], self._t_ns, self._cum_j)
             mean_w = (jb - ja) / WINDOW_S
             sm = self._sm_s.pop(k, {})
+            alone = self._alone(a, b) if not sm else None
+            if alone is not None:  # no rows: the reader skips the utilisation call then
+                sm = {alone: WINDOW_S}
             self._learn(a, b, mean_w, active=bool(sm))
             charged = self._share(mean_w, sm)
             if charged:
@@ -137,10 +140,19 @@ class GpuLiveSplit:
                 del self._sm_s[k]
         return out
 
+    def _alone(self, a_ns: int, b_ns: int) -> int | None:
+        """The one pid present over all of ``[a, b)``, if one process was alone there."""
+        i = bisect_right(self._events_ns, a_ns)
+        j = bisect_left(self._events_ns, b_ns)
+        at_a = self._present_after[i - 1] if i else frozenset()
+        sets = [at_a, *self._present_after[i:j]]
+        pids = frozenset().union(*sets)
+        return next(iter(pids)) if len(pids) == 1 and all(sets) else None
+
     def _learn(self, a_ns: int, b_ns: int, mean_w: float, active: bool) -> None:
         """Idle from the no-process stretch reaching ``b``; static from a quiet window."""
         i = bisect_right(self._events_ns, b_ns)  # the changes up to b
-        present = self._present_after[i - 1] if i else 0
+        present = len(self._present_after[i - 1]) if i else 0
         next_ns = self._events_ns[i] if i < len(self._events_ns) else None
         if present == 0:
             start = max(self._events_ns[i - 1] if i else int(self._t_ns[0]),

@@ -70,10 +70,10 @@ class LiveProcessEnergy:
             split = self._splits.setdefault(gpu, GpuLiveSplit())
             if m.name == "process":
                 self.series.arrive(gpu, m)
-                split.presence(m.t_host_ns, +1)
+                split.presence(m.t_host_ns, int(m.payload["pid"]), came=True)
             elif m.name == "process-exit":
                 self.series.leave(gpu, int(m.payload["pid"]), m.t_host_ns)
-                split.presence(m.t_host_ns, -1)
+                split.presence(m.t_host_ns, int(m.payload["pid"]), came=False)
 
     def figures(self, now_ns: int) -> ProcessFigures:
         """The series as of ``now_ns`` (the recorder's monotonic clock), expired dropped."""
