@@ -63,17 +63,22 @@ class SimulatedClock:
         self.now_ns += round(seconds * 1e9)
 
 
+def simulated_reader(streams: str, intervals: str) -> tuple[SimulatedClock, NvmlAcquirer]:
+    """The NVML reader of one simulated GPU on a simulated clock (sleeping advances it)."""
+    clock = SimulatedClock()
+    lib = FakeNvml(simulated_gpus(1, 0, clock_ns=clock))
+    return clock, NvmlAcquirer(NvmlDriver(lib), 0, streams=streams,
+                               intervals_s=parse_intervals(intervals), clock_ns=clock,
+                               sleep=clock.sleep)
+
+
 def nvml_wakeups(seconds: float, streams: str, intervals: str, profile: cProfile.Profile | None
                  ) -> tuple[int, int]:
     """(wake-ups, thread CPU ns) of ``seconds`` of the reader on a simulated clock.
 
     With ``profile``, the wake-ups run under it (and cost more).
     """
-    clock = SimulatedClock()
-    lib = FakeNvml(simulated_gpus(1, 0, clock_ns=clock))
-    acquirer = NvmlAcquirer(NvmlDriver(lib), 0, streams=streams,
-                            intervals_s=parse_intervals(intervals), clock_ns=clock,
-                            sleep=clock.sleep)
+    clock, acquirer = simulated_reader(streams, intervals)
     context: zmq.Context[Any] = zmq.Context()
     with tempfile.TemporaryDirectory(prefix="wattlab-prof-") as folder:
         endpoint = f"ipc://{folder}/bus.sock"
@@ -109,11 +114,7 @@ def recorder_emits(seconds: float, streams: str, intervals: str,
     The reader runs on a simulated clock and publishes to a real ``Recorder``; its own CPU is
     left out: only the recorder's calls are timed (and profiled).
     """
-    clock = SimulatedClock()
-    lib = FakeNvml(simulated_gpus(1, 0, clock_ns=clock))
-    acquirer = NvmlAcquirer(NvmlDriver(lib), 0, streams=streams,
-                            intervals_s=parse_intervals(intervals), clock_ns=clock,
-                            sleep=clock.sleep)
+    clock, acquirer = simulated_reader(streams, intervals)
     context: zmq.Context[Any] = zmq.Context()
     with tempfile.TemporaryDirectory(prefix="wattlab-prof-") as folder:
         endpoint = f"ipc://{folder}/bus.sock"

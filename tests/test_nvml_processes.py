@@ -146,11 +146,7 @@ def test_utilisation_is_read_only_while_two_or_more_processes_share_the_gpu():
     # a alone for 2 s: no rows (its activity is the device's, the state stream's
     # gpu_util_pct), no utilisation call; b joins at 2 s: both get rows from the call
     clock = FakeClock()
-    load = two_process_load(2.0)
-    gpu = SimulatedGpu(0, 1, load.schedule(), clock_ns=clock, start_ns=clock(),
-                       unix_offset_ns=UNIX_MINUS_MONO)
-    gpu.processes = load
-    lib = CountingUtilisation([gpu])
+    lib = CountingUtilisation([two_process_gpu(clock, 2.0)[0]])
     acq = reader(lib, clock)
     acq.open()
     probed = lib.utilisation_calls  # open asks once whether the GPU answers the query
@@ -169,6 +165,14 @@ def two_process_load(start_b_s: float) -> SharedLoad:
     return SharedLoad([a, b], idle_w=70.0, dynamic_w=1000.0)
 
 
+def two_process_gpu(clock: FakeClock, start_b_s: float) -> tuple[SimulatedGpu, SharedLoad]:
+    load = two_process_load(start_b_s)
+    gpu = SimulatedGpu(0, 1, load.schedule(), clock_ns=clock, start_ns=clock(),
+                       unix_offset_ns=UNIX_MINUS_MONO)
+    gpu.processes = load
+    return gpu, load
+
+
 @pytest.mark.fast
 def test_overlapping_processes_saturate_toward_the_limit_and_time_slice():
     load = two_process_load(2.0)
@@ -184,10 +188,7 @@ def test_overlapping_processes_saturate_toward_the_limit_and_time_slice():
 @pytest.mark.fast
 def test_truth_splits_dynamic_energy_by_what_each_would_draw_alone():
     clock = FakeClock()
-    load = two_process_load(2.0)
-    gpu = SimulatedGpu(0, 1, load.schedule(), clock_ns=clock, start_ns=clock(),
-                       unix_offset_ns=UNIX_MINUS_MONO)
-    gpu.processes = load
+    gpu, load = two_process_gpu(clock, 2.0)
     t0 = clock()
     truth = load.truth(gpu, t0 + 2 * S, t0 + 4 * S)  # both alive, both working
     dyn = truth["dynamic_j"]
