@@ -159,9 +159,8 @@ class NvmlDriver(SharedSession):
         with self._lock:
             h = self._handles.get(gpu)
         if h is None:
-            h = self._call(
-                gpu, "nvmlDeviceGetHandleByIndex", self.lib.nvmlDeviceGetHandleByIndex, gpu
-            )
+            h = self._call(gpu, "nvmlDeviceGetHandleByIndex",
+                           self.lib.nvmlDeviceGetHandleByIndex, gpu)
             with self._lock:
                 self._handles[gpu] = h
         return h
@@ -177,10 +176,7 @@ class NvmlDriver(SharedSession):
         return read_device_info(self.lib, self.handle(gpu), gpu)
 
     def supported_clock_pairs(self, gpu: int) -> list[tuple[int, int]]:
-        """Every supported (SM MHz, memory MHz) pair, highest first (read only).
-
-        Raises ``NvmlError`` naming what failed.
-        """
+        """Every supported (SM MHz, memory MHz) pair, highest first; ``NvmlError`` if not."""
         return read_clock_pairs(self.lib, self.handle(gpu), gpu)
 
     def probe(self, gpu: int) -> dict[str, str]:
@@ -286,28 +282,21 @@ class NvmlDriver(SharedSession):
 
     def read_processes(self, gpu: int, last_seen_us: int, *, shared_from: int = 2
                        ) -> tuple[list[ProcessSample] | None, dict[int, float]]:
-        """(utilisation samples newer than ``last_seen_us``, pid -> used memory B).
+        """(utilisation samples newer than ``last_seen_us`` or None, pid -> used memory B).
 
-        The samples are read only while ``shared_from`` or more processes hold the GPU
-        (else ``None``: not read). The utilisation call costs ~1.9 ms of CPU on an H200
-        against ~75 µs for both running-process lists; a process alone takes all the
-        device's activity, which the state stream already has (``gpu_util_pct``).
+        None: fewer than ``shared_from`` processes hold the GPU, so the utilisation call
+        (~1.9 ms of CPU on an H200; both lists ~75 µs) is not made (docs/processes.md).
         """
         lib, h = self.lib, self.handle(gpu)
         memory_b = self._call(gpu, NVML_CALLS["process_memory"], running_memory, lib, h)
-        if len(memory_b) < shared_from:
-            return None, memory_b
-        return (self._call(gpu, NVML_CALLS["processes"], process_samples, lib, h, last_seen_us),
-                memory_b)
+        samples = None if len(memory_b) < shared_from else self._call(
+            gpu, NVML_CALLS["processes"], process_samples, lib, h, last_seen_us)
+        return samples, memory_b
 
     def read_energy_j(self, gpu: int) -> float:
         """Energy counter (J since the driver loaded); the call costs ~3 ms on an H100."""
-        mj = self._call(
-            gpu,
-            NVML_CALLS["energy_j"],
-            self.lib.nvmlDeviceGetTotalEnergyConsumption,
-            self.handle(gpu),
-        )
+        mj = self._call(gpu, NVML_CALLS["energy_j"],
+                        self.lib.nvmlDeviceGetTotalEnergyConsumption, self.handle(gpu))
         return float(mj) / 1e3
 
     def read_state(self, gpu: int) -> dict[str, float]:
