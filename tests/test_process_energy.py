@@ -24,7 +24,10 @@ from tests.process_runs import (
 )
 from wattlab.analysis.attribution import energy_by_process
 from wattlab.analysis.attribution.by_process import split
+from wattlab.analysis.attribution.power_stream import run_power_stream
+from wattlab.analysis.attribution.process_rule import own_weights
 from wattlab.analysis.attribution.process_table import read_processes
+from wattlab.analysis.energy import energy_report
 from wattlab.cli import main
 from wattlab.runfile import Run
 
@@ -338,4 +341,28 @@ def test_a_lone_process_without_rows_takes_the_devices_utilisation(tmp_path: Pat
     got = {p.key: p for p in g.processes}
     for key in ("gpu0:653", "gpu0:758", "gpu0:965"):  # matmul alone
         assert got[key].dynamic_j == pytest.approx(ref[key].dynamic_j, rel=0.15)
+    assert closure_ok(g)
+
+
+def test_a_lone_part_of_a_reading_is_filled_and_teaches_no_weight(tmp_path: Path):
+    """A state reading stands for half a read step each side; where another process came
+    or left inside that time, the part where one process was alone is still that
+    process's (before, only readings alone throughout were, and the lone work beside an
+    edge went to "no process active"). The device's utilisation is another scale than the
+    driver's per-process SM figure: no weight is learnt on those parts."""
+    with Run(str(without_rows_while_alone(REAL_PAIRS, tmp_path / "r.h5"))) as run:
+        table = read_processes(run, 0)
+        g = energy_by_process(run).gpus[0]
+        assert table is not None
+        stream = run_power_stream(run, energy_report(run, by_marker=False), table.prefix)
+    edges = {p.key: set(p.present_s) for p in table.processes}
+    at_others_edge = [(p.key, c, d) for p in table.processes for c, d in p.from_device
+                      if any(c in edges[q.key] or d in edges[q.key]
+                             for q in table.processes if q is not p)]
+    assert at_others_edge
+    before = own_weights(stream, 100.0, table)
+    for p in table.processes:  # the device's parts ten times as active: the same weights
+        p.sm = [s * 10 if (a, b) in p.from_device else s
+                for a, b, s in zip(p.t0_s, p.t1_s, p.sm, strict=True)]
+    assert own_weights(stream, 100.0, table) == before and before
     assert closure_ok(g)

@@ -5,7 +5,8 @@ at a tenth of a matrix product's power (issue 41), so no weight per kind of work
 (SM %, memory %) shared by all processes can tell them apart. Each process's own power
 per unit of SM activity is measured where it worked alone in the run: its samples outside
 every other process's ``working`` spans, their dynamic energy over their SM
-activity-seconds. A process that never worked alone gets its weight fitted by least
+activity-seconds (not where its activity is the device's utilisation: another scale). A
+process that never worked alone gets its weight fitted by least
 squares (``learn.fit_weights``) on the power the measured processes leave; where that
 cannot be told apart, the kinds' weights (``w_sm * sm + w_mem * mem``) on that power; else
 the mean of the others' own weights with a ± as large (its power was never seen); where
@@ -78,7 +79,7 @@ def own_weights(stream: PowerStream, base_w: float, table: ProcessTable
     for p in table.processes:
         others = [x for k, spans in busy.items() if k != p.key for x in spans]
         alone = [(a, b, s) for a, b, s in zip(p.t0_s, p.t1_s, p.sm, strict=True)
-                 if s > 0 and span[0] <= a and b <= span[1]
+                 if s > 0 and span[0] <= a and b <= span[1] and (a, b) not in p.from_device
                  and not any(a < y and x < b for x, y in others)]
         if sum(b - a for a, b, _ in alone) < MIN_ALONE_S:
             continue

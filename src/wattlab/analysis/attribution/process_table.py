@@ -8,8 +8,9 @@ none and is left out).
 While one process is alone on the GPU the stream may hold no rows of it (the recorder
 reads the per-process utilisation, 1.9 ms of CPU a call, only while two or more share the
 GPU): its activity then is the device's own utilisation (``{prefix}.state``,
-``gpu_util_pct``), the same quantity the driver reports per process, each state reading
-over the time nearer to it than to the readings beside it. Runs with rows while alone keep them.
+``gpu_util_pct``), each state reading over the time nearer to it than to the readings
+beside it, cut where processes came or went (docs/process-energy.md). Runs with rows
+while alone keep them.
 Rows of pid P belong to the latest ``process`` marker of P at or before them, so a reused
 pid is another process. A process is *present* from its ``process`` marker to its
 ``process-exit`` marker (else the stream's end): it holds a context on the GPU then.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,9 @@ class Process:
     t1_s: list[float] = field(default_factory=list)
     sm: list[float] = field(default_factory=list)  # 0..1 (none given: 0, counted in notes)
     mem: list[float] = field(default_factory=list)
+    # intervals whose activity is the device's utilisation (alone, no rows of its own): on
+    # another scale than the driver's per-process SM figure, so no weight is learnt there
+    from_device: set[tuple[float, float]] = field(default_factory=set)
 
     @property
     def label(self) -> str:
@@ -176,22 +181,30 @@ def _alone_from_device(run: Run, prefix: str, procs: list[Process]) -> list[str]
     mids = (t[:-1] + t[1:]) / 2
     lo_s = np.concatenate(([t[0] - (mids[0] - t[0]) if mids.size else t[0]], mids))
     hi_s = np.concatenate((mids, [t[-1] + (t[-1] - mids[-1]) if mids.size else t[-1]]))
+    edges = sorted({e for p in procs for e in p.present_s})
     added = 0
     for a, b, u in zip(lo_s.tolist(), hi_s.tolist(), util.tolist(), strict=True):
-        here = [p for p in procs if p.present_s[0] < b and a < p.present_s[1]]
-        if len(here) != 1 or not math.isfinite(u):
+        if not math.isfinite(u):
             continue
-        p = here[0]
-        if any(x < b and a < y for x, y in zip(p.t0_s, p.t1_s, strict=True)):
-            continue  # the stream has its own rows here
-        lo, hi = max(a, p.present_s[0]), min(b, p.present_s[1])
-        # the device worked only while the process was there: its utilisation, over that
-        at = int(np.searchsorted(p.t1_s, hi))
-        p.t0_s.insert(at, lo)
-        p.t1_s.insert(at, hi)
-        p.sm.insert(at, min(1.0, u * (b - a) / (hi - lo)))
-        p.mem.insert(at, 0.0)
-        added += 1
+        # the reading's time cut where processes came or went: a part with one process
+        # present is that process's alone; the device worked only while some were present
+        cuts = [a, *(e for e in edges if a < e < b), b]
+        parts = [(c, d, [p for p in procs if p.present_s[0] <= (c + d) / 2 < p.present_s[1]])
+                 for c, d in pairwise(cuts)]
+        present_s = sum(d - c for c, d, here in parts if here)
+        for c, d, here in parts:
+            if len(here) != 1 or d <= c:
+                continue
+            p = here[0]
+            if any(x < d and c < y for x, y in zip(p.t0_s, p.t1_s, strict=True)):
+                continue  # the stream has its own rows here
+            at = int(np.searchsorted(p.t1_s, d))
+            p.t0_s.insert(at, c)
+            p.t1_s.insert(at, d)
+            p.sm.insert(at, min(1.0, u * (b - a) / present_s))
+            p.mem.insert(at, 0.0)
+            p.from_device.add((c, d))
+            added += 1
     return [f"{added} interval(s) of a process alone without rows of its own: its activity "
             f"taken from {sid}:{DEVICE_UTIL} (the device's utilisation; memory activity "
             "unknown there, 0)"] if added else []
