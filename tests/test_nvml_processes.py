@@ -144,19 +144,31 @@ class CountingUtilisation(FakeNvml):
 @pytest.mark.fast
 def test_utilisation_is_read_only_while_two_or_more_processes_share_the_gpu():
     # a alone for 2 s: no rows (its activity is the device's, the state stream's
-    # gpu_util_pct), no utilisation call; b joins at 2 s: both get rows from the call
+    # gpu_util_pct), no utilisation call; b joins at 2 s: both get rows from the call;
+    # a leaves at 4 s, b alone to 6 s
     clock = FakeClock()
     lib = CountingUtilisation([two_process_gpu(clock, 2.0)[0]])
     acq = reader(lib, clock)
+    open_ns = clock()
     acq.open()
     probed = lib.utilisation_calls  # open asks once whether the GPU answers the query
     alone = run_for(acq, clock, 1.8)
     assert lib.utilisation_calls == probed and rows(alone).shape[0] == 0
     assert [r.payload["pid"] for r in alone
             if isinstance(r, Marker) and r.name == "process"] == [1]
-    together = rows(run_for(acq, clock, 2.0))
+    shared = run_for(acq, clock, 2.0)
+    together = rows(shared)
     assert lib.utilisation_calls > probed
     assert set(together[:, 0].astype(int)) == {1, 2} and (together[:, 1] > 0).any()
+    # a leaves at 4 s: the first read after it, with b alone, still asks for the samples
+    # since the last read (a's last work); the reads after it do not
+    after = run_for(acq, clock, 3.0)
+    a_rows = [r.t_host_ns[r.values[:, 0] == 1] for r in shared + after
+              if isinstance(r, Chunk) and r.source_id == "gpu0.processes"]
+    last_a_s = (max(int(t.max()) for t in a_rows if t.size) - open_ns) / S
+    assert last_a_s > 4.0 - 0.2, last_a_s  # within a driver period of its end
+    calls = lib.utilisation_calls
+    assert rows(run_for(acq, clock, 1.8)).shape[0] == 0 and lib.utilisation_calls == calls
 
 
 def two_process_load(start_b_s: float) -> SharedLoad:

@@ -147,7 +147,11 @@ class ProcessReader:
         """One read of the driver's per-process answers: rows, markers, or a Gap."""
         t0 = clock_ns()
         try:
-            samples, memory_b = self.driver.read_processes(self.gpu, self.stream.last_seen_us)
+            # a GPU shared at the last read is read once more: the samples since then are
+            # the work of processes that may have left meanwhile
+            samples, memory_b = self.driver.read_processes(
+                self.gpu, self.stream.last_seen_us,
+                shared_from=0 if len(self.stream.known) >= 2 else 2)
         except NvmlError as e:
             t1 = clock_ns()
             gap = Gap(self.stream.source_id, str(e), t_first_ns=self.good_ns, t_last_ns=t1)
