@@ -346,9 +346,13 @@ def test_frames_lost_in_a_hole_shorter_than_the_hosts_slack_are_a_gap(
     gaps = [r for r in readings if isinstance(r, Gap)]
     assert len(gaps) == len(emu.losses), (gaps, emu.losses)  # a busy machine may add a stall
     gap = min(gaps, key=lambda g: abs(g.t_first_ns - injected[0][0]))
-    assert gap.samples_lost == at_least, gap
     assert gap.reason.startswith("device time jumped"), gap
-    assert f"at least {at_least} frames lost" in gap.reason, gap
+    if "(wraps by host clock)" not in gap.reason:
+        assert gap.samples_lost == at_least, gap
+        assert f"at least {at_least} frames lost" in gap.reason, gap
+    # else a loaded machine read the frames after the hole past the host clock's 20 ms
+    # slack (400 frames are 20 ms: seen in a fresh-clone CI), so the host counted the
+    # wraps: the count is checked against the read's lateness below
     assert_loss_reported(gap, *injected[0], emu.period_ns)
 
 
