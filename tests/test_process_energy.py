@@ -29,7 +29,7 @@ from wattlab.analysis.attribution.process_rule import own_weights
 from wattlab.analysis.attribution.process_table import read_processes
 from wattlab.analysis.energy import energy_report
 from wattlab.cli import main
-from wattlab.runfile import Run
+from wattlab.runfile import Run, schema
 
 pytestmark = pytest.mark.fast
 
@@ -318,9 +318,10 @@ def without_rows_while_alone(src: Path, dst: Path) -> Path:
     present = [p.present_s for p in table.processes]
     shutil.copy(src, dst)
     with h5py.File(dst, "r+") as f:
-        g = f["sources/gpu0.processes"]
-        keep = np.array([sum(a <= x <= b for a, b in present) >= 2 for x in g["time"][:] / 1e9])
-        for name in ("flags", "time", "time_raw", "values"):
+        g = f[f"{schema.SOURCES}/gpu0.processes"]
+        keep = np.array([sum(a <= x <= b for a, b in present) >= 2
+                         for x in g[schema.TIME][:] / 1e9])
+        for name in (schema.FLAGS, schema.TIME, schema.TIME_RAW, schema.VALUES):
             data, attrs = g[name][:][keep], dict(g[name].attrs)
             del g[name]
             g.create_dataset(name, data=data)
