@@ -37,6 +37,7 @@ NOT_NUMBERS = {
     ("energy", "--window"): "T0:T1, two numbers: energy.window_s refuses non-finite ones",
     ("energy", "--per"): "a unit's name (arg_types.non_empty_name): test_serving_energy.py",
     ("energy", "--charge"): "part names (energy.charge_parts): test_process_energy.py",
+    ("demo", "--mig"): "MIG profile names (demo.mig_profiles): test_mig.py",
 }
 # Numbers typed int or float whose range the command checks with its own message (the matrix
 # still runs them, after this argv: exit 2 and one line naming the option).

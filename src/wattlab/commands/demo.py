@@ -52,6 +52,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "truth of each one's energy (docs/processes.md)")
     p.add_argument("--processes", type=count(1, 16), default=3, metavar="N",
                    help="--shared: how many processes (default 3)")
+    p.add_argument("--mig", metavar="PROFILES", type=mig_profiles,
+                   help="a simulated H100 in MIG mode instead, one process in each GPU "
+                        "instance of PROFILES (e.g. 3g.40gb,2g.20gb,2g.20gb), recorded with "
+                        "gpu0.mig and the truth of each instance's energy (docs/processes.md)")
     add_min_free_option(p)
     return p
 
@@ -63,7 +67,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.serving:
         return run_serving(args)
-    if args.shared:
+    if args.shared and args.mig:
+        raise UsageError("--shared and --mig are two demos (processes time-sliced, or one in "
+                         "each MIG instance): give one")
+    if args.shared or args.mig:
         return run_shared(args)
     if args.duration <= 0:
         raise UsageError(f"--duration must be > 0 s, got {args.duration}")
@@ -95,25 +102,42 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
+def mig_profiles(text: str) -> list[str]:
+    """``--mig``'s comma-separated profiles, checked against an H100's (argparse type)."""
+    from wattlab.hardware.shared_gpu import mig_layout
+
+    profiles = [t.strip() for t in text.split(",")]
+    try:
+        mig_layout(profiles)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    return profiles
+
+
 def run_shared(args: argparse.Namespace) -> int:
-    """``demo --shared``: processes sharing one simulated GPU, with their true energy."""
+    """``demo --shared``/``--mig``: processes sharing one simulated GPU, with their truth."""
     from wattlab.acquisition.acquirers import NvmlAcquirer
     from wattlab.drivers.nvml import NvmlDriver
     from wattlab.hardware.fake_nvml import FakeNvml
-    from wattlab.hardware.shared_gpu import IDLE_LEAD_S, shared_simulated_gpu
+    from wattlab.hardware.shared_gpu import IDLE_LEAD_S, mig_simulated_gpu, shared_simulated_gpu
 
     output = args.output or default_output("shared")
     length_s = IDLE_LEAD_S + args.duration
     check_room(output, nvml_streams(1, "all"), length_s, args.min_free_mb)
-    gpu = shared_simulated_gpu(args.processes, args.seed, args.duration)
-    print(f"wattlab demo --shared: {args.processes} processes sharing a {gpu.model.name} for "
-          f"{args.duration:g} s after {IDLE_LEAD_S:g} s idle, into {output}")
+    if args.mig:
+        gpu = mig_simulated_gpu(args.mig, args.seed, args.duration)
+        what, stream = f"one process in each MIG instance ({','.join(args.mig)}) of", "mig"
+    else:
+        gpu = shared_simulated_gpu(args.processes, args.seed, args.duration)
+        what, stream = f"{args.processes} processes sharing", "processes"
+    print(f"wattlab demo: {what} a {gpu.model.name} for {args.duration:g} s after "
+          f"{IDLE_LEAD_S:g} s idle, into {output}")
     session = Session(output, [("gpu0", NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0))],
                       duration_s=length_s + 0.5 - (time.monotonic_ns() - gpu.start_ns) / 1e9,
                       root_attrs={DEMO_SEED: args.seed})
     result = session.run()
     report(result)
-    print(f"the truth of each process's energy: the simulated-truth marker of gpu0.processes "
+    print(f"the truth of each one's energy: the simulated-truth marker of gpu0.{stream} "
           f"(docs/processes.md); next: wattlab info {output}")
     status = exit_status(result)
     if lost := gap_rows(output):

@@ -89,7 +89,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "`wattlab import requests` added (docs/serving.md)")
     for flag, what in (("process", "each process's energy on each GPU"),
                        ("job", "each Slurm job's (its processes summed)"),
-                       ("pod", "each Kubernetes pod's (its processes summed)")):
+                       ("pod", "each Kubernetes pod's (its processes summed)"),
+                       ("instance", "each MIG instance's energy on each MIG GPU (from the "
+                                    "per-instance stream)")):
         p.add_argument(f"--by-{flag}", action="store_true",
                        help=f"{what}, from the per-process stream, idle and static apart "
                             "(docs/process-energy.md)")
@@ -150,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
 
         if args.rule in REQUEST_RULES:
             raise UsageError(f"--rule {args.rule} shares requests: it goes with --by-request")
-    if args.by_process or args.by_job or args.by_pod or args.rule or args.charge:
+    if (args.by_process or args.by_job or args.by_pod or args.by_instance or args.rule
+            or args.charge):
         return process_run(args)
     if args.per or args.by_request or args.idle_w is not None:
         return attribution_run(args)
@@ -245,14 +248,14 @@ def attribution_run(args: argparse.Namespace) -> int:
 
 
 def process_run(args: argparse.Namespace) -> int:
-    """``--by-process``/``--by-job``/``--by-pod``: each process's share of its GPU's energy."""
+    """``--by-process``/``-job``/``-pod``/``-instance``: each one's share of its GPU's energy."""
     from wattlab.analysis.attribution import by_process_json, energy_by_process, format_by_process
     from wattlab.runfile import Run
 
-    by = [g for g in ("process", "job", "pod") if getattr(args, f"by_{g}")]
+    by = [g for g in ("process", "job", "pod", "instance") if getattr(args, f"by_{g}")]
     if len(by) != 1:
-        raise UsageError("--rule and --charge go with one of --by-process, --by-job, --by-pod"
-                         if not by else f"give one of --by-{' and --by-'.join(by)}")
+        raise UsageError("--rule and --charge go with one of --by-process, --by-job, --by-pod, "
+                         "--by-instance" if not by else f"give one of --by-{' and --by-'.join(by)}")
     paths = expand_runs(args.runs)
     if len(paths) != 1:
         raise UsageError(f"--by-{by[0]} reads one run file, got {len(paths)}")
@@ -263,7 +266,9 @@ def process_run(args: argparse.Namespace) -> int:
                          "--per, --by-request, --idle-w")
     with Run(paths[0]) as run_file:
         result = energy_by_process(run_file, rule=args.rule or "activity",
-                                   charge=args.charge or ())
-    print(json.dumps(by_process_json(result, by[0]), indent=2) if args.json
-          else format_by_process(result, by[0]))
+                                   charge=args.charge or (),
+                                   unit="instance" if by[0] == "instance" else "process")
+    group = "process" if by[0] == "instance" else by[0]  # an instance is a row of its own
+    print(json.dumps(by_process_json(result, group), indent=2) if args.json
+          else format_by_process(result, group))
     return int(args.strict and not result.valid)

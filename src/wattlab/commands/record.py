@@ -193,11 +193,23 @@ def summary_table(run: Run) -> tuple[str, list[SourceSummary]]:
 
 
 def unread_processes(run: Run) -> list[str]:
-    """One line per GPU whose per-process readings were refused (``missing["processes"]``)."""
+    """One line per GPU whose per-process readings were refused (``missing["processes"]``).
+
+    On a MIG GPU the refusal is the driver's rule: the line names the per-instance stream
+    that stands in for it, or why there is none either.
+    """
     why = {sid.rpartition(".")[0]: view.descriptor.get("config", {}).get("missing", {})
-           .get("processes") for sid, view in sorted(run.sources.items())}
-    return [f"wattlab: {gpu}: no per-process stream ({reason})"
-            for gpu, reason in why.items() if reason]
+           for sid, view in sorted(run.sources.items())}
+    lines = []
+    for gpu, missing in why.items():
+        if not missing.get("processes"):
+            continue
+        instead = (f"; MIG is on: each instance's activity is in {gpu}.mig"
+                   if f"{gpu}.mig" in run.sources else
+                   f"; no per-instance stream either: {missing['mig']}" if "mig" in missing
+                   else "")
+        lines.append(f"wattlab: {gpu}: no per-process stream ({missing['processes']}){instead}")
+    return lines
 
 
 def report(result: SessionResult) -> int:

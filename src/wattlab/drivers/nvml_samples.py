@@ -9,13 +9,16 @@ the per-sample Python (~70 µs a drain), from the reader's largest cost.
 
 The per-process utilisation samples (``process_samples``) and the processes holding memory
 (``running_memory``) are read through pynvml's own wrappers: a few processes a read, once
-every 0.9 s, where the wrapper's two calls cost microseconds.
+every 0.9 s, where the wrapper's two calls cost microseconds. Under MIG the driver gives no
+per-process utilisation; each GPU instance's activity comes from GPM (``GpmActivity``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -145,3 +148,94 @@ def running_memory(lib: Any, handle: Any) -> dict[int, float]:
             used = p.usedGpuMemory
             out.setdefault(int(p.pid), float("nan") if used is None else float(used))
     return out
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One GPU instance of a MIG-partitioned GPU: its id, profile, SMs and a device handle."""
+
+    gi: int
+    profile: str
+    sm_count: int
+    slices: int
+    handle: Any = field(compare=False, repr=False)
+
+
+def mig_devices(lib: Any, handle: Any) -> list[MigDevice]:
+    """The GPU's instances, by GPU instance id; raises ``pynvml.NVMLError`` on a failing call.
+
+    One handle each: GPM measures the GPU instance, not its compute instances.
+    """
+    found: dict[int, MigDevice] = {}
+    for i in range(int(lib.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            mig = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+        except pynvml.NVMLError as e:
+            if getattr(e, "value", None) == pynvml.NVML_ERROR_NOT_FOUND:
+                continue  # an empty slot
+            raise
+        gi = int(lib.nvmlDeviceGetGpuInstanceId(mig))
+        if gi in found:
+            continue
+        attrs = lib.nvmlDeviceGetAttributes(mig)
+        name = lib.nvmlDeviceGetName(mig)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        profile = name.rsplit("MIG ", 1)[1] if "MIG " in name else (
+            f"{attrs.gpuInstanceSliceCount}g")
+        found[gi] = MigDevice(gi, profile, int(attrs.multiprocessorCount),
+                              int(attrs.gpuInstanceSliceCount), mig)
+    return [found[gi] for gi in sorted(found)]
+
+
+GPM_METRICS = (pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+
+
+class GpmActivity:
+    """Each GPU instance's SM and DRAM-bandwidth utilisation (%) between consecutive reads.
+
+    GPM measures over the time between two samples of an instance, so the first read only
+    takes the samples; every later one answers for the time since the one before. A metric
+    NVML does not give is NaN. Raises ``pynvml.NVMLError`` on a failing call.
+    """
+
+    def __init__(self, lib: Any, handle: Any, gis: list[int]) -> None:
+        self.lib, self.handle = lib, handle
+        self._prev: dict[int, Any] = dict.fromkeys(gis)
+
+    def read(self) -> dict[int, tuple[float, float]]:
+        out = {}
+        for gi, prev in list(self._prev.items()):
+            new = self.lib.nvmlGpmSampleAlloc()
+            try:
+                self.lib.nvmlGpmMigSampleGet(self.handle, gi, new)
+            except pynvml.NVMLError:
+                self.lib.nvmlGpmSampleFree(new)
+                raise
+            self._prev[gi] = new
+            if prev is None:
+                continue
+            try:
+                out[gi] = self._metrics(prev, new)
+            finally:
+                self.lib.nvmlGpmSampleFree(prev)
+        return out
+
+    def _metrics(self, first: Any, second: Any) -> tuple[float, float]:
+        got = pynvml.c_nvmlGpmMetricsGet_t()
+        got.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        got.numMetrics = len(GPM_METRICS)
+        got.sample1, got.sample2 = first, second
+        for i, metric in enumerate(GPM_METRICS):
+            got.metrics[i].metricId = metric
+        self.lib.nvmlGpmMetricsGet(got)
+        sm, dram = (float(got.metrics[i].value)
+                    if got.metrics[i].nvmlReturn == pynvml.NVML_SUCCESS else math.nan
+                    for i in range(len(GPM_METRICS)))
+        return sm, dram
+
+    def close(self) -> None:
+        """Free the samples held for the next read."""
+        for gi, sample in self._prev.items():
+            if sample is not None:
+                self.lib.nvmlGpmSampleFree(sample)
+            self._prev[gi] = None

@@ -15,7 +15,7 @@ from typing import Any
 
 import pynvml
 
-from wattlab.hardware.fake_nvml_processes import FakeNvmlProcesses
+from wattlab.hardware.fake_nvml_processes import FakeMigHandle, FakeNvmlProcesses
 from wattlab.hardware.fake_nvml_setters import FakeNvmlSetters
 from wattlab.hardware.simulated_gpu import SimulatedGpu
 
@@ -104,6 +104,8 @@ class FakeNvml(FakeNvmlSetters, FakeNvmlProcesses):
 
     def _gpu(self, handle: Any, name: str) -> SimulatedGpu:
         self._check_init(name)
+        if isinstance(handle, FakeMigHandle):  # a MIG device answers only the MIG calls
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if not isinstance(handle, FakeHandle) or handle.owner is not self:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = self.gpus[handle.index]
@@ -136,7 +138,10 @@ class FakeNvml(FakeNvmlSetters, FakeNvmlProcesses):
     # ------------------------------------------------------------------ identity
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
-        """Product name."""
+        """Product name (a MIG device's: the GPU's, " MIG " and its profile)."""
+        if isinstance(handle, FakeMigHandle):
+            self._check_init("nvmlDeviceGetName")
+            return self.mig_device_name(handle)
         return self._gpu(handle, "nvmlDeviceGetName").model.name
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:

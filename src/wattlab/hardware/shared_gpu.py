@@ -18,13 +18,17 @@ Truth over a window, per segment where nothing changes: the GPU's true energy mi
 ``idle_w`` is static and dynamic; with no live context everything is idle, with contexts but
 no work the rest is static, and with work the rest after static is split among the working
 processes in proportion to what each would draw alone.
+
+Under MIG (``MigLoad``) each process runs in a GPU instance with its own SMs and memory
+slice: no time-slicing across instances, the driver gives no per-process utilisation, and
+an instance's activity is its GPM SM and DRAM-bandwidth utilisation (of its own share).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -268,6 +272,107 @@ def demo_processes(count: int, seed: int, span_s: float, first_pid: int = 4100,
                               used_memory_b=int((1 + i) * 3 << 30), user=f"user{i % 2}",
                               start_ticks=100_000 + 13 * i, cgroup=cgroup))
     return out
+
+
+# an H100 80GB's MIG profiles: (GPU-instance slices, SMs); the whole GPU has 132 SMs
+MIG_PROFILES = {"1g.10gb": (1, 16), "2g.20gb": (2, 32), "3g.40gb": (3, 60), "4g.40gb": (4, 64),
+                "7g.80gb": (7, 132)}
+GPU_SMS = 132
+MIG_SLICES = 7
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A GPU instance of a MIG-partitioned GPU: its id and profile (``MIG_PROFILES``)."""
+
+    gi: int
+    profile: str
+
+    @property
+    def sm_count(self) -> int:
+        return MIG_PROFILES[self.profile][1]
+
+    @property
+    def slices(self) -> int:
+        return MIG_PROFILES[self.profile][0]
+
+
+def mig_layout(profiles: list[str]) -> list[MigInstance]:
+    """Instances of ``profiles`` (GPU instance ids 1, 2, ...); ValueError where they do not fit."""
+    unknown = [p for p in profiles if p not in MIG_PROFILES]
+    if unknown or not profiles:
+        raise ValueError(f"MIG profile {unknown[0]!r} is not one of an H100 80GB's "
+                         f"({', '.join(MIG_PROFILES)})" if unknown else "no MIG profile given")
+    used = sum(MIG_PROFILES[p][0] for p in profiles)
+    if used > MIG_SLICES:
+        raise ValueError(f"MIG profiles {','.join(profiles)} take {used} slices of an H100's "
+                         f"{MIG_SLICES}")
+    return [MigInstance(i + 1, p) for i, p in enumerate(profiles)]
+
+
+class MigLoad(SharedLoad):
+    """Processes in MIG instances: ``instance_of`` pid -> GPU instance id.
+
+    Within an instance processes time-slice its SMs; across instances nothing is shared but
+    the card's static power and its power limit (the saturation).
+    """
+
+    def __init__(self, processes: list[SimProcess], instances: list[MigInstance],
+                 instance_of: dict[int, int], **kwargs: Any) -> None:
+        super().__init__(processes, **kwargs)
+        self.instances, self.instance_of = instances, instance_of
+
+    def instance_activity(self, a_s: float, b_s: float) -> dict[int, tuple[float, float]]:
+        """Each instance's mean (SM %, DRAM bandwidth %) of its own share over [a, b]."""
+        k0 = max(0, int(np.searchsorted(self.edges_s, a_s, "right")) - 1)
+        k1 = max(0, int(np.searchsorted(self.edges_s, b_s, "right")) - 1)
+        touched = slice(k0, min(k1, len(self.edges_s) - 2) + 1)
+        lo = np.clip(self.edges_s[:-1][touched], a_s, b_s)
+        hi = np.clip(self.edges_s[1:][touched], a_s, b_s)
+        w = hi - lo
+        span = max(b_s - a_s, 1e-9)
+        out = {}
+        for inst in self.instances:
+            cols = [j for j, p in enumerate(self.processes) if self.instance_of[p.pid] == inst.gi]
+            sm = np.minimum(self.sm_pct[touched][:, cols].sum(axis=1), 100.0)
+            mem = np.minimum(self.mem_pct[touched][:, cols].sum(axis=1), 100.0)
+            out[inst.gi] = (float((sm * w).sum() / span), float((mem * w).sum() / span))
+        return out
+
+    def truth(self, gpu: SimulatedGpu, t0_ns: int, t1_ns: int) -> dict[str, Any]:
+        """As ``SharedLoad.truth``, with each instance's dynamic energy (``gi{n}``) added."""
+        out = super().truth(gpu, t0_ns, t1_ns)
+        out["instances_dynamic_j"] = {
+            f"gi{inst.gi}": sum(e for pid, e in out["dynamic_j"].items()
+                                if self.instance_of[int(pid)] == inst.gi)
+            for inst in self.instances}
+        return out
+
+
+def mig_simulated_gpu(profiles: list[str], seed: int, span_s: float = 30.0, index: int = 0,
+                      lead_s: float = IDLE_LEAD_S, **kwargs: Any) -> SimulatedGpu:
+    """A simulated H100 in MIG mode: one demo process in each instance of ``profiles``.
+
+    A process's utilisation is of its instance's SMs; the power it draws alone scales with
+    the instance's share of the GPU's SMs (a 3g.40gb instance busy draws 60/132 of what the
+    whole GPU busy with the same work would).
+    """
+    from wattlab.hardware.simulated_gpu import GpuModel, SimulatedGpu
+
+    instances = mig_layout(profiles)
+    model = GpuModel()
+    processes = [replace(p, phases=tuple(replace(ph, power_w=ph.power_w * inst.sm_count / GPU_SMS)
+                                         for ph in p.phases))
+                 for p, inst in zip(demo_processes(len(instances), seed, span_s,
+                                                   4100 + 1000 * index, lead_s),
+                                    instances, strict=True)]
+    load = MigLoad(processes, instances,
+                   {p.pid: inst.gi for p, inst in zip(processes, instances, strict=True)},
+                   idle_w=model.idle_w, dynamic_w=model.dynamic_w, seed=seed)
+    gpu = SimulatedGpu(index, seed, load.schedule(), model=model, mig=True, **kwargs)
+    gpu.processes = load
+    gpu.hold_history_from(gpu.start_ns)
+    return gpu
 
 
 def shared_simulated_gpu(count: int, seed: int, span_s: float = 30.0, index: int = 0,

@@ -21,7 +21,9 @@ and calibration needs each as the driver gave it:
 - ``gpu{i}.state``: clocks, utilisation, temperature and power limit, every 0.9 s (five
   calls, ~0.2 ms of CPU together on an H200).
 - ``gpu{i}.processes``: each process's utilisation samples and identity markers
-  (process_stream.py, docs/processes.md), read on the state reads' wake-ups.
+  (process_stream.py, docs/processes.md), read on the state reads' wake-ups. On a MIG GPU,
+  whose driver gives no per-process utilisation, ``gpu{i}.mig`` instead: each GPU
+  instance's GPM activity (mig_stream.py).
 
 Every cadence is a multiple of the 90 ms poll and they start together, so one wake-up serves
 all the reads due: a wake-up costs far more CPU than the reads (caches are cold after a sleep: a
@@ -52,6 +54,7 @@ import numpy.typing as npt
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.gpu_descriptors import describe_streams
 from wattlab.acquisition.acquirers.meter_registry import StreamRate
+from wattlab.acquisition.acquirers.mig_stream import MigReader
 from wattlab.acquisition.acquirers.nvml_cadence import DEFAULT_INTERVALS_S
 from wattlab.acquisition.acquirers.process_stream import ProcessReader
 from wattlab.drivers.gpu_scope import GpuScope
@@ -70,6 +73,7 @@ STREAM_RATES = {  # what each stream writes for one GPU (a `wattlab demo` run fi
     "processes": StreamRate(12.0, 65),  # two busy processes, six samples a second each
 }
 CADENCE_OF = {"processes": "state"}  # read on the state reads' wake-ups: none of its own
+MIG_CADENCE = "power"  # GPM answers for any interval: the power poll's 90 ms resolves phases
 SHORT_SLEEP_S = 0.1  # a stop waits at most this long for a sleep that ``wake`` cannot end
 
 def energy_source(missing: Mapping[str, str], streams: Collection[str],
@@ -213,7 +217,7 @@ class NvmlAcquirer:
         prefix = name or f"{driver.prefix}{gpu_index}"
         self.ids = {k: f"{prefix}.{k}" for k in NVML_STREAMS}
         self.process_cmdlines = process_cmdlines
-        self._processes: ProcessReader | None = None
+        self._processes: ProcessReader | MigReader | None = None
         self.missing: dict[str, str] = {}
         self.descriptors: list[SourceDescriptor] = []
         self.unix_minus_monotonic_ns = 0
@@ -256,6 +260,7 @@ class NvmlAcquirer:
         self._seen_real_sample = False
         self._drained = []
         self._processes = None
+        mig = self._processes = self._open_mig(scope, now)
         config: dict[str, Any] = {
             "gpu_index": self.gpu,
             "uuid": info.uuid,
@@ -278,8 +283,10 @@ class NvmlAcquirer:
             missing=self.missing, power_names=self._power_names,
             state_names=self._state_names, sample_period_s=self.sample_period_s,
             buffer_capacity=self.buffer_capacity)
+        if mig is not None and described:
+            described["processes"] = mig.describe(next(iter(described.values())))
         self.descriptors = list(described.values())
-        if "processes" in described:
+        if "processes" in described and mig is None:
             self._processes = ProcessReader(self.driver, self.gpu, self.ids["processes"],
                                             t_ns=now, cmdlines=self.process_cmdlines,
                                             unix_minus_monotonic_ns=self.unix_minus_monotonic_ns)
@@ -294,6 +301,17 @@ class NvmlAcquirer:
                             f"({', '.join(self.streams)}); NVML says {self.missing}")
         self._due_ns["emit"] = now + round(self.intervals_s["emit"] * 1e9)
         return list(self.descriptors)
+
+    def _open_mig(self, scope: GpuScope, now: int) -> MigReader | None:
+        """Under MIG, the per-instance stream in place of the per-process one (refused)."""
+        if not (scope.mig and "processes" in self.streams and "processes" in self.missing):
+            return None
+        try:
+            return MigReader(self.driver, self.gpu, self.ids["processes"].rsplit(".", 1)[0]
+                             + ".mig", t_ns=now)
+        except NvmlError as e:
+            self.missing["mig"] = str(e)
+            return None
 
     def _pause(self, wait_s: float) -> None:
         """Sleep; only a sleep longer than ``SHORT_SLEEP_S`` ends early on ``wake``.
@@ -316,6 +334,8 @@ class NvmlAcquirer:
         """Release NVML (once)."""
         if self._opened:
             self._opened = False
+            if isinstance(self._processes, MigReader):
+                self._processes.close()
             self.driver.close()
 
     # ------------------------------------------------------------------ polling
@@ -365,7 +385,9 @@ class NvmlAcquirer:
         return self._take_rows()
 
     def _reschedule(self, task: str, now: int) -> None:
-        step = round(self.intervals_s[CADENCE_OF.get(task, task)] * 1e9)
+        cadence = (MIG_CADENCE if task == "processes" and isinstance(self._processes, MigReader)
+                   else CADENCE_OF.get(task, task))
+        step = round(self.intervals_s[cadence] * 1e9)
         nxt = self._due_ns[task] + step
         self._due_ns[task] = nxt if nxt > now else now + step  # fell behind: skip, don't burst
 

@@ -11,6 +11,9 @@ attribution core among the processes' utilisation samples by a rule:
   run (``process_rule``); where nothing can be fitted, Kepler's rule, said so.
 - ``utilisation``: Kepler's: the dynamic power split by SM-utilisation share.
 
+``unit="instance"``: a MIG GPU's instances in the processes' place (``gpu{i}.mig``, whose
+driver gives no per-process utilisation), by the same rules (``read_instances``).
+
 The parts are scaled to the GPU's energy counter where it has one (the power stream places
 the joules in time, the counter says how many), so processes + static + idle +
 unattributed = the counter's energy to ``CLOSURE`` (checked). Each process's ± is its
@@ -41,6 +44,7 @@ from wattlab.analysis.attribution.process_table import (
     ProcessTable,
     gpu_prefix,
     missing_reason,
+    read_instances,
     read_processes,
 )
 from wattlab.analysis.attribution.rule import Param, Rule
@@ -48,6 +52,7 @@ from wattlab.analysis.energy import PROCESS_CHECK, energy_report, process_stream
 from wattlab.runfile import Run
 
 RULES = ("activity", "utilisation")
+UNITS = ("process", "instance")
 CHARGES = ("static", "idle")
 ONE_AT_A_TIME = 0.5  # of the shared sample intervals naming one process: a time-sliced GPU
 
@@ -128,6 +133,7 @@ class ByProcess:
     gpus: list[GpuSplit]
     missing: list[str]
     missing_gpus: list[str] = field(default_factory=list)  # each reason's GPU prefix
+    unit: str = "process"  # or "instance": a MIG GPU's instances
 
     @property
     def processes(self) -> list[ProcessEnergy]:
@@ -138,8 +144,8 @@ class ByProcess:
         return all(p.valid for p in self.processes)
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "rule": self.rule, "charge": list(self.charge),
-                "valid": self.valid, "missing": self.missing,
+        return {"path": self.path, "unit": self.unit, "rule": self.rule,
+                "charge": list(self.charge), "valid": self.valid, "missing": self.missing,
                 "gpus": [g.to_json() for g in self.gpus]}
 
 
@@ -159,34 +165,51 @@ def run_gpus(run: Run) -> list[tuple[str, int]]:
     return sorted(out)
 
 
-def energy_by_process(run: Run, *, rule: str = "activity", charge: tuple[str, ...] = ()
-                      ) -> ByProcess:
-    """Each process's energy on each GPU of ``run`` (module doc)."""
-    tables = {(node, gpu): read_processes(run, gpu, node) for node, gpu in run_gpus(run)}
-    missing = [missing_reason(run, gpu, node) for (node, gpu), t in tables.items() if t is None]
+def energy_by_process(run: Run, *, rule: str = "activity", charge: tuple[str, ...] = (),
+                      unit: str = "process") -> ByProcess:
+    """Each process's (or MIG instance's) energy on each GPU of ``run`` (module doc)."""
+    read = read_instances if unit == "instance" else read_processes
+    tables = {(node, gpu): read(run, gpu, node) for node, gpu in run_gpus(run)}
+    missing = [(instance_missing if unit == "instance" else missing_reason)(run, gpu, node)
+               for (node, gpu), t in tables.items() if t is None]
     found = [t for t in tables.values() if t is not None]
     report = energy_report(run, by_marker=False) if found else {}
     gpus = [split_gpu(run, report, t, rule, charge) for t in found]
     for g in gpus:
-        add_truth(run, g)
+        add_truth(run, g, unit)
     return ByProcess(run.path, rule, charge, gpus, missing,
-                     [gpu_prefix(node, gpu) for (node, gpu), t in tables.items() if t is None])
+                     [gpu_prefix(node, gpu) for (node, gpu), t in tables.items() if t is None],
+                     unit)
 
 
-def add_truth(run: Run, g: GpuSplit) -> None:
+def instance_missing(run: Run, gpu: int, node: str = "") -> str:
+    """Why a run has no per-instance stream of ``gpu``: the reader's words, else MIG off."""
+    prefix = gpu_prefix(node, gpu)
+    for sid, view in run.sources.items():
+        why = (view.descriptor.get("config") or {}).get("missing", {}).get("mig")
+        if sid.startswith(f"{prefix}.") and why:
+            return f"{prefix}: no per-instance stream: {why}"
+    return (f"{prefix}: no {prefix}.mig stream in {run.path} (MIG off: --by-process splits "
+            "a GPU among its processes)")
+
+
+def add_truth(run: Run, g: GpuSplit, unit: str = "process") -> None:
     """A simulated GPU's ``simulated-truth`` marker: each process's true dynamic energy.
 
     So that a split can be scored from the command line; the simulator's idle and static
-    joules, and its window, go into the notes.
+    joules, and its window, go into the notes. For MIG instances, each instance's.
     """
+    stream, field_name = (("mig", "instances_dynamic_j") if unit == "instance"
+                          else ("processes", "dynamic_j"))
     marks = [m for m in run.markers if m.name == "simulated-truth"
-             and m.source == f"{g.prefix}.processes"]
+             and m.source == f"{g.prefix}.{stream}"]
     if not marks:
         return
     truth = marks[-1].payload
-    dyn = {str(k): float(v) for k, v in (truth.get("dynamic_j") or {}).items()}
+    dyn = {str(k): float(v) for k, v in (truth.get(field_name) or {}).items()}
     for p in g.processes:
-        p.truth_dynamic_j = dyn.get(str(p.identity["pid"]))
+        p.truth_dynamic_j = dyn.get(f"gi{p.identity['gi']}" if unit == "instance"
+                                    else str(p.identity["pid"]))
     g.notes.append(f"simulated truth over {truth.get('window_ns')} ns: idle "
                    f"{truth.get('idle_j')} J, static {truth.get('static_j')} J; each "
                    "process's in 'truth J'")

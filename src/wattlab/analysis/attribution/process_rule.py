@@ -127,7 +127,7 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
     weight fitted on it gets a ± as large as itself.
     """
     span = stream.run_s
-    edges = [*np.arange(span[0], span[1], SHARE_S).tolist(), span[1]]
+    edges = [*np.arange(span[0], span[1], table.window_s or SHARE_S).tolist(), span[1]]
     wins = {p.key: windowed(p, edges) for p in table.processes if p.active}
     if not wins:
         return Rule("activity", DESCRIPTION, {}, ["no process showed activity: no dynamic "

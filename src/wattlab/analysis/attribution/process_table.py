@@ -14,6 +14,10 @@ while alone keep them.
 Rows of pid P belong to the latest ``process`` marker of P at or before them, so a reused
 pid is another process. A process is *present* from its ``process`` marker to its
 ``process-exit`` marker (else the stream's end): it holds a context on the GPU then.
+
+A MIG GPU's ``gpu{i}.mig`` stream (``read_instances``) gives the same table with GPU
+instances in the processes' place: each instance's GPM activity, as a share of the
+partitioned SMs, and its presence where it held a compute process.
 """
 
 from __future__ import annotations
@@ -50,8 +54,10 @@ class Process:
 
     @property
     def label(self) -> str:
-        comm = self.identity.get("comm")
         device = gpu_prefix(self.identity.get("node") or "", self.identity["gpu"])
+        if "gi" in self.identity:
+            return f"{device}:gi{self.identity['gi']} {self.identity['profile']}"
+        comm = self.identity.get("comm")
         return f"{device}:{self.identity['pid']}" + (f" {comm}" if comm else "")
 
     @property
@@ -73,6 +79,9 @@ class ProcessTable:
     # how far a presence edge may be off: half the running list's read step (0: exact)
     edge_s: float = 0.0
     node: str = ""  # the streams' node prefix on a multi-node run ("" on one host)
+    # the window the rule averages activity over (None: its own, for sampled utilisation);
+    # a MIG instance's rows are exact means over their read step: that step
+    window_s: float | None = None
 
     @property
     def prefix(self) -> str:
@@ -155,11 +164,66 @@ def read_processes(run: Run, gpu: int, node: str = "") -> ProcessTable | None:
             del latest[p]
     notes = _assign_rows(procs, t, pid, sm, mem)
     notes += _alone_from_device(run, prefix, procs)
-    gaps = [f"{g.reason} ({'?' if g.time_first_ns is None else g.time_first_ns / 1e9:.6g}"
+    span = (float(t.min()), end_s) if t.size else (0.0, 0.0)
+    return ProcessTable(gpu, sid, procs, span, gap_lines(run, sid), notes, half_step_s, node)
+
+
+def gap_lines(run: Run, sid: str) -> list[str]:
+    """Each gap row of stream ``sid``: its reason and span (s)."""
+    return [f"{g.reason} ({'?' if g.time_first_ns is None else g.time_first_ns / 1e9:.6g}"
             f"–{'?' if g.time_last_ns is None else g.time_last_ns / 1e9:.6g} s)"
             for g in run.gaps if g.source == sid]
-    span = (float(t.min()), end_s) if t.size else (0.0, 0.0)
-    return ProcessTable(gpu, sid, procs, span, gaps, notes, half_step_s, node)
+
+
+def read_instances(run: Run, gpu: int, node: str = "") -> ProcessTable | None:
+    """A MIG GPU's instances as a table (module doc); None where the run has no such stream.
+
+    A row covers the time since the instance's previous row (the first, whose start is
+    not recorded, is left out). An instance is present over each stretch of reads that
+    found a process in it, from half a read step before the first such read to half a step
+    before the first read that found none; one entry per stretch.
+    """
+    prefix = gpu_prefix(node, gpu)
+    sid = f"{prefix}.mig"
+    if sid not in run.sources:
+        return None
+    view = run.source(sid)
+    t = np.asarray(view.time_s, dtype=np.float64)
+    column = {c: np.asarray(view.channel(c), dtype=np.float64)
+              for c in ("gi", "sm_util_pct", "dram_bw_util_pct", "processes")}
+    instances = view.descriptor["config"]["instances"]
+    all_sms = sum(i["sm_count"] for i in instances)
+    stamps = np.unique(t)
+    half_s = float(np.median(np.diff(stamps))) / 2 if stamps.size > 1 else 0.0
+    end_s = float(t.max()) if t.size else 0.0
+    table = []
+    for inst in instances:
+        rows = column["gi"] == inst["gi"]
+        ti, busy = t[rows], np.nan_to_num(column["processes"][rows]) > 0
+        share = inst["sm_count"] / all_sms
+        sm = np.nan_to_num(column["sm_util_pct"][rows]) / 100 * share
+        mem = np.nan_to_num(column["dram_bw_util_pct"][rows]) / 100 * share
+        starts = np.flatnonzero(busy & ~np.concatenate(([False], busy[:-1])))
+        ends = np.flatnonzero(~busy & np.concatenate(([False], busy[:-1])))
+        spans = [(float(ti[a]) - half_s, next((float(ti[e]) - half_s for e in ends if e > a),
+                                              end_s)) for a in starts]
+        made = [Process(f"{prefix}:gi{inst['gi']}" + (f"#{k + 1}" if k else ""),
+                        {"gpu": gpu, **({"node": node} if node else {}), **inst}, span)
+                for k, span in enumerate(spans)]
+        for a, b, s, m in zip(ti[:-1].tolist(), ti[1:].tolist(), sm[1:].tolist(),
+                              mem[1:].tolist(), strict=True):
+            owner = [p for p in made if p.present_s[0] < b] or made[:1]
+            if owner:
+                p = owner[-1]
+                p.t0_s.append(a)
+                p.t1_s.append(b)
+                p.sm.append(s)
+                p.mem.append(m)
+        table += made
+    notes = [f"MIG: {len(instances)} GPU instance(s); activity is GPM's SM and DRAM-bandwidth "
+             f"utilisation of each, weighted by its share of the {all_sms} partitioned SMs"]
+    return ProcessTable(gpu, sid, table, (float(t.min()) if t.size else 0.0, end_s),
+                        gap_lines(run, sid), notes, half_s, node, 2 * half_s or None)
 
 
 DEVICE_UTIL = "gpu_util_pct"  # the state stream's channel: the device's SM utilisation

@@ -98,14 +98,14 @@ def format_by_process(result: ByProcess, by: str = "process") -> str:
         lines += [f"    {n}" for n in r.notes] + [f"  ! {c}" for c in r.caveats]
         lines += [f"  note: {n}" for n in g.notes]
         charged = ", ".join(result.charge) or "neither"
-        lines.append(f"  = processes {sum(p.energy_j for p in g.processes):.1f} J + static "
+        lines.append(f"  = {result.unit}s {sum(p.energy_j for p in g.processes):.1f} J + static "
                      f"{g.static_j:.1f} J + idle {g.idle_j:.1f} J + no process active "
-                     f"{g.unattributed_j:.1f} J (charged to processes: {charged})")
+                     f"{g.unattributed_j:.1f} J (charged to {result.unit}s: {charged})")
     if not result.gpus:
         return "\n".join(lines)
     if by == "process":
         truth = any(p.truth_dynamic_j is not None for p in result.processes)
-        lines.append(f"{'process':<28} {'present s':>15} {'dynamic J':>10} {'static J':>9} "
+        lines.append(f"{result.unit:<28} {'present s':>15} {'dynamic J':>10} {'static J':>9} "
                      f"{'idle J':>8} {'energy J':>10} {'± J':>8} {'rule ±':>8} valid"
                      + ("    truth J" if truth else ""))
         for p in sorted(result.processes, key=lambda p: -p.energy_j):
