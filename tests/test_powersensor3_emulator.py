@@ -356,6 +356,31 @@ def test_frames_lost_in_a_hole_shorter_than_the_hosts_slack_are_a_gap(
     assert_loss_reported(gap, *injected[0], emu.period_ns)
 
 
+@pytest.mark.parametrize("lost", [512, 3072])
+def test_a_hole_of_whole_512_frames_that_no_step_shows_is_a_gap(
+        emu: PowerSensor3Emulator, lost: int) -> None:
+    """512 frames are 25.6 ms, a whole number of the clock's 1024 µs wraps: the frames beside
+    the hole step one period, as if none were lost (a fresh-clone run beside two burners
+    lost 3072 in a stall with no gap row). The host clock shows it: every read after it stays
+    late by the hole; the gap counts it exactly, up to the confirming streak (1 s) late."""
+    acq = PowerSensor3Acquirer(emu.path, source_id="ps3")
+    try:
+        acq.open()
+        readings = acq.poll()
+        emu.inject_lost_frames(lost)
+        deadline = time.monotonic() + 30.0  # guards a hang only: the loop ends at the gap
+        while time.monotonic() < deadline and not any(isinstance(r, Gap) for r in readings):
+            readings += acq.poll()
+    finally:
+        acq.close()
+    gaps = [r for r in readings if isinstance(r, Gap)]
+    assert len(gaps) == len(emu.losses), (gaps, emu.losses)  # a busy machine may add a stall
+    t_lost_ns = next(t for t, n in emu.losses if n == lost)
+    gap = min(gaps, key=lambda g: abs(g.t_first_ns - t_lost_ns))
+    assert gap.samples_lost == lost and "(wraps by host clock)" in gap.reason, gap
+    assert t_lost_ns - 50_000_000 <= gap.t_first_ns <= t_lost_ns + 3_000_000_000, gap
+
+
 def assert_loss_reported(gap: Gap, t_lost_ns: int, lost: int, period_ns: int) -> None:
     """The frames a gap says were lost are those the emulator lost, but for whole wraps.
 

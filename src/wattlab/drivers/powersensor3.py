@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -60,6 +61,9 @@ FULL_SCALE_V = 3.3
 MAX_LEVEL = 1023
 DEVICE_CLOCK_WRAP_US = 1024
 WRAP_NS = DEVICE_CLOCK_WRAP_US * 1000
+# a streak of reads this long, every one later than the envelope's slack and none showing a
+# break, is a hole the device clock cannot show (see DeviceClock), not data that waited
+HIDDEN_HOLE_CONFIRM_NS = 1_000_000_000
 LINE_RATE_BYTES_PER_S = 20_000 * FRAME_BYTES
 # One poll decodes at most this much: at the 3.6 MB/s the decoder holds on any bytes (10x
 # the device's 20 kHz x 18 bytes; bench/decode.py) that is under 37 ms, within a poll's
@@ -345,6 +349,16 @@ class DeviceClock:
     the host clock from the break on and those samples are flagged ``ESTIMATED_TIME``. A
     late read with an unbroken stream is data that waited in the OS or USB buffers (a busy
     host), not lost data: the envelope stands. Host times always increase.
+
+    But a hole of a whole number of ``hidden_us`` (the least common multiple of the frame
+    period and the wrap: 512 frames, 25.6 ms) leaves no odd step at all. Data that waited
+    is read sooner or later, and the reads come back to the envelope; after such a hole they
+    never do. So a streak of ``HIDDEN_HOLE_CONFIRM_NS`` in which every read is past the slack
+    without a break, and the least lateness is within a quarter of ``hidden_us`` of a whole
+    number of them, is that many hidden holes' worth of lost frames: the times are
+    re-anchored from that read on (flagged ``ESTIMATED_TIME``), so the device clock steps by
+    the hole there. The reads of the streak itself kept the old anchor: their times are
+    early by the hole, and the gap is placed up to the streak's length after it.
     """
 
     def __init__(self, slack_ns: int = 20_000_000, drift_ppm: float = 200.0,
@@ -352,6 +366,7 @@ class DeviceClock:
         self.slack_ns = slack_ns
         self.drift_ppm = drift_ppm
         self.period_us = period_us
+        self.hidden_us = math.lcm(period_us, DEVICE_CLOCK_WRAP_US)
         self.reset()
 
     def reset(self) -> None:
@@ -361,6 +376,7 @@ class DeviceClock:
         self._offset_ns = 0
         self._last_read_ns = 0
         self._last_host_ns: int | None = None
+        self._late: tuple[int, int] | None = None  # a streak of late reads: (since, least)
 
     @property
     def offset_ns(self) -> int:
@@ -399,6 +415,12 @@ class DeviceClock:
                 dev[at:] += wraps * DEVICE_CLOCK_WRAP_US
                 estimated[at:] = True
                 candidate -= wraps * WRAP_NS
+                self._late = None
+            elif (holes := self._hidden_holes(excess, host_read_ns)) > 0:
+                at = 0
+                dev += holes * self.hidden_us
+                estimated[:] = True
+                candidate -= holes * self.hidden_us * 1000
             offset = min(candidate, allowed)
         if first:
             offsets = np.full(n, offset, dtype=np.int64)
@@ -427,6 +449,23 @@ class DeviceClock:
         t_host = strictly_increasing(t_host, self._last_host_ns)
         self._last_host_ns = int(t_host[-1])
         return UnwrappedTimes(dev.astype(np.int64), t_host, estimated)
+
+    def _hidden_holes(self, excess_ns: int, host_read_ns: int) -> int:
+        """How many ``hidden_us`` holes a streak of late unbroken reads proves (class doc)."""
+        if excess_ns <= self.slack_ns:
+            self._late = None
+            return 0
+        since, least = self._late or (host_read_ns, excess_ns)
+        least = min(least, excess_ns)
+        self._late = (since, least)
+        if host_read_ns - since < HIDDEN_HOLE_CONFIRM_NS:
+            return 0
+        hidden_ns = self.hidden_us * 1000
+        holes = round(least / hidden_ns)
+        if holes < 1 or abs(least - holes * hidden_ns) > hidden_ns // 4:
+            return 0
+        self._late = None
+        return holes
 
 
 def strictly_increasing(t_ns: npt.NDArray[np.int64], after_ns: int | None) -> npt.NDArray[np.int64]:
