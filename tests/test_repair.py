@@ -260,6 +260,32 @@ def test_a_writer_killed_between_two_closes_is_repaired(tmp_path, capsys):
 
 
 @pytest.mark.system
+def test_a_source_group_a_kill_left_unwhole_is_removed_with_a_gap_row(tmp_path, capsys):
+    """A kill between creating a source's group and writing it leaves a link to nothing (or
+    a group without its descriptor): repair removes it, says every row of it was lost, and
+    keeps the other streams (seen once beside two CPU burners: repair raised
+    AttributeError on the link to nothing)."""
+    path = tmp_path / "unwhole.h5"
+    crash_writer(path, """
+        import h5py
+        w.append("meter", *rows(0, 100))
+        w.flush()
+        w._file["sources"]["ghost"] = h5py.SoftLink("/never/written")
+        w._file["sources"].create_group("bare")
+        w._file.flush()
+    """)
+    assert main(["repair", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ghost: its group was not whole on disk" in out and "bare:" in out
+    with wattlab.open(str(path)) as run:
+        assert set(run.sources) == {"meter"}
+        assert run.source("meter").time_ns.shape[0] == 100
+        lost = {g.source: g.reason for g in run.gaps}
+    assert set(lost) == {"meter", "ghost", "bare"}
+    assert "every row of it lost" in lost["ghost"] and "every row of it lost" in lost["bare"]
+
+
+@pytest.mark.system
 def test_a_repair_killed_after_clearing_the_flags_is_repaired_again(tmp_path, capsys):
     path = tmp_path / "twice.h5"
     crash_writer(path, """

@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         if record["rows_trimmed"] or record["rows_unconfirmed_kept"]:
             print(f"  {source_id}: {record['rows_trimmed']} trimmed, "
                   f"{record['rows_unconfirmed_kept']} kept after the last progress record")
+    for source_id in report.sources_unreadable:
+        print(f"  {source_id}: its group was not whole on disk; removed, every row of it lost")
     for name, count in report.tables_trimmed.items():
         if count:
             print(f"  /{name}: {count} blank row(s) trimmed")

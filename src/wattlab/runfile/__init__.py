@@ -90,7 +90,7 @@ from wattlab.runfile.tuning_record import (
     read_tuning,
     write_tuning,
 )
-from wattlab.runfile.writer import CHUNK_BYTES, ResumePoint, RunFileWriter
+from wattlab.runfile.writer import CHUNK_BYTES, ResumePoint, RunFileWriter, unreadable_gaps
 
 __all__ = [
     "CHUNK_BYTES",
@@ -180,6 +180,7 @@ __all__ = [
     "repair_run",
     "show_recording_cpu",
     "stop_attrs",
+    "unreadable_gaps",
     "write_calibration",
     "write_layers",
     "write_tuning",

@@ -27,7 +27,7 @@ from wattlab.runfile.crash_flags import crash_flags
 from wattlab.runfile.h5_read import open_read_only
 from wattlab.runfile.layout_check import check_not_truncated
 from wattlab.runfile.processes import recorded_writer, writer_alive
-from wattlab.runfile.writer import ResumePoint, RunFileWriter
+from wattlab.runfile.writer import ResumePoint, RunFileWriter, unreadable_gaps
 from wattlab.samples import Gap
 
 CUT_OFF_REASON = "recording cut off by a crash (file repaired)"
@@ -106,6 +106,7 @@ class RepairReport:
     tables_trimmed: dict[str, int] = field(default_factory=dict)
     gaps_added: list[str] = field(default_factory=list)
     rows_sent: dict[str, int] = field(default_factory=dict)  # as the session counted them
+    sources_unreadable: list[str] = field(default_factory=list)  # removed: never whole on disk
 
     @property
     def rows_trimmed(self) -> int:
@@ -136,7 +137,8 @@ def repair_run(path: str, *, force: bool = False, cut_off: CutOff | None = None
     cut_off = cut_off or CutOff()
     report = RepairReport(path, True, status.flags,
                           {sid: _source_record(p) for sid, p in points.items()},
-                          dict(writer.tables_dropped), rows_sent=dict(cut_off.rows_sent))
+                          dict(writer.tables_dropped), rows_sent=dict(cut_off.rows_sent),
+                          sources_unreadable=list(writer.sources_unreadable))
     try:
         last_ns = writer.last_time_ns()
         cut = [Gap(sid, cut_off.reason, p.seq_next if not p.rows_unconfirmed else -1,
@@ -144,7 +146,9 @@ def repair_run(path: str, *, force: bool = False, cut_off: CutOff | None = None
                    t_last_ns=cut_off.until_ns, samples_lost=_rows_lost(cut_off, sid, p))
                for sid, p in points.items() if not p.ended or _rows_lost(cut_off, sid, p) > 0]
         cut += [Gap(sid, cut_off.reason, t_last_ns=cut_off.until_ns, samples_lost=rows)
-                for sid, rows in cut_off.rows_sent.items() if sid not in points and rows > 0]
+                for sid, rows in cut_off.rows_sent.items() if sid not in points and rows > 0
+                and sid not in report.sources_unreadable]
+        cut += unreadable_gaps(writer, cut_off.reason, cut_off.until_ns, cut_off.rows_sent)
         if cut:
             writer.add_gaps(cut)
         report.gaps_added = [g.source for g in cut]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,6 +32,11 @@ CLOSE_PASS_ROWS = 1 << 20  # rows per read when re-timing or fitting at close
 LIBVER = ("v110", "latest")
 UNFINISHED_MEANING = ("a writer has this file; its clean close removes this attribute, so a "
                       "file that still holds it after its writer is gone needs wattlab repair")
+
+# the gap row's reason after the cause (128 bytes in all): a kill between creating a
+# source's group and writing it
+UNREADABLE = "its group was not whole on disk: every row of it lost"
+
 
 @dataclass(frozen=True)
 class ResumePoint:
@@ -175,6 +180,26 @@ def _append(ds: h5py.Dataset, data: npt.NDArray[Any]) -> None:
     _write_rows(ds, start, data)
 
 
+def remove_unwhole_sources(sources: h5py.Group) -> list[str]:
+    """The sources a kill left unwhole, removed: their names.
+
+    A kill can leave a source's link to an object never written, or its group without its
+    descriptor yet: none of its rows can be read.
+    """
+    unwhole = [sid for sid in sources if not isinstance(group := sources.get(sid), h5py.Group)
+               or schema.DESCRIPTOR_JSON not in group.attrs]
+    for sid in unwhole:
+        del sources[sid]
+    return unwhole
+
+
+def unreadable_gaps(writer: RunFileWriter, why: str, until_ns: int = -1,
+                    rows_sent: Mapping[str, int] | None = None) -> list[Gap]:
+    """A gap row for each source ``writer``'s resume removed (``remove_unwhole_sources``)."""
+    return [Gap(sid, f"{why}: {UNREADABLE}", t_last_ns=until_ns,
+                samples_lost=(rows_sent or {}).get(sid, -1)) for sid in writer.sources_unreadable]
+
+
 class RunFileWriter:
     """Owns one run file from creation to close; never opens an existing path for writing."""
 
@@ -269,6 +294,7 @@ class RunFileWriter:
     def _cut_to_progress(self, keep_unconfirmed: bool) -> dict[str, ResumePoint]:
         table = self._file[schema.PROGRESS][:]
         points: dict[str, ResumePoint] = {}
+        self.sources_unreadable = remove_unwhole_sources(self._file[schema.SOURCES])
         for source_id, group in self._file[schema.SOURCES].items():
             desc = SourceDescriptor.from_json(json.loads(group.attrs[schema.DESCRIPTOR_JSON]))
             self._descriptors[source_id] = desc

@@ -42,6 +42,16 @@ def instance_power_refusal(lib: Any, devices: list[MigDevice]) -> str | None:
     return None
 
 
+def mig_reader(driver: Any, gpu: int, source_id: str, *, t_ns: int,
+               missing: dict[str, str]) -> MigReader | None:
+    """The reader of a MIG GPU's instances; None, with ``missing["mig"]`` saying why."""
+    try:
+        return MigReader(driver, gpu, source_id, t_ns=t_ns)
+    except NvmlError as e:
+        missing["mig"] = str(e)
+        return None
+
+
 class MigReader:
     """One MIG GPU's instances, read into rows of ``MIG_CHANNELS`` (one per instance a read).
 

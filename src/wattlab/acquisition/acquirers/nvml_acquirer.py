@@ -54,7 +54,7 @@ import numpy.typing as npt
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
 from wattlab.acquisition.acquirers.gpu_descriptors import describe_streams
 from wattlab.acquisition.acquirers.meter_registry import StreamRate
-from wattlab.acquisition.acquirers.mig_stream import MigReader
+from wattlab.acquisition.acquirers.mig_stream import MigReader, mig_reader
 from wattlab.acquisition.acquirers.nvml_cadence import DEFAULT_INTERVALS_S
 from wattlab.acquisition.acquirers.process_stream import ProcessReader
 from wattlab.drivers.gpu_scope import GpuScope
@@ -260,7 +260,11 @@ class NvmlAcquirer:
         self._seen_real_sample = False
         self._drained = []
         self._processes = None
-        mig = self._processes = self._open_mig(scope, now)
+        mig = self._processes = (
+            mig_reader(self.driver, self.gpu, self.ids["processes"].rsplit(".", 1)[0] + ".mig",
+                       t_ns=now, missing=self.missing)
+            if scope.mig and "processes" in self.streams and "processes" in self.missing
+            else None)
         config: dict[str, Any] = {
             "gpu_index": self.gpu,
             "uuid": info.uuid,
@@ -301,17 +305,6 @@ class NvmlAcquirer:
                             f"({', '.join(self.streams)}); NVML says {self.missing}")
         self._due_ns["emit"] = now + round(self.intervals_s["emit"] * 1e9)
         return list(self.descriptors)
-
-    def _open_mig(self, scope: GpuScope, now: int) -> MigReader | None:
-        """Under MIG, the per-instance stream in place of the per-process one (refused)."""
-        if not (scope.mig and "processes" in self.streams and "processes" in self.missing):
-            return None
-        try:
-            return MigReader(self.driver, self.gpu, self.ids["processes"].rsplit(".", 1)[0]
-                             + ".mig", t_ns=now)
-        except NvmlError as e:
-            self.missing["mig"] = str(e)
-            return None
 
     def _pause(self, wait_s: float) -> None:
         """Sleep; only a sleep longer than ``SHORT_SLEEP_S`` ends early on ``wake``.
@@ -455,19 +448,11 @@ class NvmlAcquirer:
         flagged = dt_us > 3 * period_us  # holes
         flagged[0] = (flagged[0] and self._seen_real_sample) or overflow  # first: no "before"
         for i in np.flatnonzero(flagged):
-            out.append(
-                Gap(
-                    source=sid,
-                    reason=(
-                        "NVML sample buffer overflowed: drained too late"
-                        if i == 0 and overflow
-                        else "NVML sample buffer has a hole"
-                    ),
-                    t_first_ns=self.to_host_ns(int(before_us[i])),
-                    t_last_ns=self.to_host_ns(int(stamps_us[i])),
-                    samples_lost=max(1, round(dt_us[i] / period_us) - 1),
-                )
-            )
+            out.append(Gap(sid, "NVML sample buffer overflowed: drained too late"
+                           if i == 0 and overflow else "NVML sample buffer has a hole",
+                           t_first_ns=self.to_host_ns(int(before_us[i])),
+                           t_last_ns=self.to_host_ns(int(stamps_us[i])),
+                           samples_lost=max(1, round(dt_us[i] / period_us) - 1)))
         self._last_seen_us = int(stamps_us[-1])
         self._seen_real_sample = True
         t_host = stamps_us * 1000 - self.unix_minus_monotonic_ns

@@ -189,13 +189,19 @@ def seal(request: SealRequest) -> DiskFullReport:
 
 
 def _finish(request: SealRequest, report: DiskFullReport, room: bool) -> None:
-    from wattlab.runfile import DISK_FULL_JSON, SESSION_END_MONOTONIC_NS, STOPPED_BY, RunFileWriter
+    from wattlab.runfile import (
+        DISK_FULL_JSON,
+        SESSION_END_MONOTONIC_NS,
+        STOPPED_BY,
+        RunFileWriter,
+        unreadable_gaps,
+    )
     from wattlab.samples import Gap
 
     # nothing will be resent: keep every row all of a stream's datasets hold whole
     writer, points = RunFileWriter.resume(request.output, request.session_start_ns,
                                           keep_unconfirmed=True, stamp_writer=room)
-    gaps = []
+    gaps = unreadable_gaps(writer, f"disk full ({request.error})", request.failed_at_ns)
     for source_id, point in sorted(points.items()):
         tail = writer.last_times_ns(source_id, TAIL_ROWS)
         last_ns = int(tail[-1]) if len(tail) else None

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattlab.errors import MalformedMessageError, UsageError, WattlabError
-from wattlab.runfile import ResumePoint, RunFileWriter
+from wattlab.runfile import ResumePoint, RunFileWriter, unreadable_gaps
 from wattlab.samples import Marker, SampleBatch, SourceDescriptor
 from wattlab.sync.bus import message
 from wattlab.sync.recorder.admission.ingest_flags import flag_suspect_rows
@@ -45,6 +45,8 @@ def open_run_file(config: RecorderConfig) -> tuple[RunFileWriter, dict[str, Resu
     points: dict[str, ResumePoint] = {}
     if config.resume:
         writer, points = RunFileWriter.resume(config.output, config.session_start_ns)
+        if lost := unreadable_gaps(writer, "the recorder died"):
+            writer.add_gaps(lost)
     else:
         writer = RunFileWriter(config.output, config.root_attrs, config.session_start_ns)
     _set_reserve_aside(writer, config)
