@@ -122,18 +122,27 @@ def list_read_step_s(run: Run, prefix: str) -> float:
     return 0.0
 
 
+def gpu_stream(run: Run, gpu: int, node: str, kind: str
+               ) -> tuple[str, str, Any, FloatArray] | None:
+    """A GPU's ``{prefix}.{kind}`` stream: (prefix, stream id, view, times s); None: none."""
+    prefix = gpu_prefix(node, gpu)
+    sid = f"{prefix}.{kind}"
+    if sid not in run.sources:
+        return None
+    view = run.source(sid)
+    return prefix, sid, view, np.asarray(view.time_s, dtype=np.float64)
+
+
 def read_processes(run: Run, gpu: int, node: str = "") -> ProcessTable | None:
     """The processes of ``gpu`` (module doc); None where the run has no such stream.
 
     ``node``: a multi-node run's GPU (``NODE.gpu{i}.processes``); each process's identity
     (``node``), key and label then carry the node, so two nodes' pids never meet.
     """
-    prefix = gpu_prefix(node, gpu)
-    sid = f"{prefix}.processes"
-    if sid not in run.sources:
+    found = gpu_stream(run, gpu, node, "processes")
+    if found is None:
         return None
-    view = run.source(sid)
-    t = np.asarray(view.time_s, dtype=np.float64)
+    prefix, sid, view, t = found
     pid = np.asarray(view.channel("pid"), dtype=np.float64)
     sm = np.asarray(view.channel("sm_util_pct"), dtype=np.float64) / 100.0
     mem = np.asarray(view.channel("mem_util_pct"), dtype=np.float64) / 100.0
@@ -183,12 +192,10 @@ def read_instances(run: Run, gpu: int, node: str = "") -> ProcessTable | None:
     found a process in it, from half a read step before the first such read to half a step
     before the first read that found none; one entry per stretch.
     """
-    prefix = gpu_prefix(node, gpu)
-    sid = f"{prefix}.mig"
-    if sid not in run.sources:
+    found = gpu_stream(run, gpu, node, "mig")
+    if found is None:
         return None
-    view = run.source(sid)
-    t = np.asarray(view.time_s, dtype=np.float64)
+    prefix, sid, view, t = found
     column = {c: np.asarray(view.channel(c), dtype=np.float64)
               for c in ("gi", "sm_util_pct", "dram_bw_util_pct", "processes")}
     instances = view.descriptor["config"]["instances"]
