@@ -156,5 +156,9 @@ def test_demo_mig_then_energy_by_instance_meets_the_truth(tmp_path, capsys):
                                        "gpu0:gi3 2g.20gb"}
     assert errors["activity"]["gpu0:gi1 3g.40gb"] < 0.03, errors
     assert all(errors["activity"][k] < errors["utilisation"][k] for k in errors["activity"])
+    assert main(["energy", out, "--by-instance"]) == 0
+    text = capsys.readouterr().out
+    assert "\n  = instances " in text and "(charged to instances: neither)" in text
+    assert "\ninstance " in text and "gpu0:gi3 2g.20gb" in text
     assert main(["energy", out, "--by-process"]) == 0
     assert "Not Supported" in capsys.readouterr().out

@@ -4,6 +4,7 @@ missing reading and a failure mid-run a Gap, and the truth adds up (docs/process
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from typing import Any
 
@@ -59,8 +60,14 @@ def test_the_fake_answers_as_nvidia_ml_py_does():
     assert {p.pid for p in procs} == {4100, 4137, 4174}
     assert all(isinstance(p.usedGpuMemory, int) for p in procs)
     assert lib.nvmlDeviceGetGraphicsRunningProcesses(h) == []
-    stamps = sorted({s.timeStamp for s in got})
-    assert 150_000 < np.median(np.diff(stamps)) < 185_000  # ~1/6 s, jittered
+    assert len({s.pid for s in got}) == len(got)  # one sample per process, its newest
+    stamps = set()
+    for _ in range(60):  # read faster than the driver samples: every sample it takes
+        clock.t_ns += S // 20
+        with contextlib.suppress(pynvml.NVMLError_NotFound):  # no sample since: none new
+            stamps |= {s.timeStamp for s in lib.nvmlDeviceGetProcessUtilization(h, last)}
+            last = max(stamps)
+    assert 150_000 < np.median(np.diff(sorted(stamps))) < 185_000  # ~1/6 s, jittered
     assert ctypes.sizeof(got[0]) == ctypes.sizeof(pynvml.c_nvmlProcessUtilizationSample_t)
 
 

@@ -168,7 +168,9 @@ class SharedLoad:
         """(pid, stamp s, SM %, memory %) of samples in (since, now], active processes only.
 
         The driver keeps ``UTIL_HISTORY`` samples and lists a process in a sample only if it
-        was active over that sample's period.
+        was active over that sample's period; one call answers one sample per process, its
+        newest in (since, now] (NVML: "one utilization sample structure is returned per
+        process running"), so a reader slower than the driver's period sees a subsample.
         """
         k_now = math.floor(now_s / UTIL_PERIOD_S) + 1
         ks = np.arange(max(1, k_now - UTIL_HISTORY), k_now + 1)
@@ -181,7 +183,8 @@ class SharedLoad:
             for p, s, m in zip(self.processes, sm.tolist(), mem.tolist(), strict=True):
                 if round(s) > 0 or round(m) > 0:
                     out.append((p.pid, t, round(s), round(m)))
-        return out
+        newest = {row[0]: row for row in out}  # in time order: the last one of each pid stays
+        return sorted(newest.values(), key=lambda row: (row[1], row[0]))
 
     # ------------------------------------------------------------------ truth
 

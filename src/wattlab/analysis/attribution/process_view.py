@@ -16,6 +16,7 @@ from wattlab.analysis.attribution.by_process import ByProcess, ProcessEnergy, en
 from wattlab.errors import UsageError
 from wattlab.runfile import Run
 
+PLURAL = {"process": "processes", "instance": "instances"}
 GROUPS = {"process": None, "job": ("slurm_job", "(no job)"), "pod": ("pod_uid", "(no pod)")}
 # `wattlab export --by-process`'s columns -> pyarrow type
 PROCESS_COLUMNS = {
@@ -97,10 +98,10 @@ def format_by_process(result: ByProcess, by: str = "process") -> str:
                   + f" {p.unit}" for k, p in r.weights.items()]
         lines += [f"    {n}" for n in r.notes] + [f"  ! {c}" for c in r.caveats]
         lines += [f"  note: {n}" for n in g.notes]
-        charged = ", ".join(result.charge) or "neither"
-        lines.append(f"  = {result.unit}s {sum(p.energy_j for p in g.processes):.1f} J + static "
+        charged, units = ", ".join(result.charge) or "neither", PLURAL[result.unit]
+        lines.append(f"  = {units} {sum(p.energy_j for p in g.processes):.1f} J + static "
                      f"{g.static_j:.1f} J + idle {g.idle_j:.1f} J + no process active "
-                     f"{g.unattributed_j:.1f} J (charged to {result.unit}s: {charged})")
+                     f"{g.unattributed_j:.1f} J (charged to {units}: {charged})")
     if not result.gpus:
         return "\n".join(lines)
     if by == "process":
