@@ -21,7 +21,8 @@ and calibration needs each as the driver gave it:
 - ``gpu{i}.state``: clocks, utilisation, temperature and power limit, every 0.9 s (five
   calls, ~0.2 ms of CPU together on an H200).
 - ``gpu{i}.processes``: each process's utilisation samples and identity markers
-  (process_stream.py, docs/processes.md), read on the state reads' wake-ups. On a MIG GPU,
+  (process_stream.py, docs/processes.md), every 0.9 s (``processes``; with the state reads,
+  no wake-up of its own unless set apart). On a MIG GPU,
   whose driver gives no per-process utilisation, ``gpu{i}.mig`` instead: each GPU
   instance's GPM activity (mig_stream.py).
 
@@ -72,7 +73,6 @@ STREAM_RATES = {  # what each stream writes for one GPU (a `wattlab demo` run fi
     "state": StreamRate(1.1, 57),
     "processes": StreamRate(12.0, 65),  # two busy processes, six samples a second each
 }
-CADENCE_OF = {"processes": "state"}  # read on the state reads' wake-ups: none of its own
 MIG_CADENCE = "power"  # GPM answers for any interval: the power poll's 90 ms resolves phases
 SHORT_SLEEP_S = 0.1  # a stop waits at most this long for a sleep that ``wake`` cannot end
 
@@ -379,7 +379,7 @@ class NvmlAcquirer:
 
     def _reschedule(self, task: str, now: int) -> None:
         cadence = (MIG_CADENCE if task == "processes" and isinstance(self._processes, MigReader)
-                   else CADENCE_OF.get(task, task))
+                   else task)
         step = round(self.intervals_s[cadence] * 1e9)
         nxt = self._due_ns[task] + step
         self._due_ns[task] = nxt if nxt > now else now + step  # fell behind: skip, don't burst
