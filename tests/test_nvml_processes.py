@@ -15,6 +15,7 @@ import pytest
 from tests.test_nvml_source import UNIX_MINUS_MONO, FakeClock, run_for
 from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.nvml_acquirer import NVML_STREAMS, NvmlAcquirer, parse_streams
+from wattlab.acquisition.acquirers.nvml_cadence import parse_intervals
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.drivers.nvml_samples import process_samples
 from wattlab.hardware.fake_nvml import FakeNvml
@@ -87,6 +88,22 @@ def test_the_stream_is_on_by_default_and_shares_the_state_wake_ups():
     got = rows(with_processes)
     assert set(got[:, 0].astype(int)) == {4100, 4137, 4174}
     assert (got[:, 1] > 0).any() and np.isfinite(got).all()
+
+
+@pytest.mark.fast
+def test_a_shorter_processes_interval_sees_more_of_the_drivers_samples():
+    """The driver answers one sample per process a call: reading every 0.18 s instead of
+    0.9 s sees about five times as many of them (``--nvml-intervals processes=0.18``)."""
+    counts = {}
+    for interval_s in (0.9, 0.18):
+        lib, _, clock = shared()
+        acq = reader(lib, clock, intervals_s={"processes": interval_s})
+        acq.open()
+        got = rows(run_for(acq, clock, 14.0))
+        busy = got[got[:, 1] > 0]
+        counts[interval_s] = max(np.sum(busy[:, 0] == pid) for pid in set(busy[:, 0]))
+    assert counts[0.18] > 3 * counts[0.9] > 0, counts
+    assert parse_intervals("processes=0.18") == {"processes": 0.18}
 
 
 @pytest.mark.fast
