@@ -12,6 +12,7 @@ import pytest
 from tests.test_nvml_source import UNIX_MINUS_MONO, FakeClock, run_for
 from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
+from wattlab.acquisition.acquirers.nvml_cadence import parse_intervals
 from wattlab.cli import main
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.drivers.nvml_samples import GpmActivity, mig_devices
@@ -31,9 +32,9 @@ def mig(**gpu_kwargs) -> tuple[FakeNvml, MigLoad, FakeClock]:
     return FakeNvml([gpu]), gpu.processes, clock
 
 
-def reader(lib: FakeNvml, clock: FakeClock) -> NvmlAcquirer:
+def reader(lib: FakeNvml, clock: FakeClock, **kwargs) -> NvmlAcquirer:
     return NvmlAcquirer(NvmlDriver(lib), 0, clock_ns=clock, wall_clock_ns=clock.wall,
-                        sleep=clock.sleep)
+                        sleep=clock.sleep, **kwargs)
 
 
 @pytest.mark.fast
@@ -104,7 +105,13 @@ def test_a_mig_gpu_records_each_instance_in_place_of_the_processes():
                            and r.source_id == "gpu0.mig"])
     assert set(rows[:, 0].astype(int)) == {1, 2, 3}
     assert (rows[:, 1] > 0).any() and np.isfinite(rows).all()
-    assert rows.shape[0] > 3 * 12 / 0.2  # the power poll's cadence, not the state's
+    assert rows.shape[0] > 3 * 12 / 0.2  # the 0.09 s default, not the state reads' 0.9 s
+    lib2, _, clock2 = mig()
+    slow = reader(lib2, clock2, intervals_s=parse_intervals("mig=0.9"))
+    slow.open()
+    fewer = [r for r in run_for(slow, clock2, 12.0) if isinstance(r, Chunk)
+             and r.source_id == "gpu0.mig"]
+    assert 3 * 10 <= sum(len(r.values) for r in fewer) <= 3 * 15
     truth = [r for r in got if getattr(r, "name", "") == "simulated-truth"]
     assert set(truth[-1].payload["instances_dynamic_j"]) == {"gi1", "gi2", "gi3"}
 

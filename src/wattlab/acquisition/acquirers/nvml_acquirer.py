@@ -73,7 +73,6 @@ STREAM_RATES = {  # what each stream writes for one GPU (a `wattlab demo` run fi
     "state": StreamRate(1.1, 57),
     "processes": StreamRate(12.0, 65),  # two busy processes, six samples a second each
 }
-MIG_CADENCE = "power"  # GPM answers for any interval: the power poll's 90 ms resolves phases
 SHORT_SLEEP_S = 0.1  # a stop waits at most this long for a sleep that ``wake`` cannot end
 
 def energy_source(missing: Mapping[str, str], streams: Collection[str],
@@ -378,8 +377,7 @@ class NvmlAcquirer:
         return self._take_rows()
 
     def _reschedule(self, task: str, now: int) -> None:
-        cadence = (MIG_CADENCE if task == "processes" and isinstance(self._processes, MigReader)
-                   else task)
+        cadence = "mig" if task == "processes" and isinstance(self._processes, MigReader) else task
         step = round(self.intervals_s[cadence] * 1e9)
         nxt = self._due_ns[task] + step
         self._due_ns[task] = nxt if nxt > now else now + step  # fell behind: skip, don't burst
