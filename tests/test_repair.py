@@ -17,6 +17,7 @@ import wattlab
 from wattlab.cli import main
 from wattlab.errors import UsageError
 from wattlab.runfile.crash_flags import clear_crash_flags, crash_flags
+from wattlab.runfile.h5_read import open_read_only
 from wattlab.runfile.repair import CUT_OFF_REASON, repair_run, writer_status
 from wattlab.runfile.schema import REPAIR_JSON, UNFINISHED, WRITER_JSON
 from wattlab.runfile.writer import RunFileWriter
@@ -283,6 +284,36 @@ def test_a_source_group_a_kill_left_unwhole_is_removed_with_a_gap_row(tmp_path, 
         lost = {g.source: g.reason for g in run.gaps}
     assert set(lost) == {"meter", "ghost", "bare"}
     assert "every row of it lost" in lost["ghost"] and "every row of it lost" in lost["bare"]
+
+
+@pytest.mark.system
+def test_a_damaged_index_of_streams_is_a_clear_refusal_not_a_traceback(tmp_path, capsys):
+    """A kill while /sources turns its index of streams into a heap (past eight streams) can
+    leave the heap unreadable: HDF5 raises RuntimeError listing it (a fresh-clone CI's kill
+    -9 trial; info crashed there). info and repair refuse it with exit 2, naming it."""
+    path = tmp_path / "index.h5"
+    crash_writer(path, """
+        import dataclasses
+        for i in range(11):
+            w.add_source(dataclasses.replace(desc, source_id=f"m{i}"))
+        w.flush()
+    """)
+    data = bytearray(path.read_bytes())
+    for at in [i for i in range(len(data)) if data.startswith(b"FRHP", i)]:
+        damaged = bytearray(data)
+        damaged[at:at + 4] = b"XXXX"  # the heap's signature: HDF5 no longer reads it
+        path.write_bytes(bytes(damaged))
+        with open_read_only(str(path)) as f:
+            try:
+                list(f["sources"])
+            except RuntimeError:
+                break  # this heap is /sources' index
+    else:
+        pytest.fail("no heap of /sources found to damage")
+    assert main(["info", str(path)]) == 2
+    assert "/sources cannot be listed" in capsys.readouterr().err
+    assert main(["repair", str(path)]) == 2
+    assert "cannot resume" in capsys.readouterr().err
 
 
 @pytest.mark.system

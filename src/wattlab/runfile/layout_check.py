@@ -131,7 +131,11 @@ def check_layout(path: str, f: h5py.File) -> RunLayout:
     sources = f.get(schema.SOURCES)
     if not isinstance(sources, h5py.Group):
         raise RunFileError(f"{path}: /{schema.SOURCES} is not a group")
-    layouts = {sid: check_source(path, sid, group) for sid, group in sources.items()}
+    try:
+        layouts = {sid: check_source(path, sid, group) for sid, group in sources.items()}
+    except RuntimeError as e:  # HDF5's link iteration: the index itself is damaged
+        raise RunFileError(f"{path}: /{schema.SOURCES} cannot be listed ({e}): a crash cut "
+                           "its index of streams while one was being added") from e
     # whole rows: cheaper than h5py's field selection, and the other fields are small
     payloads = read_head(tables[schema.MARKERS], MAX_CHECKED_MARKERS)[schema.PAYLOAD]
     for i, raw in enumerate(np.asarray(payloads)):

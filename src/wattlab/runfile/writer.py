@@ -273,7 +273,8 @@ class RunFileWriter:
             if stamp_writer:
                 self._file.attrs[schema.WRITER_JSON] = json.dumps(writer_identity())
                 self._file.attrs[schema.UNFINISHED] = UNFINISHED_MEANING
-        except (RunFileError, KeyError, ValueError) as e:
+        except (RunFileError, KeyError, ValueError, RuntimeError) as e:
+            # RuntimeError: HDF5 could not iterate a damaged index (of /sources)
             self._file.close()
             if isinstance(e, RunFileError):
                 raise
