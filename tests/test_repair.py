@@ -19,7 +19,7 @@ from wattlab.errors import UsageError
 from wattlab.runfile.crash_flags import clear_crash_flags, crash_flags
 from wattlab.runfile.h5_read import open_read_only
 from wattlab.runfile.repair import CUT_OFF_REASON, repair_run, writer_status
-from wattlab.runfile.schema import REPAIR_JSON, UNFINISHED, WRITER_JSON
+from wattlab.runfile.schema import REPAIR_JSON, SOURCES, UNFINISHED, WRITER_JSON
 from wattlab.runfile.writer import RunFileWriter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -305,7 +305,7 @@ def test_a_damaged_index_of_streams_is_a_clear_refusal_not_a_traceback(tmp_path,
         path.write_bytes(bytes(damaged))
         with open_read_only(str(path)) as f:
             try:
-                list(f["sources"])
+                list(f[SOURCES])
             except RuntimeError:
                 break  # this heap is /sources' index
     else:
