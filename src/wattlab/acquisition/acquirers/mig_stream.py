@@ -3,8 +3,9 @@
 Why: on a MIG-partitioned GPU the driver gives no per-process utilisation (NOT_SUPPORTED)
 and no per-instance power (NOT_SUPPORTED on a MIG device handle of an H100), so "whose
 joules" can only be answered per GPU instance, from its own activity: GPM's SM and
-DRAM-bandwidth utilisation of the instance over each read interval. Read on the state
-cadence's wake-ups, as the per-process stream is. docs/processes.md has the layout.
+DRAM-bandwidth utilisation of the instance over each read interval. Read every 0.09 s by
+default (the ``mig`` cadence): GPM answers for any interval, and a coarser read blurs the
+phases. docs/processes.md has the layout.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ def mig_reader(driver: Any, gpu: int, source_id: str, *, t_ns: int,
 class MigReader:
     """One MIG GPU's instances, read into rows of ``MIG_CHANNELS`` (one per instance a read).
 
-    ``open`` raises ``NvmlError`` where the GPU has no instance or no GPM (the stream is then
-    missing, with that reason); a read that fails later is a Gap, as for the processes.
+    Making one raises ``NvmlError`` where the GPU has no instance or no GPM (the stream is
+    then missing, with that reason); a read that fails later is a Gap, as for the processes.
     """
 
     def __init__(self, driver: Any, gpu: int, source_id: str, *, t_ns: int) -> None:
@@ -95,9 +96,9 @@ class MigReader:
     def read(self, clock_ns: Callable[[], int]) -> list[Reading]:
         """One read: a row per instance over the time since the last read, or a Gap."""
         t0 = clock_ns()
-        try:
-            activity = self._activity.read()
+        try:  # the list first: if it fails, GPM's samples stay where the last row ended
             running = self.lib.nvmlDeviceGetComputeRunningProcesses(self.handle)
+            activity = self._activity.read()
         except pynvml.NVMLError as e:
             t1 = clock_ns()
             gap = Gap(self.source_id, f"GPM or the running processes: {e}",

@@ -258,7 +258,6 @@ class NvmlAcquirer:
         self._last_seen_us = (now + self.unix_minus_monotonic_ns) // 1000  # nothing before open
         self._seen_real_sample = False
         self._drained = []
-        self._processes = None
         mig = self._processes = (
             mig_reader(self.driver, self.gpu, self.ids["processes"].rsplit(".", 1)[0] + ".mig",
                        t_ns=now, missing=self.missing)

@@ -52,7 +52,6 @@ from wattlab.analysis.energy import PROCESS_CHECK, energy_report, process_stream
 from wattlab.runfile import Run
 
 RULES = ("activity", "utilisation")
-UNITS = ("process", "instance")
 CHARGES = ("static", "idle")
 ONE_AT_A_TIME = 0.5  # of the shared sample intervals naming one process: a time-sliced GPU
 
