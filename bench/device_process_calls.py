@@ -1,7 +1,7 @@
 """On the lent GPU: what each per-process NVML call costs, and how far back the driver keeps
 per-process utilisation samples (how rarely the stream may read without losing one).
 
-    python bench/device_process_calls.py [--gpu 0] [--loads 2] [--calls 40]
+    python bench/device_process_calls.py [--gpu 0] [--loads 2] [--calls 40] [--no-pauses]
 
 Issue 41 asks the per-process stream to add <= 0.05 % of a core; one read (utilisation +
 running processes) measured 2,756 us of CPU on the lent H200. This starts ``--loads`` CUDA
@@ -9,7 +9,9 @@ processes (bf16 matrix loops, torch), then, per call, the CPU time (this process
 ``time.process_time``: the driver's ioctls count there) of ``--calls`` calls back to back,
 and after pauses of 1 to 40 s one utilisation read since the last: how many samples came
 back, their spacing, and whether the oldest follows the previous read's newest by one
-spacing (nothing lost). Prints a table; writes JSON to $WATTLAB_BENCH_RESULTS or ".".
+spacing (nothing lost; ``--no-pauses`` skips this part). The newer
+``nvmlDeviceGetProcessesUtilizationInfo`` (same samples, versioned struct) is timed beside
+the older call, to see whether either is cheaper. Prints a table; writes JSON to $WATTLAB_BENCH_RESULTS or ".".
 Read-only on the card.
 """
 
@@ -64,12 +66,14 @@ def main() -> int:
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--loads", type=int, default=2)
     ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--no-pauses", action="store_true", help="time the calls only")
     args = ap.parse_args()
     import pynvml as nvml
 
     nvml.nvmlInit()
     h = nvml.nvmlDeviceGetHandleByIndex(args.gpu)
-    total_s = sum(PAUSES_S) + 30
+    pauses_s = () if args.no_pauses else PAUSES_S
+    total_s = sum(pauses_s) + 30
     loads = [subprocess.Popen([sys.executable, "-c", LOAD, str(total_s)])
              for _ in range(args.loads)]
     try:
@@ -78,6 +82,8 @@ def main() -> int:
         calls = {
             "GetProcessUtilization(last 1 s)": lambda: utilisation(nvml, h, now_us - 1_000_000),
             "GetProcessUtilization(all kept)": lambda: utilisation(nvml, h, 0),
+            "GetProcessesUtilizationInfo(last 1 s)":
+                lambda: nvml.nvmlDeviceGetProcessesUtilizationInfo(h, now_us - 1_000_000),
             "GetComputeRunningProcesses": lambda: nvml.nvmlDeviceGetComputeRunningProcesses(h),
             "GetGraphicsRunningProcesses": lambda: nvml.nvmlDeviceGetGraphicsRunningProcesses(h),
             "GetPowerUsage": lambda: nvml.nvmlDeviceGetPowerUsage(h),
@@ -94,7 +100,7 @@ def main() -> int:
         print(f"driver keeps {depth['samples_kept']} samples over {depth['span_s']} s")
         last_us = max((s.timeStamp for s in every), default=now_us)
         pauses = []
-        for pause_s in PAUSES_S:
+        for pause_s in pauses_s:
             time.sleep(pause_s)
             got = sorted(utilisation(nvml, h, last_us), key=lambda s: s.timeStamp)
             stamps = sorted({s.timeStamp for s in got})

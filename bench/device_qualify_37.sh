@@ -5,7 +5,9 @@
 # accuracy; the targets are its two NVML power views (1 s average, instant). Both JSONs and
 # (compacted) run files land in $OUT; the two x % per target and their difference are
 # printed (goal: they repeat within 0.2 points). Read-only on the card: matrix products only.
-#     bash bench/device_qualify_37.sh
+#     bash bench/device_qualify_37.sh          # both runs, one after the other
+#     bash bench/device_qualify_37.sh 1        # run 1 alone (then `... 2` in another call;
+#                                              # the repeat is compared where both JSONs are)
 # A rehearsal here, on the fake NVML's simulated GPU (0.5 s windows, ~25 s a run), with a
 # python3 that has the project's dependencies first on PATH:
 #     PATH=.venv/bin:$PATH SIMULATE=1 OUT=DIR bash bench/device_qualify_37.sh
@@ -25,13 +27,15 @@ export PYTHONUNBUFFERED=1
 work=$(mktemp -d)
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader \
     | tee "$OUT/gpu.txt" || echo "no nvidia-smi: ${SIMULATE:+rehearsal}"
-for k in 1 2; do
+for k in ${@:-1 2}; do
     start=$(date +%s)
     timeout 290 python3 -m wattlab.cli qualify --gpu 0 "${form[@]}" -o "$work/raw_$k.h5" \
         --json > "$OUT/qualify_$k.json" 2> "$OUT/qualify_$k.log"
     echo "run $k: exit $? in $(( $(date +%s) - start )) s"; tail -3 "$OUT/qualify_$k.log"
     python3 bench/compact_run.py "$work/raw_$k.h5" "$OUT/qualify_$k.h5" && rm "$work/raw_$k.h5"
 done
-python3 bench/qualify_repeat.py "$OUT/qualify_1.json" "$OUT/qualify_2.json" \
-    | tee "$OUT/repeat.txt"
+if [ -s "$OUT/qualify_1.json" ] && [ -s "$OUT/qualify_2.json" ]; then
+    python3 bench/qualify_repeat.py "$OUT/qualify_1.json" "$OUT/qualify_2.json" \
+        | tee "$OUT/repeat.txt"
+fi
 ls -la "$OUT"
