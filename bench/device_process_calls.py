@@ -11,7 +11,8 @@ and after pauses of 1 to 40 s one utilisation read since the last: how many samp
 back, their spacing, and whether the oldest follows the previous read's newest by one
 spacing (nothing lost; ``--no-pauses`` skips this part). The newer
 ``nvmlDeviceGetProcessesUtilizationInfo`` (same samples, versioned struct) is timed beside
-the older call, to see whether either is cheaper. Prints a table; writes JSON to $WATTLAB_BENCH_RESULTS or ".".
+the older call, to see whether either is cheaper. Prints a table; writes JSON to
+$WATTLAB_BENCH_RESULTS or ".".
 Read-only on the card.
 """
 
