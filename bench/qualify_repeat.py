@@ -2,8 +2,10 @@
 
     python bench/qualify_repeat.py FIRST.json SECOND.json
 
-Per target: x % of each run and their difference in points; the goal (issue 37) is a repeat
-within ``GOAL_POINTS``. Used by bench/device_qualify_37.sh on the lent GPU, where the two
+Per target: x % of each run with its ± (the scatter of its level's windows), their
+difference in points, whether it is within ``GOAL_POINTS`` (the goal of issue 37) and
+whether it is within twice the two runs' combined ± (what the windows say a repeat can
+promise). Used by bench/device_qualify_37.sh on the lent GPU, where the two
 runs are separate commands. Exit 0 whether the goal is met or not: the numbers are the
 finding; exit 2 on a result that cannot be compared.
 """
@@ -11,6 +13,7 @@ finding; exit 2 on a result that cannot be compared.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,17 +23,21 @@ GOAL_POINTS = 0.2
 
 def repeat_rows(first: dict[str, Any], second: dict[str, Any]) -> list[dict[str, Any]]:
     """Per target scored in both: its x in each and the difference (None where unscored)."""
-    def scores(doc: dict[str, Any]) -> dict[str, float | None]:
-        return {t["target"] + (" corrected" if t["corrected"] else ""): t["x_pct"]
-                for t in doc["targets"] if not t["refused"]}
+    def scores(doc: dict[str, Any]) -> dict[str, tuple[float | None, float | None]]:
+        return {t["target"] + (" corrected" if t["corrected"] else ""):
+                (t["x_pct"], t.get("x_pm_pct")) for t in doc["targets"] if not t["refused"]}
 
     a, b = scores(first), scores(second)
     rows = []
     for name in [n for n in a if n in b]:
-        x1, x2 = a[name], b[name]
+        (x1, pm1), (x2, pm2) = a[name], b[name]
         diff = None if x1 is None or x2 is None else x2 - x1
-        rows.append({"target": name, "x1_pct": x1, "x2_pct": x2, "difference_points": diff,
-                     "within_goal": diff is not None and abs(diff) <= GOAL_POINTS})
+        pm = None if pm1 is None or pm2 is None else math.hypot(pm1, pm2)
+        rows.append({"target": name, "x1_pct": x1, "x2_pct": x2, "x1_pm_pct": pm1,
+                     "x2_pm_pct": pm2, "difference_points": diff, "difference_pm_points": pm,
+                     "within_goal": diff is not None and abs(diff) <= GOAL_POINTS,
+                     "within_scatter": None if diff is None or pm is None
+                     else abs(diff) <= 2 * pm})
     return rows
 
 
@@ -44,15 +51,18 @@ def main() -> int:
         print(f"qualify_repeat: {e}", file=sys.stderr)
         return 2
     print(f"reference {docs[0]['reference']}: {docs[0]['meaning']}")
-    print(f"{'target':34s} {'x run 1':>9s} {'x run 2':>9s} {'diff':>8s}  within "
-          f"{GOAL_POINTS:g} points")
+    print(f"{'target':30s} {'x run 1':>16s} {'x run 2':>16s} {'diff':>16s}  "
+          f"{'within ' + format(GOAL_POINTS, 'g') + ' pt':>12s}  within 2 ±")
     for r in repeat_rows(*docs):
-        def pct(x: float | None) -> str:
-            return "-" if x is None else f"{x:.3f} %"
+        def pm(x: float | None, err: float | None, sign: str = "") -> str:
+            return "-" if x is None else f"{x:{sign}.3f}" + ("" if err is None
+                                                            else f" ± {err:.3f}")
 
-        diff = "-" if r["difference_points"] is None else f"{r['difference_points']:+.3f}"
-        print(f"{r['target']:34s} {pct(r['x1_pct']):>9s} {pct(r['x2_pct']):>9s} {diff:>8s}  "
-              f"{'yes' if r['within_goal'] else 'NO'}")
+        scatter = {None: "-", True: "yes", False: "NO"}[r["within_scatter"]]
+        print(f"{r['target']:30s} {pm(r['x1_pct'], r['x1_pm_pct']):>16s} "
+              f"{pm(r['x2_pct'], r['x2_pm_pct']):>16s} "
+              f"{pm(r['difference_points'], r['difference_pm_points'], '+'):>16s}  "
+              f"{'yes' if r['within_goal'] else 'NO':>12s}  {scatter}")
     return 0
 
 

@@ -75,12 +75,12 @@ def test_the_device_scripts_repeat_table_compares_x_per_target() -> None:
     repeat = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(repeat)
 
-    def doc(avg: float, inst: float | None) -> dict[str, object]:
+    def doc(avg: float, inst: float | None, inst_pm: float = 0.1) -> dict[str, object]:
         return {"targets": [
             {"target": "gpu0.power:average_power_w", "corrected": False, "refused": None,
-             "x_pct": avg},
+             "x_pct": avg, "x_pm_pct": 0.03},
             {"target": "gpu0.power:instant_power_w", "corrected": False, "refused": None,
-             "x_pct": inst},
+             "x_pct": inst, "x_pm_pct": inst_pm},
             {"target": "wall:power_w", "corrected": False, "refused": "a wall", "x_pct": None}]}
 
     rows = repeat.repeat_rows(doc(1.50, 2.0), doc(1.62, None))
@@ -88,3 +88,8 @@ def test_the_device_scripts_repeat_table_compares_x_per_target() -> None:
                                            "gpu0.power:instant_power_w"]
     assert rows[0]["difference_points"] == pytest.approx(0.12) and rows[0]["within_goal"]
     assert rows[1]["difference_points"] is None and not rows[1]["within_goal"]
+    assert rows[0]["difference_pm_points"] == pytest.approx(0.03 * 2 ** 0.5)
+    assert not rows[0]["within_scatter"]  # 0.12 points against 2 x 0.042
+    assert rows[1]["within_scatter"] is None
+    scattered = repeat.repeat_rows(doc(1.5, 0.06, 0.19), doc(1.5, 0.44, 0.36))[1]
+    assert not scattered["within_goal"] and scattered["within_scatter"]

@@ -293,14 +293,15 @@ def _text(doc: dict[str, Any]) -> str:
         if t["refused"]:
             lines.append(f"  {name}: REFUSED: {t['refused']}")
             continue
-        x = "n/a" if t["x_pct"] is None else f"{t['x_pct']:.2f} %"
+        x = "n/a" if t["x_pct"] is None else f"{t['x_pct']:.2f}{_pm(t['x_pm_pct'])} %"
         lines.append(f"  {name}: x = {x}: {'PASS' if t['passed'] else 'FAIL'}"
                      + ("" if t["valid"] else " (windows not all valid: see below)"))
         for lv in t["levels"]:
             diff = lv["difference_pct"]
             lines.append(f"    {lv['level']:5s} reference {_w(lv['reference_olympic_w'])}  "
                          f"target {_w(lv['target_olympic_w'])}  "
-                         f"{'n/a' if diff is None else f'{diff:.2f} %'}")
+                         + ("n/a" if diff is None
+                            else f"{diff:.2f}{_pm(lv['difference_pm_pct'])} %"))
         fine = ", ".join(f"{f['window_s']:g} s: median {_pct(f['median_pct'])}, "
                          f"p95 {_pct(f['p95_pct'])}" for f in t["fine"])
         lines.append(f"    |difference| at {fine}")
@@ -313,6 +314,11 @@ def _text(doc: dict[str, Any]) -> str:
 
 def _w(value: float | None) -> str:
     return "       - W" if value is None else f"{value:8.2f} W"
+
+
+def _pm(value: float | None) -> str:
+    """' ± v' for a stated ±, nothing where the windows could not give one."""
+    return "" if value is None else f" ± {value:.2f}"
 
 
 def _pct(value: float | None) -> str:

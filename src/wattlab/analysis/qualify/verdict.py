@@ -21,7 +21,7 @@ from wattlab.analysis.alignment import json_safe, resolve
 from wattlab.analysis.energy import invalid_reasons, record_applies, windows_verdict
 from wattlab.analysis.qualify.calibration_origin import same_run
 from wattlab.analysis.qualify.levels import Level, marked_levels, place_windows
-from wattlab.analysis.qualify.olympic import olympic_mean
+from wattlab.analysis.qualify.olympic import WINDOWS_PER_LEVEL, olympic_mean
 from wattlab.analysis.qualify.scope import reference_stream, refusal
 from wattlab.analysis.qualify.window_means import window_means
 from wattlab.errors import UsageError
@@ -40,12 +40,16 @@ class TargetVerdict:
 
     ``passed``: x is within the stated x %; ``valid``: every scored window of target and
     reference passed its validity verdict (``invalid_windows`` says which did not and why).
+    ``x_pm_pct``: how far x would move if its level's windows were drawn again (the scatter
+    of that level's five window differences): a view sampled at points scatters more than
+    one that averages, and two runs' x agree only within their ±.
     """
 
     target: str
     corrected: bool = False
     refused: str | None = None
     x_pct: float | None = None
+    x_pm_pct: float | None = None
     passed: bool | None = None
     valid: bool | None = None
     levels: list[dict[str, Any]] = field(default_factory=list)
@@ -105,21 +109,38 @@ def _invalid_windows(run: Run, view: SourceView, channel: str, levels: Sequence[
             if not r.valid]
 
 
+def scatter_pm_pct(reference_w: FloatArray, target_w: FloatArray) -> float:
+    """The ± of a level's Olympic difference from its windows' scatter, % of the reference.
+
+    The standard deviation of the five per-window differences over the square root of the
+    three the score keeps: the score's own sampling error if the windows were drawn again
+    (a window's mean from a view read at points moves with where the points fell).
+    """
+    rel = 100.0 * (target_w - reference_w) / np.abs(reference_w)
+    if rel.size < 2 or not np.all(np.isfinite(rel)):
+        return math.nan
+    return float(np.std(rel, ddof=1) / math.sqrt(WINDOWS_PER_LEVEL - 2))
+
+
 def _score(name: str, ref: tuple[FloatArray, list[FloatArray]],
            tgt: tuple[FloatArray, list[FloatArray]], levels: Sequence[Level],
            procedure: Procedure) -> TargetVerdict:
     verdict = TargetVerdict(name)
-    worst = 0.0
+    worst, worst_pm = 0.0, 0.0
     for i, lv in enumerate(levels):
         r5, t5 = ref[0][5 * i:5 * i + 5], tgt[0][5 * i:5 * i + 5]
         r_ol, t_ol = olympic_mean(list(r5)), olympic_mean(list(t5))
         diff = 100.0 * abs(t_ol - r_ol) / abs(r_ol) if r_ol else math.nan
-        worst = max(worst, diff) if math.isfinite(diff) else math.nan
+        pm = scatter_pm_pct(r5, t5)
+        if not math.isfinite(diff):
+            worst = worst_pm = math.nan
+        elif diff >= worst:
+            worst, worst_pm = diff, pm
         verdict.levels.append({"level": lv.name, "windows_s": [list(w) for w in lv.windows_s],
                                "reference_w": list(r5), "target_w": list(t5),
                                "reference_olympic_w": r_ol, "target_olympic_w": t_ol,
-                               "difference_pct": diff})
-    verdict.x_pct = worst
+                               "difference_pct": diff, "difference_pm_pct": pm})
+    verdict.x_pct, verdict.x_pm_pct = worst, worst_pm
     verdict.passed = bool(math.isfinite(worst) and worst <= procedure.max_pct)
     for size, r, t in zip(FINE_WINDOWS_S, ref[1], tgt[1], strict=True):
         rel = 100.0 * np.abs(t - r) / np.abs(r)
