@@ -38,6 +38,7 @@ NOT_NUMBERS = {
     ("energy", "--per"): "a unit's name (arg_types.non_empty_name): test_serving_energy.py",
     ("energy", "--charge"): "part names (energy.charge_parts): test_process_energy.py",
     ("demo", "--mig"): "MIG profile names (demo.mig_profiles): test_mig.py",
+    ("qualify", "--levels"): "level names (qualify.level_list): test_qualify_gpu_counter.py",
 }
 # Numbers typed int or float whose range the command checks with its own message (the matrix
 # still runs them, after this argv: exit 2 and one line naming the option).

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 from tests.data_files import DATA
 from wattlab.analysis.calibration import calibrate
 from wattlab.analysis.qualify import LEVELS, Procedure, check_windows, olympic_mean, qualify
-from wattlab.analysis.qualify.levels import marked_levels
+from wattlab.analysis.qualify.levels import marked_phases
 from wattlab.analysis.qualify.verdict import scatter_pm_pct
 from wattlab.cli import main
 from wattlab.errors import UsageError
@@ -34,15 +36,15 @@ def _meter(sid: str, channel: str, **config: object) -> SourceDescriptor:
 
 def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] = tuple(LEVEL_W),
                      start_unix_ns: int = 1, wired: bool = True, riser_lost: float = 0.0,
-                     level_s: float = LEVEL_S, lost_rows: int = 0, counter: bool = False
-                     ) -> Path:
+                     level_s: float = LEVEL_S, lost_rows: int = 0, counter: bool = False,
+                     host: str = "test", uuid: str = "") -> Path:
     """Three held levels with a ripple; NVML reads gain × truth, the wall adds 150 W.
 
     ``riser_lost``: the share of the riser's rows lost in holes of 5-50 ms (a USB riser on
     a busy host). ``counter``: the GPU's energy counter too (``gpu0.energy``, the truth's
     integral read every 0.1 s, as ``qualify --gpu`` without a meter reads it).
     """
-    writer = RunFileWriter(str(path), {"host": "test", "session_start_unix_ns": start_unix_ns,
+    writer = RunFileWriter(str(path), {"host": host, "session_start_unix_ns": start_unix_ns,
                                        "created": "test"}, 0)
     riser = {"feeds_gpu": 0, "board_power_channel": "board_power_w",
              "power_channel": "board_power_w"} if wired else {}
@@ -52,7 +54,7 @@ def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] 
         else {})))
     writer.add_source(SourceDescriptor("gpu0.power", "nvml", "Simulated H100",
                                        (Channel("average_power_w", "W", "average"),),
-                                       config={"driver_version": "1"}))
+                                       config={"driver_version": "1", "uuid": uuid}))
     t_s = np.arange(0.0, level_s * len(levels) + 1.0, 1e-3)
     truth = np.full(t_s.size, LEVEL_W["idle"])
     markers = []
@@ -251,14 +253,14 @@ def test_back_to_back_levels_whose_gpu_times_invert_are_taken_in_the_order_sent(
     marks = _level_marks([(4 * s, 4 * s), (67_742_848_664, 67_743_330_010),
                           (67_743_173_273, 67_743_187_953), (130 * s, 130 * s),
                           (130 * s + 1, 130 * s + 1), (193 * s, 193 * s)])
-    levels = marked_levels(marks, "r.h5")
+    levels = marked_phases(marks, "r.h5")
     assert [lv.name for lv in levels] == list(LEVELS)
     assert levels[0].t1_s == pytest.approx(67.742848664)
     assert levels[0].t1_s <= levels[1].t0_s
     sent_overlapping = _level_marks([(4 * s, None), (70 * s, None), (67 * s, None),
                                      (130 * s, None), (131 * s, None), (193 * s, None)])
     with pytest.raises(UsageError, match="phases 'idle' and 'load1' overlap"):
-        marked_levels(sent_overlapping, "r.h5")
+        marked_phases(sent_overlapping, "r.h5")
 
 
 @pytest.mark.fast
@@ -280,6 +282,42 @@ def test_the_lent_h200s_own_qualification_runs_score_and_repeat(
     for first, second in zip(*xs, strict=True):
         assert abs(first - second) <= 0.2  # issue 37: x repeats within 0.2 points
     assert max(max(x) for x in xs) < 1.0
+
+
+@pytest.mark.fast
+def test_levels_recorded_in_parts_score_as_one_run_does(tmp_path: Path) -> None:
+    whole = write_levels_run(tmp_path / "whole.h5")
+    idle = write_levels_run(tmp_path / "idle.h5", levels=("idle",), start_unix_ns=2)
+    loads = write_levels_run(tmp_path / "loads.h5", levels=("load1", "load2"), start_unix_ns=3)
+    with Run(str(whole)) as w, Run(str(idle)) as a, Run(str(loads)) as b:
+        (one,) = qualify(w, REF, [NVML], PROC)
+        (parts,) = qualify([b, a], REF, [NVML], PROC)
+    assert [lv["level"] for lv in parts.levels] == ["load1", "load2", "idle"]
+    assert parts.x_pct == pytest.approx(3.0, abs=0.01) and parts.valid
+    for lv in parts.levels:
+        same = next(x for x in one.levels if x["level"] == lv["level"])
+        assert lv["difference_pct"] == pytest.approx(same["difference_pct"], abs=0.01)
+    assert len(parts.fine[0]) and parts.fine[0]["windows"] == one.fine[0]["windows"]
+
+
+@pytest.mark.fast
+def test_parts_must_hold_each_level_once_from_one_system(tmp_path: Path) -> None:
+    idle = write_levels_run(tmp_path / "idle.h5", levels=("idle",))
+    again = write_levels_run(tmp_path / "again.h5", levels=("idle", "load1"))
+    loads = write_levels_run(tmp_path / "loads.h5", levels=("load1", "load2"))
+    load2 = write_levels_run(tmp_path / "load2.h5", levels=("load2",))
+    elsewhere = write_levels_run(tmp_path / "else.h5", levels=("load1", "load2"), host="b")
+    swapped = write_levels_run(tmp_path / "swap.h5", levels=("load1", "load2"), uuid="GPU-2")
+    cases = [((idle, again, load2), "phase 'idle' is also marked in"),
+             ((idle,), "no 'load1', 'load2' phase marked"),
+             ((idle, loads, load2), "phase 'load2' is also marked in"),
+             ((idle, elsewhere), "recorded on host 'b'"),
+             ((idle, swapped), "gpu0.power is device 'GPU-2'")]
+    for paths, message in cases:
+        with contextlib.ExitStack() as stack:
+            runs = [stack.enter_context(Run(str(p))) for p in paths]
+            with pytest.raises(UsageError, match=re.escape(message)):
+                qualify(runs, REF, [NVML], PROC)
 
 
 @pytest.mark.fast

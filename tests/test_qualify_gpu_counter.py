@@ -93,3 +93,41 @@ def test_the_device_scripts_repeat_table_compares_x_per_target() -> None:
     assert rows[1]["within_scatter"] is None
     scattered = repeat.repeat_rows(doc(1.5, 0.06, 0.19), doc(1.5, 0.44, 0.36))[1]
     assert not scattered["within_goal"] and scattered["within_scatter"]
+
+
+@pytest.mark.system
+def test_the_full_form_in_parts_records_a_level_a_command_then_scores_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # one level of MLPerf's form is ~5 minutes: `--levels` keeps each command under ten
+    idle, loads = tmp_path / "idle.h5", tmp_path / "loads.h5"
+    for path, levels in ((idle, "idle"), (loads, "load1,load2")):
+        assert main(["qualify", "--gpu", "0", "--simulate", "--window-s", "0.5",
+                     "--levels", levels, "-o", str(path), "--json"]) == 0
+        captured = capsys.readouterr()
+        assert json.loads(captured.out) == {"run": str(path),
+                                            "recorded_levels": levels.split(","),
+                                            "scored": False}
+        assert "score it with the other levels' run files" in captured.err
+    with Run(str(idle)) as run:
+        assert {m.name for m in run.markers} & {"idle", "load1", "load2"} == {"idle"}
+    assert main(["qualify", str(idle), str(loads), "--reference", "gpu0.energy",
+                 "--target", "gpu0.power:average_power_w", "--accuracy-class", "counter",
+                 "--window-s", "0.5", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["runs"] == [str(idle), str(loads)]
+    (target,) = doc["targets"]
+    assert [lv["level"] for lv in target["levels"]] == ["idle", "load1", "load2"]
+    assert target["x_pct"] is not None and target["x_pm_pct"] is not None
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--simulate", "--levels", "idle"], "--levels is for --gpu I"),
+    (["--gpu", "0", "--levels", "idle,idle"], "each at most once"),
+    (["--gpu", "0", "--levels", "peak"], "levels are idle, load1, load2")])
+def test_bad_levels_are_refused(argv: list[str], message: str,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        raise SystemExit(main(["qualify", *argv]))
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err

@@ -35,8 +35,9 @@ PERCENT = Number(0.0, 100.0)
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "qualify", help="qualify meters against a reference as MLPerf's power rules do")
-    p.add_argument("run", nargs="?", type=InputFile("run file"),
-                   help="a recorded run with phases idle, load1, load2 (or --simulate/--gpu)")
+    p.add_argument("run", nargs="*", type=InputFile("run file"),
+                   help="a recorded run with phases idle, load1, load2, or several holding "
+                        "a level each (recorded in parts; or --simulate/--gpu)")
     p.add_argument("--reference", metavar="SRC[:CH]", help="the reference meter's stream")
     p.add_argument("--target", action="append", default=[], metavar="SRC[:CH]",
                    help="a stream to qualify (repeat for several)")
@@ -60,6 +61,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="record the levels on a simulated bench first (no hardware); with "
                         "--gpu: the GPU alone, simulated (a rehearsal)")
     p.add_argument("--gpu", type=GPU_INDEX, help="record the levels on this real GPU first")
+    p.add_argument("--levels", type=level_list, metavar="L[,L...]",
+                   help="with --gpu: record only these levels (idle, load1, load2), to score "
+                        "later with the other parts' run files: one level of the full form "
+                        "takes ~5 minutes")
     p.add_argument("--bench", type=InputFile("bench file"),
                    help="with --gpu: the bench file of the meters (their wiring); without "
                         "it only the GPU is read, and its energy counter is the reference "
@@ -69,6 +74,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=SEED, default=7, help="with --simulate: the simulated card")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
+
+
+def level_list(text: str) -> tuple[str, ...]:
+    """``idle,load2``: levels of the qualification, each once."""
+    from wattlab.analysis.qualify import LEVELS
+
+    names = tuple(n.strip() for n in text.split(","))
+    unknown = [n for n in names if n not in LEVELS]
+    if unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: levels are {', '.join(LEVELS)}, each at most once")
+    return names
 
 
 def _level_s(window_s: float) -> float:
@@ -190,6 +207,8 @@ def _record_gpu(args: argparse.Namespace, window_s: float, output: str) -> int:
                                      "<qualify --gpu>"))
     command = [sys.executable, "-m", "wattlab.acquisition.experiments.qualify_levels_on_gpu",
                "--gpu", str(args.gpu), "--level-s", str(_level_s(window_s))]
+    if args.levels:
+        command += ["--levels", ",".join(args.levels)]
     if bench_file.nvml_selection(config).simulate:
         command.append("--no-load")
     with bench_file.bench_acquirers(config) as acquirers:
@@ -204,6 +223,9 @@ def _check_args(args: argparse.Namespace) -> None:
     if modes != 1:
         raise UsageError("give one of: a run file, --simulate, --gpu I (--gpu I --simulate: "
                          "the GPU alone, simulated)")
+    if args.levels and args.gpu is None:
+        raise UsageError("--levels is for --gpu I: it records some levels of a qualification "
+                         "in parts; score recorded parts by giving their run files")
     if args.gpu is not None and args.simulate and args.bench:
         raise UsageError("--gpu I --simulate reads a simulated GPU alone: a bench file says "
                          "`simulate = true` in its nvml entry instead")
@@ -230,6 +252,7 @@ def _defaults(args: argparse.Namespace) -> tuple[str, list[str], str]:
 def run(args: argparse.Namespace) -> int:
     from wattlab.analysis.calibration import load_record
     from wattlab.analysis.qualify import (
+        LEVELS,
         MLPERF_WINDOW_S,
         SHORT_WINDOW_S,
         Procedure,
@@ -244,23 +267,33 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     window_s = args.window_s or (SHORT_WINDOW_S if args.short else MLPERF_WINDOW_S)
     form = "custom" if args.window_s else "short" if args.short else "mlperf"
-    path, cal_path, recording_lost = args.run, args.calibration, 0
-    if not path:
-        path = args.output or default_output("qualify")
+    paths, cal_path, recording_lost = list(args.run), args.calibration, 0
+    if not paths:
+        paths = [args.output or default_output("qualify")]
         # with --json, stdout is the JSON alone: the recordings' reports go to stderr
         with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
             if args.simulate and args.gpu is None:
-                cal_path, recording_lost = _simulate(args, window_s, path)
+                cal_path, recording_lost = _simulate(args, window_s, paths[0])
             else:
-                recording_lost = _record_gpu(args, window_s, path)
+                recording_lost = _record_gpu(args, window_s, paths[0])
+        if args.levels and len(args.levels) < len(LEVELS):
+            print(f"wattlab qualify: level(s) {', '.join(args.levels)} recorded into "
+                  f"{paths[0]}; score it with the other levels' run files: wattlab qualify "
+                  f"{paths[0]} OTHER.h5 ...", file=sys.stderr)
+            if args.json:
+                print(json.dumps({"run": paths[0], "recorded_levels": list(args.levels),
+                                  "scored": False}))
+            return recording_lost
     reference, targets, accuracy = _defaults(args)
     record = load_record(cal_path, force=args.force_calibration) if cal_path else None
     procedure = Procedure(window_s, args.max_pct, told=parse_measures(args.measures))
-    with Run(path) as run_file:
-        verdicts = qualify(run_file, reference, targets, procedure, record)
-        lost = len(run_file.gaps) if not args.run else 0
-        meaning = reference_meaning(*reference_stream(run_file, reference))
-    doc = {"run": path, "reference": reference, "accuracy_class": accuracy,
+    with contextlib.ExitStack() as stack:
+        runs = [stack.enter_context(Run(path)) for path in paths]
+        verdicts = qualify(runs, reference, targets, procedure, record)
+        lost = len(runs[0].gaps) if not args.run else 0
+        meaning = reference_meaning(*reference_stream(runs[0], reference))
+    path = " + ".join(paths)
+    doc = {"run": path, "runs": paths, "reference": reference, "accuracy_class": accuracy,
            "meaning": meaning or "accuracy against the reference meter",
            "window_s": window_s, "form": form,
            "max_pct": args.max_pct, "calibration": cal_path,

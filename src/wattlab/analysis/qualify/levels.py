@@ -38,8 +38,11 @@ class Level:
     windows_s: tuple[tuple[float, float], ...] = ()
 
 
-def marked_levels(markers: Sequence[MarkerRow], where: str) -> list[Level]:
-    """The idle, load1 and load2 phases, once each and not overlapping, in time order."""
+def marked_phases(markers: Sequence[MarkerRow], where: str) -> list[Level]:
+    """Whichever of the levels a run marks, each once and not overlapping, in time order.
+
+    A run may hold only some levels of a qualification recorded in parts.
+    """
     as_sent = [replace(m, gpu_time_ns=None, gpu_uncertainty_ns=None) for m in markers]
     phases = [p for p in phases_from_markers(as_sent) if p.name in LEVELS]
     found: dict[str, Level] = {}
@@ -48,10 +51,6 @@ def marked_levels(markers: Sequence[MarkerRow], where: str) -> list[Level]:
             raise UsageError(f"{where}: phase {p.name!r} is marked more than once; a "
                              "qualification takes one phase per level")
         found[p.name] = Level(p.name, p.t0_s, p.t1_s)
-    missing = [name for name in LEVELS if name not in found]
-    if missing:
-        raise UsageError(f"{where}: no {', '.join(repr(m) for m in missing)} phase marked; "
-                         f"qualify needs phases {', '.join(LEVELS)} (docs/qualify.md)")
     levels = sorted(found.values(), key=lambda lv: lv.t0_s)
     for a, b in pairwise(levels):
         if b.t0_s < a.t1_s:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,8 +21,9 @@ import numpy.typing as npt
 from wattlab.analysis.alignment import json_safe, resolve
 from wattlab.analysis.energy import invalid_reasons, record_applies, windows_verdict
 from wattlab.analysis.qualify.calibration_origin import same_run
-from wattlab.analysis.qualify.levels import Level, marked_levels, place_windows
+from wattlab.analysis.qualify.levels import Level, place_windows
 from wattlab.analysis.qualify.olympic import WINDOWS_PER_LEVEL, olympic_mean
+from wattlab.analysis.qualify.parts import Part, check_same_system, parts_of
 from wattlab.analysis.qualify.scope import reference_stream, refusal
 from wattlab.analysis.qualify.window_means import window_means
 from wattlab.errors import UsageError
@@ -151,34 +153,64 @@ def _score(name: str, ref: tuple[FloatArray, list[FloatArray]],
     return verdict
 
 
-def qualify(run: Run, reference: str, targets: Sequence[str], procedure: Procedure,
-            record: CalibrationRecord | None = None) -> list[TargetVerdict]:
-    """Every target's verdict against ``reference`` over the run's marked levels."""
-    levels = [place_windows(lv, procedure.window_s, procedure.settle_s)
-              for lv in marked_levels(run.markers, run.path)]
-    ref_view, ref_ch = reference_stream(run, reference)
-    if record is not None and (why := same_run(run, record)) is not None:
-        raise UsageError(f"--calibration: refused: {why}; qualify calibrated NVML with a "
-                         "calibration from another run")
-    ref_means = _means(run, ref_view, ref_ch, levels, None)
-    ref_invalid = _invalid_windows(run, ref_view, ref_ch, levels)
+def qualify(runs: Run | Sequence[Run], reference: str, targets: Sequence[str],
+            procedure: Procedure, record: CalibrationRecord | None = None
+            ) -> list[TargetVerdict]:
+    """Every target's verdict against ``reference`` over the marked levels.
+
+    Of one run, or of several runs holding a level each (a qualification recorded in parts).
+    """
+    parts = [Part(p.run, tuple(place_windows(lv, procedure.window_s, procedure.settle_s)
+                                for lv in p.levels))
+             for p in parts_of([runs] if isinstance(runs, Run) else runs)]
+    levels = [lv for p in parts for lv in p.levels]
+    check_same_system(parts, lambda run: reference_stream(run, reference)[0])
+    for p in parts:
+        if record is not None and (why := same_run(p.run, record)) is not None:
+            raise UsageError(f"--calibration: refused: {why}; qualify calibrated NVML with "
+                             "a calibration from another run")
+    ref_streams = [reference_stream(p.run, reference) for p in parts]
+    ref_means = _means_of_parts(parts, ref_streams, None)
+    ref_invalid = _invalid_of_parts(parts, ref_streams)
     out: list[TargetVerdict] = []
     for spec in targets:
-        view, channel = resolve(run, spec)
+        check_same_system(parts, partial(_view, spec=spec))
+        streams = [resolve(p.run, spec) for p in parts]
+        view, channel = streams[0]
         name = f"{view.source_id}:{channel}"
-        why_not = refusal((ref_view, ref_ch), (view, channel), procedure.told)
+        why_not = refusal(ref_streams[0], (view, channel), procedure.told)
         if why_not is not None:
             out.append(TargetVerdict(name, refused=why_not))
             continue
-        invalid = ref_invalid + _invalid_windows(run, view, channel, levels)
-        runs: list[CalibrationRecord | None] = [None]
+        invalid = ref_invalid + _invalid_of_parts(parts, streams)
+        runs_of: list[CalibrationRecord | None] = [None]
         if record is not None and record_applies(record, view, channel) is not None:
-            runs.append(record)
-        for rec in runs:
-            verdict = _score(name, ref_means, _means(run, view, channel, levels, rec), levels,
+            runs_of.append(record)
+        for rec in runs_of:
+            verdict = _score(name, ref_means, _means_of_parts(parts, streams, rec), levels,
                              procedure)
             verdict.corrected = rec is not None
             verdict.invalid_windows = invalid
             verdict.valid = not invalid
             out.append(verdict)
     return out
+
+
+def _view(run: Run, spec: str) -> SourceView:
+    return resolve(run, spec)[0]
+
+
+def _means_of_parts(parts: Sequence[Part], streams: Sequence[tuple[SourceView, str]],
+                    record: CalibrationRecord | None) -> tuple[FloatArray, list[FloatArray]]:
+    """The scored and fine window means of every part, in the parts' level order."""
+    each = [_means(p.run, view, channel, p.levels, record)
+            for p, (view, channel) in zip(parts, streams, strict=True)]
+    five = np.concatenate([m[0] for m in each])
+    fine = [np.concatenate([m[1][k] for m in each]) for k in range(len(FINE_WINDOWS_S))]
+    return five, fine
+
+
+def _invalid_of_parts(parts: Sequence[Part], streams: Sequence[tuple[SourceView, str]]
+                      ) -> list[str]:
+    return [why for p, (view, channel) in zip(parts, streams, strict=True)
+            for why in _invalid_windows(p.run, view, channel, p.levels)]
