@@ -17,7 +17,7 @@ Goal (issue 41): every share within 10 % relative and 3 points absolute. Usage:
 
 from __future__ import annotations
 
-import sys
+import argparse
 from typing import Any
 
 import numpy as np
@@ -53,12 +53,17 @@ def stream_table(full: ProcessTable, pids: dict[int, str], t0_ns: int, t1_ns: in
 
 
 def main() -> int:
-    args = [a for a in sys.argv[1:] if a != "--markers"]
-    path = args[0] if args else str(TRACE)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", nargs="?", default=str(TRACE))
+    parser.add_argument("--markers", action="store_true",
+                        help="the stream rebuilt from the proc_util markers")
+    args = parser.parse_args()
+    path = args.run
     shared = SharedRun(path)
     with wattlab.open(path) as run:
         markers, offset = run.markers, unix_to_session_ns(run)
-        full = None if "--markers" in sys.argv else read_processes(run, 0)
+        full = None if args.markers else read_processes(run, 0)
     print("per-process stream: " + ("the run's gpu0.processes" if full
                                     else "rebuilt from proc_util markers"))
     alone = exclusive_j(shared)
