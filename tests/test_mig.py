@@ -13,12 +13,14 @@ from tests.test_nvml_source import UNIX_MINUS_MONO, FakeClock, run_for
 from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
 from wattlab.acquisition.acquirers.nvml_cadence import parse_intervals
+from wattlab.analysis.attribution import energy_by_process
 from wattlab.cli import main
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.drivers.nvml_samples import GpmActivity, mig_devices
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.shared_gpu import MigLoad, mig_layout, mig_simulated_gpu
-from wattlab.samples import Gap
+from wattlab.runfile import Run
+from wattlab.samples import Gap, Marker
 
 S = 1_000_000_000
 PROFILES = ["3g.40gb", "2g.20gb", "2g.20gb"]
@@ -114,6 +116,11 @@ def test_a_mig_gpu_records_each_instance_in_place_of_the_processes():
     assert 3 * 10 <= sum(len(r.values) for r in fewer) <= 3 * 15
     truth = [r for r in got if getattr(r, "name", "") == "simulated-truth"]
     assert set(truth[-1].payload["instances_dynamic_j"]) == {"gi1", "gi2", "gi3"}
+    arrived = [r for r in got if isinstance(r, Marker) and r.name == "process"]
+    assert {m.source for m in arrived} == {"gpu0.mig"}
+    assert sorted(m.payload["gi"] for m in arrived) == [1, 2, 3]  # one process a slice
+    assert all(m.payload["comm"] and m.payload["cgroup"] for m in arrived)
+    assert {m.payload["slurm_job"] for m in arrived} >= {"7001"}
 
 
 @pytest.mark.fast
@@ -169,3 +176,15 @@ def test_demo_mig_then_energy_by_instance_meets_the_truth(tmp_path, capsys):
     assert "\ninstance " in text and "gpu0:gi3 2g.20gb" in text
     assert main(["energy", out, "--by-process"]) == 0
     assert "Not Supported" in capsys.readouterr().out
+    # a job's share on a MIG GPU is its instances': the processes' markers name them
+    by_gi = {p["identity"]["gi"]: p for p in gpu["processes"]}
+    assert main(["energy", out, "--by-job", "--json"]) == 0
+    jobs = {g["name"]: g for g in json.loads(capsys.readouterr().out)["groups"]["rows"]}
+    mine = [p for p in by_gi.values() if p["identity"]["slurm_job"] == "7001"]
+    assert len(mine) == 2 and all(p["identity"]["pids"] for p in mine)
+    assert jobs["7001"]["energy_j"] == pytest.approx(sum(p["energy_j"] for p in mine))
+    assert main(["energy", out, "--by-pod", "--json"]) == 0
+    pods = json.loads(capsys.readouterr().out)["groups"]["rows"]
+    assert any(g["name"].startswith("00000001-") for g in pods)
+    with Run(out) as run:  # what the Slurm job summary asks for
+        assert energy_by_process(run, unit="auto").unit == "instance"

@@ -68,9 +68,18 @@ def test_a_refusing_gpu_records_everything_else_and_record_says_why_once(tmp_pat
 
 
 @pytest.mark.system
-def test_the_activity_rule_beats_keplers_on_every_process_of_the_simulated_shared_gpu(tmp_path):
+def test_the_activity_rule_misplaces_fewer_joules_than_keplers_and_says_how_many(tmp_path):
     """The whole path: demo --shared, then energy --by-process under both rules, scored
-    against the simulator's truth (bench/process_energy_sim.py measures the errors)."""
+    against the simulator's truth (bench/process_energy_sim.py measures the errors).
+
+    The demo runs in real time and the driver keeps one sample per process per read, so a
+    loaded machine's late reads leave the split fewer samples and each figure's error grows
+    (beside two CPU burners the small-kernel process came out 30-40 % low, where it is
+    within a few % on a quiet machine; Kepler's rule then beat it on that one process).
+    What load cannot move is Kepler's bias (the small-kernel process's busy SMs at a few %
+    of the power): in total the activity rule misplaces fewer joules (there: 516-702 J
+    against 1,177-1,488 J).
+    """
     out = str(tmp_path / "shared.h5")
     assert run_cli("demo", "--shared", "--seed", "1", "-o", out).returncode == 0
     errors = {}
@@ -79,8 +88,9 @@ def test_the_activity_rule_beats_keplers_on_every_process_of_the_simulated_share
         assert done.returncode == 0, done.stderr
         gpu = json.loads(done.stdout)["gpus"][0]
         assert abs(gpu["closure_j"]) <= 1e-3 * gpu["total_j"]
-        errors[rule] = {p["key"]: p["dynamic_j"] / p["truth_dynamic_j"] - 1
+        errors[rule] = {p["key"]: p["dynamic_j"] - p["truth_dynamic_j"]
                         for p in gpu["processes"]}
+        assert all(p["resolved"] and p["pm_j"] > 0 for p in gpu["processes"])
     assert len(errors["activity"]) == 3
-    for key, err in errors["activity"].items():
-        assert abs(err) < abs(errors["utilisation"][key]), errors
+    assert (sum(map(abs, errors["activity"].values()))
+            < sum(map(abs, errors["utilisation"].values()))), errors

@@ -267,7 +267,8 @@ def process_run(args: argparse.Namespace) -> int:
     with Run(paths[0]) as run_file:
         result = energy_by_process(run_file, rule=args.rule or "activity",
                                    charge=args.charge or (),
-                                   unit="instance" if by[0] == "instance" else "process")
+                                   unit={"instance": "instance", "process": "process"}.get(
+                                       by[0], "auto"))  # a job's or pod's: MIG's too
     group = "process" if by[0] == "instance" else by[0]  # an instance is a row of its own
     print(json.dumps(by_process_json(result, group), indent=2) if args.json
           else format_by_process(result, group))

@@ -11,6 +11,7 @@ phases. docs/processes.md has the layout.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ import numpy as np
 import pynvml
 
 from wattlab.acquisition.acquirers.acquirer import Chunk, Reading
+from wattlab.acquisition.acquirers.process_stream import ProcessStream, identity_sources
 from wattlab.drivers.nvml_samples import GpmActivity, MigDevice, mig_devices
 from wattlab.errors import NvmlError
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
@@ -44,10 +46,10 @@ def instance_power_refusal(lib: Any, devices: list[MigDevice]) -> str | None:
 
 
 def mig_reader(driver: Any, gpu: int, source_id: str, *, t_ns: int,
-               missing: dict[str, str]) -> MigReader | None:
+               missing: dict[str, str], cmdlines: bool = False) -> MigReader | None:
     """The reader of a MIG GPU's instances; None, with ``missing["mig"]`` saying why."""
     try:
-        return MigReader(driver, gpu, source_id, t_ns=t_ns)
+        return MigReader(driver, gpu, source_id, t_ns=t_ns, cmdlines=cmdlines)
     except NvmlError as e:
         missing["mig"] = str(e)
         return None
@@ -58,9 +60,13 @@ class MigReader:
 
     Making one raises ``NvmlError`` where the GPU has no instance or no GPM (the stream is
     then missing, with that reason); a read that fails later is a Gap, as for the processes.
+    Who ran in which instance: a ``process`` marker (the per-process stream's identity, with
+    the instance's ``gi``) when a process appears, ``process-exit`` when it is gone, so an
+    instance's energy can be charged to its jobs and pods.
     """
 
-    def __init__(self, driver: Any, gpu: int, source_id: str, *, t_ns: int) -> None:
+    def __init__(self, driver: Any, gpu: int, source_id: str, *, t_ns: int,
+                 cmdlines: bool = False) -> None:
         self.lib, self.handle = driver.lib, driver.handle(gpu)
         self.gpu, self.source_id = gpu, source_id
         self.open_ns = self.good_ns = t_ns
@@ -82,6 +88,12 @@ class MigReader:
             self._activity.close()
             raise NvmlError(f"GPU {gpu}: the first GPM sample failed: {e}") from e
         self._sim_truth = getattr(self.lib, "wattlab_simulated_truth", None)
+        who, ticks = identity_sources(driver, gpu, cmdlines=cmdlines)
+        self._gi_of: dict[int, int] = {}
+        self.presence = ProcessStream(gpu, source_id, 0, start_ticks=ticks,
+                                      identify=lambda pid: {**who(pid),
+                                                            "gi": self._gi_of.get(pid)},
+                                      to_host_ns=lambda us: us * 1000)
 
     def describe(self, base: SourceDescriptor) -> SourceDescriptor:
         """The stream's descriptor: ``base``'s device and config, the instances added."""
@@ -107,17 +119,21 @@ class MigReader:
             return [gap]
         t_ns = (t0 + clock_ns()) // 2
         self.good_ns = t_ns
-        if not activity:
-            return []
         count = {d.gi: 0 for d in self.devices}
+        memory_b: dict[int, float] = {}
         for p in running:
             gi = int(getattr(p, "gpuInstanceId", -1))
             if gi in count:
                 count[gi] += 1
+            self._gi_of[int(p.pid)] = gi
+            memory_b[int(p.pid)] = float(getattr(p, "usedGpuMemory", None) or math.nan)
+        out = self.presence.update(None, memory_b, 0, t_ns)  # markers: who came and went
         rows = [[float(gi), sm, dram, float(count[gi])] for gi, (sm, dram) in
                 sorted(activity.items())]
-        return [Chunk(self.source_id, np.full(len(rows), t_ns, dtype=np.int64),
-                      np.array(rows, dtype=np.float64))]
+        if rows:
+            out.append(Chunk(self.source_id, np.full(len(rows), t_ns, dtype=np.int64),
+                             np.array(rows, dtype=np.float64)))
+        return out
 
     def truth(self, t_ns: int) -> list[Reading]:
         """The simulator's ``simulated-truth`` marker from open to ``t_ns`` (none if real)."""

@@ -260,7 +260,7 @@ class NvmlAcquirer:
         self._drained = []
         mig = self._processes = (
             mig_reader(self.driver, self.gpu, self.ids["processes"].rsplit(".", 1)[0] + ".mig",
-                       t_ns=now, missing=self.missing)
+                       t_ns=now, missing=self.missing, cmdlines=self.process_cmdlines)
             if scope.mig and "processes" in self.streams and "processes" in self.missing
             else None)
         config: dict[str, Any] = {

@@ -111,6 +111,25 @@ class ProcessStream:
                       {"gpu": self.gpu, "pid": pid, "start_ticks": ticks})
 
 
+def identity_sources(driver: Any, gpu: int, *, proc: Path = PROC, pods: Path = PODS,
+                     cmdlines: bool = False) -> tuple[Identify, StartTicks]:
+    """Who a host pid on ``gpu`` is, and its start time (to see a reused pid).
+
+    From ``proc`` (and the kubelet's ``pods`` folders), unless the NVML library is the
+    simulator, which says itself who its processes are (``wattlab_process_identity``).
+    """
+    simulator = getattr(getattr(driver, "lib", None), "wattlab_process_identity", None)
+    if simulator is None:
+        return (partial(identify, proc=proc, pods=pods, cmdlines=cmdlines),
+                partial(start_ticks, proc=proc))
+
+    def simulated(pid: int) -> dict[str, Any]:
+        found = simulator(gpu, pid)
+        return {**found, **cgroup_fields(found.get("cgroup"))} if found else {}
+
+    return simulated, lambda pid: simulated(pid).get("start_ticks")
+
+
 class ProcessReader:
     """Reads one GPU's per-process answers through its driver into a ``ProcessStream``.
 
@@ -125,23 +144,12 @@ class ProcessReader:
                  unix_minus_monotonic_ns: int, cmdlines: bool = False,
                  proc: Path = PROC, pods: Path = PODS) -> None:
         self.driver, self.gpu, self.offset_ns = driver, gpu, unix_minus_monotonic_ns
-        lib = getattr(driver, "lib", None)
-        self._sim_identity = getattr(lib, "wattlab_process_identity", None)
-        self._sim_truth = getattr(lib, "wattlab_simulated_truth", None)
-        who = (self._simulated if self._sim_identity is not None
-               else partial(identify, proc=proc, pods=pods, cmdlines=cmdlines))
-        ticks = ((lambda pid: self._simulated(pid)["start_ticks"])
-                 if self._sim_identity is not None else partial(start_ticks, proc=proc))
+        self._sim_truth = getattr(getattr(driver, "lib", None), "wattlab_simulated_truth", None)
+        who, ticks = identity_sources(driver, gpu, proc=proc, pods=pods, cmdlines=cmdlines)
         self.stream = ProcessStream(gpu, source_id, (t_ns + unix_minus_monotonic_ns) // 1000,
                                     identify=who, start_ticks=ticks,
                                     to_host_ns=lambda us: us * 1000 - unix_minus_monotonic_ns)
         self.open_ns = self.good_ns = t_ns
-
-    def _simulated(self, pid: int) -> dict[str, Any]:
-        found = self._sim_identity(self.gpu, pid) if self._sim_identity else None
-        if not found:
-            return {}
-        return {**found, **cgroup_fields(found.get("cgroup"))}
 
     def read(self, clock_ns: Callable[[], int]) -> list[Reading]:
         """One read of the driver's per-process answers: rows, markers, or a Gap."""

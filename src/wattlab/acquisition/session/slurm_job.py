@@ -177,7 +177,7 @@ def job_processes(run: Run, job_id: str) -> dict[str, Any]:
     from wattlab.analysis.attribution import NOT_CHARGED, energy_by_process, share_of_job
 
     try:
-        return share_of_job(energy_by_process(run), job_id)
+        return share_of_job(energy_by_process(run, unit="auto"), job_id)
     except UsageError as e:
         return {"job_id": job_id, "rule": None, "not_charged": NOT_CHARGED, "this_job": None,
                 "this_job_unknown": f"no per-process split: {e}", "gpus": []}

@@ -166,7 +166,14 @@ def run_gpus(run: Run) -> list[tuple[str, int]]:
 
 def energy_by_process(run: Run, *, rule: str = "activity", charge: tuple[str, ...] = (),
                       unit: str = "process") -> ByProcess:
-    """Each process's (or MIG instance's) energy on each GPU of ``run`` (module doc)."""
+    """Each process's (or MIG instance's) energy on each GPU of ``run`` (module doc).
+
+    ``unit="auto"``: instances where the run has MIG streams and no per-process stream (a
+    job's or pod's share on a MIG GPU is its instances'), else processes.
+    """
+    if unit == "auto":
+        ids = [sid.rsplit(".", 1)[-1] for sid in run.sources]
+        unit = "instance" if "mig" in ids and "processes" not in ids else "process"
     read = read_instances if unit == "instance" else read_processes
     tables = {(node, gpu): read(run, gpu, node) for node, gpu in run_gpus(run)}
     missing = [(instance_missing if unit == "instance" else missing_reason)(run, gpu, node)

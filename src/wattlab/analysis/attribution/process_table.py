@@ -229,8 +229,39 @@ def read_instances(run: Run, gpu: int, node: str = "") -> ProcessTable | None:
         table += made
     notes = [f"MIG: {len(instances)} GPU instance(s); activity is GPM's SM and DRAM-bandwidth "
              f"utilisation of each, weighted by its share of the {all_sms} partitioned SMs"]
+    notes += _instance_owners(run, sid, table)
     return ProcessTable(gpu, sid, table, (float(t.min()) if t.size else 0.0, end_s),
                         gap_lines(run, sid), notes, half_s, node, 2 * half_s or None)
+
+
+OWNER_KEYS = ("user", "container_id", "pod_uid", "pod_name", "pod_namespace", "slurm_job",
+              "slurm_step")
+"""What an instance inherits from the processes that ran in it (for --by-job, --by-pod)."""
+
+
+def _instance_owners(run: Run, sid: str, instances: list[Process]) -> list[str]:
+    """Each instance stretch named after the processes seen in it (notes where they differ).
+
+    The MIG stream's ``process`` markers carry each process's identity and instance
+    (``gi``); a stretch whose processes all share a job (a pod, a user) is that job's; one
+    whose processes belong to several is charged to none of them, and a note says so: the
+    driver gives no per-process activity inside an instance to split it by.
+    """
+    marks = [m for m in run.markers if m.source == sid and m.name == "process"]
+    notes = []
+    for inst in instances:
+        a, b = inst.present_s
+        seen = [m.payload for m in marks if m.payload.get("gi") == inst.identity["gi"]
+                and a <= m.time_ns / 1e9 <= b]
+        inst.identity["pids"] = sorted({int(p["pid"]) for p in seen})
+        for key in OWNER_KEYS:
+            values = {p.get(key) for p in seen}
+            inst.identity[key] = values.pop() if len(values) == 1 else None
+            if len(values) >= 1 and key in ("slurm_job", "pod_uid"):
+                names = ", ".join(sorted(str(v) for v in {p.get(key) for p in seen}))
+                notes.append(f"{inst.label}: processes of several {key}s ran in it ({names}): "
+                             "its energy is charged to none of them")
+    return notes
 
 
 DEVICE_UTIL = "gpu_util_pct"  # the state stream's channel: the device's SM utilisation
