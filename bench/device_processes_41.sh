@@ -14,18 +14,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/bench PYTHONUNBUFFERED=1
 repo=$PWD
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
-load='import os, sys, time, torch
-open(sys.argv[1], "w").write(str(os.getpid()))
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-end = time.monotonic() + float(sys.argv[2])
-while time.monotonic() < end:
-    for _ in range(20):
-        a @ a
-    torch.cuda.synchronize()'
+load=("$repo/bench/matmul_loop.py")  # a CUDA process: bf16 products for SECONDS
 cd /tmp
 echo "== 1. one CUDA process under record"
 timeout 120 python3 -m wattlab.cli record --nvml 0 --no-live -o "$OUT/one.h5" -- \
-    python3 -c "$load" /tmp/pid 6 > "$OUT/one.log" 2>&1; echo "record exit $?"
+    python3 "${load[@]}" 6 --pid-file /tmp/pid > "$OUT/one.log" 2>&1; echo "record exit $?"
 tail -12 "$OUT/one.log"
 python3 - "$OUT/one.h5" /tmp/pid <<'PY'
 import sys, numpy as np, wattlab
@@ -41,7 +34,7 @@ with wattlab.open(sys.argv[1]) as run:
 PY
 python3 -m wattlab.cli energy "$OUT/one.h5" --by-process 2>&1 | tail -8
 echo "== 2. what the stream costs the reader (a CUDA load running)"
-python3 -c "$load" /tmp/pid2 45 & loadpid=$!
+python3 "${load[@]}" 45 --pid-file /tmp/pid2 & loadpid=$!
 sleep 3
 WATTLAB_BENCH_RESULTS=$OUT timeout 200 python3 "$repo/bench/process_stream_cost.py" --real \
     --seconds 10 2>&1 | tail -12

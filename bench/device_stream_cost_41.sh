@@ -9,17 +9,10 @@ set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/bench PYTHONUNBUFFERED=1
-load='import sys, time, torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-end = time.monotonic() + float(sys.argv[1])
-while time.monotonic() < end:
-    for _ in range(20):
-        a @ a
-    torch.cuda.synchronize()'
 seconds=${1:-10}
 for n in 1 2; do
     pids=()
-    for _ in $(seq $n); do python3 -c "$load" $(( 7 * ${seconds%.*} + 20 )) & pids+=($!); done
+    for _ in $(seq $n); do python3 bench/matmul_loop.py $(( 7 * ${seconds%.*} + 20 )) & pids+=($!); done
     sleep 6  # the loads' contexts up before the reader lists them
     echo "== $n CUDA process(es) on GPU 0"
     WATTLAB_BENCH_RESULTS=$OUT timeout 200 python3 bench/process_stream_cost.py --real \

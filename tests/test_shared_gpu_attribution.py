@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,20 +18,31 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
-@pytest.mark.fast
-def test_the_activity_rule_beats_keplers_and_owns_its_doubt(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[int, dict]]:
+    """Runs the bench on a trace (default its own): its exit status and its pairs by name."""
     monkeypatch.syspath_prepend(str(BENCH))
     common = importlib.import_module("common")
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     monkeypatch.setattr(common, "machine", dict)  # it asks git and the GPU: not here
     bench = importlib.import_module("shared_gpu_attribution")
-    monkeypatch.setattr("sys.argv", ["shared_gpu_attribution.py"])
-    assert bench.main() == common.GOALS_MISSED
+
+    def run(*argv: str) -> tuple[int, dict]:
+        monkeypatch.setattr("sys.argv", ["shared_gpu_attribution.py", *argv])
+        status = bench.main() == common.GOALS_MISSED
+        pairs = {r["pair"]: r for r in json.loads(
+            (tmp_path / "shared_gpu_attribution.json").read_text())["pairs"]}
+        return status, pairs
+
+    return run
+
+
+@pytest.mark.fast
+def test_the_activity_rule_beats_keplers_and_owns_its_doubt(
+        split: Callable[..., tuple[int, dict]], capsys: pytest.CaptureFixture[str]) -> None:
+    missed, pairs = split()
+    assert missed
     assert "NOT met" in capsys.readouterr().out
-    pairs = {r["pair"]: r for r in json.loads(
-        (tmp_path / "shared_gpu_attribution.json").read_text())["pairs"]}
     assert set(pairs) == {"matmul+copy", "matmul+smallk", "copy+smallk", "matmul+train"}
     for r in pairs.values():
         act, kep = r["activity"], r["utilisation"]
@@ -44,23 +56,15 @@ def test_the_activity_rule_beats_keplers_and_owns_its_doubt(
 
 @pytest.mark.fast
 def test_reading_the_stream_five_times_as_often_does_not_save_the_small_kernels(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+        split: Callable[..., tuple[int, dict]], capsys: pytest.CaptureFixture[str]) -> None:
     # h200_shared-pairs3.h5: the same pairs recorded with `--nvml-intervals processes=0.18`
     # (BENCHMARKS.md): more of the driver's samples weigh its view of the small-kernel loop
     # (busy SMs at a few % of the power) more, for both rules; the matrix products with a
     # training step stay within the goal with the activity rule.
-    monkeypatch.syspath_prepend(str(BENCH))
-    common = importlib.import_module("common")
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    monkeypatch.setattr(common, "machine", dict)
-    bench = importlib.import_module("shared_gpu_attribution")
     trace = Path(__file__).resolve().parent / "data" / "traces" / "h200_shared-pairs3.h5"
-    monkeypatch.setattr("sys.argv", ["shared_gpu_attribution.py", str(trace)])
-    assert bench.main() == common.GOALS_MISSED
+    missed, pairs = split(str(trace))
+    assert missed
     assert "the run's gpu0.processes" in capsys.readouterr().out
-    pairs = {r["pair"]: r for r in json.loads(
-        (tmp_path / "shared_gpu_attribution.json").read_text())["pairs"]}
     for pair in ("matmul+smallk", "copy+smallk"):
         for rule in ("activity", "utilisation"):
             assert abs(pairs[pair][rule]["abs_err_pt"][1]) > 20.0
