@@ -204,8 +204,10 @@ def main() -> int:
             worker(args.worker, args.simulate)
         return 0
     kinds = args.kinds.split(",")
-    if args.pairs < 2 or args.block_s <= 0 or not set(kinds) <= set(KINDS):
-        parser.error(f"--pairs must be >= 2, --block-s > 0, --kinds from {','.join(KINDS)}")
+    if (args.pairs < 2 or not 0 < args.block_s < math.inf or not 0 <= args.settle_s < math.inf
+            or not set(kinds) <= set(KINDS)):
+        parser.error(f"--pairs must be >= 2, --block-s > 0 and --settle-s >= 0 (finite), "
+                     f"--kinds from {','.join(KINDS)}")
     with tempfile.TemporaryDirectory() as tmp:
         results = [measure(args, kind, Path(tmp)) for kind in kinds]
     print(f"step time under `wattlab record` ({'simulated' if args.simulate else 'GPU'}), "

@@ -19,7 +19,7 @@ from wattlab.analysis.qualify.levels import marked_phases
 from wattlab.analysis.qualify.verdict import scatter_pm_pct
 from wattlab.cli import main
 from wattlab.errors import UsageError
-from wattlab.runfile import MarkerRow, Run
+from wattlab.runfile import MarkerRow, Run, schema
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
 
@@ -44,8 +44,9 @@ def write_levels_run(path: Path, *, gain: float = 1.03, levels: tuple[str, ...] 
     a busy host). ``counter``: the GPU's energy counter too (``gpu0.energy``, the truth's
     integral read every 0.1 s, as ``qualify --gpu`` without a meter reads it).
     """
-    writer = RunFileWriter(str(path), {"host": host, "session_start_unix_ns": start_unix_ns,
-                                       "created": "test"}, 0)
+    writer = RunFileWriter(str(path), {schema.HOST: host,
+                                       schema.SESSION_START_UNIX_NS: start_unix_ns,
+                                       schema.CREATED: "test"}, 0)
     riser = {"feeds_gpu": 0, "board_power_channel": "board_power_w",
              "power_channel": "board_power_w"} if wired else {}
     writer.add_source(_meter("riser", "board_power_w", **riser))
@@ -312,7 +313,8 @@ def test_parts_must_hold_each_level_once_from_one_system(tmp_path: Path) -> None
              ((idle,), "no 'load1', 'load2' phase marked"),
              ((idle, loads, load2), "phase 'load2' is also marked in"),
              ((idle, elsewhere), "recorded on host 'b'"),
-             ((idle, swapped), "gpu0.power is device 'GPU-2'")]
+             ((idle, swapped), "gpu0.power is device 'GPU-2'"),
+             ((idle, loads, idle), "given twice")]
     for paths, message in cases:
         with contextlib.ExitStack() as stack:
             runs = [stack.enter_context(Run(str(p))) for p in paths]

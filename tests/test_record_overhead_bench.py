@@ -64,7 +64,9 @@ def test_a_rehearsal_times_both_sides_of_each_pair(tmp_path: Path, spawn) -> Non
 
 
 @pytest.mark.system
-def test_bad_arguments_are_refused() -> None:
-    proc = subprocess.run([sys.executable, str(BENCH / "record_overhead.py"), "--pairs", "1"],
+@pytest.mark.parametrize("argv", [["--pairs", "1"], ["--block-s", "nan"], ["--block-s", "inf"],
+                                  ["--settle-s", "-1"], ["--kinds", "big"]])
+def test_bad_arguments_are_refused(argv: list[str]) -> None:
+    proc = subprocess.run([sys.executable, str(BENCH / "record_overhead.py"), *argv],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--pairs must be >= 2" in proc.stderr
+    assert proc.returncode == 2 and "--pairs must be >= 2" in proc.stderr, proc.stderr

@@ -121,6 +121,7 @@ class MigReader:
         self.good_ns = t_ns
         count = {d.gi: 0 for d in self.devices}
         memory_b: dict[int, float] = {}
+        self._gi_of = {}  # the running ones only: a new arrival is looked up in it
         for p in running:
             gi = int(getattr(p, "gpuInstanceId", -1))
             if gi in count:

@@ -256,9 +256,9 @@ def _instance_owners(run: Run, sid: str, instances: list[Process]) -> list[str]:
         inst.identity["pids"] = sorted({int(p["pid"]) for p in seen})
         for key in OWNER_KEYS:
             values = {p.get(key) for p in seen}
-            inst.identity[key] = values.pop() if len(values) == 1 else None
-            if len(values) >= 1 and key in ("slurm_job", "pod_uid"):
-                names = ", ".join(sorted(str(v) for v in {p.get(key) for p in seen}))
+            inst.identity[key] = next(iter(values)) if len(values) == 1 else None
+            if len(values) > 1 and key in ("slurm_job", "pod_uid"):
+                names = ", ".join(sorted(map(str, values)))
                 notes.append(f"{inst.label}: processes of several {key}s ran in it ({names}): "
                              "its energy is charged to none of them")
     return notes

@@ -9,6 +9,7 @@ come from the same system: one host, and each scored stream naming the same devi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,11 @@ def parts_of(runs: Sequence[Run]) -> list[Part]:
     """The runs holding the levels, each level in exactly one, every level somewhere."""
     found: dict[str, str] = {}
     parts = []
+    paths = [os.path.realpath(run.path) for run in runs]
+    if len(set(paths)) < len(paths):
+        twice = next(run.path for run, p in zip(runs, paths, strict=True)
+                     if paths.count(p) > 1)
+        raise UsageError(f"{twice}: given twice; each part of a qualification is one run")
     for run in runs:
         levels = marked_phases(run.markers, run.path)
         for lv in levels:
