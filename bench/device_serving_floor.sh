@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On the lent GPU, read-only: issue 40's serving check (a real generation server scraped at
-# 10 Hz, shared then one request at a time) and issue 39's NVML floor (bench/nvml_floor.py).
-# Everything lands in $OUT/results.tar.gz (compacted run files, logs, JSON).
+# 10 Hz, shared then one request at a time, compared by bench/serving_shares.py), what the
+# scrape costs on the lent host (bench/scrape_cost.py) and issue 39's NVML floor
+# (bench/nvml_floor.py). Everything lands in $OUT/serving.tar.gz and results.tar.gz
+# (compacted run files, logs, JSON).
 #     bash bench/device_serving_floor.sh [floor seconds: 0 runs the serving part alone]
 # A rehearsal here, on the simulated GPU and the CPU: SIMULATE=1 OUT=DIR bash bench/...
 set -u
@@ -11,8 +13,8 @@ if [ -z "${SIMULATE:-}" ]; then
     gpu=(--nvml 0); small=(); floor=(--seconds "${1:-60}")
     export PYTHONPATH=/tmp/site:$PWD/src
 else
-    gpu=(--simulate); small=(--device cpu --layers 1 --embd 64 --heads 2 --prompt-tokens 16:64
-           --requests 16 --rate-hz 20 --idle-s 0.5)
+    gpu=(--simulate); small=(--device cpu --layers 1 --width 64 --heads 2 --vocab 100
+           --prompt-tokens 16:64 --output-tokens 4:16 --requests 16 --rate-hz 20 --idle-s 1.5)
     floor=(--simulate --seconds 2 --runs 1)
     export PYTHONPATH=$PWD/src
 fi
@@ -28,13 +30,12 @@ python3 "${job[@]}" --port 18706 --log shared.jsonl --start-file go > server.log
 server=$!
 until python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:18706/metrics')" \
     2>/dev/null; do sleep 0.5; kill -0 $server || break; done
-# the 5 B model took ~205 s shared and 166 s one at a time on the lent H200: 200 s cut the
-# shared recording (BENCHMARKS.md); the two together stay within a 10 min command
-timeout 290 python3 -m wattlab.cli record "${gpu[@]}" --no-live \
+# expected on the lent H200: ~20 s shared, ~2 min one at a time (serving_job.py's doc)
+timeout 150 python3 -m wattlab.cli record "${gpu[@]}" --no-live \
     --scrape http://127.0.0.1:18706/metrics --scrape-hz 10 -o raw_shared.h5 -- \
     sh -c "touch go; until [ -e shared.jsonl ]; do sleep 0.2; done" > shared.log 2>&1
 echo "shared record exit $?"; kill $server; wait $server; tail -4 shared.log; tail -2 server.log
-timeout 240 python3 -m wattlab.cli record "${gpu[@]}" --no-live -o raw_excl.h5 -- \
+timeout 300 python3 -m wattlab.cli record "${gpu[@]}" --no-live -o raw_excl.h5 -- \
     python3 "${job[@]}" --port 18704 --log excl.jsonl --exclusive > excl.log 2>&1
 echo "excl record exit $?"; tail -4 excl.log
 for mode in shared excl; do
@@ -47,6 +48,10 @@ for mode in shared excl; do
     python3 "$repo/bench/compact_run.py" raw_$mode.h5 serve_$mode.h5 > /dev/null \
         && rm raw_$mode.h5
 done
+WATTLAB_BENCH_RESULTS=$work python3 "$repo/bench/serving_shares.py" serve_shared.h5 \
+    serve_excl.h5 2>&1 | tail -8
+WATTLAB_BENCH_RESULTS=$work timeout 100 python3 "$repo/bench/scrape_cost.py" \
+    ${SIMULATE:+--quick} 2>&1 | tail -8
 # what the serving part left comes back even if the floor runs past the command's limit
 tar -C "$work" -czf "$OUT/serving.tar.gz" . && ls -la "$OUT"
 [ "${1:-60}" = 0 ] && exit 0  # floor seconds 0: the serving part alone

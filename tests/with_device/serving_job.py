@@ -1,22 +1,19 @@
 """A real generation server for the per-request and per-token energy checks (real GPU only).
 
-No model can be downloaded on the lent machine: a GPT-2-style transformer is built from its
-config with random weights (the energy of a forward pass does not depend on the weights'
-values), on the GPU, in bf16. Its default size (24 layers of width 4096: ~4.8 B parameters,
-~10 GB) and prompts of 128-1024 tokens make the GPU's work, not Python, set the pace: GPT-2
-small with short prompts drew 123 W against 121 W idle on the H200 (BENCHMARKS.md), every
-decode step a few microseconds of GPU work behind milliseconds of Python; here each decode
-step reads ~10 GB of weights per cohort and each prefill is tens of TFLOP.
+No model can be downloaded on the lent machine: a decoder-only transformer with random
+weights (serving_model.py) is built on the GPU, in bf16. Its default size (8 layers of width
+8192: ~6.7 B parameters, ~13 GB) makes each decode step ~3 ms of reading weights behind ~1 ms
+of Python, so the GPU sets the pace; every request in flight is decoded by one forward a
+step (continuous batching), each arrival prefilled into a free slot of one KV cache.
 
-Requests arrive staggered (seeded Poisson arrivals, prompt and output lengths
-drawn per request); arrived requests are admitted as a cohort while fewer than ``--cap``
-are in flight, each cohort prefilled in one batched forward (left-padded) and then decoded
-one token a step alongside the other cohorts. The server exposes vLLM's metric names on its
-own Prometheus endpoint and writes the per-request JSONL log of docs/serving.md.
+Requests arrive staggered (seeded Poisson arrivals, prompt and output lengths drawn per
+request) and are admitted while fewer than ``--cap`` are in flight. The server exposes vLLM's
+metric names on its own Prometheus endpoint and writes the per-request JSONL log of
+docs/serving.md, its times the GPU's (each step's end read from a CUDA event).
 
 ``--exclusive`` serves the same requests one at a time, each marked ``request`` with the
 GPU synchronised at both edges: the per-request truth the shared run's attribution is
-checked against. Read-only on the card.
+checked against (bench/serving_shares.py). Read-only on the card.
 
     python serving_job.py --port PORT --log requests.jsonl --start-file go &
     wattlab record --nvml 0 --scrape http://127.0.0.1:PORT/metrics -o shared.h5 -- \
@@ -33,16 +30,16 @@ import os
 import random
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from serving_model import SlotModel
 
 import wattlab
 
-MODEL = "gpt2-random"
-ADMIT_AT_ONCE = 4
-ADMIT_WAIT_S = 0.25
+MODEL = "decoder-random"
+QUEUED_STEPS = 2  # steps the host queues ahead of the GPU: enough to keep it busy
 DEVICE = "cuda"  # --device cpu: a smoke test of the script on a machine without a GPU
 
 
@@ -55,7 +52,8 @@ class Request:
     start_unix_s: float = 0.0
     first_token_unix_s: float | None = None
     end_unix_s: float = 0.0
-    made: int = 0
+    made: int = 0  # tokens the GPU has made
+    cached: int = 0  # tokens in its slot once the steps queued so far have run
 
     def log_line(self) -> str:
         return json.dumps({"id": self.id, "start_unix_s": self.start_unix_s,
@@ -130,99 +128,94 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-class Cohort:
-    """Requests admitted together: one batched prefill, then one decode step at a time."""
+class Server:
+    """Continuous batching: each arrival prefilled into a free slot, then every slot in flight
+    decoded by one forward a step. The host queues steps ahead and learns when each ended
+    from a CUDA event, so the requests' times in the log are the GPU's, to the event."""
 
-    def __init__(self, model: GPT2LMHeadModel, members: list[Request], vocab: int) -> None:
-        self.members = members
-        longest = max(r.prompt_tokens for r in members)
-        ids = torch.randint(0, vocab, (len(members), longest), device=DEVICE)
-        mask = torch.zeros_like(ids)
-        for row, r in enumerate(members):
-            mask[row, longest - r.prompt_tokens:] = 1
-        self.mask = mask
-        with torch.no_grad():
-            out = model(input_ids=ids, attention_mask=mask, use_cache=True)
-        self.past = out.past_key_values
-        self.next = out.logits[:, -1].argmax(-1, keepdim=True)
+    def __init__(self, model: SlotModel, cap: int, counters: Counters) -> None:
+        self.model, self.cap, self.counters = model, cap, counters
+        self.active: dict[int, Request] = {}  # slot -> request still to be decoded
+        self.pending: deque[tuple[torch.cuda.Event | None, list[Request]]] = deque()
+        self.most_in_flight = 0
 
-    def step(self, model: GPT2LMHeadModel) -> None:
-        self.mask = torch.cat([self.mask, torch.ones_like(self.next)], dim=1)
-        with torch.no_grad():
-            out = model(input_ids=self.next, attention_mask=self.mask, past_key_values=self.past,
-                        use_cache=True)
-        self.past = out.past_key_values
-        self.next = out.logits[:, -1].argmax(-1, keepdim=True)
+    def _queue(self, made: list[Request]) -> None:
+        """The work just queued makes a token for each of ``made``; settle what ended."""
+        event = None
+        if DEVICE == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        self.pending.append((event, made))
+        while len(self.pending) > QUEUED_STEPS:
+            self._settle()
 
-    @property
-    def done(self) -> bool:
-        return all(r.made >= r.output_tokens for r in self.members)
-
-
-def run_shared(model: GPT2LMHeadModel, todo: list[Request], cap: int, counters: Counters,
-               vocab: int) -> None:
-    start = time.monotonic()
-    waiting, cohorts = list(todo), []
-    while waiting or cohorts:
-        now = time.monotonic() - start
-        in_flight = sum(1 for c in cohorts for r in c.members if r.made < r.output_tokens)
-        arrived = [r for r in waiting if r.arrive_s <= now][:max(0, cap - in_flight)]
-        # a cohort waits for ADMIT_AT_ONCE arrivals or ADMIT_WAIT_S, as a batching server
-        # does: admitted one by one, every request would run its own forward each step
-        if arrived and len(arrived) < ADMIT_AT_ONCE and now - arrived[0].arrive_s < ADMIT_WAIT_S:
-            arrived = []
-        if arrived:
-            for r in arrived:
-                waiting.remove(r)
-                r.start_unix_s = time.time()
-            cohorts.append(Cohort(model, arrived, vocab))
-            sync()
-            t = time.time()
-            for r in arrived:
-                r.first_token_unix_s, r.made = t, 1
-            with counters.lock:
-                counters.prompt += sum(r.prompt_tokens for r in arrived)
-                counters.generated += len(arrived)
-                counters.running += len(arrived)
-        elif not cohorts:
-            time.sleep(0.005)
-            continue
-        for c in cohorts:
-            c.step(model)
-        sync()
+    def _settle(self) -> None:
+        event, made = self.pending.popleft()
+        if event is not None:
+            event.synchronize()
         t = time.time()
-        for c in cohorts:
-            for r in c.members:
-                if r.made < r.output_tokens:
-                    r.made += 1
-                    with counters.lock:
-                        counters.generated += 1
-                    if r.made == r.output_tokens:
-                        r.end_unix_s = t
-                        with counters.lock:
-                            counters.finished += 1
-                            counters.running -= 1
-        cohorts = [c for c in cohorts if not c.done]
+        with self.counters.lock:
+            for r in made:
+                r.made += 1
+                self.counters.generated += 1
+                if r.made == 1:
+                    r.first_token_unix_s = t
+                    self.counters.prompt += r.prompt_tokens
+                    self.counters.running += 1
+                if r.made == r.output_tokens:
+                    r.end_unix_s = t
+                    self.counters.finished += 1
+                    self.counters.running -= 1
+
+    def admit(self, r: Request) -> None:
+        slot = min(set(range(self.cap)) - set(self.active))
+        self.model.prefill(slot, r.prompt_tokens)
+        if r.output_tokens > 1:
+            self.active[slot] = r
+            r.cached = r.prompt_tokens
+        self._queue([r])
+
+    def step(self) -> None:
+        """One decode step of every request in flight; a request done frees its slot."""
+        batch = max(self.active) + 1
+        longest = max(r.cached for r in self.active.values()) + 1
+        self.model.decode(batch, longest)
+        made = list(self.active.values())
+        for slot, r in list(self.active.items()):
+            r.cached += 1
+            if r.cached - r.prompt_tokens == r.output_tokens - 1:
+                del self.active[slot]
+        self._queue(made)
+
+    def serve(self, todo: list[Request]) -> None:
+        """``todo`` as it arrives (``arrive_s`` after now), at most ``cap`` in flight."""
+        start, start_unix = time.monotonic(), time.time()
+        waiting = deque(sorted(todo, key=lambda r: r.arrive_s))
+        while waiting or self.active:
+            now = time.monotonic() - start
+            while waiting and waiting[0].arrive_s <= now and len(self.active) < self.cap:
+                r = waiting.popleft()
+                r.start_unix_s = start_unix + r.arrive_s  # its arrival: time queued counts
+                self.admit(r)
+            if self.active:
+                self.most_in_flight = max(self.most_in_flight, len(self.active))
+                self.step()
+            else:  # nothing in flight: every step ends before the wait for the next arrival
+                while self.pending:
+                    self._settle()
+                time.sleep(0.001)
+        while self.pending:
+            self._settle()
 
 
-def run_exclusive(model: GPT2LMHeadModel, todo: list[Request], counters: Counters,
-                  vocab: int) -> None:
+def run_exclusive(server: Server, todo: list[Request]) -> None:
+    """One request at a time, each inside a ``request`` phase, the GPU idle at both edges."""
     for r in todo:
         sync()
         with wattlab.phase("request", id=r.id):
-            r.start_unix_s = time.time()
-            cohort = Cohort(model, [r], vocab)
+            r.arrive_s = 0.0
+            server.serve([r])
             sync()
-            r.first_token_unix_s, r.made = time.time(), 1
-            while r.made < r.output_tokens:
-                cohort.step(model)
-                r.made += 1
-            sync()
-            r.end_unix_s = time.time()
-        with counters.lock:
-            counters.prompt += r.prompt_tokens
-            counters.generated += r.output_tokens
-            counters.finished += 1
 
 
 def main() -> None:
@@ -230,7 +223,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--log", required=True, help="the per-request JSONL log to write")
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--rate-hz", type=float, default=8.0)
+    parser.add_argument("--rate-hz", type=float, default=16.0)
     parser.add_argument("--cap", type=int, default=16, help="requests in flight at most")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--exclusive", action="store_true")
@@ -239,45 +232,47 @@ def main() -> None:
                         "only once this file exists: a server already up when the recording "
                         "(and its scraper) starts, as with a real server and a load generator")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--embd", type=int, default=4096, help="the model's width")
-    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--width", type=int, default=8192)
+    parser.add_argument("--heads", type=int, default=64)
+    parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                         help="default: bfloat16 on cuda, float32 on cpu")
-    parser.add_argument("--prompt-tokens", type=token_range, default=(128, 1024),
+    parser.add_argument("--prompt-tokens", type=token_range, default=(128, 512),
                         metavar="MIN:MAX")
-    parser.add_argument("--output-tokens", type=token_range, default=(16, 48),
+    parser.add_argument("--output-tokens", type=token_range, default=(64, 256),
                         metavar="MIN:MAX")
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
     torch.manual_seed(args.seed)
-    config = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=args.heads,
-                        n_positions=args.prompt_tokens[1] + args.output_tokens[1])
     dtype = getattr(torch, args.dtype or ("bfloat16" if DEVICE == "cuda" else "float32"))
-    with torch.device(DEVICE):  # built where it runs: no 19 GB of fp32 on the host first
-        model = GPT2LMHeadModel(config).to(dtype).eval()
-    print(f"model: {args.layers} layers x {args.embd} wide, "
-          f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters, {dtype}",
-          flush=True)
+    model = SlotModel(layers=args.layers, width=args.width, heads=args.heads,
+                      vocab=args.vocab, slots=args.cap, device=DEVICE, dtype=dtype,
+                      context=args.prompt_tokens[1] + args.output_tokens[1])
+    print(f"model: {args.layers} layers x {args.width} wide, {model.parameters / 1e9:.2f} B "
+          f"parameters, {dtype}", flush=True)
     counters = Counters()
     server = serve_metrics(counters, args.port)
     todo = requests(args.requests, args.rate_hz, args.seed, args.prompt_tokens,
                     args.output_tokens)
-    Cohort(model, todo[:4], config.vocab_size)  # warm-up: kernels chosen before timing
+    model.prefill(0, args.prompt_tokens[1])  # warm-up: kernels chosen before timing
+    model.decode(args.cap, model.context)
     sync()
     while args.start_file and not os.path.exists(args.start_file):
         time.sleep(0.05)
     time.sleep(args.idle_s)
+    serving = Server(model, args.cap, counters)
     if args.exclusive:
-        run_exclusive(model, todo, counters, config.vocab_size)
+        run_exclusive(serving, todo)
     else:
-        run_shared(model, todo, args.cap, counters, config.vocab_size)
+        serving.serve(todo)
     time.sleep(args.idle_s)
     with open(args.log + ".part", "w") as f:
         f.writelines(r.log_line() + "\n" for r in todo)
     os.replace(args.log + ".part", args.log)  # whole when it appears: the load waits on it
-    print(f"served {len(todo)} requests, {counters.generated} tokens", flush=True)
+    print(f"served {len(todo)} requests, {counters.generated} tokens; most in flight "
+          f"{serving.most_in_flight}", flush=True)
     if args.start_file:  # a server outlives its load: it serves until it is killed
         threading.Event().wait()
     server.shutdown()
