@@ -50,6 +50,7 @@ class Request:
     prompt_tokens: int
     output_tokens: int
     start_unix_s: float = 0.0
+    scheduled_unix_s: float = 0.0  # its prefill's start on the GPU
     first_token_unix_s: float | None = None
     end_unix_s: float = 0.0
     made: int = 0  # tokens the GPU has made
@@ -57,6 +58,7 @@ class Request:
 
     def log_line(self) -> str:
         return json.dumps({"id": self.id, "start_unix_s": self.start_unix_s,
+                           "scheduled_unix_s": self.scheduled_unix_s,
                            "first_token_unix_s": self.first_token_unix_s,
                            "end_unix_s": self.end_unix_s,
                            "prompt_tokens": self.prompt_tokens,
@@ -136,24 +138,30 @@ class Server:
     def __init__(self, model: SlotModel, cap: int, counters: Counters) -> None:
         self.model, self.cap, self.counters = model, cap, counters
         self.active: dict[int, Request] = {}  # slot -> request still to be decoded
-        self.pending: deque[tuple[torch.cuda.Event | None, list[Request]]] = deque()
+        # per point queued on the GPU: its event, the requests it ends a token of, and those
+        # whose prefill it starts
+        self.pending: deque[tuple[torch.cuda.Event | None, list[Request], list[Request]]] = (
+            deque())
         self.most_in_flight = 0
 
-    def _queue(self, made: list[Request]) -> None:
-        """The work just queued makes a token for each of ``made``; settle what ended."""
+    def _queue(self, made: list[Request], starts: list[Request] | None = None) -> None:
+        """The work just queued makes a token for each of ``made``, or what is queued next
+        starts the prefill of ``starts``; settle what ended."""
         event = None
         if DEVICE == "cuda":
             event = torch.cuda.Event()
             event.record()
-        self.pending.append((event, made))
+        self.pending.append((event, made, starts or []))
         while len(self.pending) > QUEUED_STEPS:
             self._settle()
 
     def _settle(self) -> None:
-        event, made = self.pending.popleft()
+        event, made, starts = self.pending.popleft()
         if event is not None:
             event.synchronize()
         t = time.time()
+        for r in starts:
+            r.scheduled_unix_s = t
         with self.counters.lock:
             for r in made:
                 r.made += 1
@@ -169,6 +177,7 @@ class Server:
 
     def admit(self, r: Request) -> None:
         slot = min(set(range(self.cap)) - set(self.active))
+        self._queue([], [r])
         self.model.prefill(slot, r.prompt_tokens)
         if r.output_tokens > 1:
             self.active[slot] = r
@@ -223,7 +232,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--log", required=True, help="the per-request JSONL log to write")
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--rate-hz", type=float, default=16.0)
+    parser.add_argument("--rate-hz", type=float, default=8.0)
     parser.add_argument("--cap", type=int, default=16, help="requests in flight at most")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--exclusive", action="store_true")

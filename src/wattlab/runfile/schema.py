@@ -237,6 +237,9 @@ REQUESTS = "requests"
 REQUEST_ATTRS = ("log", "format", "skipped", "mapping")
 REQUEST_ID = "id"
 REQUEST_COLUMNS = ("start_s", "first_token_s", "end_s", "prompt_tokens", "output_tokens")
+REQUEST_SCHEDULED = "scheduled_s"
+"""The optional column: when each prefill started (NaN where the log did not say; absent
+from tables written before it existed)."""
 """``/analysis/requests``: after ``id``, one array per column, one row per request
 (`wattlab import requests`; session seconds, NaN where a request had no first token)."""
 
@@ -279,7 +282,8 @@ LAYOUT = (
     Node(_record(TUNING, ITERATIONS), True),
     *(Node(_record(TUNING, ITERATIONS, name), False) for name in ITERATION_COLUMNS),
     Node(_record(REQUESTS), True, REQUEST_ATTRS),
-    *(Node(_record(REQUESTS, name), False) for name in (REQUEST_ID, *REQUEST_COLUMNS)),
+    *(Node(_record(REQUESTS, name), False)
+      for name in (REQUEST_ID, *REQUEST_COLUMNS, REQUEST_SCHEDULED)),
 )
 """Every group and dataset a run file may hold."""
 

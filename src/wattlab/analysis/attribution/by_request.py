@@ -1,7 +1,8 @@
 """`wattlab energy RUN --by-request`: each request's energy, prefill and decode apart.
 
-Each request is two activities: prefill (start to first token) and decode (first token
-to end); a request without a first token is all prefill. Idle is given, or measured where
+Each request is two activities: prefill (its start, or when it was scheduled where the log
+says, to first token) and decode (first token to end); a request without a first token is
+all prefill. Idle is given, or measured where
 no request is in flight. Two rules, both learnt from the run itself:
 
 - ``alone`` (the default): the run's dynamic energy shared in proportion to each request's
@@ -30,6 +31,7 @@ from wattlab.analysis.attribution.power_stream import PowerStream, run_power_str
 from wattlab.analysis.attribution.request_alone import (
     alone_attribution,
     fit_alone_power,
+    priced_activities,
     unqueued_activities,
 )
 from wattlab.analysis.attribution.request_log import Request, read_requests
@@ -110,7 +112,7 @@ def activities_of(requests: list[Request]) -> list[Activity]:
     out = []
     for r in requests:
         first = r.end_s if r.first_token_s is None else r.first_token_s
-        out.append(Activity(r.id, "prefill", r.start_s, first))
+        out.append(Activity(r.id, "prefill", r.prefill_start_s, first))
         if first < r.end_s:
             out.append(Activity(r.id, "decode", first, r.end_s))
     return out
@@ -159,7 +161,10 @@ def energy_by_request(run: Run, *, idle_w: float | None = None, rule: str = REQU
     share: Callable[[Rule], Attribution] = partial(
         attribute, stream.t_s, stream.power_w, idle_w, acts, span_s=stream.run_s)
     if rule == "alone":
-        share = alone_attribution(share, acts)
+        priced, notes, caveats = priced_activities(requests, acts)
+        learnt = replace(learnt, notes=[*learnt.notes, *notes],
+                         caveats=[*learnt.caveats, *caveats])
+        share = alone_attribution(share, priced)
     att = share(learnt)
     pm = share_spread(share, att)
     return ByRequest(run.path, stream, idle_pm, how, att,

@@ -10,7 +10,11 @@ The alone powers are learnt from the run itself: each piece's dynamic power is m
 a static part drawn whenever any work is in flight plus a part per activity of each kind,
 ``s·[busy] + Σ_k c_k n_k``, fitted by least squares weighted by duration; one activity of
 kind k alone then draws ``s + c_k``. A request's predicted alone energy is the sum over its
-activities of that power times the activity's duration in the run.
+activities of that power times the time the activity would take alone: its prefill's prompt
+at the run's unqueued prefill pace, its decode's tokens at the run's least crowded decode
+pace. Why not its duration in the run: other requests' work stretches a request's steps (on
+the lent H200 the same decode took 3.5 ms a token alone and 7-9 ms in a crowded batch), and
+what it would cost alone does not depend on who it ran beside.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from wattlab.analysis.attribution.rule import Param, Rule
 
 NAME = "alone"
 DESCRIPTION = ("the run's dynamic energy with a request in flight shared in proportion to "
-               "each activity's predicted alone energy: (s + c_k) x its duration, s the "
-               "static part any batch draws, c_k the part per activity of kind k")
+               "each activity's predicted alone energy: (s + c_k) x the time it takes alone, "
+               "s the static part any batch draws, c_k the part per activity of kind k")
 
 
 QUEUE_QUANTILE = 0.1  # the prefill pace taken as unqueued: this quantile of TTFT per token
@@ -43,14 +47,59 @@ def unqueued_activities(requests: Sequence[Request], activities: Sequence[Activi
     quantile of TTFT per prompt token over its requests; a prefill longer than its prompt
     at that pace starts that much before its first token (the rest was waiting).
     """
-    paces = [(r.first_token_s - r.start_s) / r.prompt_tokens for r in requests
-             if r.first_token_s is not None and r.prompt_tokens > 0]
-    if not paces:
+    pace_s = prefill_pace_s(requests)
+    if pace_s is None:
         return list(activities)
-    pace_s = float(np.quantile(paces, QUEUE_QUANTILE))
-    prompt = {r.id: r.prompt_tokens for r in requests}
-    return [replace(a, t0_s=max(a.t0_s, a.t1_s - pace_s * prompt[a.owner]))
-            if a.kind == "prefill" and prompt[a.owner] > 0 else a for a in activities]
+    return cut_to_pace(activities, "prefill", pace_s, {r.id: r.prompt_tokens for r in requests})
+
+
+def prefill_pace_s(requests: Sequence[Request]) -> float | None:
+    """The run's unqueued prefill pace, seconds a prompt token (None: no prefill to learn on)."""
+    paces = [(r.first_token_s - r.prefill_start_s) / r.prompt_tokens for r in requests
+             if r.first_token_s is not None and r.prompt_tokens > 0]
+    return float(np.quantile(paces, QUEUE_QUANTILE)) if paces else None
+
+
+def decode_pace_s(requests: Sequence[Request]) -> float | None:
+    """The run's least crowded decode pace, seconds a token (None: none made two tokens).
+
+    It is the ``QUEUE_QUANTILE`` quantile of the requests' inter-token latencies.
+    """
+    paces = [(r.end_s - r.first_token_s) / (r.output_tokens - 1) for r in requests
+             if r.first_token_s is not None and r.output_tokens > 1]
+    return float(np.quantile(paces, QUEUE_QUANTILE)) if paces else None
+
+
+def cut_to_pace(activities: Sequence[Activity], kind: str, pace_s: float,
+                tokens: dict[str, int]) -> list[Activity]:
+    """Each ``kind`` activity no longer than its tokens at ``pace_s``, its end kept."""
+    return [replace(a, t0_s=max(a.t0_s, a.t1_s - pace_s * tokens[a.owner]))
+            if a.kind == kind and tokens[a.owner] > 0 else a for a in activities]
+
+
+def priced_activities(requests: Sequence[Request], activities: Sequence[Activity]
+                      ) -> tuple[list[Activity], list[str], list[str]]:
+    """``activities`` (prefills already unqueued) as the rule prices them; notes, caveats.
+
+    Each decode is cut to its tokens at the run's least crowded pace.
+    """
+    decode_s, prefill_s = decode_pace_s(requests), prefill_pace_s(requests)
+    if decode_s is None:
+        return list(activities), [], []
+    priced = cut_to_pace(activities, "decode", decode_s,
+                         {r.id: r.output_tokens - 1 for r in requests})
+    notes = [f"each decode priced at its tokens x the run's least crowded decode pace "
+             f"({1e3 * decode_s:.3g} ms a token, the {QUEUE_QUANTILE:.0%} quantile of "
+             "inter-token latency): steps stretched by other requests' work are free"]
+    caveats = []
+    if prefill_s is not None and prefill_s >= decode_s and all(
+            r.scheduled_s is None for r in requests):
+        caveats.append(
+            f"the unqueued prefill pace ({1e3 * prefill_s:.3g} ms a prompt token) is no faster "
+            f"than a decode step ({1e3 * decode_s:.3g} ms): the log's times to first token "
+            "hold time waiting for the batch that the rule cannot take out, so prefill is "
+            "overpriced; log each request's scheduled_unix_s")
+    return priced, notes, caveats
 
 
 def fit_alone_power(t_s: FloatArray, power_w: FloatArray, idle_w: float,
@@ -82,9 +131,8 @@ def fit_alone_power(t_s: FloatArray, power_w: FloatArray, idle_w: float,
         f"fitted on {x.shape[0]} pieces of >= {1e3 * min_piece_s:.3g} ms: static part "
         f"s = {coef[0]:.3g} W, " + ", ".join(f"c_{k} = {c:.3g} W"
                                             for k, c in zip(kinds, coef[1:], strict=True)),
-        "durations are the run's, each prefill cut to its prompt at the run's unqueued pace "
-        "(time waiting for the batch is free); where batching stretched a request's steps, "
-        "its alone energy is overstated"])
+        "fitted with each prefill cut to its prompt at the run's unqueued pace (time waiting "
+        "for the batch is free)"])
 
 
 def flat_rule(kinds: list[str], why: str) -> Rule:

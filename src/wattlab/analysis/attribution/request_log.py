@@ -5,7 +5,9 @@ dataset per column (session seconds, NaN where a request had no first token) and
 attributes saying where the log came from and how its times were mapped.
 
 wattlab's format (docs/serving.md), one object a line: ``id``, ``start_unix_s``,
-``first_token_unix_s`` (or null), ``end_unix_s``, ``prompt_tokens``, ``output_tokens``.
+``first_token_unix_s`` (or null), ``end_unix_s``, ``prompt_tokens``, ``output_tokens``, and
+optionally ``scheduled_unix_s``: when its prefill started (vLLM's ``first_scheduled_time``),
+which tells time spent waiting for a place in the batch from prefill.
 AIPerf (NVIDIA's serving benchmark) writes one record a line with ``metadata``
 (``x_request_id``, ``request_start_ns``/``request_end_ns``: epoch ns) and ``metrics``
 (``time_to_first_token`` in ms, ``input_sequence_length``/``output_sequence_length`` in
@@ -49,6 +51,16 @@ class Request:
     end_s: float
     prompt_tokens: int
     output_tokens: int
+    scheduled_s: float | None = None  # its prefill's start, where the log says
+
+    @property
+    def prefill_start_s(self) -> float:
+        """Where its prefill began: when it was scheduled, else (not knowing) its start."""
+        return self.start_s if self.scheduled_s is None else self.scheduled_s
+
+
+Row = tuple[str, float, float | None, float, int, int, float | None]
+"""A log line: id, start, first token, end (unix s), prompt and output tokens, scheduled."""
 
 
 @dataclass
@@ -84,8 +96,7 @@ def _tokens(obj: dict[str, Any], key: str, where: str) -> int:
     return int(v)
 
 
-def _wattlab_row(obj: dict[str, Any], where: str) -> tuple[str, float, float | None, float,
-                                                            int, int]:
+def _wattlab_row(obj: dict[str, Any], where: str) -> Row:
     if not isinstance(obj.get("id"), str) or not obj["id"]:
         raise UsageError(f"{where}: field 'id' must be a non-empty string, got "
                          f"{obj.get('id')!r}")
@@ -93,11 +104,12 @@ def _wattlab_row(obj: dict[str, Any], where: str) -> tuple[str, float, float | N
     first = _maybe_number(obj, "first_token_unix_s", where)
     end = _number(obj, "end_unix_s", where)
     return (obj["id"], start, first, end, _tokens(obj, "prompt_tokens", where),
-            _tokens(obj, "output_tokens", where))
+            _tokens(obj, "output_tokens", where),
+            None if obj.get("scheduled_unix_s") is None else _number(obj, "scheduled_unix_s",
+                                                                      where))
 
 
-def _aiperf_row(obj: dict[str, Any], where: str
-                ) -> tuple[str, float, float | None, float, int, int] | None:
+def _aiperf_row(obj: dict[str, Any], where: str) -> Row | None:
     meta, metrics = obj.get("metadata"), obj.get("metrics") or {}
     if not isinstance(meta, dict) or not isinstance(metrics, dict):
         raise UsageError(f"{where}: field 'metadata' must be an object")
@@ -118,14 +130,14 @@ def _aiperf_row(obj: dict[str, Any], where: str
         counts[key] = _tokens(m, "value", f"{where} metrics.{key}")
     rid = str(meta.get("x_request_id") or meta.get("session_num", where))
     return (rid, start / 1e9, first, end / 1e9, counts["input_sequence_length"],
-            counts["output_sequence_length"])
+            counts["output_sequence_length"], None)
 
 
 def parse_request_log(path: str, lines: Sequence[str], session_start_unix_ns: int,
                       run_span_s: tuple[float, float]) -> RequestLog:
     """Read and check a log (module doc); times in session seconds."""
     fmt, skipped = "", 0
-    rows: list[tuple[str, tuple[str, float, float | None, float, int, int]]] = []
+    rows: list[tuple[str, Row]] = []
     seen: dict[str, int] = {}
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -161,23 +173,27 @@ def mapping_text() -> str:
             "offset against this host's")
 
 
-def _mapped(where: str, row: tuple[str, float, float | None, float, int, int], t0: float,
-            span_s: tuple[float, float]) -> Request:
-    rid, start, first, end, prompt, output = row
+def _mapped(where: str, row: Row, t0: float, span_s: tuple[float, float]) -> Request:
+    rid, start, first, end, prompt, output, scheduled = row
     start_s, end_s = start - t0, end - t0
     first_s = None if first is None else first - t0
+    scheduled_s = None if scheduled is None else scheduled - t0
     if end_s < start_s:
         raise UsageError(f"{where}: field 'end_unix_s' ({end:.6f}) is before the start "
                          f"({start:.6f})")
     if first_s is not None and not start_s <= first_s <= end_s:
         raise UsageError(f"{where}: field 'first_token_unix_s' is outside the request's "
                          "start..end")
+    if scheduled_s is not None and not start_s <= scheduled_s <= (
+            end_s if first_s is None else first_s):
+        raise UsageError(f"{where}: field 'scheduled_unix_s' is outside the request's start.."
+                         + ("end" if first_s is None else "first token"))
     slack = SLEW_PPM * 1e-6 * max(abs(end_s), 1.0)
     if start_s < span_s[0] - slack or end_s > span_s[1] + slack:
         raise UsageError(f"{where}: request {rid!r} ({start_s:.3f}..{end_s:.3f} s) lies outside "
                          f"the run ({span_s[0]:.3f}..{span_s[1]:.3f} s since its start): "
                          "another run's log, or another host's clock")
-    return Request(rid, start_s, first_s, end_s, prompt, output)
+    return Request(rid, start_s, first_s, end_s, prompt, output, scheduled_s)
 
 
 WHERE = (schema.REQUESTS,)
@@ -190,10 +206,13 @@ def write_requests(path: str, log_path: str, log: RequestLog) -> str:
         reqs = log.requests
         group.create_dataset(schema.REQUEST_ID, data=[r.id for r in reqs],
                              dtype=h5py.string_dtype())
-        first_s = [math.nan if r.first_token_s is None else r.first_token_s for r in reqs]
-        columns = ([r.start_s for r in reqs], first_s, [r.end_s for r in reqs],
-                   [r.prompt_tokens for r in reqs], [r.output_tokens for r in reqs])
-        for name, values in zip(COLUMNS, columns, strict=True):
+        def maybe(xs: list[float | None]) -> list[float]:
+            return [math.nan if x is None else x for x in xs]
+
+        columns = ([r.start_s for r in reqs], maybe([r.first_token_s for r in reqs]),
+                   [r.end_s for r in reqs], [r.prompt_tokens for r in reqs],
+                   [r.output_tokens for r in reqs], maybe([r.scheduled_s for r in reqs]))
+        for name, values in zip((*COLUMNS, schema.REQUEST_SCHEDULED), columns, strict=True):
             group[name] = np.array(values)  # floats stay float64, token counts int64
         group.attrs.update(dict(zip(schema.REQUEST_ATTRS, (
             os.path.basename(log_path), log.format, log.skipped, log.mapping), strict=True)))
@@ -214,5 +233,11 @@ def read_requests(run: Run) -> tuple[list[Request], dict[str, str]] | None:
             attrs = {k: str(v) for k, v in group.attrs.items()}
         except KeyError as e:
             raise RunFileError(f"{run.path}: the request table is incomplete ({e})") from e
-    return [Request(i, float(a), None if math.isnan(b) else float(b), float(c), int(d), int(e))
-            for i, a, b, c, d, e in zip(ids, *cols, strict=True)], attrs
+        scheduled = (group[schema.REQUEST_SCHEDULED][()] if schema.REQUEST_SCHEDULED in group
+                     else np.full(len(ids), math.nan))
+
+    def maybe(x: float) -> float | None:
+        return None if math.isnan(x) else float(x)
+
+    return [Request(i, float(a), maybe(b), float(c), int(d), int(e), maybe(f))
+            for i, a, b, c, d, e, f in zip(ids, *cols, scheduled, strict=True)], attrs
