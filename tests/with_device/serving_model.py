@@ -17,6 +17,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# cuDNN's attention builds a plan for every new shape (~50 ms each on the lent H200): with a
+# new context length every step, that, not the GPU's work, set the first requests' pace
+if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
 
 class SlotModel:
     """Weights, the slot cache, and one prefill or decode step at a time."""

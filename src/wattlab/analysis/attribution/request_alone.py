@@ -50,7 +50,9 @@ def unqueued_activities(requests: Sequence[Request], activities: Sequence[Activi
     pace_s = prefill_pace_s(requests)
     if pace_s is None:
         return list(activities)
-    return cut_to_pace(activities, "prefill", pace_s, {r.id: r.prompt_tokens for r in requests})
+    prompt = {r.id: r.prompt_tokens for r in requests}
+    return [replace(a, t0_s=max(a.t0_s, a.t1_s - pace_s * prompt[a.owner]))
+            if a.kind == "prefill" and prompt[a.owner] > 0 else a for a in activities]
 
 
 def prefill_pace_s(requests: Sequence[Request]) -> float | None:
@@ -70,24 +72,21 @@ def decode_pace_s(requests: Sequence[Request]) -> float | None:
     return float(np.quantile(paces, QUEUE_QUANTILE)) if paces else None
 
 
-def cut_to_pace(activities: Sequence[Activity], kind: str, pace_s: float,
-                tokens: dict[str, int]) -> list[Activity]:
-    """Each ``kind`` activity no longer than its tokens at ``pace_s``, its end kept."""
-    return [replace(a, t0_s=max(a.t0_s, a.t1_s - pace_s * tokens[a.owner]))
-            if a.kind == kind and tokens[a.owner] > 0 else a for a in activities]
 
 
 def priced_activities(requests: Sequence[Request], activities: Sequence[Activity]
                       ) -> tuple[list[Activity], list[str], list[str]]:
     """``activities`` (prefills already unqueued) as the rule prices them; notes, caveats.
 
-    Each decode is cut to its tokens at the run's least crowded pace.
+    Each decode lasts its tokens at the run's least crowded pace, from its first token: as
+    long for a request that ran in a crowded batch as for one that ran nearly alone.
     """
     decode_s, prefill_s = decode_pace_s(requests), prefill_pace_s(requests)
     if decode_s is None:
         return list(activities), [], []
-    priced = cut_to_pace(activities, "decode", decode_s,
-                         {r.id: r.output_tokens - 1 for r in requests})
+    steps = {r.id: r.output_tokens - 1 for r in requests}
+    priced = [replace(a, t1_s=a.t0_s + decode_s * steps[a.owner]) if a.kind == "decode" else a
+              for a in activities]
     notes = [f"each decode priced at its tokens x the run's least crowded decode pace "
              f"({1e3 * decode_s:.3g} ms a token, the {QUEUE_QUANTILE:.0%} quantile of "
              "inter-token latency): steps stretched by other requests' work are free"]
