@@ -23,21 +23,26 @@ repo=$PWD; work=$(mktemp -d); cd "$work"
 w() { python3 -m wattlab.cli "$@"; }
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee gpu.txt \
     || echo "no nvidia-smi: ${SIMULATE:+rehearsal}" 
-# shared: the server is up before the recording (its scraper needs it), the requests start
-# with the recording; exclusive: the job is the workload, one request at a time, marked
+# Both runs: the server is up, warmed up, before the recording (its scraper needs it, and
+# its warm-up is not idle); the recording's load hands it the marker bus in the start file
+# and waits for its log. shared: staggered requests; excl: one at a time, each marked.
 job=("$repo/tests/with_device/serving_job.py" "${small[@]}")
-python3 "${job[@]}" --port 18706 --log shared.jsonl --start-file go > server.log 2>&1 &
-server=$!
-until python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:18706/metrics')" \
-    2>/dev/null; do sleep 0.5; kill -0 $server || break; done
-# expected on the lent H200: ~20 s shared, ~2 min one at a time (serving_job.py's doc)
-timeout 150 python3 -m wattlab.cli record "${gpu[@]}" --no-live \
-    --scrape http://127.0.0.1:18706/metrics --scrape-hz 10 -o raw_shared.h5 -- \
-    sh -c "touch go; until [ -e shared.jsonl ]; do sleep 0.2; done" > shared.log 2>&1
-echo "shared record exit $?"; kill $server; wait $server; tail -4 shared.log; tail -2 server.log
-timeout 300 python3 -m wattlab.cli record "${gpu[@]}" --no-live -o raw_excl.h5 -- \
-    python3 "${job[@]}" --port 18704 --log excl.jsonl --exclusive > excl.log 2>&1
-echo "excl record exit $?"; tail -4 excl.log
+serve() {  # mode port [job options]: expected on the lent H200 ~40 s shared, ~2.5 min excl
+    local mode=$1 port=$2; shift 2
+    python3 "${job[@]}" --port "$port" --log $mode.jsonl --start-file go_$mode "$@" \
+        > server_$mode.log 2>&1 &
+    local server=$!
+    until python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/metrics')" \
+        2>/dev/null; do sleep 0.5; kill -0 $server || break; done
+    timeout 300 python3 -m wattlab.cli record "${gpu[@]}" --no-live \
+        --scrape http://127.0.0.1:$port/metrics --scrape-hz 10 -o raw_$mode.h5 -- \
+        sh -c "echo \"\$WATTLAB_BUS\" > go_$mode.part && mv go_$mode.part go_$mode
+               until [ -e $mode.jsonl ]; do sleep 0.2; done" > $mode.log 2>&1
+    echo "$mode record exit $?"; kill $server; wait $server; tail -4 $mode.log
+    tail -3 server_$mode.log
+}
+serve shared 18706
+serve excl 18704 --exclusive
 for mode in shared excl; do
     w import requests $mode.jsonl --into raw_$mode.h5 >> $mode.log 2>&1; echo "import exit $?"
     w energy raw_$mode.h5 --per tokens --json > per_tokens_$mode.json 2>> $mode.log

@@ -15,10 +15,11 @@ docs/serving.md, its times the GPU's (each step's end read from a CUDA event).
 GPU synchronised at both edges: the per-request truth the shared run's attribution is
 checked against (bench/serving_shares.py). Read-only on the card.
 
-    python serving_job.py --port PORT --log requests.jsonl --start-file go &
-    wattlab record --nvml 0 --scrape http://127.0.0.1:PORT/metrics -o shared.h5 -- \
-        sh -c 'touch go; until [ -e requests.jsonl ]; do sleep 0.2; done'
-    wattlab record --nvml 0 -o exclusive.h5 -- python serving_job.py --exclusive ...
+    python serving_job.py --port PORT --log requests.jsonl --start-file go [--exclusive] &
+    wattlab record --nvml 0 --scrape http://127.0.0.1:PORT/metrics -o run.h5 -- \
+        sh -c 'echo "$WATTLAB_BUS" > go; until [ -e requests.jsonl ]; do sleep 0.2; done'
+
+(bench/device_serving_floor.sh runs both.)
 """
 
 from __future__ import annotations
@@ -252,9 +253,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--exclusive", action="store_true")
     parser.add_argument("--idle-s", type=float, default=2.0, help="idle before and after")
-    parser.add_argument("--start-file", help="serve the counters at once, but the requests "
-                        "only once this file exists: a server already up when the recording "
-                        "(and its scraper) starts, as with a real server and a load generator")
+    parser.add_argument("--start-file", help="serve the counters once warm, but the requests "
+                        "only once this file exists (it may hold the recording's marker bus, "
+                        "$WATTLAB_BUS): a server already up when the recording (and its "
+                        "scraper) starts, as with a real server and a load generator")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--width", type=int, default=8192)
@@ -276,15 +278,18 @@ def main() -> None:
                       context=args.prompt_tokens[1] + args.output_tokens[1])
     print(f"model: {args.layers} layers x {args.width} wide, {model.parameters / 1e9:.2f} B "
           f"parameters, {dtype}", flush=True)
-    counters = Counters()
-    server = serve_metrics(counters, args.port)
     todo = requests(args.requests, args.rate_hz, args.seed, args.prompt_tokens,
                     args.output_tokens)
     t = time.monotonic()
     warm_up(model, args.prompt_tokens, args.cap)
     print(f"torch {torch.__version__}: warmed up in {time.monotonic() - t:.1f} s", flush=True)
-    while args.start_file and not os.path.exists(args.start_file):
-        time.sleep(0.05)
+    counters = Counters()
+    server = serve_metrics(counters, args.port)  # up once warm: the load may start
+    if args.start_file:
+        while not os.path.exists(args.start_file):
+            time.sleep(0.05)
+        with open(args.start_file) as f:  # the recording's marker bus, where it gave one
+            os.environ["WATTLAB_BUS"] = f.read().strip() or os.environ.get("WATTLAB_BUS", "")
     time.sleep(args.idle_s)
     serving = Server(model, args.cap, counters)
     if args.exclusive:
