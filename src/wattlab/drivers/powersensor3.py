@@ -64,6 +64,10 @@ WRAP_NS = DEVICE_CLOCK_WRAP_US * 1000
 # a streak of reads this long, every one later than the envelope's slack and none showing a
 # break, is a hole the device clock cannot show (see DeviceClock), not data that waited
 HIDDEN_HOLE_CONFIRM_NS = 1_000_000_000
+# a streak this long of reads all over a quarter hole late fits no whole number of holes
+# (the reads, or the envelope before it, were that late: a loaded host), yet is a hole: one,
+# at least
+HIDDEN_HOLE_BOUND_NS = 5_000_000_000
 LINE_RATE_BYTES_PER_S = 20_000 * FRAME_BYTES
 # One poll decodes at most this much: at the 3.6 MB/s the decoder holds on any bytes (10x
 # the device's 20 kHz x 18 bytes; bench/decode.py) that is under 37 ms, within a poll's
@@ -334,6 +338,35 @@ class UnwrappedTimes:
     t_device_us: npt.NDArray[np.int64]
     t_host_ns: npt.NDArray[np.int64]
     estimated: npt.NDArray[np.bool_]
+    # frames from which a hidden hole's count is a lower bound (see DeviceClock)
+    at_least: list[int] = field(default_factory=list)
+
+
+@dataclass
+class LateStreak:
+    """Batches in a row later than ``threshold_ns`` past the clock's envelope.
+
+    Since when, and the least lateness of those after the first. Why not the first: it may
+    have read the frames before a hole during the hole's silence, late by part of it only.
+    """
+
+    threshold_ns: int
+    since_ns: int | None = None
+    least_ns: int | None = None
+
+    def update(self, excess_ns: int, host_read_ns: int) -> int:
+        """The streak's length (ns) with this batch; 0 while it has no ``least_ns``."""
+        if excess_ns <= self.threshold_ns:
+            self.end()
+            return 0
+        if self.since_ns is None:
+            self.since_ns = host_read_ns
+            return 0
+        self.least_ns = excess_ns if self.least_ns is None else min(self.least_ns, excess_ns)
+        return host_read_ns - self.since_ns
+
+    def end(self) -> None:
+        self.since_ns = self.least_ns = None
 
 
 class DeviceClock:
@@ -354,11 +387,20 @@ class DeviceClock:
     period and the wrap: 512 frames, 25.6 ms) leaves no odd step at all. Data that waited
     is read sooner or later, and the reads come back to the envelope; after such a hole they
     never do. So a streak of ``HIDDEN_HOLE_CONFIRM_NS`` in which every read is past the slack
-    without a break, and the least lateness is within a quarter of ``hidden_us`` of a whole
-    number of them, is that many hidden holes' worth of lost frames: the times are
+    without a break, and the least lateness (after the streak's first batch, which may have
+    read the frames before the hole during its silence) is within a quarter of ``hidden_us``
+    of a whole number of them, is that many hidden holes' worth of lost frames: the times are
     re-anchored from that read on (flagged ``ESTIMATED_TIME``), so the device clock steps by
     the hole there. The reads of the streak itself kept the old anchor: their times are
-    early by the hole, and the gap is placed up to the streak's length after it.
+    early by the hole, and the gap is placed up to the streak's length after it. A streak of
+    ``HIDDEN_HOLE_BOUND_NS`` of batches all over a quarter hole late, fitting no whole number
+    (the reads after the hole, or those the envelope came from before it, were that late),
+    is one hole at least (``at_least``), and the envelope moves onto the streak's reads.
+
+    Every read counts, not only a batch's last: ``reads`` gives (newest frame, host time) of
+    each read in the batch. Why: one stamp per batch put the envelope at whatever lateness
+    the first batch's stamp had (a loaded host: 5-40 ms); a hole's reads then fell under the
+    slack by that much, and a 512-frame hole went unreported (a loaded fresh clone).
     """
 
     def __init__(self, slack_ns: int = 20_000_000, drift_ppm: float = 200.0,
@@ -376,15 +418,20 @@ class DeviceClock:
         self._offset_ns = 0
         self._last_read_ns = 0
         self._last_host_ns: int | None = None
-        self._late: tuple[int, int] | None = None  # a streak of late reads: (since, least)
+        self._late = LateStreak(self.slack_ns)  # past the slack: holes counted exactly
+        self._behind = LateStreak(self.hidden_us * 1000 // 4)  # one at least
 
     @property
     def offset_ns(self) -> int:
         return self._offset_ns
 
     def unwrap(self, t10: npt.NDArray[np.uint16], host_read_ns: int,
-               breaks: Sequence[int] = ()) -> UnwrappedTimes:
-        """Times for frames read by ``host_read_ns``; ``breaks``: frame indices after lost data."""
+               breaks: Sequence[int] = (),
+               reads: Sequence[tuple[int, int]] = ()) -> UnwrappedTimes:
+        """Times for frames read by ``host_read_ns``; ``breaks``: frame indices after lost data.
+
+        ``reads``: (index of the newest frame read, host ns) of earlier reads of the batch.
+        """
         n = int(t10.shape[0])
         estimated = np.zeros(n, dtype=bool)
         if n == 0:
@@ -400,8 +447,10 @@ class DeviceClock:
         dev = (int(t[0]) if first else self._last_dev_us) + np.cumsum(steps)
         odd = np.flatnonzero(steps != self.period_us)
         all_breaks = sorted({int(b) for b in breaks} | {int(i) for i in odd if i or not first})
-        candidate = host_read_ns - int(dev[-1]) * 1000
+        # after a break only the reads of frames past it say how many wraps were lost
+        candidate = least_lateness(dev, host_read_ns, reads, all_breaks[0] if all_breaks else 0)
         at = n  # first sample on a new anchor (n: none)
+        at_least: list[int] = []
         if first:
             offset = candidate
         else:
@@ -415,12 +464,17 @@ class DeviceClock:
                 dev[at:] += wraps * DEVICE_CLOCK_WRAP_US
                 estimated[at:] = True
                 candidate -= wraps * WRAP_NS
-                self._late = None
-            elif (holes := self._hidden_holes(excess, host_read_ns)) > 0:
+                self._late.end()
+                self._behind.end()
+            elif (hole := self._hidden_holes(excess, host_read_ns))[0] > 0:
+                holes, shift_ns = hole
                 at = 0
                 dev += holes * self.hidden_us
                 estimated[:] = True
                 candidate -= holes * self.hidden_us * 1000
+                if shift_ns is not None:
+                    allowed += shift_ns
+                    at_least = [0]
             offset = min(candidate, allowed)
         if first:
             offsets = np.full(n, offset, dtype=np.int64)
@@ -448,24 +502,49 @@ class DeviceClock:
         self._last_read_ns = host_read_ns
         t_host = strictly_increasing(t_host, self._last_host_ns)
         self._last_host_ns = int(t_host[-1])
-        return UnwrappedTimes(dev.astype(np.int64), t_host, estimated)
+        return UnwrappedTimes(dev.astype(np.int64), t_host, estimated, at_least)
 
-    def _hidden_holes(self, excess_ns: int, host_read_ns: int) -> int:
-        """How many ``hidden_us`` holes a streak of late unbroken reads proves (class doc)."""
-        if excess_ns <= self.slack_ns:
-            self._late = None
-            return 0
-        since, least = self._late or (host_read_ns, excess_ns)
-        least = min(least, excess_ns)
-        self._late = (since, least)
-        if host_read_ns - since < HIDDEN_HOLE_CONFIRM_NS:
-            return 0
+    def _hidden_holes(self, excess_ns: int, host_read_ns: int) -> tuple[int, int | None]:
+        """How many ``hidden_us`` holes the streaks of late unbroken batches prove (class doc).
+
+        With how far the envelope moves where that count is a lower bound (None: exact).
+        """
+        late_ns = self._late.update(excess_ns, host_read_ns)
+        behind_ns = self._behind.update(excess_ns, host_read_ns)
         hidden_ns = self.hidden_us * 1000
-        holes = round(least / hidden_ns)
-        if holes < 1 or abs(least - holes * hidden_ns) > hidden_ns // 4:
-            return 0
-        self._late = None
-        return holes
+        least = self._late.least_ns
+        if late_ns >= HIDDEN_HOLE_CONFIRM_NS and least is not None:
+            holes = round(least / hidden_ns)
+            if holes >= 1 and abs(least - holes * hidden_ns) <= hidden_ns // 4:
+                self._late.end()
+                self._behind.end()
+                return holes, None
+        least = self._behind.least_ns
+        if behind_ns < HIDDEN_HOLE_BOUND_NS or least is None:
+            return 0, None
+        # the reads say only that frames were lost (they never came back), not how many
+        self._late.end()
+        self._behind.end()
+        return 1, least - hidden_ns
+
+
+def least_lateness(dev_us: npt.NDArray[np.int64], host_read_ns: int,
+                   reads: Sequence[tuple[int, int]], lo: int) -> int:
+    """The least ``read time − device time of the newest frame read`` over a batch's reads.
+
+    Of frames from ``lo`` on; the last read is ``host_read_ns``, of the batch's last frame.
+
+    Why the least: a read only adds lateness (a busy host stamps it late), so the least of
+    a batch's reads is the nearest to the device → host offset.
+    """
+    best = host_read_ns - int(dev_us[-1]) * 1000
+    if reads:
+        idx = np.array([i for i, _ in reads], dtype=np.intp)
+        t_ns = np.array([t for _, t in reads], dtype=np.int64)
+        keep = (idx >= lo) & (idx < dev_us.shape[0])
+        if keep.any():
+            best = min(best, int((t_ns[keep] - dev_us[idx[keep]] * 1000).min()))
+    return best
 
 
 def strictly_increasing(t_ns: npt.NDArray[np.int64], after_ns: int | None) -> npt.NDArray[np.int64]:
@@ -586,6 +665,8 @@ class StreamBlock:
     skipped_bytes: int = 0
     skip_events: list[tuple[int, int]] = field(default_factory=list)
     stopped: bool = False
+    # frames from which a hidden hole's count (the device clock's step) is a lower bound
+    at_least: list[int] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -605,10 +686,12 @@ class PowerSensor3:
 
     def __init__(self, transport: ByteTransport, name: str | None = None,
                  clock_ns: Callable[[], int] = time.monotonic_ns,
-                 drain_timeout_s: float = 1.0) -> None:
+                 drain_timeout_s: float = 1.0,
+                 sleep_s: Callable[[float], None] = time.sleep) -> None:
         self.transport = transport
         self.port = name or str(getattr(transport, "port_name", "powersensor3"))
-        self.clock_ns = clock_ns
+        self.clock_ns = clock_ns  # with sleep_s, what a test injects to run a host's timing
+        self.sleep_s = sleep_s
         self.drain_timeout_s = drain_timeout_s
         self.decoder = FrameDecoder()
         self.clock = DeviceClock()
@@ -730,24 +813,32 @@ class PowerSensor3:
         """Read what arrives for at least ``min_duration_s``, every ``pace_s``; decode it once.
 
         A read fuller than two paces of the line rate is a backlog: no pause before the next.
+        Each read's host time goes to the clock with the bytes it brought (``DeviceClock``).
         """
-        deadline = time.monotonic() + min_duration_s
+        deadline_ns = self.clock_ns() + int(min_duration_s * 1e9)
         behind_bytes = 2 * pace_s * LINE_RATE_BYTES_PER_S
         data = bytearray()
+        reads: list[tuple[int, int]] = []  # (bytes read so far, host ns just after)
         while True:
             got = self.transport.read_available(max_bytes - len(data))
+            now_ns = self.clock_ns()
             data += got
-            left_s = deadline - time.monotonic()
+            if got:
+                reads.append((len(data), now_ns))
+            left_s = (deadline_ns - now_ns) / 1e9
             if left_s <= 0 or len(data) >= max_bytes:
                 break
             if len(got) < behind_bytes:
-                time.sleep(min(pace_s, left_s))
-        return self._block(bytes(data), self.clock_ns())
+                self.sleep_s(min(pace_s, left_s))
+        return self._block(bytes(data), self.clock_ns(), reads)
 
-    def _block(self, data: bytes, host_read_ns: int) -> StreamBlock:
+    def _block(self, data: bytes, host_read_ns: int,
+               reads: Sequence[tuple[int, int]] = ()) -> StreamBlock:
+        carried = self.decoder.pending_bytes
         frames = self.decoder.feed(data)
         breaks = [i for i, _ in frames.skip_events if i < frames.n]
-        times = self.clock.unwrap(frames.device_t_us, host_read_ns, breaks)
+        read_frames = newest_frames_read(frames, carried, reads)
+        times = self.clock.unwrap(frames.device_t_us, host_read_ns, breaks, read_frames)
         flags = np.zeros(frames.n, dtype=np.uint8)
         flags[frames.resync] |= np.uint8(SampleFlag.RESYNC)
         flags[frames.marker] |= np.uint8(SampleFlag.MARKER)
@@ -759,8 +850,27 @@ class PowerSensor3:
         return StreamBlock(
             times.t_host_ns, times.t_device_us, values, flags,
             np.flatnonzero(frames.marker), frames.skipped_bytes, frames.skip_events,
-            frames.stopped,
+            frames.stopped, times.at_least,
         )
+
+
+def newest_frames_read(frames: DecodedFrames, carried_bytes: int,
+                       reads: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(index of the newest whole frame, host ns) after each read of ``(bytes so far, ns)``.
+
+    Frame ``j`` ends ``18 (j + 1)`` bytes into what was decoded (the carried bytes first),
+    plus the bytes skipped before it: a frame counts as read only once its last byte was,
+    so no read is taken for earlier than it was (which would make later ones look late).
+    """
+    if not reads or frames.n == 0:
+        return []
+    skipped = np.zeros(frames.n + 1, dtype=np.int64)
+    for i, nbytes in frames.skip_events:
+        skipped[min(i, frames.n)] += nbytes
+    ends = FRAME_BYTES * np.arange(1, frames.n + 1, dtype=np.int64) + np.cumsum(skipped)[:-1]
+    got = np.array([carried_bytes + b for b, _ in reads], dtype=np.int64)
+    newest = np.searchsorted(ends, got, side="right") - 1
+    return [(int(j), t) for j, (_, t) in zip(newest.tolist(), reads, strict=True) if j >= 0]
 
 
 def _concat(blocks: list[StreamBlock]) -> StreamBlock:
@@ -778,4 +888,5 @@ def _concat(blocks: list[StreamBlock]) -> StreamBlock:
         sum(b.skipped_bytes for b in blocks),
         [(i + int(o), k) for b, o in zip(blocks, offsets, strict=False) for i, k in b.skip_events],
         blocks[-1].stopped,
+        [i + int(o) for b, o in zip(blocks, offsets, strict=False) for i in b.at_least],
     )

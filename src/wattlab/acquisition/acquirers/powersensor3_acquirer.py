@@ -127,7 +127,8 @@ class PowerSensor3Acquirer(SerialAcquirer[PowerSensor3]):
         gives a step modulo its 1024 µs wrap; whole wraps come from the host clock only when
         the hole outlasts its slack (the times after it are then re-anchored and flagged
         estimated). A shorter hole's count is a lower bound: 61 frames lost step 28 µs, 400
-        step 594 µs. Where bytes were skipped the resync gap already says so.
+        step 594 µs; so is a hidden hole's (whole 25.6 ms) that the driver could only bound
+        (its ``at_least``). Where bytes were skipped the resync gap already says so.
         """
         if not block.n:
             return []
@@ -140,6 +141,7 @@ class PowerSensor3Acquirer(SerialAcquirer[PowerSensor3]):
         offset = 0 if dev_us.shape[0] == block.n else 1
         resynced = {i + offset - 1 for i, _ in block.skip_events}
         re_anchored = (block.flags & SampleFlag.ESTIMATED_TIME).astype(bool)
+        bounded = set(block.at_least)
         gaps = []
         odd = np.abs(steps_us - FRAME_PERIOD_US) > STEP_TOLERANCE_US
         for i in np.flatnonzero(odd).tolist():
@@ -148,7 +150,11 @@ class PowerSensor3Acquirer(SerialAcquirer[PowerSensor3]):
             step_us = int(steps_us[i])
             lost = fewest_frames_lost(step_us)
             self.frames_lost += lost
-            if re_anchored[i + 1 - offset]:
+            if i + 1 - offset in bounded:
+                why = (f"at least {lost} frames lost before they reached the host (whole "
+                       "25.6 ms holes, counted by the host clock; every read after them was "
+                       "too late to say how many)")
+            elif re_anchored[i + 1 - offset]:
                 why = f"{lost} frames lost before they reached the host (wraps by host clock)"
             else:
                 why = (f"at least {lost} frames lost before they reached the host (each unseen "
