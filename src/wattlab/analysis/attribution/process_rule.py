@@ -200,8 +200,8 @@ def missed_by_late_reads(stream: PowerStream, base_w: float, table: ProcessTable
 
     Why a ± of its own: the driver answers one sample per process a read, its newest, so a
     read that comes late leaves the samples since the last read unread, and the table
-    stretches no row over more than one step of the stream's samples: much of a late
-    step's time has no activity, its dynamic energy is in no process's share ("no process
+    stretches no row over more than the stream's median step between samples: much of a
+    late step's time has no activity, its dynamic energy is in no process's share ("no process
     active"), and each figure is short by whatever part of it was its own. The sampling
     share and the rule's leave-one-out error look only at the samples that were read;
     they cannot see this. Which process drew those joules no row says: each process
