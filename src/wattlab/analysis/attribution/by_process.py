@@ -19,7 +19,8 @@ the joules in time, the counter says how many), so processes + static + idle +
 unattributed = the counter's energy to ``CLOSURE`` (checked). Each process's ± is its
 sampling share (the stream's ±) and the rule's own error: how badly the rule predicts the
 power of intervals it was not fitted on (leave-one-out), times its dynamic energy, with
-the weights' own ± (``rule_spread``) in quadrature.
+the weights' own ± (``rule_spread``) in quadrature; plus, where the per-process stream's
+reads came late, the dynamic energy they left to no process (``missed_by_late_reads``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ from wattlab.analysis.attribution.process_parts import (
     covered_s,
     measure_baseline,
 )
-from wattlab.analysis.attribution.process_rule import KEPLER, activity_rule
+from wattlab.analysis.attribution.process_rule import (
+    KEPLER,
+    activity_rule,
+    late_reads_note,
+    missed_by_late_reads,
+)
 from wattlab.analysis.attribution.process_table import (
     Process,
     ProcessTable,
@@ -70,12 +76,13 @@ class ProcessEnergy:
     idle_j: float  # charged to it (0 unless --charge idle)
     energy_j: float
     sampling_pm_j: float
-    rule_pm_j: float
+    rule_pm_j: float  # with the late reads' (``late_pm_j``) in it
     pm_j: float
     valid: bool
     invalid_reasons: list[str]
     checks: dict[str, Any]  # the power stream's named checks and ``processes``
     truth_dynamic_j: float | None = None  # a simulated GPU's own figure, where it gave one
+    late_pm_j: float = 0.0  # the dynamic energy late reads left unseen beside it (its share)
 
     @property
     def resolved(self) -> bool:
@@ -256,6 +263,7 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
     loo = prediction_error(stream.t_s, stream.power_w, base_w, acts, kinds=kinds,
                            min_piece_s=RESOLVE_EDGES * stream.edge_s)
     spread = rule_spread(stream, base_w, acts, att)
+    owed, missed_j, late_s = missed_by_late_reads(stream, base_w, table, acts, rule)
     dyn = {k: e * scale for k, e in att.by_owner().items()}
     static_j = base.static_w * present_s * scale
     idle_j = base.idle_w * (span[1] - span[0]) * scale
@@ -269,12 +277,15 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
         s = static_j * shares.get(p.key, 0.0) if "static" in charge else 0.0
         i = idle_j * shares.get(p.key, 0.0) if "idle" in charge else 0.0
         e = d + s + i
-        rule_pm = math.hypot((loo or 0.0) * abs(d), spread.get(p.key, 0.0) * scale)
+        late_pm = owed.get(p.key, 0.0) * scale
+        # the unseen joules are a shortfall the run bounds, not a scatter: added whole
+        rule_pm = math.hypot((loo or 0.0) * abs(d), spread.get(p.key, 0.0) * scale) + late_pm
         procs.append(ProcessEnergy(p.key, p.label, p.identity, clip(p, span), len(p.t1_s), d,
                                    s, i, e, abs(e) * sampling_rel, rule_pm,
                                    math.hypot(abs(e) * sampling_rel, rule_pm),
                                    stream.valid and check.ok, reasons,
-                                   stream.checks | {PROCESS_CHECK: check.json}))
+                                   stream.checks | {PROCESS_CHECK: check.json},
+                                   late_pm_j=late_pm))
     charged_s = sum(p.static_j for p in procs)
     charged_i = sum(p.idle_j for p in procs)
     notes = [*table.notes, f"window {span[0]:.3f}–{span[1]:.3f} s; processes present before "
@@ -286,6 +297,7 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
         notes.append(f"the rule predicts the dynamic power of intervals left out of its fit "
                      f"to {100 * loo:.1f} % (RMS): each process's rule ± is that share of its "
                      "dynamic energy, with the weights' ±")
+    notes += late_reads_note(table, missed_j * scale, late_s)
     out = GpuSplit(table.gpu, stream, base, rule, total, how, idle_j - charged_i,
                    static_j - charged_s,
                    (att.unattributed_j + base.static_w * (span[1] - span[0] - present_s))

@@ -25,10 +25,15 @@ from itertools import pairwise
 
 import numpy as np
 
-from wattlab.analysis.attribution.core import Activity, FloatArray, cumulative_energy
+from wattlab.analysis.attribution.core import (
+    Activity,
+    FloatArray,
+    attribute,
+    cumulative_energy,
+)
 from wattlab.analysis.attribution.learn import fit_weights
 from wattlab.analysis.attribution.power_stream import PowerStream
-from wattlab.analysis.attribution.process_table import Process, ProcessTable
+from wattlab.analysis.attribution.process_table import DRIVER_PERIOD_S, Process, ProcessTable
 from wattlab.analysis.attribution.rule import Param, Rule
 
 SHARE_S = 1.0  # the window each process's activity is averaged over
@@ -179,6 +184,58 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
                  [f"activity weights could not be fitted on this run (no process worked alone;"
                   f" {'; '.join(kinds.notes)}): fell back to Kepler's rule"]),
             [a for a in rest if a.kind == "sm"], ["sm"])
+
+
+def beside(p: Process, a_s: float, b_s: float) -> bool:
+    """Whether ``p`` was working at the read before ``a_s`` or at the one after ``b_s``."""
+    i = int(np.searchsorted(p.t1_s, a_s, "right")) - 1
+    j = int(np.searchsorted(p.t1_s, b_s, "left"))
+    return any(0 <= k < len(p.t1_s) and p.sm[k] + p.mem[k] > 0 for k in (i, j))
+
+
+def missed_by_late_reads(stream: PowerStream, base_w: float, table: ProcessTable,
+                         acts: list[Activity], rule: Rule
+                         ) -> tuple[dict[str, float], float, float]:
+    """The dynamic energy of late reads' steps left to no process: (J each may own, J, s).
+
+    Why a ± of its own: the driver answers one sample per process a read, its newest, so a
+    read that comes late leaves the samples since the last read unread, and the table
+    stretches no row over more than the stream's median step between samples: much of a
+    late step's time has no activity, its dynamic energy is in no process's share ("no process
+    active"), and each figure is short by whatever part of it was its own. The sampling
+    share and the rule's leave-one-out error look only at the samples that were read;
+    they cannot see this. Which process drew those joules no row says: each process
+    working at the read before or after a late step may own all of them, so all of them go
+    into its ±. Late: a step between samples longer than the cadence plus one driver
+    period (``late_steps``). A run read on time has none: its ± is unchanged. The seconds
+    returned: how far past that the late steps were, in all.
+    """
+    owed: dict[str, float] = {}
+    total_j = late_s = 0.0
+    lo, hi = stream.run_s
+    for a, b in table.late_s:
+        if min(b, hi) <= max(a, lo):
+            continue
+        unseen_j = max(0.0, attribute(stream.t_s, stream.power_w, base_w, acts, rule,
+                                      span_s=(max(a, lo), min(b, hi))).unattributed_j)
+        total_j += unseen_j
+        late_s += (b - a) - table.read_step_s - DRIVER_PERIOD_S
+        for p in table.processes:
+            if beside(p, a, b):
+                owed[p.key] = owed.get(p.key, 0.0) + unseen_j
+    return owed, total_j, late_s
+
+
+def late_reads_note(table: ProcessTable, missed_j: float, late_s: float) -> list[str]:
+    """What the split says where reads came late (``missed_by_late_reads``); none if not."""
+    if late_s <= 0:
+        return []
+    return [f"{table.source}'s reads came late: {len(table.late_s)} step(s) between its "
+            f"samples longer than its {table.read_step_s:g} s cadence plus a driver period, "
+            f"{late_s:.2f} s past it in all (a loaded host?): the driver's samples of that "
+            f"time were likely never read, so ~{missed_j:.3g} J of dynamic energy went to no "
+            "process (it is in 'no process active'); each process working beside a late "
+            "read may own all of it, and has it in its rule ±"]
 
 
 DESCRIPTION = ("each window's dynamic energy shared in proportion to each process's power: "

@@ -82,6 +82,11 @@ class ProcessTable:
     # the window the rule averages activity over (None: its own, for sampled utilisation);
     # a MIG instance's rows are exact means over their read step: that step
     window_s: float | None = None
+    # the per-process stream's steps between driver samples that came later than its read
+    # cadence allows (``late_steps``), and that cadence (s); none on a MIG GPU: GPM's rows
+    # cover the whole time since the previous read, however late
+    late_s: list[tuple[float, float]] = field(default_factory=list)
+    read_step_s: float = 0.0
 
     @property
     def prefix(self) -> str:
@@ -171,10 +176,58 @@ def read_processes(run: Run, gpu: int, node: str = "") -> ProcessTable | None:
         elif p in latest:
             latest[p].present_s = (latest[p].present_s[0], at_s)
             del latest[p]
+    read_step_s = cadence_s(view, t)
+    late = late_steps(np.unique(t), [p.present_s for p in procs], read_step_s)
     notes = _assign_rows(procs, t, pid, sm, mem)
     notes += _alone_from_device(run, prefix, procs)
     span = (float(t.min()), end_s) if t.size else (0.0, 0.0)
-    return ProcessTable(gpu, sid, procs, span, gap_lines(run, sid), notes, half_step_s, node)
+    return ProcessTable(gpu, sid, procs, span, gap_lines(run, sid), notes, half_step_s, node,
+                        late_s=late, read_step_s=read_step_s)
+
+
+# the driver's per-process sampling period (H100, H200: ~6 a second, docs/processes.md): a
+# read on time answers a sample of at most this long before it, so two reads' newest
+# samples may lie a cadence and this much apart without either read being late
+DRIVER_PERIOD_S = 1 / 6
+
+
+def cadence_s(view: Any, t_s: FloatArray) -> float:
+    """How often the per-process utilisation was meant to be read (s).
+
+    The reader's ``processes`` cadence in the descriptor (``--nvml-intervals``); a run from
+    before it had one read it with the state readings (``state``); a stream without either
+    (written by another tool) its own median step between samples.
+    """
+    intervals = (view.descriptor.get("config") or {}).get("intervals_s") or {}
+    for key in ("processes", "state"):
+        if isinstance(intervals.get(key), int | float) and intervals[key] > 0:
+            return float(intervals[key])
+    stamps = np.unique(t_s)
+    return float(np.median(np.diff(stamps))) if stamps.size > 2 else 0.0
+
+
+def late_steps(stamps_s: FloatArray, present: list[tuple[float, float]], cadence: float
+               ) -> list[tuple[float, float]]:
+    """Steps between the stream's samples longer than a read on time leaves (doc).
+
+    Only while two or more processes were present throughout the step: the recorder reads
+    the per-process utilisation then (alone, or with none, the stream is quiet by design).
+    On time, the newest samples of two reads lie at most ``cadence + DRIVER_PERIOD_S``
+    apart; a longer step is a late read (a loaded host), and the driver answers only its
+    newest sample per process: the samples between were never read.
+    """
+    if cadence <= 0 or stamps_s.size < 2:
+        return []
+    edges = sorted({e for span in present for e in span})
+    out = []
+    for a, b in zip(stamps_s[:-1].tolist(), stamps_s[1:].tolist(), strict=True):
+        if b - a <= cadence + DRIVER_PERIOD_S:
+            continue
+        cuts = [a, *(e for e in edges if a < e < b), b]
+        if all(sum(x <= (c + d) / 2 < y for x, y in present) >= 2
+               for c, d in pairwise(cuts)):
+            out.append((a, b))
+    return out
 
 
 def gap_lines(run: Run, sid: str) -> list[str]:
