@@ -35,9 +35,11 @@ class Req:
                 + static_w * (self.end_s - self.start_s))
 
 
-# staggered, overlapping, mixes of prefill and decode; idle stretches before, between, after
-REQUESTS = [Req("a", 2.0, 2.5, 6.0, 70), Req("b", 3.0, 3.2, 5.0, 36), Req("c", 4.5, 5.5, 8.0,
-            50), Req("d", 11.0, 11.4, 13.0, 32), Req("e", 12.0, 12.1, 15.5, 70)]
+# staggered, overlapping, mixes of prefill and decode; idle stretches before, between, after;
+# every decode at one pace, 20 tokens a second after the first (a server's step makes one
+# token of each request in flight, and nothing here crowds the steps)
+REQUESTS = [Req("a", 2.0, 2.5, 6.0, 71), Req("b", 3.0, 3.2, 5.0, 37), Req("c", 4.5, 5.5, 8.0,
+            51), Req("d", 11.0, 11.4, 13.0, 33), Req("e", 12.0, 12.1, 15.5, 69)]
 
 
 def true_power_w(t_s: np.ndarray, static_w: float = 0.0) -> np.ndarray:

@@ -19,8 +19,8 @@ from wattlab.hardware.serving_plan import (
 )
 from wattlab.hardware.simulated_server import SimulatedServer, demo_server
 
-LOG_KEYS = {"id", "start_unix_s", "first_token_unix_s", "end_unix_s", "prompt_tokens",
-            "output_tokens"}
+LOG_KEYS = {"id", "start_unix_s", "scheduled_unix_s", "first_token_unix_s", "end_unix_s",
+            "prompt_tokens", "output_tokens"}
 
 
 @pytest.mark.fast
@@ -74,8 +74,12 @@ def test_the_request_log_has_the_documented_fields_in_wall_clock_order(tmp_path)
     assert [set(r) for r in rows] == [LOG_KEYS, LOG_KEYS]
     step = server.physics.step_s
     for r in rows:
-        assert r["start_unix_s"] <= r["first_token_unix_s"] <= r["end_unix_s"]
+        assert (r["start_unix_s"] <= r["scheduled_unix_s"] <= r["first_token_unix_s"]
+                <= r["end_unix_s"])
     a, b = rows
+    # a's 300-token prompt takes two prefill steps of 256 tokens from its arrival
+    assert a["scheduled_unix_s"] == pytest.approx(a["start_unix_s"], abs=1e-6)
+    assert a["first_token_unix_s"] - a["scheduled_unix_s"] == pytest.approx(2 * step, abs=1e-6)
     assert b["first_token_unix_s"] - b["start_unix_s"] == pytest.approx(step, abs=0.011)
     assert a["end_unix_s"] - a["first_token_unix_s"] == pytest.approx(4 * step, abs=1e-6)
 

@@ -103,6 +103,8 @@ class SimulatedServer:
             r = s.request
             start = (self.serve_start_ns + round(r.arrival_s * 1e9) + self.gpu.unix_offset_ns)
             rows.append({"id": r.id, "start_unix_s": start / 1e9,
+                         # when its first prefill step began, as vLLM logs it
+                         "scheduled_unix_s": max(start / 1e9, self._unix_s(s.first_step)),
                          "first_token_unix_s": self._unix_s(s.prefill_end),
                          "end_unix_s": self._unix_s(s.end_step),
                          "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens})
