@@ -9,7 +9,9 @@ counters among some 800 lines of histograms, gauges and process metrics). Here t
 polls it as a source runner would, at 10 Hz with its real sleep, for ``--duration`` s; its
 CPU is this process's CPU clock over that time (nothing else runs here), as % of one core
 (goal <= 0.1 %), beside the CPU per scrape. A baseline row polls nothing at the same rate
-(the same sleep, no scrape): what waking 10 times a second costs this machine alone.
+(the same sleep, no scrape): what waking 10 times a second costs this machine alone. A
+last row is the floor of any Python scraper here: a fresh interpreter that only sends a GET
+on a kept socket and reads the answer's bytes, at the same rate.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from common import write_json
 from wattlab.acquisition.acquirers.acquirer import sleep_until_due
 from wattlab.acquisition.acquirers.scrape import ScrapeAcquirer
+from wattlab.acquisition.acquirers.scrape.scrape_acquirer import check_url
 from wattlab.hardware.simulated_server import demo_server
 
 HZ = 10.0
@@ -77,6 +80,47 @@ def measure(page: str, duration_s: float) -> dict[str, float]:
             "core_pct": 100 * cpu / wall}
 
 
+ROUND_TRIP = """
+import socket, sys, time
+host, port, path, hz, duration_s, size = sys.argv[1:]
+sock = socket.create_connection((host, int(port)))
+sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+request = f"GET {path} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\n".encode()
+step, n = 1 / float(hz), 0
+wall0, cpu0 = time.monotonic(), time.process_time()
+while time.monotonic() - wall0 < float(duration_s):
+    time.sleep(step)
+    sock.send(request)
+    got = 0
+    while got < int(size):
+        got += len(sock.recv(65536))
+    n += 1
+print(n, time.monotonic() - wall0, time.process_time() - cpu0)
+"""
+
+
+def round_trip(page: str, duration_s: float) -> dict[str, float]:
+    """The same 10 Hz wake-ups, each a bare GET on a kept socket read to the page's end and
+    nothing else, in a fresh interpreter (no numpy, no wattlab): the floor under any
+    scraper of this page in Python on this machine."""
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write(page)
+        server.stdin.close()
+        _, host, port, path = check_url(server.stdout.readline().strip())
+        out = subprocess.run([sys.executable, "-c", ROUND_TRIP, host, str(port), path,
+                              str(HZ), str(duration_s), str(len(page.encode()))],
+                             capture_output=True, text=True, check=True).stdout.split()
+    finally:
+        server.kill()
+        server.wait()
+    n, wall, cpu = int(out[0]), float(out[1]), float(out[2])
+    return {"lines": page.count("\n"), "bytes": len(page), "scrapes": n, "rate_hz": n / wall,
+            "cpu_us_per_scrape": 1e6 * cpu / max(n, 1), "core_pct": 100 * cpu / wall}
+
+
 def baseline(duration_s: float) -> dict[str, float]:
     """The same 10 Hz wake-ups with nothing read: the floor under any poller here."""
     step_ns = round(1e9 / HZ)
@@ -101,6 +145,7 @@ def main() -> None:
     pages = {"simulated server": counters, "vLLM-sized": vllm_sized_page(counters)}
     results = {"baseline (no scrape)": baseline(duration_s)}
     results |= {name: measure(page, duration_s) for name, page in pages.items()}
+    results["bare GET, simulated page"] = round_trip(counters, duration_s)
     print(f"scraper CPU at {HZ:g} Hz over {duration_s:g} s (server in another process):")
     floor = results["baseline (no scrape)"]["core_pct"]
     print(f"{'page':21} {'lines':>6} {'bytes':>7} {'rate Hz':>8} {'us/scrape':>10} "
