@@ -115,6 +115,7 @@ def _shares(path: Path, rule: str) -> dict[str, float]:
     return {r.id: r.energy_j / total for r in split.requests}
 
 
+@pytest.mark.fast
 def test_each_requests_share_on_the_lent_h200s_server_is_within_10_pct_of_its_alone_share():
     """Issue 40's accuracy goal on the real trace: the shared run's 200 requests (up to 12 in
     flight, continuous batching) split by the alone rule, against the same requests served
