@@ -39,6 +39,20 @@ def simulated_truth(path: str) -> dict[str, float]:
     return {k: float(v) for k, v in json.loads(rows[0]["payload"])["dynamic_j"].items()}
 
 
+def scrape_session(session: Session, port: int) -> list[Samples]:
+    """Runs ``session`` (its exporter on ``port``), scraping it every 0.3 s until it ends."""
+    done: list[Any] = []
+    runner = threading.Thread(target=lambda: done.append(session.run()))
+    runner.start()
+    scrapes: list[Samples] = []
+    while runner.is_alive():
+        with contextlib.suppress(OSError):
+            scrapes.append(scrape(f"http://127.0.0.1:{port}/metrics"))
+        runner.join(0.3)
+    assert done, "the session did not finish"
+    return scrapes
+
+
 @pytest.mark.system
 def test_pods_and_jobs_of_a_shared_gpu_get_counters_that_end_with_them(tmp_path, spawn):
     out = tmp_path / "shared.h5"
@@ -82,15 +96,7 @@ def test_a_gpu_refusing_the_process_query_says_why_and_has_no_pod_series(tmp_pat
     port = free_port()
     session = Session(str(tmp_path / "refused.h5"), [("gpu0", NvmlAcquirer(NvmlDriver(lib), 0))],
                       duration_s=3.0, recorder_options={"prometheus": str(port)})
-    done: list[Any] = []
-    runner = threading.Thread(target=lambda: done.append(session.run()))
-    runner.start()
-    scrapes: list[Samples] = []
-    while runner.is_alive():
-        with contextlib.suppress(OSError):
-            scrapes.append(scrape(f"http://127.0.0.1:{port}/metrics"))
-        runner.join(0.3)
-    assert done, "the session did not finish"
+    scrapes = scrape_session(session, port)
     described = [s for s in scrapes if any(k[0] == "wattlab_gpu_processes_missing" for k in s)]
     assert described, "no scrape said why the GPU has no per-process stream"
     assert pick(described[-1], "wattlab_gpu_processes_missing", gpu="gpu0",

@@ -155,7 +155,14 @@ def process_families(figures: ProcessFigures, counter: Any, gauge: Any) -> list[
                    labels=["gpu"])
     for gpu, rows in sorted(figures.late_rows.items()):
         late.add_metric([gpu], rows)
-    return [pods, jobs, refused, idle, missing, late]
+    shared = counter("wattlab_gpu_instance_shared_energy_joules", "A MIG instance's energy "
+                     "(Kepler's rule, as the pod and job counters) charged to no pod "
+                     "(owner=pod) or no job (owner=job): processes of several, or of one and "
+                     "of none, ran in it since it was last empty (energy --by-pod/--by-job "
+                     "rule the same way after the run)", labels=["gpu", "gi", "owner"])
+    for (gpu, gi, owner), energy_j in sorted(figures.shared_j.items()):
+        shared.add_metric([gpu, str(gi), owner], energy_j)
+    return [pods, jobs, refused, idle, missing, late, shared]
 
 
 class _Quiet(WSGIRequestHandler):

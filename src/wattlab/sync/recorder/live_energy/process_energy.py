@@ -3,7 +3,8 @@
 Why from the rows the recorder already holds: each GPU's power rows (``gpu{i}.samples``,
 channel ``power_w``) and its ``gpu{i}.processes`` rows and ``process``/``process-exit``
 markers are all it needs (docs/processes.md); the split is :mod:`live_split`, the series
-:mod:`process_series`. Not thread-safe: :class:`StreamMetrics` holds its lock around it.
+:mod:`process_series`. A MIG GPU's ``gpu{i}.mig`` stream stands in for its processes
+(:mod:`mig_instances`). Not thread-safe: :class:`StreamMetrics` holds its lock around it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy.typing as npt
 
 from wattlab.samples import Marker, SourceDescriptor
 from wattlab.sync.recorder.live_energy.live_split import GpuLiveSplit
+from wattlab.sync.recorder.live_energy.mig_instances import MIG_SUFFIX, MigInstances
 from wattlab.sync.recorder.live_energy.process_series import ProcessFigures, ProcessSeries
 
 PROCESSES_SUFFIX = ".processes"
@@ -31,10 +33,13 @@ class LiveProcessEnergy:
         self._process_columns: dict[str, tuple[int, int]] = {}  # source -> (pid, sm_util_pct)
         self._power_column: dict[str, int] = {}  # power source -> its power_w column
         self._missing: dict[str, str] = {}  # gpu -> why it has no per-process stream
+        self._mig = MigInstances(self.series)
 
     def describe(self, desc: SourceDescriptor) -> None:
         """Routes a GPU's power and per-process streams; notes a refused per-process query."""
         source, names = desc.source_id, desc.channel_names
+        if self._mig.describe(desc, self._splits):
+            return
         if source.endswith(PROCESSES_SUFFIX):
             gpu = source.removesuffix(PROCESSES_SUFFIX)
             self._splits.setdefault(gpu, GpuLiveSplit())
@@ -48,7 +53,9 @@ class LiveProcessEnergy:
     def add_rows(self, source: str, t_ns: npt.NDArray[np.int64], values: npt.NDArray[Any]
                  ) -> None:
         """A batch of any stream: only a split GPU's power and per-process rows count."""
-        if source in self._process_columns:
+        if source.endswith(MIG_SUFFIX) and self._mig.is_mig(source.removesuffix(MIG_SUFFIX)):
+            self._mig.add_rows(source, t_ns, values, self._splits[source.removesuffix(MIG_SUFFIX)])
+        elif source in self._process_columns:
             pid_col, sm_col = self._process_columns[source]
             split = self._splits[source.removesuffix(PROCESSES_SUFFIX)]
             split.add_processes(t_ns, values[:, pid_col].astype(np.float64, copy=False),
@@ -58,13 +65,22 @@ class LiveProcessEnergy:
             power_split = self._splits.get(gpu)
             if power_split is not None:
                 power = values[:, self._power_column[source]].astype(np.float64, copy=False)
-                for _, joules in power_split.add_power(t_ns, power):
-                    self.series.charge(gpu, joules)
+                for window, joules in power_split.add_power(t_ns, power):
+                    if self._mig.is_mig(gpu):  # the "pids" are its instances
+                        self._mig.charge(gpu, window, joules)
+                    else:
+                        self.series.charge(gpu, joules)
 
     def add_markers(self, markers: list[Marker]) -> None:
-        """``process`` and ``process-exit`` markers of the per-process streams."""
+        """``process`` and ``process-exit`` markers of the per-process and MIG streams."""
         for m in markers:
-            if not m.source.endswith(PROCESSES_SUFFIX) or "pid" not in m.payload:
+            if "pid" not in m.payload:
+                continue
+            if m.source.endswith(MIG_SUFFIX) and m.name in ("process", "process-exit"):
+                gpu = m.source.removesuffix(MIG_SUFFIX)
+                self._mig.marker(m, self._splits.setdefault(gpu, GpuLiveSplit()))
+                continue
+            if not m.source.endswith(PROCESSES_SUFFIX):
                 continue
             gpu = m.source.removesuffix(PROCESSES_SUFFIX)
             split = self._splits.setdefault(gpu, GpuLiveSplit())
@@ -81,4 +97,6 @@ class LiveProcessEnergy:
         pods, jobs = self.series.figures()
         idle = {gpu: s.idle_w for gpu, s in self._splits.items() if s.idle_w is not None}
         late = {gpu: s.late_rows for gpu, s in self._splits.items()}
-        return ProcessFigures(pods, jobs, self.series.refused, idle, dict(self._missing), late)
+        missing = {gpu: why for gpu, why in self._missing.items() if not self._mig.is_mig(gpu)}
+        return ProcessFigures(pods, jobs, self.series.refused, idle, missing, late,
+                              dict(self._mig.shared_j))

@@ -53,6 +53,8 @@ class ProcessFigures:
     missing: dict[str, str]  # gpu -> why it has no per-process stream
     # gpu -> per-process rows that came after their window was charged (a late stream)
     late_rows: dict[str, int] = field(default_factory=dict)
+    # (gpu, gi, "pod"|"job") -> J of a MIG instance that held several pods' (jobs') processes
+    shared_j: dict[tuple[str, int, str], float] = field(default_factory=dict)
 
 
 class ProcessSeries:
@@ -97,6 +99,13 @@ class ProcessSeries:
                 group = self._groups.get(key)
                 if group is not None:
                     group.energy_j += joules
+
+    def charge_keys(self, joules_by_key: dict[Key, float]) -> None:
+        """Energy of named pod and job series (a MIG instance's); a dropped one charges nobody."""
+        for key, joules in joules_by_key.items():
+            group = self._groups.get(key)
+            if group is not None:
+                group.energy_j += joules
 
     def expire(self, now_ns: int) -> None:
         """Drop the series whose processes all left more than the grace period ago."""
