@@ -20,6 +20,8 @@ import argparse
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from common import write_json
 from wattlab.acquisition.acquirers.acquirer import sleep_until_due
@@ -56,30 +58,6 @@ def vllm_sized_page(counters: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure(page: str, duration_s: float) -> dict[str, float]:
-    server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdin is not None and server.stdout is not None
-        server.stdin.write(page)
-        server.stdin.close()
-        url = server.stdout.readline().strip()
-        acq = ScrapeAcquirer(url, hz=HZ)
-        acq.open()
-        rows = 0
-        wall0, cpu0 = time.monotonic(), time.process_time()
-        while time.monotonic() - wall0 < duration_s:
-            rows += sum(1 for r in acq.poll() if hasattr(r, "values"))
-        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
-        acq.close()
-    finally:
-        server.kill()
-        server.wait()
-    return {"lines": page.count("\n"), "bytes": len(page), "scrapes": rows,
-            "rate_hz": rows / wall, "cpu_us_per_scrape": 1e6 * cpu / max(rows, 1),
-            "core_pct": 100 * cpu / wall}
-
-
 ROUND_TRIP = """
 import socket, sys, time
 host, port, path, hz, duration_s, size = sys.argv[1:]
@@ -99,26 +77,50 @@ print(n, time.monotonic() - wall0, time.process_time() - cpu0)
 """
 
 
-def round_trip(page: str, duration_s: float) -> dict[str, float]:
-    """The same 10 Hz wake-ups, each a bare GET on a kept socket read to the page's end and
-    nothing else, in a fresh interpreter (no numpy, no wattlab): the floor under any
-    scraper of this page in Python on this machine."""
+@contextmanager
+def endpoint(page: str) -> Iterator[str]:
+    """``page`` served by another process (its CPU is not ours); its URL."""
     server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdin is not None and server.stdout is not None
         server.stdin.write(page)
         server.stdin.close()
-        _, host, port, path = check_url(server.stdout.readline().strip())
-        out = subprocess.run([sys.executable, "-c", ROUND_TRIP, host, str(port), path,
-                              str(HZ), str(duration_s), str(len(page.encode()))],
-                             capture_output=True, text=True, check=True).stdout.split()
+        yield server.stdout.readline().strip()
     finally:
         server.kill()
         server.wait()
-    n, wall, cpu = int(out[0]), float(out[1]), float(out[2])
-    return {"lines": page.count("\n"), "bytes": len(page), "scrapes": n, "rate_hz": n / wall,
-            "cpu_us_per_scrape": 1e6 * cpu / max(n, 1), "core_pct": 100 * cpu / wall}
+
+
+def row(page: str, scrapes: int, wall_s: float, cpu_s: float) -> dict[str, float]:
+    return {"lines": page.count("\n"), "bytes": len(page), "scrapes": scrapes,
+            "rate_hz": scrapes / wall_s, "cpu_us_per_scrape": 1e6 * cpu_s / max(scrapes, 1),
+            "core_pct": 100 * cpu_s / wall_s}
+
+
+def measure(page: str, duration_s: float) -> dict[str, float]:
+    with endpoint(page) as url:
+        acq = ScrapeAcquirer(url, hz=HZ)
+        acq.open()
+        rows = 0
+        wall0, cpu0 = time.monotonic(), time.process_time()
+        while time.monotonic() - wall0 < duration_s:
+            rows += sum(1 for r in acq.poll() if hasattr(r, "values"))
+        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+        acq.close()
+    return row(page, rows, wall, cpu)
+
+
+def round_trip(page: str, duration_s: float) -> dict[str, float]:
+    """The same 10 Hz wake-ups, each a bare GET on a kept socket read to the page's end and
+    nothing else, in a fresh interpreter (no numpy, no wattlab): the floor under any
+    scraper of this page in Python on this machine."""
+    with endpoint(page) as url:
+        _, host, port, path = check_url(url)
+        out = subprocess.run([sys.executable, "-c", ROUND_TRIP, host, str(port), path,
+                              str(HZ), str(duration_s), str(len(page.encode()))],
+                             capture_output=True, text=True, check=True).stdout.split()
+    return row(page, int(out[0]), float(out[1]), float(out[2]))
 
 
 def baseline(duration_s: float) -> dict[str, float]:
@@ -131,8 +133,7 @@ def baseline(duration_s: float) -> dict[str, float]:
             due += step_ns
             wakes += 1
     wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
-    return {"lines": 0, "bytes": 0, "scrapes": wakes, "rate_hz": wakes / wall,
-            "cpu_us_per_scrape": 1e6 * cpu / max(wakes, 1), "core_pct": 100 * cpu / wall}
+    return row("", wakes, wall, cpu)
 
 
 def main() -> None:
