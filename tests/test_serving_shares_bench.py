@@ -46,7 +46,7 @@ def test_runs_that_cannot_be_compared_are_refused(shares: ModuleType, shared, ex
         shares.compare(shared, exclusive)
 
 
-@pytest.mark.fast
+@pytest.mark.system  # the result's machine record asks git for the commit
 def test_the_lent_h200s_runs_write_their_rows_side_by_side(shares: ModuleType,
                                                            tmp_path: Path, capsys) -> None:
     assert shares.main([str(TRACES / "h200_serving7b-shared.h5"),
