@@ -18,6 +18,7 @@ from wattlab.acquisition.acquirers.nvml_acquirer import NvmlAcquirer
 from wattlab.drivers.nvml import NvmlDriver
 from wattlab.hardware.fake_nvml import FakeNvml
 from wattlab.hardware.shared_gpu import IDLE_LEAD_S, shared_simulated_gpu
+from wattlab.runfile import schema
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Gap, Marker
 
@@ -66,8 +67,8 @@ def record_shared(path: Path, *, seed: int = 1, processes: int = 3, duration_s: 
         readings += acq.poll()
     readings += acq.flush()
     acq.close()
-    w = RunFileWriter(str(path), {"created": "test",
-                                  "session_start_unix_ns": start_ns + UNIX_MINUS_MONO_NS},
+    w = RunFileWriter(str(path), {schema.CREATED: "test",
+                                  schema.SESSION_START_UNIX_NS: start_ns + UNIX_MINUS_MONO_NS},
                       start_ns)
     for d in descriptors:
         w.add_source(d)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wattlab.runfile import schema
 from wattlab.runfile.writer import RunFileWriter
 from wattlab.samples import Channel, Gap, Marker, SourceDescriptor
 
@@ -67,7 +68,8 @@ def write_serving_run(path: Path, *, reset_at_s: float | None = 9.0,
     is not additive in the work in flight).
     ``failed_reads_s``: the scrapes in this span failed (no rows, one gap row).
     """
-    writer = RunFileWriter(str(path), {"created": "test", "session_start_unix_ns": UNIX0_NS}, 0)
+    writer = RunFileWriter(str(path), {schema.CREATED: "test",
+                                       schema.SESSION_START_UNIX_NS: UNIX0_NS}, 0)
     writer.add_source(SourceDescriptor("meter", "meter", "meter",
                                        (Channel("power_w", "W", "true power"),)))
     writer.add_source(SourceDescriptor("server", "counter", "prometheus",
