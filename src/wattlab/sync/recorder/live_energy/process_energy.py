@@ -53,8 +53,9 @@ class LiveProcessEnergy:
     def add_rows(self, source: str, t_ns: npt.NDArray[np.int64], values: npt.NDArray[Any]
                  ) -> None:
         """A batch of any stream: only a split GPU's power and per-process rows count."""
-        if source.endswith(MIG_SUFFIX) and self._mig.is_mig(source.removesuffix(MIG_SUFFIX)):
-            self._mig.add_rows(source, t_ns, values, self._splits[source.removesuffix(MIG_SUFFIX)])
+        mig_gpu = source.removesuffix(MIG_SUFFIX)
+        if mig_gpu != source and self._mig.is_mig(mig_gpu):
+            self._mig.add_rows(source, t_ns, values, self._splits[mig_gpu])
         elif source in self._process_columns:
             pid_col, sm_col = self._process_columns[source]
             split = self._splits[source.removesuffix(PROCESSES_SUFFIX)]
