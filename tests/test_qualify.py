@@ -373,3 +373,30 @@ def test_a_recording_with_lost_frames_is_scored_and_a_failed_one_is_refused(
         with pytest.raises(UsageError, match=r"failed .*not scored"):
             recording_status(failed)
     capsys.readouterr()
+
+
+@pytest.mark.fast
+def test_the_lent_h200s_full_form_recorded_one_level_a_command_is_scored_whole(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # `bash bench/device_qualify_37.sh full 1 idle|load1|load2`, three device calls
+    # (2026-11-29): MLPerf's five 60 s windows a level, one level a run file. The three
+    # files are scored as one qualification; the instant view's window scatter, which put
+    # the short form's repeat to chance (±0.36 points), is several times smaller.
+    parts = [str(DATA / "qualify_full" / f"h200_full_1_{level}.h5") for level in LEVELS]
+    assert main(["qualify", *parts, "--reference", "gpu0.energy",
+                 "--target", "gpu0.power:average_power_w",
+                 "--target", "gpu0.power:instant_power_w",
+                 "--accuracy-class", "the GPU's own counter", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["form"], doc["window_s"], doc["runs"]) == ("mlperf", 60.0, parts)
+    targets = {t["target"]: t for t in doc["targets"]}
+    for target in targets.values():
+        assert target["passed"] and target["valid"] and target["refused"] is None
+        assert [lv["level"] for lv in target["levels"]] == list(LEVELS)
+        for level in target["levels"]:
+            edges = np.array(level["windows_s"])
+            assert edges.shape == (5, 2)
+            assert np.allclose(edges[:, 1] - edges[:, 0], 60.0)
+    average, instant = targets["gpu0.power:average_power_w"], targets["gpu0.power:instant_power_w"]
+    assert average["x_pct"] < 0.1 and instant["x_pct"] < 0.3
+    assert instant["x_pm_pct"] < 0.1 < instant["x_pct"]
