@@ -10,6 +10,13 @@ Truth for the shared run: each process's exclusive dynamic energy (its alone run
 idle) as a share of the pair's. Read-only on the card: it only runs kernels and reads.
 
     wattlab record --nvml 0 -o pairs.h5 -- python shared_gpu.py pairs
+    wattlab record --nvml 0 -o pairs.h5 -- python shared_gpu.py pairs --stagger 0.5
+
+``--stagger F``: in each together run both processes start, warm up and wait; the one whose
+work took less time alone is released first and works alone for F of that time before the
+other is released (both contexts live, so the reader has rows of the lone work). The rule
+then has a stretch of the shared run itself to learn the first one's power from, which the
+simultaneous start gives a small workload only by chance.
 """
 
 from __future__ import annotations
@@ -74,11 +81,14 @@ WORK = {"matmul": (matmul, 2600), "copy": (copy, 12_000), "smallk": (smallk, 400
         "train": (train, 1200)}
 
 
-def work(name: str) -> None:
+def work(name: str, gated: bool = False) -> None:
     make, iters = WORK[name]
     run = make(iters)
     make(3)()  # warm-up: kernels chosen, memory allocated, before the marked work
     torch.cuda.synchronize()
+    if gated:  # tell the parent, then wait for its go (the context stays live meanwhile)
+        print("ready", flush=True)
+        sys.stdin.readline()
     with wattlab.phase("work", workload=name, pid=os.getpid()):
         start = time.monotonic()
         run()
@@ -110,16 +120,52 @@ def together(names: list[str]) -> None:
             raise SystemExit(f"workload exited {p.returncode}")
 
 
-def pairs(idle_s: float) -> None:
+def staggered(names: list[str], alone_s: dict[str, float], fraction: float) -> None:
+    """Both warmed up and waiting; the shorter released first, the other ``fraction`` of
+    its alone time later."""
+    order = sorted(names, key=lambda n: alone_s[n])
+    procs = [subprocess.Popen([sys.executable, __file__, "work", n, "--gated"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for n in order]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.args
+    for k, p in enumerate(procs):
+        if k:
+            time.sleep(fraction * alone_s[order[0]])
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.close()
+    for p in procs:
+        assert p.stdout is not None
+        print(p.stdout.read(), end="", flush=True)
+        if p.wait() != 0:
+            raise SystemExit(f"workload exited {p.returncode}")
+
+
+def timed_alone(name: str) -> float:
+    """One workload alone; its marked work's seconds, as it printed them."""
+    done = subprocess.run([sys.executable, __file__, "work", name], check=True,
+                          capture_output=True, text=True)
+    print(done.stdout, end="", flush=True)
+    return float(done.stdout.strip().splitlines()[-1].split(":")[1].split()[0])
+
+
+def pairs(idle_s: float, stagger: float | None = None) -> None:
     stop = threading.Event()
     sampler = threading.Thread(target=sample_processes, args=(stop,), daemon=True)
     sampler.start()
     with wattlab.phase("idle"):
         time.sleep(idle_s)
     for a, b in PAIRS:
+        alone_s: dict[str, float] = {}
         for names in ([a], [b], [a, b]):
             with wattlab.phase("run", workloads="+".join(names)):
-                together(names)
+                if stagger is None:
+                    together(names)
+                elif len(names) == 1:
+                    alone_s[names[0]] = timed_alone(names[0])
+                else:
+                    staggered(names, alone_s, stagger)
             time.sleep(1.0)
     with wattlab.phase("idle"):
         time.sleep(idle_s)
@@ -130,13 +176,18 @@ def pairs(idle_s: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True)
-    sub.add_parser("work").add_argument("name", choices=sorted(WORK))
-    sub.add_parser("pairs").add_argument("--idle-s", type=float, default=3.0)
+    one = sub.add_parser("work")
+    one.add_argument("name", choices=sorted(WORK))
+    one.add_argument("--gated", action="store_true", help="wait for 'go' on stdin after warm-up")
+    both = sub.add_parser("pairs")
+    both.add_argument("--idle-s", type=float, default=3.0)
+    both.add_argument("--stagger", type=float, default=None, metavar="F",
+                      help="release the shorter first, the other F of its alone time later")
     args = parser.parse_args()
     if args.verb == "work":
-        work(args.name)
+        work(args.name, args.gated)
     else:
-        pairs(args.idle_s)
+        pairs(args.idle_s, args.stagger)
 
 
 if __name__ == "__main__":
