@@ -10,13 +10,15 @@ Truth for the shared run: each process's exclusive dynamic energy (its alone run
 idle) as a share of the pair's. Read-only on the card: it only runs kernels and reads.
 
     wattlab record --nvml 0 -o pairs.h5 -- python shared_gpu.py pairs
-    wattlab record --nvml 0 -o pairs.h5 -- python shared_gpu.py pairs --stagger 0.5
+    wattlab record --nvml 0 -o pairs.h5 -- python shared_gpu.py pairs --stagger 0.5 --scale 3
 
 ``--stagger F``: in each together run both processes start, warm up and wait; the one whose
 work took less time alone is released first and works alone for F of that time before the
 other is released (both contexts live, so the reader has rows of the lone work). The rule
 then has a stretch of the shared run itself to learn the first one's power from, which the
-simultaneous start gives a small workload only by chance.
+simultaneous start gives a small workload only by chance. ``--scale K`` multiplies every
+workload's work (alone and together alike), so a lone stretch holds more of the reader's
+0.9 s reads.
 """
 
 from __future__ import annotations
@@ -81,9 +83,9 @@ WORK = {"matmul": (matmul, 2600), "copy": (copy, 12_000), "smallk": (smallk, 400
         "train": (train, 1200)}
 
 
-def work(name: str, gated: bool = False) -> None:
+def work(name: str, gated: bool = False, scale: float = 1.0) -> None:
     make, iters = WORK[name]
-    run = make(iters)
+    run = make(round(iters * scale))
     make(3)()  # warm-up: kernels chosen, memory allocated, before the marked work
     torch.cuda.synchronize()
     if gated:  # tell the parent, then wait for its go (the context stays live meanwhile)
@@ -113,19 +115,24 @@ def sample_processes(stop: threading.Event) -> None:
                          t_unix_us=int(s.timeStamp))
 
 
-def together(names: list[str]) -> None:
-    procs = [subprocess.Popen([sys.executable, __file__, "work", n]) for n in names]
+def worker(name: str, scale: float, *extra: str) -> list[str]:
+    return [sys.executable, __file__, "work", name, "--scale", str(scale), *extra]
+
+
+def together(names: list[str], scale: float) -> None:
+    procs = [subprocess.Popen(worker(n, scale)) for n in names]
     for p in procs:
         if p.wait() != 0:
             raise SystemExit(f"workload exited {p.returncode}")
 
 
-def staggered(names: list[str], alone_s: dict[str, float], fraction: float) -> None:
+def staggered(names: list[str], alone_s: dict[str, float], fraction: float,
+              scale: float) -> None:
     """Both warmed up and waiting; the shorter released first, the other ``fraction`` of
     its alone time later."""
     order = sorted(names, key=lambda n: alone_s[n])
-    procs = [subprocess.Popen([sys.executable, __file__, "work", n, "--gated"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(worker(n, scale, "--gated"), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
              for n in order]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.args
@@ -142,15 +149,15 @@ def staggered(names: list[str], alone_s: dict[str, float], fraction: float) -> N
             raise SystemExit(f"workload exited {p.returncode}")
 
 
-def timed_alone(name: str) -> float:
+def timed_alone(name: str, scale: float) -> float:
     """One workload alone; its marked work's seconds, as it printed them."""
-    done = subprocess.run([sys.executable, __file__, "work", name], check=True,
+    done = subprocess.run(worker(name, scale), check=True,
                           capture_output=True, text=True)
     print(done.stdout, end="", flush=True)
     return float(done.stdout.strip().splitlines()[-1].split(":")[1].split()[0])
 
 
-def pairs(idle_s: float, stagger: float | None = None) -> None:
+def pairs(idle_s: float, stagger: float | None = None, scale: float = 1.0) -> None:
     stop = threading.Event()
     sampler = threading.Thread(target=sample_processes, args=(stop,), daemon=True)
     sampler.start()
@@ -161,11 +168,11 @@ def pairs(idle_s: float, stagger: float | None = None) -> None:
         for names in ([a], [b], [a, b]):
             with wattlab.phase("run", workloads="+".join(names)):
                 if stagger is None:
-                    together(names)
+                    together(names, scale)
                 elif len(names) == 1:
-                    alone_s[names[0]] = timed_alone(names[0])
+                    alone_s[names[0]] = timed_alone(names[0], scale)
                 else:
-                    staggered(names, alone_s, stagger)
+                    staggered(names, alone_s, stagger, scale)
             time.sleep(1.0)
     with wattlab.phase("idle"):
         time.sleep(idle_s)
@@ -179,15 +186,17 @@ def main() -> None:
     one = sub.add_parser("work")
     one.add_argument("name", choices=sorted(WORK))
     one.add_argument("--gated", action="store_true", help="wait for 'go' on stdin after warm-up")
+    one.add_argument("--scale", type=float, default=1.0, help="times the fixed work")
     both = sub.add_parser("pairs")
     both.add_argument("--idle-s", type=float, default=3.0)
     both.add_argument("--stagger", type=float, default=None, metavar="F",
                       help="release the shorter first, the other F of its alone time later")
+    both.add_argument("--scale", type=float, default=1.0, help="times each workload's work")
     args = parser.parse_args()
     if args.verb == "work":
-        work(args.name, args.gated)
+        work(args.name, args.gated, args.scale)
     else:
-        pairs(args.idle_s, args.stagger)
+        pairs(args.idle_s, args.stagger, args.scale)
 
 
 if __name__ == "__main__":
