@@ -69,6 +69,7 @@ def main() -> int:
     alone = exclusive_j(shared)
     rows: list[dict[str, Any]] = []
     met = True
+    within = {rule: [0, 0, 0] for rule in RULES}  # misses within 1x, 2x the rule ±; shares
     print(f"{'pair':15} {'truth':>13}  {'rule':11} {'share':>13}  {'rel err %':>13}  "
           f"{'abs pt':>11}  {'± (rule)':>13}  caveat")
     for phase, pair in pairs_of(shared, alone):
@@ -87,6 +88,9 @@ def main() -> int:
             rel, dabs = (share - pair.truth) / pair.truth, share - pair.truth
             ok = bool(np.all(np.abs(rel) <= REL_GOAL) and np.all(np.abs(dabs) <= ABS_GOAL))
             met &= ok or rule != "activity"
+            within[rule] = [within[rule][0] + int(np.sum(np.abs(dabs) <= pm)),
+                            within[rule][1] + int(np.sum(np.abs(dabs) <= 2 * pm)),
+                            within[rule][2] + len(pm)]
             row[rule] = {"share": share.tolist(), "share_pm": pm.tolist(),
                          "rel_err_pct": (100 * rel).tolist(), "abs_err_pt": (100 * dabs).tolist(),
                          "goal_met": ok, "idle_w": got.baseline.idle_w,
@@ -96,10 +100,13 @@ def main() -> int:
                   f"{100 * dabs[0]:+5.1f} {100 * dabs[1]:+5.1f}  {pm[0]:6.3f} {pm[1]:6.3f}  "
                   f"{'yes' if got.rule.caveats else 'no'}")
         rows.append(row)
+    for rule, (one, two, n) in within.items():
+        print(f"{rule}: {one}/{n} shares within their ± (rule) of the truth, {two}/{n} within "
+              "twice it")
     write_json("shared_gpu_attribution", {"trace": path, "stream": "gpu0.processes" if full
                                           else "proc_util markers", "goal": {"rel": REL_GOAL,
                                                                  "abs": ABS_GOAL},
-                                          "goal_met": met, "pairs": rows})
+                                          "goal_met": met, "within_pm": within, "pairs": rows})
     print(f"goal (every share within {100 * REL_GOAL:.0f} % and {100 * ABS_GOAL:.0f} pt, "
           f"activity rule): {'met' if met else 'NOT met'}")
     return 0 if met else GOALS_MISSED

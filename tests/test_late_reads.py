@@ -56,7 +56,8 @@ def test_late_reads_widen_the_pm_to_cover_the_truth_and_say_samples_were_missed(
     unseen were in "no process active", and the ± did not know."""
     g = split_of(record_shared(tmp_path / "loaded.h5", seed=seed, **LOADED))
     rows = errors_and_pm(g)
-    assert any(abs(err) > without for _, err, _, without in rows), rows  # it was too small
+    # without the late reads' part the ± no longer misses here: the rule's own error is now
+    # taken over each process's working window, not its own share (zero-sum, BENCHMARKS.md)
     assert all(abs(err) <= pm for _, err, pm, _ in rows), rows
     assert all(pm > without for _, _, pm, without in rows), rows
     (note,) = [n for n in g.notes if "reads came late" in n]

@@ -18,9 +18,11 @@ The parts are scaled to the GPU's energy counter where it has one (the power str
 the joules in time, the counter says how many), so processes + static + idle +
 unattributed = the counter's energy to ``CLOSURE`` (checked). Each process's ± is its
 sampling share (the stream's ±) and the rule's own error: how badly the rule predicts the
-power of intervals it was not fitted on (leave-one-out), times its dynamic energy, with
-the weights' own ± (``rule_spread``) in quadrature; plus, where the per-process stream's
-reads came late, the dynamic energy they left to no process (``missed_by_late_reads``).
+power of intervals it was not fitted on (leave-one-out), times the dynamic energy from its
+first working sample to its last (``worked_dynamic_j``: the split is zero-sum, so what the
+rule mispredicts may be any working process's), with the weights' own ± (``rule_spread``)
+in quadrature; plus, where the per-process stream's reads came late, the dynamic energy
+they left to no process (``missed_by_late_reads``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from wattlab.analysis.attribution.process_rule import (
     activity_rule,
     late_reads_note,
     missed_by_late_reads,
+    working,
 )
 from wattlab.analysis.attribution.process_table import (
     Process,
@@ -263,6 +266,7 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
     loo = prediction_error(stream.t_s, stream.power_w, base_w, acts, kinds=kinds,
                            min_piece_s=RESOLVE_EDGES * stream.edge_s)
     spread = rule_spread(stream, base_w, acts, att)
+    worked = worked_dynamic_j(stream, base_w, table, rule) if loo is not None else {}
     owed, missed_j, late_s = missed_by_late_reads(stream, base_w, table, acts, rule)
     dyn = {k: e * scale for k, e in att.by_owner().items()}
     static_j = base.static_w * present_s * scale
@@ -279,7 +283,8 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
         e = d + s + i
         late_pm = owed.get(p.key, 0.0) * scale
         # the unseen joules are a shortfall the run bounds, not a scatter: added whole
-        rule_pm = math.hypot((loo or 0.0) * abs(d), spread.get(p.key, 0.0) * scale) + late_pm
+        own_pm = (loo or 0.0) * abs(worked.get(p.key, 0.0)) * scale
+        rule_pm = math.hypot(own_pm, spread.get(p.key, 0.0) * scale) + late_pm
         procs.append(ProcessEnergy(p.key, p.label, p.identity, clip(p, span), len(p.t1_s), d,
                                    s, i, e, abs(e) * sampling_rel, rule_pm,
                                    math.hypot(abs(e) * sampling_rel, rule_pm),
@@ -295,8 +300,10 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
                      "to leave one out): ± is the sampling's only")
     else:
         notes.append(f"the rule predicts the dynamic power of intervals left out of its fit "
-                     f"to {100 * loo:.1f} % (RMS): each process's rule ± is that share of its "
-                     "dynamic energy, with the weights' ±")
+                     f"to {100 * loo:.1f} % (RMS): each process's rule ± is that share of the "
+                     "dynamic energy from its first working sample to its last, whoever it went "
+                     "to (the split is zero-sum: what the rule mispredicts may be any working "
+                     "process's), with the weights' ±")
     notes += late_reads_note(table, missed_j * scale, late_s)
     out = GpuSplit(table.gpu, stream, base, rule, total, how, idle_j - charged_i,
                    static_j - charged_s,
@@ -305,6 +312,28 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
     if abs(out.closure_j) > CLOSURE * max(abs(total), 1e-12):
         raise RuntimeError(f"{table.prefix}: processes + static + idle + unattributed - total "
                            f"= {out.closure_j:.6g} J of {total:.6g} J (a bug in wattlab)")
+    return out
+
+
+def worked_dynamic_j(stream: PowerStream, base_w: float, table: ProcessTable, rule: Rule
+                     ) -> dict[str, float]:
+    """Each process's dynamic energy from its first working sample to its last, anyone's.
+
+    What its rule ± is the rule's error of. Why not its own: the split is zero-sum, the
+    dynamic energy measured, so joules the rule mispredicts go from one process to another,
+    and the run cannot tell whose they are: any process working then may own them. Between its
+    first and last working sample a process may work unnamed (a time-sliced GPU names one
+    per sample: on the lent H200 a small-kernel process went 2.2 s unnamed beside a matrix
+    product; given 0.010 ± 0.006 of the pair's joules, its exclusive runs said 0.048).
+    """
+    out = {}
+    for p in table.processes:
+        worked = working(p)
+        t0_s, t1_s = (max(worked[0][0], stream.run_s[0]), min(worked[-1][1], stream.run_s[1])
+                      ) if worked else (0.0, 0.0)
+        if t1_s > t0_s:  # no activity: all of it dynamic energy no one was given
+            out[p.key] = attribute(stream.t_s, stream.power_w, base_w, [], rule,
+                                   span_s=(t0_s, t1_s)).unattributed_j
     return out
 
 
