@@ -90,7 +90,8 @@ def test_the_activity_rule_misplaces_fewer_joules_than_keplers_and_says_how_many
         assert abs(gpu["closure_j"]) <= 1e-3 * gpu["total_j"]
         errors[rule] = {p["key"]: p["dynamic_j"] - p["truth_dynamic_j"]
                         for p in gpu["processes"]}
-        assert all(p["resolved"] and p["pm_j"] > 0 for p in gpu["processes"])
+        for p in gpu["processes"]:  # the ± holds the truth, however wide load makes it
+            assert 0 < abs(p["dynamic_j"] - p["truth_dynamic_j"]) <= p["pm_j"], (rule, p)
     assert len(errors["activity"]) == 3
     assert (sum(map(abs, errors["activity"].values()))
             < sum(map(abs, errors["utilisation"].values()))), errors

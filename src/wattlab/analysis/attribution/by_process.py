@@ -19,8 +19,9 @@ the joules in time, the counter says how many), so processes + static + idle +
 unattributed = the counter's energy to ``CLOSURE`` (checked). Each process's ± is its
 sampling share (the stream's ±) and the rule's own error: how badly the rule predicts the
 power of intervals it was not fitted on (leave-one-out), times the dynamic energy from its
-first working sample to its last (``worked_dynamic_j``: the split is zero-sum, so what the
-rule mispredicts may be any working process's), with the weights' own ± (``rule_spread``)
+first working sample to its last, or over its whole presence where the GPU was time-sliced
+(``worked_dynamic_j``: the split is zero-sum, so what the rule mispredicts may be any working
+process's), with the weights' own ± (``rule_spread``)
 in quadrature; plus, where the per-process stream's reads came late, the dynamic energy
 they left to no process (``missed_by_late_reads``).
 """
@@ -266,7 +267,8 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
     loo = prediction_error(stream.t_s, stream.power_w, base_w, acts, kinds=kinds,
                            min_piece_s=RESOLVE_EDGES * stream.edge_s)
     spread = rule_spread(stream, base_w, acts, att)
-    worked = worked_dynamic_j(stream, base_w, table, rule) if loo is not None else {}
+    worked = worked_dynamic_j(stream, base_w, table, rule, sliced=bool(caveat)
+                              ) if loo is not None else {}
     owed, missed_j, late_s = missed_by_late_reads(stream, base_w, table, acts, rule)
     dyn = {k: e * scale for k, e in att.by_owner().items()}
     static_j = base.static_w * present_s * scale
@@ -301,9 +303,10 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
     else:
         notes.append(f"the rule predicts the dynamic power of intervals left out of its fit "
                      f"to {100 * loo:.1f} % (RMS): each process's rule ± is that share of the "
-                     "dynamic energy from its first working sample to its last, whoever it went "
-                     "to (the split is zero-sum: what the rule mispredicts may be any working "
-                     "process's), with the weights' ±")
+                     "dynamic energy from its first working sample to its last (its presence "
+                     "where the GPU was time-sliced), whoever it went to (the split is "
+                     "zero-sum: what the rule mispredicts may be any working process's), with "
+                     "the weights' ±")
     notes += late_reads_note(table, missed_j * scale, late_s)
     out = GpuSplit(table.gpu, stream, base, rule, total, how, idle_j - charged_i,
                    static_j - charged_s,
@@ -315,8 +318,8 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
     return out
 
 
-def worked_dynamic_j(stream: PowerStream, base_w: float, table: ProcessTable, rule: Rule
-                     ) -> dict[str, float]:
+def worked_dynamic_j(stream: PowerStream, base_w: float, table: ProcessTable, rule: Rule,
+                     sliced: bool = False) -> dict[str, float]:
     """Each process's dynamic energy from its first working sample to its last, anyone's.
 
     What its rule ± is the rule's error of. Why not its own: the split is zero-sum, the
@@ -325,10 +328,15 @@ def worked_dynamic_j(stream: PowerStream, base_w: float, table: ProcessTable, ru
     first and last working sample a process may work unnamed (a time-sliced GPU names one
     per sample: on the lent H200 a small-kernel process went 2.2 s unnamed beside a matrix
     product; given 0.010 ± 0.006 of the pair's joules, its exclusive runs said 0.048).
+    ``sliced`` (the run shows the GPU time-sliced): its whole presence, since a 0 % row
+    may then mean "not named" as well as "rested" (a small-kernel loop on the H200 read
+    0 % at its last two reads while it worked).
     """
     out = {}
     for p in table.processes:
         worked = working(p)
+        if worked and sliced:  # a 0 % row may be "not named", not "rested": all its presence
+            worked = [p.present_s]
         t0_s, t1_s = (max(worked[0][0], stream.run_s[0]), min(worked[-1][1], stream.run_s[1])
                       ) if worked else (0.0, 0.0)
         if t1_s > t0_s:  # no activity: all of it dynamic energy no one was given
