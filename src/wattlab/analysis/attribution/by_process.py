@@ -20,10 +20,10 @@ unattributed = the counter's energy to ``CLOSURE`` (checked). Each process's ± 
 sampling share (the stream's ±) and the rule's own error: how badly the rule predicts the
 power of intervals it was not fitted on (leave-one-out), times the dynamic energy from its
 first working sample to its last, or over its whole presence where the GPU was time-sliced
-(``worked_dynamic_j``: the split is zero-sum, so what the rule mispredicts may be any working
-process's), with the weights' own ± (``rule_spread``)
-in quadrature; plus, where the per-process stream's reads came late, the dynamic energy
-they left to no process (``missed_by_late_reads``).
+(``worked_dynamic_j``: the split is zero-sum, so what the rule mispredicts may be any
+working process's), with the weights' own ± (``rule_spread``) in quadrature; plus, where
+the per-process stream's reads came late, the dynamic energy they left to no process
+(``missed_by_late_reads``).
 """
 
 from __future__ import annotations
@@ -335,11 +335,11 @@ def worked_dynamic_j(stream: PowerStream, base_w: float, table: ProcessTable, ru
     out = {}
     for p in table.processes:
         worked = working(p)
-        if worked and sliced:  # a 0 % row may be "not named", not "rested": all its presence
-            worked = [p.present_s]
-        t0_s, t1_s = (max(worked[0][0], stream.run_s[0]), min(worked[-1][1], stream.run_s[1])
-                      ) if worked else (0.0, 0.0)
-        if t1_s > t0_s:  # no activity: all of it dynamic energy no one was given
+        if not worked:  # never worked: no share of what the rule mispredicts
+            continue
+        t0_s, t1_s = clip(p, stream.run_s) if sliced else (
+            max(worked[0][0], stream.run_s[0]), min(worked[-1][1], stream.run_s[1]))
+        if t1_s > t0_s:  # split among no activity: all the span's dynamic energy, unowned
             out[p.key] = attribute(stream.t_s, stream.power_w, base_w, [], rule,
                                    span_s=(t0_s, t1_s)).unattributed_j
     return out
