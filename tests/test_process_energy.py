@@ -22,11 +22,12 @@ from tests.process_runs import (
     Proc,
     write_shared_run,
 )
-from wattlab.analysis.attribution import energy_by_process
+from wattlab.analysis.attribution import energy_by_process, process_rule
 from wattlab.analysis.attribution.by_process import split
-from wattlab.analysis.attribution.power_stream import run_power_stream
+from wattlab.analysis.attribution.power_stream import PowerStream, run_power_stream
 from wattlab.analysis.attribution.process_rule import own_weights
-from wattlab.analysis.attribution.process_table import read_processes
+from wattlab.analysis.attribution.process_table import Process, ProcessTable, read_processes
+from wattlab.analysis.attribution.rule import Param
 from wattlab.analysis.energy import energy_report
 from wattlab.cli import main
 from wattlab.runfile import Run, schema
@@ -299,7 +300,7 @@ def test_the_real_pairs_give_no_negative_weight_nor_energy(capsys):
         g = energy_by_process(run).gpus[0]
     assert all(w.value > 0 for w in g.rule.weights.values())
     assert all(p.dynamic_j >= 0 for p in g.processes)
-    assert any("gpu0:815 never worked alone" in c for c in g.rule.caveats)
+    assert any("gpu0:815" in c and "never worked alone" in c for c in g.rule.caveats)
     assert any("gpu0:815: its samples alone gave -" in n for n in g.rule.notes)
     assert closure_ok(g)
 
@@ -366,4 +367,69 @@ def test_a_lone_part_of_a_reading_is_filled_and_teaches_no_weight(tmp_path: Path
         p.sm = [s * 10 if (a, b) in p.from_device else s
                 for a, b, s in zip(p.t0_s, p.t1_s, p.sm, strict=True)]
     assert own_weights(stream, 100.0, table) == before and before
+    assert closure_ok(g)
+
+
+def old_unmeasured(own: dict[str, Param]) -> dict[str, Param]:
+    """``unmeasured`` as it was: a weight with no ± at all was kept, as if exact."""
+    return {k: w for k, w in own.items() if w.value <= 0 or (w.pm or 0.0) >= w.value}
+
+
+def one_lone_sample() -> tuple[PowerStream, ProcessTable]:
+    """1 works 1-10 s (300 W per unit of SM); 2 beside it 5-10 s (40 W per unit), then alone
+    10-11 s in one sample of 1 s: enough time alone (>= MIN_ALONE_S), one ratio."""
+    rng = np.random.default_rng(1)
+    t = np.arange(0.0, 22.0, 0.02)
+    a = Process("gpu0:1", {"gpu": 0, "pid": 1}, (1.0, 20.0))
+    b = Process("gpu0:2", {"gpu": 0, "pid": 2}, (4.0, 20.0))
+    for q, t0_s, sm in ((a, 1.0, [0.8] * 45), (b, 5.0, 0.2 + 0.2 * rng.random(25))):
+        q.t0_s = [round(t0_s + 0.2 * i, 6) for i in range(len(sm))]
+        q.t1_s = [round(x + 0.2, 6) for x in q.t0_s]
+        q.sm, q.mem = [float(s) for s in sm], [0.1] * len(sm)
+    b.t0_s, b.t1_s, b.sm, b.mem = [*b.t0_s, 10.0], [*b.t1_s, 11.0], [*b.sm, 0.3], [*b.mem, 0.1]
+    power = np.full(t.size, 100.0) + rng.normal(0.0, 2.0, t.size)
+    for q, w in ((a, 300.0), (b, 40.0)):
+        for t0_s, t1_s, s in zip(q.t0_s, q.t1_s, q.sm, strict=True):
+            power[(t >= t0_s) & (t < t1_s)] += w * s
+    stream = PowerStream("gpu0.samples:power_w", t, power, 0.02, (0.0, float(t[-1])), True, [])
+    return stream, ProcessTable(0, "gpu0.processes", [a, b], (0.0, 22.0), [], [])
+
+
+def test_a_weight_from_one_sample_alone_is_not_taken_as_exact(monkeypatch):
+    """A weight measured on one sample alone has no ± (a spread needs two). It was kept as
+    if exact: the weights' term of every ± left it out. Now it is handled as a weight whose
+    ± is as large as itself: not taken, the process priced as never alone, with a ±."""
+    stream, table = one_lone_sample()
+    assert own_weights(stream, 100.0, table)["gpu0:2"].pm is None  # one ratio, no spread
+    g = split(*one_lone_sample(), "activity", ())
+    assert g.rule.weights["gpu0:2"].pm is not None
+    assert any("gpu0:2: its samples alone gave" in n and "from one sample" in n
+               for n in g.rule.notes)
+    assert any("gpu0:2 never worked alone" in c for c in g.rule.caveats)
+    monkeypatch.setattr(process_rule, "unmeasured", old_unmeasured)
+    before = split(*one_lone_sample(), "activity", ())
+    assert before.rule.weights["gpu0:2"].pm is None  # what the fix is for
+    was = {p.key: p.pm_j for p in before.processes}
+    assert all(p.pm_j >= was[p.key] for p in g.processes)
+    assert next(p.pm_j for p in g.processes if p.key == "gpu0:2") > was["gpu0:2"]
+    assert closure_ok(g)
+
+
+def test_the_real_pairs_price_no_weight_as_exact(monkeypatch):
+    """On the lent H200's copy + small-kernel pair the small-kernel process (gpu0:916)
+    worked alone in one 0.8 s sample: its weight (40.2 W per unit of SM) had no ±, and its
+    ± and its partner's left the weight's error out. Now it is fitted, ± all of it (the GPU
+    was time-sliced), and no process's ± is smaller than before."""
+    with Run(str(REAL_PAIRS)) as run:
+        g = energy_by_process(run).gpus[0]
+    monkeypatch.setattr(process_rule, "unmeasured", old_unmeasured)
+    with Run(str(REAL_PAIRS)) as run:
+        before = energy_by_process(run).gpus[0]
+    assert before.rule.weights["gpu0:916"].pm is None
+    assert all(w.pm is not None for w in g.rule.weights.values())
+    assert any("gpu0:916" in c and "never worked alone" in c for c in g.rule.caveats)
+    was = {p.key: p.pm_j for p in before.processes}
+    assert all(p.pm_j >= was[p.key] for p in g.processes)
+    now = {p.key: p.pm_j for p in g.processes}
+    assert now["gpu0:916"] > was["gpu0:916"] and now["gpu0:915"] > was["gpu0:915"]
     assert closure_ok(g)

@@ -9,9 +9,12 @@ is not a straight face.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -125,3 +128,35 @@ def test_a_small_process_the_driver_calls_idle_while_it_works_is_still_covered(
         for miss_pt, pm in zip(r["activity"]["abs_err_pt"], r["activity"]["share_pm"],
                                strict=True):
             assert abs(miss_pt) / 100 <= pm, (r["pair"], miss_pt, pm)
+
+
+def shared_gpu_script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """tests/with_device/shared_gpu.py, loaded with a stand-in torch (its workloads need a
+    GPU; its options do not), under a name of its own so no later import gets the stand-in."""
+    monkeypatch.setitem(sys.modules, "torch", ModuleType("torch"))
+    path = Path(__file__).resolve().parent / "with_device" / "shared_gpu.py"
+    spec = importlib.util.spec_from_file_location("shared_gpu_options", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("verb", "option", "value"), [
+    ("pairs", "--stagger", "nan"), ("pairs", "--stagger", "inf"), ("pairs", "--stagger", "-0.5"),
+    ("pairs", "--scale", "nan"), ("pairs", "--scale", "-inf"), ("pairs", "--scale", "-3"),
+    ("pairs", "--scale", "0"), ("work matmul", "--scale", "inf")])
+def test_the_pairs_job_refuses_a_stagger_or_scale_it_cannot_run(
+        verb: str, option: str, value: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # a nan, inf or negative value ended in a traceback (time.sleep, round) minutes into a
+    # recording; now argparse refuses it at once, naming the option and its range
+    parser = shared_gpu_script(monkeypatch).parser()
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args([*verb.split(), f"{option}={value}"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: must be a number" in err and repr(value) in err
+    args = parser.parse_args(["pairs", "--stagger", "0.5", "--scale", "3"])
+    assert (args.stagger, args.scale) == (0.5, 3.0)

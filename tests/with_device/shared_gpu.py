@@ -34,7 +34,10 @@ from collections.abc import Callable
 import torch
 
 import wattlab
+from wattlab.arg_types import Number, seconds
 
+STAGGER = Number(0.0, 10.0)  # F of the shorter's alone time (0: the other released at once)
+SCALE = Number(0.0, 1000.0, above=True)  # times each workload's fixed work
 PAIRS = [("matmul", "copy"), ("matmul", "smallk"), ("copy", "smallk"), ("matmul", "train")]
 
 
@@ -180,19 +183,29 @@ def pairs(idle_s: float, stagger: float | None = None, scale: float = 1.0) -> No
     sampler.join()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    sub = parser.add_subparsers(dest="verb", required=True)
+def parser() -> argparse.ArgumentParser:
+    """The verbs and their options.
+
+    Why typed: a nan, inf or negative ``--stagger`` or ``--scale`` ended in a traceback
+    (``time.sleep``, ``round``) minutes into a recording, or ran no work; argparse refuses
+    it at once (exit 2), naming the option and its range.
+    """
+    top = argparse.ArgumentParser(description=__doc__)
+    sub = top.add_subparsers(dest="verb", required=True)
     one = sub.add_parser("work")
     one.add_argument("name", choices=sorted(WORK))
     one.add_argument("--gated", action="store_true", help="wait for 'go' on stdin after warm-up")
-    one.add_argument("--scale", type=float, default=1.0, help="times the fixed work")
+    one.add_argument("--scale", type=SCALE, default=1.0, help="times the fixed work")
     both = sub.add_parser("pairs")
-    both.add_argument("--idle-s", type=float, default=3.0)
-    both.add_argument("--stagger", type=float, default=None, metavar="F",
+    both.add_argument("--idle-s", type=seconds(zero=True), default=3.0)
+    both.add_argument("--stagger", type=STAGGER, default=None, metavar="F",
                       help="release the shorter first, the other F of its alone time later")
-    both.add_argument("--scale", type=float, default=1.0, help="times each workload's work")
-    args = parser.parse_args()
+    both.add_argument("--scale", type=SCALE, default=1.0, help="times each workload's work")
+    return top
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.verb == "work":
         work(args.name, args.gated, args.scale)
     else:

@@ -99,14 +99,25 @@ def own_weights(stream: PowerStream, base_w: float, table: ProcessTable
 
 
 def unmeasured(own: dict[str, Param]) -> dict[str, Param]:
-    """The weights measured alone that measure nothing: not positive, or ± as large.
+    """The weights measured alone that measure nothing: not positive, ± as large, or no ±.
 
     A process's power cannot be below nothing: on the lent H200 a small-kernel process that
     started with a matrix product "measured" -91 ± 240 W per unit of SM on its few samples
-    before the other ramped, and printed -13 J. Such a process is handled as one that never
-    worked alone.
+    before the other ramped, and printed -13 J. A weight from one sample alone has no ± (a
+    spread needs two): it may be off by as much as itself, yet taken as exact it added
+    nothing to anyone's ± (the H200's copy + small-kernel pair: 40 W on one 0.8 s sample).
+    Such a process is handled as one that never worked alone.
     """
-    return {k: w for k, w in own.items() if w.value <= 0 or (w.pm or 0.0) >= w.value}
+    return {k: w for k, w in own.items() if w.value <= 0 or w.pm is None or w.pm >= w.value}
+
+
+def unmeasured_note(key: str, w: Param) -> str:
+    """Why a weight measured alone was not taken (``unmeasured``)."""
+    why = ("from one sample: its ± cannot be estimated" if w.pm is None
+           else "not positive, or its ± as large")
+    pm = "" if w.pm is None else f" ± {w.pm:.2g}"
+    return (f"{key}: its samples alone gave {w.value:.4g}{pm} W per unit of SM, which "
+            f"measures nothing ({why}): taken as never alone")
 
 
 def power_of(t_s: FloatArray, acts: list[Activity], weights: dict[str, Param]) -> FloatArray:
@@ -143,9 +154,7 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
     acts = [Activity(k, k, a, b, s) for k, w in wins.items() if k in own for a, b, s, _ in w]
     notes = [f"own power per unit of SM activity, where each worked alone (>= {MIN_ALONE_S:g} "
              "s): " + (", ".join(own) or "none")]
-    notes += [f"{k}: its samples alone gave {w.value:.4g} ± {w.pm or 0.0:.2g} W per unit of SM, "
-              "which measures nothing (not positive, or its ± as large): taken as never alone"
-              for k, w in bad.items()]
+    notes += [unmeasured_note(k, w) for k, w in bad.items()]
     never = [k for k in wins if k not in own]
     if not never:
         return Rule("activity", DESCRIPTION, own, notes), acts, list(own)
