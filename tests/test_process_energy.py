@@ -433,3 +433,73 @@ def test_the_real_pairs_price_no_weight_as_exact(monkeypatch):
     now = {p.key: p.pm_j for p in g.processes}
     assert now["gpu0:916"] > was["gpu0:916"] and now["gpu0:915"] > was["gpu0:915"]
     assert closure_ok(g)
+
+
+def never_alone_in_one_mix() -> tuple[PowerStream, ProcessTable]:
+    """1 works alone 1-5 s (300 W per unit of SM); 2 and 3 then share the GPU 5-25 s,
+    time-sliced: the driver names them in turns (0.25 s samples, two each per 1 s window).
+    3's SM is always half of 2's, so their own weights cannot be told apart; their memory
+    activities vary apart, so the kinds' can (200 W per unit of SM, 300 per unit of memory)."""
+    rng = np.random.default_rng(2)
+    t = np.arange(0.0, 27.0, 0.02)
+    a = Process("gpu0:1", {"gpu": 0, "pid": 1}, (1.0, 5.0))
+    b = Process("gpu0:2", {"gpu": 0, "pid": 2}, (5.0, 25.0))
+    c = Process("gpu0:3", {"gpu": 0, "pid": 3}, (5.0, 25.0))
+    a.t0_s = [1.0 + 0.25 * i for i in range(16)]
+    a.t1_s, a.sm, a.mem = [x + 0.25 for x in a.t0_s], [0.8] * 16, [0.1] * 16
+    level, mem = 0.3 + 0.5 * rng.random(20), 0.1 + 0.5 * rng.random((2, 20))
+    power = np.full(t.size, 100.0) + rng.normal(0.0, 2.0, t.size)
+    power[(t >= 1.0) & (t < 5.0)] += 300.0 * 0.8
+    for i in range(80):
+        t0_s, named = 5.0 + 0.25 * i, i % 2  # 2 named at even samples, 3 at odd ones
+        for n, (q, sm) in enumerate(((b, level[i // 4]), (c, 0.5 * level[i // 4]))):
+            q.t0_s.append(t0_s)
+            q.t1_s.append(t0_s + 0.25)
+            q.sm.append(sm if n == named else 0.0)
+            q.mem.append(float(mem[n, i // 4]) if n == named else 0.0)
+            if n == named:
+                power[(t >= t0_s) & (t < t0_s + 0.25)] += 200.0 * sm + 300.0 * q.mem[-1]
+    stream = PowerStream("gpu0.samples:power_w", t, power, 0.02, (0.0, float(t[-1])), True, [])
+    return stream, ProcessTable(0, "gpu0.processes", [a, b, c], (0.0, 27.0), [], [])
+
+
+def test_the_kinds_weights_fitted_on_a_time_sliced_gpu_are_known_to_all_of_them(monkeypatch):
+    """Processes never alone whose own weights cannot be told apart get the kinds' weights
+    fitted on the power the measured ones leave. On a time-sliced GPU that power is
+    confounded by which process the driver named, as for their own weights: those got ± all
+    of it, the kinds' kept their fit's ±. Now both do, and no process's ± is smaller."""
+    from wattlab.analysis.attribution import by_process
+
+    stream, table = never_alone_in_one_mix()
+    assert set(own_weights(stream, 100.0, table)) == {"gpu0:1"}
+    got = {sliced: process_rule.activity_rule(stream, 100.0, table, 0.08, sliced=sliced)[0]
+           for sliced in (False, True)}
+    for sliced, rule in got.items():
+        note = next(n for n in rule.notes if "weights of kinds of work fitted" in n)
+        assert ("time-sliced" in note) is sliced
+        assert not any("their own weights fitted" in n for n in rule.notes)
+        assert set(rule.weights) == {"gpu0:1", *process_rule.KINDS}
+    fitted, widened = got[False].weights, got[True].weights
+    assert fitted["sm"].value == pytest.approx(200.0, rel=0.05)
+    assert fitted["mem"].value == pytest.approx(300.0, rel=0.05)
+    for k in process_rule.KINDS:
+        assert 0 < (fitted[k].pm or 0.0) < fitted[k].value  # its fit's ±, unsliced
+        assert widened[k].value == fitted[k].value
+        assert (widened[k].pm or 0.0) >= widened[k].value  # ± all of it, sliced
+    assert widened["gpu0:1"] == fitted["gpu0:1"]  # measured alone: untouched
+    g = split(stream, table, "activity", ())
+    assert any("time-sliced" in c for c in g.rule.caveats)  # the table is: split says so
+    assert all((g.rule.weights[k].pm or 0.0) >= g.rule.weights[k].value
+               for k in process_rule.KINDS)
+
+    def unsliced(*args, sliced: bool = False, **kwargs):  # the kinds' weights as before
+        return process_rule.activity_rule(*args, **kwargs, sliced=False)
+
+    monkeypatch.setattr(by_process, "activity_rule", unsliced)
+    before = split(stream, table, "activity", ())
+    assert all(0 < (before.rule.weights[k].pm or 0.0) < before.rule.weights[k].value
+               for k in process_rule.KINDS)
+    was, now = ({p.key: p.pm_j for p in x.processes} for x in (before, g))
+    assert all(now[k] >= was[k] for k in ("gpu0:2", "gpu0:3"))
+    assert now["gpu0:2"] > was["gpu0:2"] and now["gpu0:3"] > was["gpu0:3"]
+    assert closure_ok(g) and closure_ok(before)

@@ -10,7 +10,9 @@ process that never worked alone gets its weight fitted by least
 squares (``learn.fit_weights``) on the power the measured processes leave; where that
 cannot be told apart, the kinds' weights (``w_sm * sm + w_mem * mem``) on that power; else
 the mean of the others' own weights with a ± as large (its power was never seen); where
-nothing can be fitted, Kepler's rule, said so.
+nothing can be fitted, Kepler's rule, said so. On a time-sliced GPU a weight fitted on the
+power left, a process's own or a kind's, gets a ± as large as itself: which process the
+driver named confounds that power.
 
 Why windows of ``SHARE_S``: a time-sliced GPU names one process per driver sample, with
 the device's utilisation; shared sample by sample, the process named takes the whole
@@ -140,7 +142,8 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
     apart), else the kinds' weights on that power, else the mean of the measured weights
     with a ± as large, else (nothing measured or fitted) Kepler's rule. On a ``sliced``
     (time-sliced) GPU the power left is confounded by which process the driver named: a
-    weight fitted on it gets a ± as large as itself.
+    weight fitted on it, a process's own or a kind's, gets a ± as large as itself
+    (``fitted_on_left``).
     """
     span = stream.run_s
     edges = [*np.arange(span[0], span[1], table.window_s or SHARE_S).tolist(), span[1]]
@@ -166,20 +169,15 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
     each = [Activity(k, k, a, b, s) for k in never for a, b, s, _ in wins[k]]
     fitted = fit_weights(stream.t_s, left_w, base_w, each, kinds=never, min_piece_s=min_piece_s)
     if fitted.name != "equal":
-        notes.append("processes never alone: their own weights fitted on the power the others "
-                     "leave (" + "; ".join(fitted.notes) + ")"
-                     + (", ± all of it: the GPU was time-sliced" if sliced else ""))
-        weights = {k: Param(w.value, max(w.pm or 0.0, w.value), w.unit) if sliced else w
-                   for k, w in fitted.weights.items()}
-        return (Rule("activity", DESCRIPTION, own | weights, notes,
+        weights, note = fitted_on_left("their own weights", fitted, sliced)
+        return (Rule("activity", DESCRIPTION, own | weights, [*notes, note],
                      fitted.caveats + caveats), acts + each, [*own, *never])
     rest = [Activity(k, kind, a, b, s if kind == "sm" else m) for k in never
             for a, b, s, m in wins[k] for kind in KINDS]
     kinds = fit_weights(stream.t_s, left_w, base_w, rest, kinds=KINDS, min_piece_s=min_piece_s)
     if kinds.name != "equal":
-        notes.append("processes never alone: weights of kinds of work fitted on the power the "
-                     "others leave (" + "; ".join(kinds.notes) + ")")
-        return (Rule("activity", DESCRIPTION, own | kinds.weights, notes,
+        weights, note = fitted_on_left("weights of kinds of work", kinds, sliced)
+        return (Rule("activity", DESCRIPTION, own | weights, [*notes, note],
                      kinds.caveats + caveats), acts + rest, [*own, *KINDS])
     if own:
         mean = float(np.mean([p.value for p in own.values()]))
@@ -193,6 +191,21 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
                  [f"activity weights could not be fitted on this run (no process worked alone;"
                   f" {'; '.join(kinds.notes)}): fell back to Kepler's rule"]),
             [a for a in rest if a.kind == "sm"], ["sm"])
+
+
+def fitted_on_left(what: str, fitted: Rule, sliced: bool) -> tuple[dict[str, Param], str]:
+    """Weights fitted on the power the measured processes leave, and the note saying so.
+
+    On a ``sliced`` (time-sliced) GPU that power is confounded by which process the driver
+    named, whatever the weights are of (each process's own, or the kinds'): each weight's ±
+    is then at least as large as itself.
+    """
+    note = (f"processes never alone: {what} fitted on the power the others leave ("
+            + "; ".join(fitted.notes) + ")"
+            + (", ± all of it: the GPU was time-sliced" if sliced else ""))
+    weights = {k: Param(w.value, max(w.pm or 0.0, abs(w.value)), w.unit) if sliced else w
+               for k, w in fitted.weights.items()}
+    return weights, note
 
 
 def beside(p: Process, a_s: float, b_s: float) -> bool:
