@@ -2,6 +2,7 @@
 
     python bench/scrape_cost.py               # 30 s per page (~1 min)
     python bench/scrape_cost.py --quick       # 5 s per page (CI-sized)
+    python bench/scrape_cost.py --recording   # whole recordings instead (~1.5 min)
 
 The endpoint runs in a child process (its CPU is the server's, not the recording's), serving
 either the simulated server's page (9 lines) or a page the size of a real vLLM's (its
@@ -12,6 +13,11 @@ CPU is this process's CPU clock over that time (nothing else runs here), as % of
 (the same sleep, no scrape): what waking 10 times a second costs this machine alone. A
 last row is the floor of any Python scraper here: a fresh interpreter that only sends a GET
 on a kept socket and reads the answer's bytes, at the same rate.
+
+``--recording`` measures what the scraper alone leaves out: a whole ``wattlab record --nvml
+none --scrape URL`` of each page (session, recorder, the scraper's runner: each batch of
+rows it sends is a bus message and recorder work), its process tree's CPU clocks over
+``--duration`` s from ``RECORD_FROM_S`` after its start (the imports and set-up stay out).
 """
 
 from __future__ import annotations
@@ -19,18 +25,21 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from common import write_json
-from wattlab.acquisition.acquirers.acquirer import sleep_until_due
+from common import tree_cpu_s, write_json
+from wattlab.acquisition.acquirers.acquirer import Chunk, sleep_until_due
 from wattlab.acquisition.acquirers.scrape import ScrapeAcquirer
 from wattlab.acquisition.acquirers.scrape.scrape_acquirer import check_url
 from wattlab.hardware.simulated_server import demo_server
 
 HZ = 10.0
 GOAL_CORE_PCT = 0.1
+RECORD_FROM_S = 10.0  # after a recording's start: imports and set-up are done
+RECORD_UNTIL_S = 3.0  # before its planned end: the stop and the closing summary stay out
 SERVER = """
 import sys, time
 from wattlab.hardware.metrics_endpoint import MetricsEndpoint
@@ -105,8 +114,10 @@ def measure(page: str, duration_s: float) -> dict[str, float]:
         rows = 0
         wall0, cpu0 = time.monotonic(), time.process_time()
         while time.monotonic() - wall0 < duration_s:
-            rows += sum(1 for r in acq.poll() if hasattr(r, "values"))
+            rows += sum(len(r.t_host_ns) for r in acq.poll() if isinstance(r, Chunk))
         wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+        # the rows still held for their batch (the flush's own last scrape not counted)
+        rows += sum(len(r.t_host_ns) for r in acq.flush() if isinstance(r, Chunk)) - 1
         acq.close()
     return row(page, rows, wall, cpu)
 
@@ -136,14 +147,48 @@ def baseline(duration_s: float) -> dict[str, float]:
     return row("", wakes, wall, cpu)
 
 
+def recording(page: str, duration_s: float) -> dict[str, float]:
+    """A whole ``record --nvml none --scrape`` of ``page``: its process tree's steady CPU."""
+    with endpoint(page) as url, tempfile.TemporaryDirectory() as folder:
+        total_s = RECORD_FROM_S + duration_s + RECORD_UNTIL_S
+        proc = subprocess.Popen([sys.executable, "-m", "wattlab.cli", "record", "--nvml", "none",
+                                 "--scrape", url, "--duration", str(total_s), "-o",
+                                 f"{folder}/r.h5", "--no-live"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        started, marks = time.monotonic(), []
+        for at_s in (RECORD_FROM_S, RECORD_FROM_S + duration_s):
+            time.sleep(max(0.0, started + at_s - time.monotonic()))
+            marks.append((time.monotonic(), tree_cpu_s(proc.pid)))
+        if proc.wait() != 0:
+            raise SystemExit(f"the recording failed: {proc.args}")
+    (wall0, cpu0), (wall1, cpu1) = marks
+    return {"lines": page.count("\n"), "bytes": len(page), "window_s": wall1 - wall0,
+            "core_pct": 100 * (cpu1 - cpu0) / (wall1 - wall0)}
+
+
+def recordings(pages: dict[str, str], duration_s: float, quick: bool) -> None:
+    results = {name: recording(page, duration_s) for name, page in pages.items()}
+    print(f"whole `record --nvml none --scrape` at {HZ:g} Hz, process tree, "
+          f"{duration_s:g} s from {RECORD_FROM_S:g} s after the start:")
+    for name, r in results.items():
+        print(f"{name:21} {r['lines']:6d} lines {r['core_pct']:7.3f} % of a core")
+    write_json("scrape_cost_recording", {"hz": HZ, "duration_s": duration_s, "quick": quick,
+                                         "pages": results})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--quick", action="store_true", help="5 s per page")
+    ap.add_argument("--recording", action="store_true",
+                    help="whole recordings (session, recorder, runner) instead")
     args = ap.parse_args()
     duration_s = 5.0 if args.quick else args.duration
     counters = demo_server(0).exposition()
     pages = {"simulated server": counters, "vLLM-sized": vllm_sized_page(counters)}
+    if args.recording:
+        recordings(pages, duration_s, args.quick)
+        return
     results = {"baseline (no scrape)": baseline(duration_s)}
     results |= {name: measure(page, duration_s) for name, page in pages.items()}
     results["bare GET, simulated page"] = round_trip(counters, duration_s)

@@ -115,7 +115,8 @@ def scraper(url: str, **kwargs: object) -> ScrapeAcquirer:
 
 
 def rows(readings: list[object]) -> list[float]:
-    return [float(r.values[0, 0]) for r in readings if isinstance(r, Chunk)]
+    """The first channel of every row (a Chunk holds a batch of rows)."""
+    return [float(v) for r in readings if isinstance(r, Chunk) for v in r.values[:, 0]]
 
 
 @pytest.mark.system
@@ -128,6 +129,7 @@ def test_scraper_reads_counters_from_a_real_endpoint_as_a_counter_stream() -> No
         first = acq.poll()
         served.tokens = 3.0  # the server restarted: stored raw, the analysis sees a reset
         second = acq.poll()
+        last = acq.flush()  # the rows held for their batch, and the stop's own scrape
         acq.close()
     assert desc.kind == "counter"
     assert desc.channel_names == ['vllm:generation_tokens_total{model_name="m"}',
@@ -135,18 +137,21 @@ def test_scraper_reads_counters_from_a_real_endpoint_as_a_counter_stream() -> No
     assert [c.unit for c in desc.channels] == ["token", "1"]
     assert desc.config["series"][desc.channel_names[0]] == {
         "metric": "vllm:generation_tokens_total", "labels": {"model_name": "m"}}
-    assert rows(first) == [0.0, 7.0] and rows(second) == [3.0]
-    times = [int(r.t_host_ns[0]) for r in first + second if isinstance(r, Chunk)]
-    assert times == sorted(times)
+    assert rows(first)[:1] == [0.0] and rows(first + second + last) == [0.0, 7.0, 3.0, 3.0]
+    times = [int(t) for r in first + second + last if isinstance(r, Chunk) for t in r.t_host_ns]
+    assert len(times) == 4 and times == sorted(times)
 
 
 def gone_after_one_scrape(served: Served) -> tuple[MetricsEndpoint, ScrapeAcquirer]:
-    """A scraper that read its endpoint once, then the endpoint stopped."""
+    """A scraper that read its endpoint at open and once more, then the endpoint stopped:
+    the failed GET handed over the row held for its batch and began the outage."""
     endpoint = MetricsEndpoint(served.text).start()
     acq = scraper(endpoint.url)
     acq.open()
-    acq.poll()
+    read = acq.poll()
     endpoint.stop()
+    read += acq.poll()
+    assert rows(read) == [0.0, 0.0]
     return endpoint, acq
 
 
@@ -187,7 +192,7 @@ def test_a_non_numeric_sample_mid_run_is_a_gap_and_at_open_a_usage_error() -> No
         served.extra = 'vllm:generation_tokens_total{model_name="n"} lots\n'
         assert rows(acq.poll()) == [0.0]  # only the row read at open
         served.extra = ""
-        back = acq.poll()
+        back = acq.poll() + acq.flush()  # the pages held for their batch read at the stop
         acq.close()
         assert "'lots' is not a number" in next(r for r in back if isinstance(r, Gap)).reason
         served.extra = 'vllm:generation_tokens_total{model_name="n"} lots\n'

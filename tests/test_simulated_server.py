@@ -93,13 +93,15 @@ def test_the_server_serves_vllm_counters_the_scraper_reads() -> None:
         acq = ScrapeAcquirer(server.url, sleep=lambda due, step: True, clock_ns=lambda: clock[0])
         (desc,) = acq.open()
         clock[0] = round((server.lead_s + server.plan.duration_s) * 1e9)
-        (first, last) = [r for r in acq.poll() if isinstance(r, Chunk)]
+        # the row read at open, then the poll's row, held for its batch until the stop
+        first, *_, last = [r for r in acq.poll() + acq.flush() if isinstance(r, Chunk)]
         acq.close()
     finally:
         server.stop()
     tokens = desc.channel_names.index('vllm:generation_tokens_total{model_name="simulated-llm"}')
     assert first.values[0, tokens] == 0.0
     assert last.values[0, tokens] == server.plan.generation_tokens[-1]
+    assert last.values[-1, tokens] == server.plan.generation_tokens[-1]
     assert len(desc.channels) == 7  # 2 token counters, 2 gauges, 3 finish reasons
 
 

@@ -11,6 +11,11 @@ A scrape that fails (the server went away, an HTTP error, a sample that is not a
 series gone) starts an outage: one line on stderr, and when the server answers again (or
 the recording stops) one gap row spanning the last good scrape to the next one, with the
 first failure's reason. Rows resume on the first good scrape.
+
+Each due scrape only GETs the page and keeps it; the kept pages are read, and their rows
+built as one Chunk, once per ``BATCH_S`` (and at ``flush``): the same rows, gaps and
+warnings as reading each page at once, in the same order. A failed GET starts its outage
+at once (the kept pages are read first: one of them may have failed before it).
 """
 
 from __future__ import annotations
@@ -42,6 +47,15 @@ MAX_HZ = 100.0
 DEFAULT_TIMEOUT_S = 1.0
 POLL_STEP_S = 0.1
 SHOWN_NAMES = 12  # metric names an error lists from what the endpoint serves
+# How long a scraped page may wait before it is read and its row sent. Why batch: reading a
+# page and building its row right after a 100 ms sleep finds a cold cache and costs several
+# times what it costs in a batch, and each batch is one bus message and one piece of
+# recorder work instead of one a row (a recording of the scrape alone: 1.6 -> 0.6-0.7 % of
+# a core; BENCHMARKS.md, "What `record --scrape` costs"). Why 0.9 s:
+# the NVML reader's default emit, so the scrape stream's crash-loss bound (what it holds +
+# the recorder's 0.5 s flush) stays the whole recording's, emit + 0.5 s (docs/reliability.md,
+# "What a crash of the whole recording costs").
+BATCH_S = 0.9
 
 
 def check_url(url: str) -> tuple[str, str, int | None, str]:
@@ -67,13 +81,17 @@ def check_hz(hz: float) -> float:
 class ScrapeAcquirer:
     """Polls one endpoint at ``hz``; ``metrics`` empty: the known serving metrics present.
 
-    ``clock_ns`` and ``sleep`` are injectable so tests can step time.
+    ``clock_ns``, ``sleep`` and ``get`` (the GET: status, reason, body) are injectable so
+    tests can step time and serve pages without a socket; ``batch_s`` 0 reads each page at
+    once.
     """
 
     def __init__(self, url: str, source_id: str = "scrape", *, metrics: tuple[str, ...] = (),
                  hz: float = DEFAULT_HZ, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 batch_s: float = BATCH_S,
                  clock_ns: Callable[[], int] = time.monotonic_ns,
-                 sleep: Callable[[int, float], bool] = sleep_until_due) -> None:
+                 sleep: Callable[[int, float], bool] = sleep_until_due,
+                 get: Callable[[], tuple[int, str, bytes]] | None = None) -> None:
         self.scheme, self.host, self.port, self.path = check_url(url)
         self.url = url
         self.source_id = source_id
@@ -81,9 +99,13 @@ class ScrapeAcquirer:
         self.metrics = self.named or DEFAULT_METRICS
         self.hz = check_hz(hz)
         self.timeout_s = timeout_s
+        self._step_ns = round(1e9 / self.hz)
+        self._batch_ns = round(batch_s * 1e9)
         self._clock = clock_ns
         self._sleep = sleep
         self._http = KeptAliveGet(self.scheme, self.host, self.port, self.path, timeout_s)
+        self._get = get or self._http.get
+        self._held: list[tuple[int, int, bytes]] = []  # (t_try, t_ns, body) not yet read
         self._series: list[Series] = []
         self._unrecorded: set[Series] = set()
         self._last_ok_ns = 0
@@ -95,13 +117,16 @@ class ScrapeAcquirer:
 
     def fetch(self) -> str:
         """The endpoint's exposition text, over one kept-alive connection."""
+        return self._body().decode("utf-8", errors="replace")
+
+    def _body(self) -> bytes:
         try:
-            status, reason, body = self._http.get()
+            status, reason, body = self._get()
         except (OSError, MeterError, ValueError) as e:
             raise MeterError(f"scrape of {self.url} failed: {type(e).__name__}: {e}") from None
         if status != 200:
             raise MeterError(f"scrape of {self.url} failed: HTTP {status} {reason}")
-        return body.decode("utf-8", errors="replace")
+        return body
 
     def scrape(self) -> tuple[int, dict[Series, float], str]:
         """(host time of the scrape's midpoint, the wanted samples, the text)."""
@@ -138,9 +163,9 @@ class ScrapeAcquirer:
                              f"{len(served)} metric(s): {shown or 'none'}; name them with "
                              "--scrape-metric NAME")
         self.metrics = tuple(m for m in self.metrics if m in seen)  # what later scrapes read
-        self._pending.append(self._row(t_ns, found))
+        self._pending.append(self._chunk([t_ns], [[found[s] for s in self._series]]))
         self._last_ok_ns = t_ns
-        self._due_ns = t_ns + round(1e9 / self.hz)
+        self._due_ns = t_ns + self._step_ns
         return [SourceDescriptor(
             source_id=self.source_id, kind="counter", model="Prometheus endpoint",
             channels=tuple(Channel(s.name, unit_of(s.metric), meaning_of(s.metric))
@@ -151,12 +176,13 @@ class ScrapeAcquirer:
                     "series": {s.name: {"metric": s.metric, "labels": dict(s.labels)}
                                for s in self._series}})]
 
-    def _row(self, t_ns: int, found: Mapping[Series, float]) -> Chunk:
-        values = np.array([[found[s] for s in self._series]], dtype=np.float64)
-        return Chunk(self.source_id, np.array([t_ns], dtype=np.int64), values)
+    def _chunk(self, times: list[int], rows: list[list[float]]) -> Chunk:
+        """One Chunk of many rows: one pair of numpy arrays a batch, not a pair a row."""
+        return Chunk(self.source_id, np.array(times, dtype=np.int64),
+                     np.array(rows, dtype=np.float64))
 
     def poll(self) -> list[Reading]:
-        """One scrape when due: a row, or (after an outage) its gap row and then the row."""
+        """One scrape when due; the rows (and gap rows) of the kept pages once a batch is due."""
         if not self._series:
             raise MeterError(f"scrape {self.url}: poll before open")
         pending, self._pending = self._pending, []
@@ -165,26 +191,69 @@ class ScrapeAcquirer:
         return pending + self._read()
 
     def _read(self) -> list[Reading]:
-        step = round(1e9 / self.hz)
+        """GET the page and keep it; read the kept pages once a batch is due.
+
+        Due when waiting for the next scrape would keep the oldest page longer than
+        ``BATCH_S``; at once in an outage (its end is news).
+        """
         t_try = self._clock()
-        self._due_ns = max(self._due_ns + step, t_try + step // 2)
+        self._due_ns = max(self._due_ns + self._step_ns, t_try + self._step_ns // 2)
         try:
-            t_ns, found, _ = self.scrape()
-            gone = [s.name for s in self._series if s not in found]
-            if gone:
-                raise MeterError(f"scrape of {self.url}: series {', '.join(gone)} gone "
-                                 "from the endpoint")
+            t0 = self._clock()
+            body = self._body()
+            t_ns = (t0 + self._clock()) // 2
         except MeterError as e:
-            if self._outage is None:
-                self._outage = (t_try, str(e))
-                print(f"wattlab: {self.source_id}: {e}; no rows until a scrape works again "
-                      f"(retrying at {self.hz:g} Hz)", file=sys.stderr, flush=True)
-            return []
-        self._warn_new(found)
-        out: list[Reading] = self._end_outage(t_ns)
-        out.append(self._row(t_ns, found))
-        self._last_ok_ns = t_ns
+            out = self._take()  # a kept page may have failed first: its outage comes first
+            self._fail(t_try, e)
+            return out
+        self._held.append((t_try, t_ns, body))
+        if self._outage is not None or self._due_ns > self._held[0][0] + self._batch_ns:
+            return self._take()
+        return []
+
+    def _take(self) -> list[Reading]:
+        """Read every kept page in scrape order, as if each had been read when scraped.
+
+        Each gives its row, or the outage it starts (at its t_try) or ends (a gap row);
+        consecutive rows make one Chunk.
+        """
+        held, self._held = self._held, []
+        out: list[Reading] = []
+        times: list[int] = []
+        rows: list[list[float]] = []
+        for t_try, t_ns, body in held:
+            try:
+                found = parse_exposition(body.decode("utf-8", errors="replace"), self.metrics,
+                                         self.url)
+                row = [found[s] for s in self._series]
+            except KeyError:
+                gone = [s.name for s in self._series if s not in found]
+                self._fail(t_try, MeterError(f"scrape of {self.url}: series "
+                                             f"{', '.join(gone)} gone from the endpoint"))
+                continue
+            except MeterError as e:
+                self._fail(t_try, e)
+                continue
+            if len(found) > len(row):  # every recorded series is there: more are new
+                self._warn_new(found)
+            if self._outage is not None:
+                if times:
+                    out.append(self._chunk(times, rows))
+                    times, rows = [], []
+                out += self._end_outage(t_ns)
+            times.append(t_ns)
+            rows.append(row)
+            self._last_ok_ns = t_ns
+        if times:
+            out.append(self._chunk(times, rows))
         return out
+
+    def _fail(self, t_try: int, e: MeterError) -> None:
+        """A failed scrape: the first of an outage starts it, with one line on stderr."""
+        if self._outage is None:
+            self._outage = (t_try, str(e))
+            print(f"wattlab: {self.source_id}: {e}; no rows until a scrape works again "
+                  f"(retrying at {self.hz:g} Hz)", file=sys.stderr, flush=True)
 
     def _warn_new(self, found: Mapping[Series, float]) -> None:
         new = [s for s in found if s not in self._series and s not in self._unrecorded]
@@ -205,11 +274,15 @@ class ScrapeAcquirer:
                     t_first_ns=self._last_ok_ns, t_last_ns=t_ns)]
 
     def flush(self) -> list[Reading]:
-        """The last scrape, so the counters run to the stop; an outage still open ends here."""
+        """The kept pages' rows and the last scrape's: the counters run to the stop.
+
+        An outage still open ends here.
+        """
         if not self._series:
             return []
         pending, self._pending = self._pending, []
         out = pending + self._read()
+        out += self._take()
         if self._outage is not None:
             out += self._end_outage(self._clock())
         return out
