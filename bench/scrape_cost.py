@@ -162,7 +162,7 @@ def recording(page: str, duration_s: float) -> dict[str, float]:
         if proc.wait() != 0:
             raise SystemExit(f"the recording failed: {proc.args}")
     (wall0, cpu0), (wall1, cpu1) = marks
-    return {"lines": page.count("\n"), "bytes": len(page), "window_s": wall1 - wall0,
+    return {"lines": page.count("\n"), "bytes": len(page), "measured_s": wall1 - wall0,
             "core_pct": 100 * (cpu1 - cpu0) / (wall1 - wall0)}
 
 

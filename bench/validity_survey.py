@@ -14,8 +14,6 @@ bench/results/validity_survey.json. Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import sys
 import tempfile
@@ -25,26 +23,24 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.golden import Case, cases
+from tests.golden import Case, cases, run_cli_in_process
 
 from common import write_json
-from wattlab.cli import main as cli
 
 
-def by_marker(run: Path) -> dict[str, Any]:
-    """``energy --by-marker --json`` on ``run``, in this process."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        code = cli(["energy", "--json", "--by-marker", str(run)])
+def by_marker(case: Case, scratch: Path) -> dict[str, Any]:
+    """``energy --by-marker --json`` on the case's run, in this process (as the golden does)."""
+    argv = case.commands(str(case.make(scratch)))["energy_by_marker"]
+    code, stdout, stderr = run_cli_in_process(argv)
     if code != 0:
-        raise RuntimeError(f"energy --by-marker on {run} exited {code}")
-    doc: dict[str, Any] = json.loads(out.getvalue())
+        raise RuntimeError(f"{' '.join(argv)} exited {code}: {stderr}")
+    doc: dict[str, Any] = json.loads(stdout)
     return doc
 
 
 def survey(case: Case, scratch: Path) -> dict[str, Any]:
     """One run's figures: how many, how many invalid, each failing check's count and reason."""
-    rows = by_marker(case.make(scratch))["rows"]
+    rows = by_marker(case, scratch)["rows"]
     failed: Counter[str] = Counter()
     first: dict[str, str] = {}
     for row in rows:

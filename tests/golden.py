@@ -81,7 +81,7 @@ def _trace(path: Path) -> Callable[[Path], Path]:
 
 def _imported_capture(scratch: Path) -> Path:
     path = scratch / "h100_nvml_seed11.h5"
-    code, _, stderr = _run_cli(["import", "nvml-npz", "-o", str(path), "--source", "h100",
+    code, _, stderr = run_cli_in_process(["import", "nvml-npz", "-o", str(path), "--source", "h100",
                                 str(H100_CAPTURE)])
     if code != 0:
         raise RuntimeError(f"importing {H100_CAPTURE} failed ({code}): {stderr}")
@@ -102,7 +102,8 @@ def cases() -> list[Case]:
     return out
 
 
-def _run_cli(argv: list[str]) -> tuple[int, str, str]:
+def run_cli_in_process(argv: list[str]) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of a wattlab command run in this process."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
@@ -121,7 +122,7 @@ def snapshot(case: Case, scratch: Path) -> dict[str, Any]:
     run = case.make(scratch)
     result: dict[str, Any] = {}
     for key, argv in case.commands(str(run)).items():
-        code, stdout, stderr = _run_cli(argv)
+        code, stdout, stderr = run_cli_in_process(argv)
         text = json.dumps({"exit": code, "stdout": _parse(stdout), "stderr": stderr})
         for path, name in ((str(run), "<run>"), (str(scratch), "<scratch>"),
                            (str(ROOT), "<repo>")):

@@ -115,24 +115,21 @@ class ScrapeAcquirer:
 
     # ------------------------------------------------------------------ HTTP
 
-    def fetch(self) -> str:
-        """The endpoint's exposition text, over one kept-alive connection."""
-        return self._body().decode("utf-8", errors="replace")
-
-    def _body(self) -> bytes:
+    def fetch(self) -> tuple[int, bytes]:
+        """(host time of the GET's midpoint, the page), over one kept-alive connection."""
+        t0 = self._clock()
         try:
             status, reason, body = self._get()
         except (OSError, MeterError, ValueError) as e:
             raise MeterError(f"scrape of {self.url} failed: {type(e).__name__}: {e}") from None
         if status != 200:
             raise MeterError(f"scrape of {self.url} failed: HTTP {status} {reason}")
-        return body
+        return (t0 + self._clock()) // 2, body
 
     def scrape(self) -> tuple[int, dict[Series, float], str]:
         """(host time of the scrape's midpoint, the wanted samples, the text)."""
-        t0 = self._clock()
-        text = self.fetch()
-        t_ns = (t0 + self._clock()) // 2
+        t_ns, body = self.fetch()
+        text = body.decode("utf-8", errors="replace")
         return t_ns, parse_exposition(text, self.metrics, self.url), text
 
     # ------------------------------------------------------------------ the protocol
@@ -199,9 +196,7 @@ class ScrapeAcquirer:
         t_try = self._clock()
         self._due_ns = max(self._due_ns + self._step_ns, t_try + self._step_ns // 2)
         try:
-            t0 = self._clock()
-            body = self._body()
-            t_ns = (t0 + self._clock()) // 2
+            t_ns, body = self.fetch()
         except MeterError as e:
             out = self._take()  # a kept page may have failed first: its outage comes first
             self._fail(t_try, e)
