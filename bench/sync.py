@@ -77,10 +77,15 @@ def agent_process(endpoint: str, key: str, server_key: str) -> int:
 
 
 def clock_service(seconds: float) -> dict:
+    """Three skewed agents over CURVE to one recorder, in a folder removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="wattlab-bench-sync-") as folder:
+        return _clock_service(Path(folder), seconds)
+
+
+def _clock_service(folder: Path, seconds: float) -> dict:
     import os
     import subprocess
 
-    folder = Path(tempfile.mkdtemp(prefix="wattlab-bench-sync-"))
     keys, allowed = folder / "keys", folder / "allowed"
     allowed.mkdir(parents=True)
     for name in ("recorder", *SKEWS):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import os
 import stat
+import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -98,6 +100,23 @@ def test_local_bus_endpoints_are_private() -> None:
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # other users cannot connect
     finally:
         folder.rmdir()
+
+
+@pytest.mark.system
+def test_local_endpoint_folders_are_removed_by_the_exit_at_the_latest() -> None:
+    """A process that asks for endpoints and forgets them leaves no folder in /tmp."""
+    code = ("from wattlab.sync.bus.publisher import local_endpoint, private_endpoint\n"
+            "import os\n"
+            "print(local_endpoint().removeprefix('ipc://'))\n"
+            "with private_endpoint() as e:\n"
+            "    print(e.removeprefix('ipc://'))\n"
+            "print(os.path.isdir(os.path.dirname(e.removeprefix('ipc://'))))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    forgotten, scoped, scoped_left = done.stdout.split()
+    assert scoped_left == "False"  # private_endpoint removes its folder at once
+    assert forgotten != scoped
+    assert not Path(forgotten).parent.exists() and not Path(scoped).parent.exists()
 
 
 @pytest.mark.system

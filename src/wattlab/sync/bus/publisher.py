@@ -12,6 +12,7 @@ sent, drops, the pump) and ``replay_window`` (what is kept until it is on disk).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -57,9 +58,24 @@ def endpoint_security(endpoint: str) -> ClientSecurity | None:
     return _ENDPOINT_SECURITY.get(endpoint)
 
 
+_ENDPOINT_FOLDERS: list[str] = []
+
+
+def _remove_endpoint_folders() -> None:
+    for folder in _ENDPOINT_FOLDERS:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def local_endpoint() -> str:
-    """A fresh local endpoint (ipc in a private temp dir) so sessions never collide."""
+    """A fresh local endpoint (ipc in a private temp dir) so sessions never collide.
+
+    Its folder is removed when this process exits at the latest (``private_endpoint``
+    removes it sooner): a caller that forgets must not leave a folder in /tmp per call.
+    """
     folder = tempfile.mkdtemp(prefix="wattlab-")
+    if not _ENDPOINT_FOLDERS:
+        atexit.register(_remove_endpoint_folders)
+    _ENDPOINT_FOLDERS.append(folder)
     return f"ipc://{os.path.join(folder, 'bus.sock')}"
 
 
@@ -73,7 +89,9 @@ def private_endpoint() -> Iterator[str]:
     try:
         yield endpoint
     finally:
-        shutil.rmtree(os.path.dirname(endpoint.removeprefix("ipc://")), ignore_errors=True)
+        folder = os.path.dirname(endpoint.removeprefix("ipc://"))
+        shutil.rmtree(folder, ignore_errors=True)
+        _ENDPOINT_FOLDERS.remove(folder)
 
 
 class BusPublisher:
