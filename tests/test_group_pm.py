@@ -59,11 +59,19 @@ def test_a_group_of_every_working_process_of_a_gpu_has_no_rule_pm(trace: str) ->
     holds its only process (± 10,550 J before, which its own row also printed)."""
     result = split_of(TRACES / f"{trace}.h5")
     (grp,) = group_by(result, "job")
+    (g,) = result.gpus
+    assert g.rule_error is not None
     sampling_j = sum(p.sampling_pm_j for p in result.processes)
+    # the baseline's ± is not the rule's: a group of every process moves by all of it
+    baseline_j = g.rule_error.baseline_j([p.key for p in result.processes])
+    assert 0 < baseline_j < grp.energy_j
     assert grp.processes == len(result.processes)
-    assert grp.pm_j == pytest.approx(sampling_j, rel=1e-6)
+    assert grp.pm_j == pytest.approx(math.hypot(sampling_j, baseline_j), rel=1e-6)
     if len(result.processes) == 1:  # a GPU's only working process: nothing to move to
-        assert result.processes[0].pm_j == pytest.approx(sampling_j, rel=1e-6)
+        (p,) = result.processes
+        assert p.rule_pm_j == pytest.approx(0, abs=1e-6)
+        assert p.baseline_pm_j == pytest.approx(baseline_j, rel=1e-12)
+        assert p.pm_j == pytest.approx(grp.pm_j, rel=1e-6)
 
 
 def test_all_processes_in_one_job_have_the_sampling_pm_only(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ from wattlab.analysis.attribution.process_rule import (
     KEPLER,
     RuleError,
     activity_rule,
+    baseline_moves,
     clip,
     late_reads_note,
     missed_by_late_reads,
@@ -90,6 +91,7 @@ class ProcessEnergy:
     checks: dict[str, Any]  # the power stream's named checks and ``processes``
     truth_dynamic_j: float | None = None  # a simulated GPU's own figure, where it gave one
     late_pm_j: float = 0.0  # the dynamic energy late reads left unseen beside it (its share)
+    baseline_pm_j: float = 0.0  # its dynamic energy's move with idle + static by their ±
 
     @property
     def resolved(self) -> bool:
@@ -273,7 +275,8 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
     late, late_s = missed_by_late_reads(stream, base_w, table, acts, rule)
     err = RuleError(loo, scale, stream, base_w, rule,
                     worked_spans(stream.run_s, table, sliced=bool(caveat)),
-                    rule_moves(stream, base_w, acts, att), late)
+                    rule_moves(stream, base_w, acts, att), late,
+                    baseline_moves(stream, base_w, base.base_pm_w, acts=acts, rule=rule, att=att))
     dyn = {k: e * scale for k, e in att.by_owner().items()}
     static_j = base.static_w * present_s * scale
     idle_j = base.idle_w * (span[1] - span[0]) * scale
@@ -287,13 +290,13 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
         s = static_j * shares.get(p.key, 0.0) if "static" in charge else 0.0
         i = idle_j * shares.get(p.key, 0.0) if "idle" in charge else 0.0
         e = d + s + i
-        late_pm, rule_pm = err.late_j([p.key]), err.pm_j([p.key])
+        late_pm, rule_pm, base_pm = err.late_j([p.key]), err.pm_j([p.key]), err.baseline_j([p.key])
         procs.append(ProcessEnergy(p.key, p.label, p.identity, clip(p, span), len(p.t1_s), d,
                                    s, i, e, abs(e) * sampling_rel, rule_pm,
-                                   math.hypot(abs(e) * sampling_rel, rule_pm),
+                                   math.hypot(abs(e) * sampling_rel, rule_pm, base_pm),
                                    stream.valid and check.ok, reasons,
                                    stream.checks | {PROCESS_CHECK: check.json},
-                                   late_pm_j=late_pm))
+                                   late_pm_j=late_pm, baseline_pm_j=base_pm))
     charged_s = sum(p.static_j for p in procs)
     charged_i = sum(p.idle_j for p in procs)
     notes = [*table.notes, f"window {span[0]:.3f}–{span[1]:.3f} s; processes present before "

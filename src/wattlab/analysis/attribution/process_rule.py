@@ -34,6 +34,7 @@ import numpy as np
 
 from wattlab.analysis.attribution.core import (
     Activity,
+    Attribution,
     FloatArray,
     attribute,
     cumulative_energy,
@@ -307,6 +308,7 @@ class RuleError:
     spans_s: dict[str, tuple[float, float]]  # each working process's span (``worked_spans``)
     moves_j: list[dict[str, float]]  # per weight with a ±: each process's change (stream J)
     late: list[LateStep]
+    base_moves_j: dict[str, float]  # each process's change with idle + static up by its ±
 
     def own_j(self, keys: Collection[str]) -> float:
         """The rule's error times the dynamic energy over the set's working spans."""
@@ -333,6 +335,29 @@ class RuleError:
     def pm_j(self, keys: Collection[str]) -> float:
         """The set's rule ±: the unseen joules are a shortfall the run bounds, added whole."""
         return self.scatter_j(keys) + self.late_j(keys)
+
+    def baseline_j(self, keys: Collection[str]) -> float:
+        """The set's dynamic energy change with idle + static moved by its ± (not the rule's).
+
+        Why its own term: every joule above the baseline is dynamic, so an idle measured
+        0.6 W high takes 0.6 W from the processes for as long as they worked. Not zero-sum:
+        a set holding every process moves by all of it. A GPU's only working process has
+        no rule ± (no one to share with), and this is what its ± is then.
+        """
+        return abs(sum(self.base_moves_j.get(k, 0.0) for k in keys)) * self.scale
+
+
+def baseline_moves(stream: PowerStream, base_w: float, base_pm_w: float, *,
+                   acts: list[Activity], rule: Rule, att: Attribution) -> dict[str, float]:
+    """Each owner's dynamic energy change (stream J, signed) with the baseline up by its ±.
+
+    The rule's weights are kept: their own ± is the weights' term.
+    """
+    if not (math.isfinite(base_pm_w) and base_pm_w > 0):
+        return {}
+    moved = attribute(stream.t_s, stream.power_w, base_w + base_pm_w, acts, rule,
+                      span_s=stream.run_s).by_owner()
+    return {owner: moved.get(owner, 0.0) - e for owner, e in att.by_owner().items()}
 
 
 def union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:

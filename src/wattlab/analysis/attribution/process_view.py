@@ -82,16 +82,18 @@ def group_pm_j(result: ByProcess, ps: list[ProcessEnergy]) -> float:
     one unit, so joules the zero-sum split moves between two of its processes cancel; a
     group holding every working process of a GPU has none there, and a group of one process
     has that process's rule ±. Across GPUs the rule's scatter (separate fits) in
-    quadrature, the late reads' shortfalls added whole, as each process's are.
+    quadrature, the late reads' shortfalls added whole, as each process's are. The
+    baseline's (idle + static measured per GPU): the group's move as one, GPUs in quadrature.
     """
     keys = {p.key for p in ps}
-    scatter_j = late_j = 0.0
+    scatter_j = late_j = baseline_j = 0.0
     for g in result.gpus:
         mine = [p.key for p in g.processes if p.key in keys]
         if mine and g.rule_error is not None:
             scatter_j = math.hypot(scatter_j, g.rule_error.scatter_j(mine))
             late_j += g.rule_error.late_j(mine)
-    return math.hypot(sum(p.sampling_pm_j for p in ps), scatter_j + late_j)
+            baseline_j = math.hypot(baseline_j, g.rule_error.baseline_j(mine))
+    return math.hypot(sum(p.sampling_pm_j for p in ps), scatter_j + late_j, baseline_j)
 
 
 def by_process_json(result: ByProcess, by: str) -> dict[str, Any]:
