@@ -43,7 +43,7 @@ def errors_and_pm(g: GpuSplit) -> list[tuple[str, float, float, float]]:
     out = []
     for p in g.processes:
         assert p.truth_dynamic_j is not None
-        without = math.hypot(p.sampling_pm_j, p.rule_pm_j - p.late_pm_j)
+        without = math.hypot(p.sampling_pm_j, p.rule_pm_j - p.late_pm_j, p.baseline_pm_j)
         out.append((p.key, p.dynamic_j - p.truth_dynamic_j, p.pm_j, without))
     return out
 

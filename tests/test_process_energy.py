@@ -428,9 +428,10 @@ def test_the_real_pairs_price_no_weight_as_exact(monkeypatch):
     assert before.rule.weights["gpu0:916"].pm is None
     assert all(w.pm is not None for w in g.rule.weights.values())
     assert any("gpu0:916" in c and "never worked alone" in c for c in g.rule.caveats)
-    was = {p.key: p.pm_j for p in before.processes}
-    assert all(p.pm_j >= was[p.key] for p in g.processes)
-    now = {p.key: p.pm_j for p in g.processes}
+    # the rule's ± (the baseline's moves with the split, not with the weight's ±)
+    was = {p.key: p.rule_pm_j for p in before.processes}
+    assert all(p.rule_pm_j >= was[p.key] for p in g.processes)
+    now = {p.key: p.rule_pm_j for p in g.processes}
     assert now["gpu0:916"] > was["gpu0:916"] and now["gpu0:915"] > was["gpu0:915"]
     assert closure_ok(g)
 

@@ -20,10 +20,12 @@ unattributed = the counter's energy to ``CLOSURE`` (checked). Each process's ± 
 sampling share (the stream's ±) and the rule's own error: how badly the rule predicts the
 power of intervals it was not fitted on (leave-one-out), times the dynamic energy from its
 first working sample to its last, or over its whole presence where the GPU was time-sliced
-(``worked_dynamic_j``: the split is zero-sum, so what the rule mispredicts may be any
-working process's), with the weights' own ± (``rule_spread``) in quadrature; plus, where
-the per-process stream's reads came late, the dynamic energy they left to no process
-(``missed_by_late_reads``).
+(``process_rule.worked_spans``: the split is zero-sum, so what the rule mispredicts may be
+any working process's; none for a GPU's only working process), with the weights' own ±
+(``rule_moves``) in quadrature; plus, where the per-process stream's reads came late, the
+dynamic energy they left to no process (``missed_by_late_reads``). ``GpuSplit.rule_error``
+gives the same ± for any set of the GPU's processes: a job's or pod's
+(``process_rule.RuleError``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from wattlab.analysis.attribution.by_request import RESOLVE_EDGES, rule_spread
+from wattlab.analysis.attribution.by_request import RESOLVE_EDGES, rule_moves
 from wattlab.analysis.attribution.core import CLOSURE, Activity, attribute
 from wattlab.analysis.attribution.learn import prediction_error
 from wattlab.analysis.attribution.power_stream import PowerStream, run_power_stream
@@ -44,13 +46,15 @@ from wattlab.analysis.attribution.process_parts import (
 )
 from wattlab.analysis.attribution.process_rule import (
     KEPLER,
+    RuleError,
     activity_rule,
+    baseline_moves,
+    clip,
     late_reads_note,
     missed_by_late_reads,
-    working,
+    worked_spans,
 )
 from wattlab.analysis.attribution.process_table import (
-    Process,
     ProcessTable,
     gpu_prefix,
     missing_reason,
@@ -87,6 +91,7 @@ class ProcessEnergy:
     checks: dict[str, Any]  # the power stream's named checks and ``processes``
     truth_dynamic_j: float | None = None  # a simulated GPU's own figure, where it gave one
     late_pm_j: float = 0.0  # the dynamic energy late reads left unseen beside it (its share)
+    baseline_pm_j: float = 0.0  # its dynamic energy's move with idle + static by their ±
 
     @property
     def resolved(self) -> bool:
@@ -113,6 +118,7 @@ class GpuSplit:
     processes: list[ProcessEnergy]
     notes: list[str] = field(default_factory=list)
     node: str = ""  # the node's stream prefix on a multi-node run
+    rule_error: RuleError | None = None  # the rule ± of any set of its processes (a job's)
 
     @property
     def prefix(self) -> str:
@@ -266,10 +272,11 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
     total, how, scale = gpu_total(counter, stream, att.total_j)
     loo = prediction_error(stream.t_s, stream.power_w, base_w, acts, kinds=kinds,
                            min_piece_s=RESOLVE_EDGES * stream.edge_s)
-    spread = rule_spread(stream, base_w, acts, att)
-    worked = worked_dynamic_j(stream, base_w, table, rule, sliced=bool(caveat)
-                              ) if loo is not None else {}
-    owed, missed_j, late_s = missed_by_late_reads(stream, base_w, table, acts, rule)
+    late, late_s = missed_by_late_reads(stream, base_w, table, acts, rule)
+    err = RuleError(loo, scale, stream, base_w, rule,
+                    worked_spans(stream.run_s, table, sliced=bool(caveat)),
+                    rule_moves(stream, base_w, acts, att), late,
+                    baseline_moves(stream, base_w, base.base_pm_w, acts=acts, rule=rule, att=att))
     dyn = {k: e * scale for k, e in att.by_owner().items()}
     static_j = base.static_w * present_s * scale
     idle_j = base.idle_w * (span[1] - span[0]) * scale
@@ -283,16 +290,13 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
         s = static_j * shares.get(p.key, 0.0) if "static" in charge else 0.0
         i = idle_j * shares.get(p.key, 0.0) if "idle" in charge else 0.0
         e = d + s + i
-        late_pm = owed.get(p.key, 0.0) * scale
-        # the unseen joules are a shortfall the run bounds, not a scatter: added whole
-        own_pm = (loo or 0.0) * abs(worked.get(p.key, 0.0)) * scale
-        rule_pm = math.hypot(own_pm, spread.get(p.key, 0.0) * scale) + late_pm
+        late_pm, rule_pm, base_pm = err.late_j([p.key]), err.pm_j([p.key]), err.baseline_j([p.key])
         procs.append(ProcessEnergy(p.key, p.label, p.identity, clip(p, span), len(p.t1_s), d,
                                    s, i, e, abs(e) * sampling_rel, rule_pm,
-                                   math.hypot(abs(e) * sampling_rel, rule_pm),
+                                   math.hypot(abs(e) * sampling_rel, rule_pm, base_pm),
                                    stream.valid and check.ok, reasons,
                                    stream.checks | {PROCESS_CHECK: check.json},
-                                   late_pm_j=late_pm))
+                                   late_pm_j=late_pm, baseline_pm_j=base_pm))
     charged_s = sum(p.static_j for p in procs)
     charged_i = sum(p.idle_j for p in procs)
     notes = [*table.notes, f"window {span[0]:.3f}–{span[1]:.3f} s; processes present before "
@@ -307,46 +311,15 @@ def split(stream: PowerStream, table: ProcessTable, rule_name: str, charge: tupl
                      "where the GPU was time-sliced), whoever it went to (the split is "
                      "zero-sum: what the rule mispredicts may be any working process's), with "
                      "the weights' ±")
-    notes += late_reads_note(table, missed_j * scale, late_s)
+    notes += late_reads_note(table, sum(s.unseen_j for s in late) * scale, late_s)
     out = GpuSplit(table.gpu, stream, base, rule, total, how, idle_j - charged_i,
                    static_j - charged_s,
                    (att.unattributed_j + base.static_w * (span[1] - span[0] - present_s))
-                   * scale, procs, notes, table.node)
+                   * scale, procs, notes, table.node, err)
     if abs(out.closure_j) > CLOSURE * max(abs(total), 1e-12):
         raise RuntimeError(f"{table.prefix}: processes + static + idle + unattributed - total "
                            f"= {out.closure_j:.6g} J of {total:.6g} J (a bug in wattlab)")
     return out
-
-
-def worked_dynamic_j(stream: PowerStream, base_w: float, table: ProcessTable, rule: Rule,
-                     sliced: bool = False) -> dict[str, float]:
-    """Each process's dynamic energy from its first working sample to its last, anyone's.
-
-    What its rule ± is the rule's error of. Why not its own: the split is zero-sum, the
-    dynamic energy measured, so joules the rule mispredicts go from one process to another,
-    and the run cannot tell whose they are: any process working then may own them. Between its
-    first and last working sample a process may work unnamed (a time-sliced GPU names one
-    per sample: on the lent H200 a small-kernel process went 2.2 s unnamed beside a matrix
-    product; given 0.010 ± 0.006 of the pair's joules, its exclusive runs said 0.048).
-    ``sliced`` (the run shows the GPU time-sliced): its whole presence, since a 0 % row
-    may then mean "not named" as well as "rested" (a small-kernel loop on the H200 read
-    0 % at its last two reads while it worked).
-    """
-    out = {}
-    for p in table.processes:
-        worked = working(p)
-        if not worked:  # never worked: no share of what the rule mispredicts
-            continue
-        t0_s, t1_s = clip(p, stream.run_s) if sliced else (
-            max(worked[0][0], stream.run_s[0]), min(worked[-1][1], stream.run_s[1]))
-        if t1_s > t0_s:  # split among no activity: all the span's dynamic energy, unowned
-            out[p.key] = attribute(stream.t_s, stream.power_w, base_w, [], rule,
-                                   span_s=(t0_s, t1_s)).unattributed_j
-    return out
-
-
-def clip(p: Process, span: tuple[float, float]) -> tuple[float, float]:
-    return max(p.present_s[0], span[0]), min(p.present_s[1], span[1])
 
 
 def gpu_counter(report: dict[str, Any], prefix: str) -> tuple[float, str] | None:

@@ -171,24 +171,34 @@ def energy_by_request(run: Run, *, idle_w: float | None = None, rule: str = REQU
                      [request_row(r, att.parts_j, pm.get(r.id, 0.0)) for r in requests])
 
 
-def rule_spread(stream: PowerStream, idle_w: float, acts: list[Activity], att: Attribution
-                ) -> dict[str, float]:
-    """Each owner's energy change with each weight moved by its ±, in quadrature (core rule)."""
-    return share_spread(partial(attribute, stream.t_s, stream.power_w, idle_w, acts,
-                                span_s=stream.run_s), att)
+def rule_moves(stream: PowerStream, idle_w: float, acts: list[Activity], att: Attribution
+               ) -> list[dict[str, float]]:
+    """``share_moves`` of the core rule on ``stream``."""
+    return share_moves(partial(attribute, stream.t_s, stream.power_w, idle_w, acts,
+                               span_s=stream.run_s), att)
 
 
-def share_spread(share: Callable[[Rule], Attribution], att: Attribution) -> dict[str, float]:
-    """Each owner's energy change with each weight moved by its ±, in quadrature."""
-    base, var = att.by_owner(), dict.fromkeys(att.by_owner(), 0.0)
+def share_moves(share: Callable[[Rule], Attribution], att: Attribution
+                ) -> list[dict[str, float]]:
+    """Per weight with a ±, each owner's energy change (signed) with it moved by its ±.
+
+    Signed, not squared: a set of owners moves by the sum of its owners' changes, which the
+    zero-sum split cancels across a set that holds every owner (``process_rule.RuleError``).
+    """
+    base, out = att.by_owner(), []
     for kind, p in att.rule.weights.items():
         if not p.pm:
             continue
         moved = replace(att.rule, weights=att.rule.weights | {kind: Param(p.value + p.pm)})
         other = share(moved).by_owner()
-        for owner, e in base.items():
-            var[owner] += (other.get(owner, 0.0) - e) ** 2
-    return {owner: v ** 0.5 for owner, v in var.items()}
+        out.append({owner: other.get(owner, 0.0) - e for owner, e in base.items()})
+    return out
+
+
+def share_spread(share: Callable[[Rule], Attribution], att: Attribution) -> dict[str, float]:
+    """Each owner's energy change with each weight moved by its ±, in quadrature."""
+    moves = share_moves(share, att)
+    return {owner: sum(m[owner] ** 2 for m in moves) ** 0.5 for owner in att.by_owner()}
 
 
 def request_rows(path: str, rule: str = REQUEST_RULES[0]) -> list[dict[str, Any]]:

@@ -45,6 +45,9 @@ class Baseline:
     static_w: float
     static_pm_w: float
     static_how: str
+    # the ± of idle + static, what the dynamic energy lies above: measured as one mean where
+    # static was (static is that mean less idle, so idle's ± is in static's), else idle's
+    base_pm_w: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         return {"idle_w": self.idle_w, "idle_pm_w": self.idle_pm_w, "idle_how": self.idle_how,
@@ -92,12 +95,13 @@ def measure_baseline(stream: PowerStream, table: ProcessTable) -> Baseline:
     if got is None:
         return Baseline(idle_w, idle_pm, idle_how, measured, 0.0, 0.0,
                         f"not measured: no stretch of >= {STATIC_MIN_S:g} s where processes held "
-                        "the GPU with no activity; what a live context costs is in dynamic")
+                        "the GPU with no activity; what a live context costs is in dynamic",
+                        idle_pm)
     static_w = got[0] - idle_w
     return Baseline(idle_w, idle_pm, idle_how, measured, static_w,
                     math.hypot(got[1], idle_pm) if math.isfinite(got[1]) else idle_pm,
                     f"measured on {stream.name} over {got[2]:.2f} s with processes present "
-                    "and no activity, less idle")
+                    "and no activity, less idle", got[1] if math.isfinite(got[1]) else idle_pm)
 
 
 def lowest_stable(t_s: FloatArray, power_w: FloatArray) -> tuple[float, float]:

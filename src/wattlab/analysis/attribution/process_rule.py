@@ -18,17 +18,23 @@ Why windows of ``SHARE_S``: a time-sliced GPU names one process per driver sampl
 the device's utilisation; shared sample by sample, the process named takes the whole
 interval's power. Over a window of several samples each process's activity is the time it
 was named times what was reported: its share of the GPU's time.
+
+The rule's own ± (``RuleError``) is given for any set of a GPU's processes, one process or
+a job's: the split is zero-sum, so a set is wrong only by joules moved across its edge.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
 
 from wattlab.analysis.attribution.core import (
     Activity,
+    Attribution,
     FloatArray,
     attribute,
     cumulative_energy,
@@ -215,10 +221,17 @@ def beside(p: Process, a_s: float, b_s: float) -> bool:
     return any(0 <= k < len(p.t1_s) and p.sm[k] + p.mem[k] > 0 for k in (i, j))
 
 
+@dataclass(frozen=True)
+class LateStep:
+    """A late step's dynamic energy left to no process, and the processes that may own it."""
+
+    unseen_j: float
+    beside: frozenset[str]  # the keys of the processes working at the read before or after
+
+
 def missed_by_late_reads(stream: PowerStream, base_w: float, table: ProcessTable,
-                         acts: list[Activity], rule: Rule
-                         ) -> tuple[dict[str, float], float, float]:
-    """The dynamic energy of late reads' steps left to no process: (J each may own, J, s).
+                         acts: list[Activity], rule: Rule) -> tuple[list[LateStep], float]:
+    """The dynamic energy of late reads' steps left to no process: (each step, s late).
 
     Why a ± of its own: the driver answers one sample per process a read, its newest, so a
     read that comes late leaves the samples since the last read unread, and the table
@@ -232,20 +245,18 @@ def missed_by_late_reads(stream: PowerStream, base_w: float, table: ProcessTable
     period (``late_steps``). A run read on time has none: its ± is unchanged. The seconds
     returned: how far past that the late steps were, in all.
     """
-    owed: dict[str, float] = {}
-    total_j = late_s = 0.0
+    steps = []
+    late_s = 0.0
     lo, hi = stream.run_s
     for a, b in table.late_s:
         if min(b, hi) <= max(a, lo):
             continue
         unseen_j = max(0.0, attribute(stream.t_s, stream.power_w, base_w, acts, rule,
                                       span_s=(max(a, lo), min(b, hi))).unattributed_j)
-        total_j += unseen_j
         late_s += (b - a) - table.read_step_s - DRIVER_PERIOD_S
-        for p in table.processes:
-            if beside(p, a, b):
-                owed[p.key] = owed.get(p.key, 0.0) + unseen_j
-    return owed, total_j, late_s
+        steps.append(LateStep(unseen_j, frozenset(p.key for p in table.processes
+                                                  if beside(p, a, b))))
+    return steps, late_s
 
 
 def late_reads_note(table: ProcessTable, missed_j: float, late_s: float) -> list[str]:
@@ -264,3 +275,129 @@ DESCRIPTION = ("each window's dynamic energy shared in proportion to each proces
                "its own W per unit of SM activity times its activity, or w_sm sm + w_mem mem")
 KEPLER = ("Kepler's: each interval's dynamic energy split by the processes' SM-utilisation "
           "share")
+
+
+@dataclass
+class RuleError:
+    """What one GPU's rule ± is made of: the ± of any set of its processes, or a job's part.
+
+    Why one formula for both: the split is zero-sum between the processes of a GPU (the dynamic
+    energy is measured; the rule only says whose it is), so a set of processes can be wrong only
+    by joules that move across its edge. A process's rule ± (docs/process-energy.md, "The ±")
+    is built for the process as one unit; a job's or pod's is built the same way for the group
+    as one unit, never its processes' ± in quadrature: what the rule moves between two of its
+    processes stays inside it. Its three terms, each with the set in the process's place:
+
+    - the rule's leave-one-out error times the GPU's dynamic energy over the union of the
+      set's working spans (``worked_spans``), whoever the rule gave it to; none where the set
+      holds every working process of the GPU: there is no one outside to move joules to;
+    - the weights' ±: the set's summed (signed) change with each weight moved by its ±, in
+      quadrature over the weights; over every process the changes sum to zero;
+    - late reads: each late step's unseen joules once where any of the set worked beside it
+      (they are in "no process active", a shortfall of the processes beside it, not a share
+      moved between them: a set holding all of them is short by all of it), added whole.
+
+    A set of one process gets exactly that process's rule ±.
+    """
+
+    loo: float | None  # the rule's leave-one-out error, relative (None: not estimated)
+    scale: float  # the energy counter over the power stream's integral
+    stream: PowerStream
+    base_w: float  # idle + static: the dynamic energy is what lies above it
+    rule: Rule
+    spans_s: dict[str, tuple[float, float]]  # each working process's span (``worked_spans``)
+    moves_j: list[dict[str, float]]  # per weight with a ±: each process's change (stream J)
+    late: list[LateStep]
+    base_moves_j: dict[str, float]  # each process's change with idle + static up by its ±
+
+    def own_j(self, keys: Collection[str]) -> float:
+        """The rule's error times the dynamic energy over the set's working spans."""
+        spans = [s for k, s in self.spans_s.items() if k in keys]
+        if self.loo is None or not spans or set(self.spans_s) <= set(keys):
+            return 0.0
+        dyn_j = sum(attribute(self.stream.t_s, self.stream.power_w, self.base_w, [], self.rule,
+                              span_s=span).unattributed_j for span in union(spans))
+        return self.loo * abs(dyn_j) * self.scale
+
+    def spread_j(self, keys: Collection[str]) -> float:
+        """The set's change with each weight moved by its ±, in quadrature over the weights."""
+        return sum(sum(m.get(k, 0.0) for k in sorted(keys)) ** 2
+                   for m in self.moves_j) ** 0.5 * self.scale
+
+    def scatter_j(self, keys: Collection[str]) -> float:
+        """The rule's error and the weights' ± of the set, in quadrature."""
+        return math.hypot(self.own_j(keys), self.spread_j(keys))
+
+    def late_j(self, keys: Collection[str]) -> float:
+        """The late steps' unseen joules where some process of the set worked beside them."""
+        return sum(s.unseen_j for s in self.late if not s.beside.isdisjoint(keys)) * self.scale
+
+    def pm_j(self, keys: Collection[str]) -> float:
+        """The set's rule ±: the unseen joules are a shortfall the run bounds, added whole."""
+        return self.scatter_j(keys) + self.late_j(keys)
+
+    def baseline_j(self, keys: Collection[str]) -> float:
+        """The set's dynamic energy change with idle + static moved by its ± (not the rule's).
+
+        Why its own term: every joule above the baseline is dynamic, so an idle measured
+        0.6 W high takes 0.6 W from the processes for as long as they worked. Not zero-sum:
+        a set holding every process moves by all of it. A GPU's only working process has
+        no rule ± (no one to share with), and this is what its ± is then.
+        """
+        return abs(sum(self.base_moves_j.get(k, 0.0) for k in keys)) * self.scale
+
+
+def baseline_moves(stream: PowerStream, base_w: float, base_pm_w: float, *,
+                   acts: list[Activity], rule: Rule, att: Attribution) -> dict[str, float]:
+    """Each owner's dynamic energy change (stream J, signed) with the baseline up by its ±.
+
+    The rule's weights are kept: their own ± is the weights' term.
+    """
+    if not (math.isfinite(base_pm_w) and base_pm_w > 0):
+        return {}
+    moved = attribute(stream.t_s, stream.power_w, base_w + base_pm_w, acts, rule,
+                      span_s=stream.run_s).by_owner()
+    return {owner: moved.get(owner, 0.0) - e for owner, e in att.by_owner().items()}
+
+
+def union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The spans joined where they overlap, in time order: each second once."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def worked_spans(run_s: tuple[float, float], table: ProcessTable, sliced: bool = False
+                 ) -> dict[str, tuple[float, float]]:
+    """Each working process's span its rule ± covers: first working sample to last.
+
+    What its rule ± is the rule's error of, over the GPU's dynamic energy there, anyone's.
+    Why not its own: the split is zero-sum, the dynamic energy measured, so joules the rule
+    mispredicts go from one process to another, and the run cannot tell whose they are: any
+    process working then may own them. Between its first and last working sample a process
+    may work unnamed (a time-sliced GPU names one per sample: on the lent H200 a
+    small-kernel process went 2.2 s unnamed beside a matrix product; given 0.010 ± 0.006 of
+    the pair's joules, its exclusive runs said 0.048). ``sliced`` (the run shows the GPU
+    time-sliced): its whole presence, since a 0 % row may then mean "not named" as well as
+    "rested" (a small-kernel loop on the H200 read 0 % at its last two reads while it
+    worked). A process that never worked has none: no share of what the rule mispredicts.
+    """
+    out = {}
+    for p in table.processes:
+        worked = working(p)
+        if not worked:
+            continue
+        t0_s, t1_s = clip(p, run_s) if sliced else (
+            max(worked[0][0], run_s[0]), min(worked[-1][1], run_s[1]))
+        if t1_s > t0_s:
+            out[p.key] = (t0_s, t1_s)
+    return out
+
+
+def clip(p: Process, span: tuple[float, float]) -> tuple[float, float]:
+    """``p``'s presence within ``span``."""
+    return max(p.present_s[0], span[0]), min(p.present_s[1], span[1])

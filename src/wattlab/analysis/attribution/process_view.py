@@ -1,9 +1,9 @@
 """The per-process split as a table: by process, by Slurm job, by pod; text, JSON and rows.
 
 A job or pod sums its processes over every GPU (one process on several GPUs is one row
-per GPU); processes without one are grouped as "(no job)" / "(no pod)". Sampling ± adds
-up (the same stream's error), the rule's ± in quadrature (its errors move shares between
-processes). Where a GPU has no per-process stream, the reason is printed and no figure.
+per GPU); processes without one are grouped as "(no job)" / "(no pod)". Its ± is not its
+processes' ± combined: the rule's is the group's as one unit on each GPU (``group_pm_j``).
+Where a GPU has no per-process stream, the reason is printed and no figure.
 """
 
 from __future__ import annotations
@@ -66,13 +66,34 @@ def group_by(result: ByProcess, by: str) -> list[Group]:
         if by == "pod" and name != none:
             ns, pod = ps[0].identity.get("pod_namespace"), ps[0].identity.get("pod_name")
             detail = f"{ns}/{pod}" if pod else ""
-        sampling = sum(p.sampling_pm_j for p in ps)
-        rule = math.sqrt(sum(p.rule_pm_j ** 2 for p in ps))
         out.append(Group(name, detail, len(ps), sum(p.dynamic_j for p in ps),
                          sum(p.static_j for p in ps), sum(p.idle_j for p in ps),
-                         sum(p.energy_j for p in ps), math.hypot(sampling, rule),
+                         sum(p.energy_j for p in ps), group_pm_j(result, ps),
                          all(p.valid for p in ps)))
     return sorted(out, key=lambda g: -g.energy_j)
+
+
+def group_pm_j(result: ByProcess, ps: list[ProcessEnergy]) -> float:
+    """A group's ±: its sampling and its rule ± as one unit (``RuleError``), in quadrature.
+
+    Sampling adds up: each process's is its share of its GPU's stream ± (a gain-like error
+    of the stream, the same sign for every part of it), so within a GPU the shares' errors
+    move together; across GPUs the sum is the bound. The rule's: per GPU, the group's as
+    one unit, so joules the zero-sum split moves between two of its processes cancel; a
+    group holding every working process of a GPU has none there, and a group of one process
+    has that process's rule ±. Across GPUs the rule's scatter (separate fits) in
+    quadrature, the late reads' shortfalls added whole, as each process's are. The
+    baseline's (idle + static measured per GPU): the group's move as one, GPUs in quadrature.
+    """
+    keys = {p.key for p in ps}
+    scatter_j = late_j = baseline_j = 0.0
+    for g in result.gpus:
+        mine = [p.key for p in g.processes if p.key in keys]
+        if mine and g.rule_error is not None:
+            scatter_j = math.hypot(scatter_j, g.rule_error.scatter_j(mine))
+            late_j += g.rule_error.late_j(mine)
+            baseline_j = math.hypot(baseline_j, g.rule_error.baseline_j(mine))
+    return math.hypot(sum(p.sampling_pm_j for p in ps), scatter_j + late_j, baseline_j)
 
 
 def by_process_json(result: ByProcess, by: str) -> dict[str, Any]:
