@@ -7,7 +7,9 @@ recorded offline (``tests/late_reads.record_shared``: two Slurm steps of job 700
 pod), each seed on time and with a third of the reads late, and ``tests/process_runs``'
 run (jobs 4711 and 4712, pod ``pod-a``). A group's truth is its processes' true dynamic
 energy. Each TRACE given (a recording without jobs or pods) adds its "(no job)" group: every
-process of its GPU, no truth. Prints a table, writes bench/results/group_pm41.json. Usage:
+process of its GPU, no truth; where TRACE is a ``shared_gpu.py pairs`` recording, also a job
+per workload holding that workload's processes of every pair, with the exclusive runs'
+truth (``workload_jobs``). Prints a table, writes bench/results/group_pm41.json. Usage:
 
     python bench/group_pm41.py [--seeds 1,2,3] [TRACE ...]
 """
@@ -27,6 +29,7 @@ from tests.late_reads import record_shared
 from tests.process_runs import write_shared_run
 
 from common import write_json
+from shared_gpu_truth import SharedRun, exclusive_j, pairs_of
 from wattlab.analysis.attribution import energy_by_process
 from wattlab.analysis.attribution.by_process import ByProcess, ProcessEnergy
 from wattlab.analysis.attribution.process_view import GROUPS, group_by
@@ -66,6 +69,26 @@ def split(path: Path) -> ByProcess:
         return energy_by_process(run)
 
 
+def workload_jobs(path: Path) -> ByProcess:
+    """A real pairs trace split whole, each process run in a pair put in a job named by its
+    workload, with its truth: its exclusive share (``shared_gpu_truth``) of the dynamic
+    energy the split gave the pair. Each job then holds one workload's processes from
+    several pairs, beside other processes: a group that is not the whole GPU, on real data."""
+    result = split(path)
+    shared = SharedRun(str(path))
+    by_key = {p.key: p for p in result.processes}
+    key = (GROUPS["job"] or ("", ""))[0]
+    for _, pair in pairs_of(shared, exclusive_j(shared)):
+        ps = [by_key[k] for w in pair.works if (k := f"gpu0:{w.payload['pid']}") in by_key]
+        if len(ps) != len(pair.works):  # a run recorded before the per-process stream
+            continue
+        pair_j = sum(p.dynamic_j for p in ps)
+        for p, name, share in zip(ps, pair.names, pair.truth, strict=True):
+            p.identity = p.identity | {key: name}
+            p.truth_dynamic_j = float(share * pair_j)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", default="1,2,3")
@@ -81,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         out += rows("process_runs", split(write_shared_run(Path(tmp) / "runs.h5", truth=True)))
     for trace in args.traces:
         out += [r for r in rows(Path(trace).stem, split(Path(trace))) if r["by"] == "job"]
+        out += [r for r in rows(f"{Path(trace).stem} jobs", workload_jobs(Path(trace)))
+                if r["by"] == "job" and r["truth_j"] is not None]
     print(f"{'run':<18} {'group':<30} {'n':>2} {'dynamic J':>10} {'truth J':>10} "
           f"{'± before':>9} {'± after':>9} within before/after")
     for r in out:

@@ -107,3 +107,18 @@ def test_a_job_holding_part_of_the_gpu_has_a_pm_between_that_holds_its_truth(
     # the Slurm job summary charges the job the same ±
     summary = share_of_job(result, "7001")["this_job"]
     assert summary["pm_j"] == job.pm_j
+
+
+def test_a_group_spread_over_stretches_apart_adds_their_mispredictions_in_quadrature() -> None:
+    """Two processes that worked at different times (two pairs of the lent H200's run) are
+    two mispredictions of the rule: linearly their job's ± was the sum of their own."""
+    (g,) = split_of(TRACES / "h200_shared-pairs2.h5").gpus
+    err = g.rule_error
+    assert err is not None
+    spans = sorted(err.spans_s.items(), key=lambda kv: kv[1])
+    (a, span_a), (b, span_b) = spans[0], next(kv for kv in spans if kv[1][0] > spans[0][1][1])
+    assert span_a[1] < span_b[0]  # apart in time
+    one, two, both = err.own_j([a]), err.own_j([b]), err.own_j([a, b])
+    assert one > 0 and two > 0
+    assert both == pytest.approx(math.hypot(one, two), rel=1e-9)
+    assert both < 0.99 * (one + two)
