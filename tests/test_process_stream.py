@@ -10,7 +10,10 @@ import pytest
 
 from wattlab.acquisition.acquirers.acquirer import Chunk
 from wattlab.acquisition.acquirers.process_identity import IDENTITY_KEYS
-from wattlab.acquisition.acquirers.process_stream import ProcessStream
+from wattlab.acquisition.acquirers.process_stream import (
+    LAST_SAMPLE_AFTER_EXIT_NS,
+    ProcessStream,
+)
 from wattlab.samples import Marker
 
 OFFSET_NS = 10**18  # unix ns - host ns
@@ -107,3 +110,37 @@ def test_a_process_unknown_to_proc_is_never_taken_for_a_reused_pid():
     s.update([(7, 2_000, 40, 9, 0, 0)], {7: 1.0}, 2_100, 10)
     assert split(s.update([(7, 2_200, 40, 9, 0, 0)], {7: 1.0}, 2_300, 20))[1] == []
     assert np.isfinite(split(s.update([], {7: 1.0}, 2_500, 30))[0][0].values).all()
+
+
+@pytest.mark.fast
+def test_a_sample_stamped_just_after_a_process_left_is_its_row_not_a_new_process():
+    """The driver's sample covers the period before its stamp: the one of a context's last
+    work can come after the read that no longer listed it (the simulated GPU read every
+    0.15 s marked such a process gone, new, then gone again)."""
+    s = stream({7: 100, 8: 200})
+    s.update([(7, 2_000, 40, 9, 0, 0), (8, 2_000, 30, 5, 0, 0)], {7: 1.0, 8: 1.0}, 2_100,
+             2_100_000 - OFFSET_NS)
+    _, markers = split(s.update([(8, 2_150, 30, 5, 0, 0)], {8: 1.0}, 2_200,
+                                2_200_000 - OFFSET_NS))
+    assert [(m.name, m.payload["pid"]) for m in markers] == [("process-exit", 7)]
+    chunks, markers = split(s.update([(7, 2_240, 35, 8, 0, 0), (8, 2_300, 30, 5, 0, 0)],
+                                     {8: 1.0}, 2_350, 2_350_000 - OFFSET_NS))
+    assert markers == []  # not "process" again, so no second exit either
+    assert chunks[0].values[:, 0].tolist() == [7, 8] and math.isnan(chunks[0].values[0, 5])
+    assert split(s.update([], {8: 1.0}, 2_500, 2_500_000 - OFFSET_NS))[1] == []
+
+
+@pytest.mark.fast
+def test_a_pid_seen_again_after_the_driver_period_or_with_another_start_is_new():
+    late_us = 2_100 + LAST_SAMPLE_AFTER_EXIT_NS // 1000 + 10
+    for ticks_after, stamp_us, running in ((100, late_us, {}), (999, 2_150, {}),
+                                           (100, 2_150, {7: 1.0})):
+        ticks = {7: 100}
+        s = stream(ticks)
+        s.update([(7, 2_000, 40, 9, 0, 0)], {7: 1.0}, 2_050, 2_050_000 - OFFSET_NS)
+        s.update([], {}, 2_100, 2_100_000 - OFFSET_NS)  # gone
+        ticks[7] = ticks_after
+        _, markers = split(s.update([(7, stamp_us, 5, 1, 0, 0)], running, stamp_us + 50,
+                                    (stamp_us + 50) * 1000 - OFFSET_NS))
+        assert [(m.name, m.payload["start_ticks"]) for m in markers] == [
+            ("process", ticks_after)], (ticks_after, stamp_us, running)

@@ -33,6 +33,12 @@ PROCESS_CHANNELS = (("pid", "1"), ("sm_util_pct", "%"), ("mem_util_pct", "%"),
                     ("enc_util_pct", "%"), ("dec_util_pct", "%"), ("used_memory_b", "B"))
 Identify = Callable[[int], dict[str, Any]]
 StartTicks = Callable[[int], int | None]
+# how long after the read that no longer listed a process a sample of its own may still
+# come: the driver's per-process sample covers the period before its stamp (~1/6 s on
+# H100/H200, with jitter), so the one covering a context's last work can be stamped after
+# the context was gone (seen on the simulated GPU read every 0.15 s: the process was marked
+# gone, then again as new, then gone, its late sample a process of its own)
+LAST_SAMPLE_AFTER_EXIT_NS = 250_000_000
 
 
 class ProcessStream:
@@ -53,6 +59,7 @@ class ProcessStream:
         self._start_ticks = start_ticks
         self._to_host_ns = to_host_ns
         self.known: dict[int, int | None] = {}  # pid -> start_ticks of the process marked
+        self.left: dict[int, tuple[int | None, int]] = {}  # pid -> (start_ticks, exit ns)
 
     def update(self, samples: list[ProcessSample] | None, memory_b: Mapping[int, float],
                read_us: int, read_ns: int) -> list[Reading]:
@@ -76,8 +83,11 @@ class ProcessStream:
         out: list[Reading] = []
         for pid in [p for p in self.known if p not in first_ns]:  # left the GPU
             out.append(self._exit(pid, read_ns))
+        self.left = {pid: v for pid, v in self.left.items()
+                     if read_ns - v[1] <= LAST_SAMPLE_AFTER_EXIT_NS}
         for pid, t_ns in sorted(first_ns.items(), key=lambda kv: (kv[1], kv[0])):
-            out += self._arrive(pid, t_ns)
+            if not self._last_sample_of_the_gone(pid, t_ns, memory_b):
+                out += self._arrive(pid, t_ns)
         rows = [(self._to_host_ns(s[1]), s[1], [float(s[0]), *map(float, s[2:6]),
                                                 memory_b.get(s[0], math.nan)])
                 for s in samples]
@@ -105,8 +115,24 @@ class ProcessStream:
         return [Marker(t_ns, "process", "point", self.source_id,
                        {"gpu": self.gpu, "pid": pid, **identity})]
 
+    def _last_sample_of_the_gone(self, pid: int, t_ns: int, memory_b: Mapping[int, float]
+                                 ) -> bool:
+        """Whether ``pid``'s sample is the last one of a process just marked gone.
+
+        Stamped within the driver's period after its exit, not listed running, the same
+        start (or none readable): its row stays (the analysis gives it to that process),
+        with no new "process" marker.
+        """
+        gone = self.left.get(pid)
+        if gone is None or pid in self.known or pid in memory_b:
+            return False
+        ticks, exit_ns = gone
+        return (t_ns - exit_ns <= LAST_SAMPLE_AFTER_EXIT_NS
+                and self._start_ticks(pid) in (None, ticks))
+
     def _exit(self, pid: int, t_ns: int) -> Marker:
         ticks = self.known.pop(pid)
+        self.left[pid] = (ticks, t_ns)
         return Marker(t_ns, "process-exit", "point", self.source_id,
                       {"gpu": self.gpu, "pid": pid, "start_ticks": ticks})
 
