@@ -26,7 +26,12 @@ from wattlab.analysis.attribution import energy_by_process, process_rule
 from wattlab.analysis.attribution.by_process import split
 from wattlab.analysis.attribution.power_stream import PowerStream, run_power_stream
 from wattlab.analysis.attribution.process_rule import own_weights
-from wattlab.analysis.attribution.process_table import Process, ProcessTable, read_processes
+from wattlab.analysis.attribution.process_table import (
+    Process,
+    ProcessTable,
+    _assign_rows,
+    read_processes,
+)
 from wattlab.analysis.attribution.rule import Param
 from wattlab.analysis.energy import energy_report
 from wattlab.cli import main
@@ -504,3 +509,22 @@ def test_the_kinds_weights_fitted_on_a_time_sliced_gpu_are_known_to_all_of_them(
     assert all(now[k] >= was[k] for k in ("gpu0:2", "gpu0:3"))
     assert now["gpu0:2"] > was["gpu0:2"] and now["gpu0:3"] > was["gpu0:3"]
     assert closure_ok(g) and closure_ok(before)
+
+
+@pytest.mark.fast
+def test_the_readers_zero_rows_do_not_cut_a_driver_samples_interval():
+    """Read every 0.15 s, a process present without a sample gets a zero row at each read;
+    each driver sample (every 1/6 s) of the working one then covered only the ms since that
+    read: on the simulated GPU 11 s of 25 s of work had no row, 132 J went to no process."""
+    working = Process("gpu0:1", {"gpu": 0, "pid": 1}, (0.0, 10.0))
+    holding = Process("gpu0:2", {"gpu": 0, "pid": 2}, (0.0, 10.0))
+    driver_s, reads_s = np.arange(1, 13) / 6, np.arange(1, 14) * 0.15
+    t = np.concatenate([driver_s, reads_s])
+    order = np.argsort(t, kind="stable")
+    pid = np.array([1.0] * driver_s.size + [2.0] * reads_s.size)[order]
+    sm = np.array([0.5] * driver_s.size + [0.0] * reads_s.size)[order]
+    _assign_rows([working, holding], t[order], pid, sm, np.zeros(t.size))
+    spans = np.array(working.t1_s) - np.array(working.t0_s)
+    assert spans == pytest.approx(np.full(12, 1 / 6))  # each sample its driver period
+    assert working.t1_s == pytest.approx(driver_s.tolist())
+    assert len(holding.t1_s) == reads_s.size - 1 and set(holding.sm) == {0.0}

@@ -62,16 +62,22 @@ def test_reading_the_stream_five_times_as_often_does_not_save_the_small_kernels(
         split: Callable[..., tuple[int, dict]], capsys: pytest.CaptureFixture[str]) -> None:
     # h200_shared-pairs3.h5: the same pairs recorded with `--nvml-intervals processes=0.18`
     # (BENCHMARKS.md): more of the driver's samples weigh its view of the small-kernel loop
-    # (busy SMs at a few % of the power) more, for both rules; the matrix products with a
-    # training step stay within the goal with the activity rule.
+    # (busy SMs at a few % of the power) more, for both rules: still 15 points off with the
+    # activity rule, 23-26 with Kepler's (32 and 24 before each driver sample's interval was
+    # taken between the driver's own stamps, not cut by the reader's zero rows); every
+    # activity-rule share within its ±.
     trace = Path(__file__).resolve().parent / "data" / "traces" / "h200_shared-pairs3.h5"
     missed, pairs = split(str(trace))
     assert missed
     assert "the run's gpu0.processes" in capsys.readouterr().out
     for pair in ("matmul+smallk", "copy+smallk"):
-        for rule in ("activity", "utilisation"):
-            assert abs(pairs[pair][rule]["abs_err_pt"][1]) > 20.0
-    assert max(map(abs, pairs["matmul+train"]["activity"]["abs_err_pt"])) < 3.0
+        act, kepler = (abs(pairs[pair][rule]["abs_err_pt"][1])
+                       for rule in ("activity", "utilisation"))
+        assert 10.0 < act < kepler, (pair, act, kepler)
+    for r in pairs.values():
+        act = r["activity"]
+        for miss_pt, pm in zip(act["abs_err_pt"], act["share_pm"], strict=True):
+            assert abs(miss_pt) / 100 <= pm, (r["pair"], miss_pt, pm)
 
 
 @pytest.mark.fast
