@@ -89,14 +89,22 @@ def workload_jobs(path: Path) -> ByProcess:
     return result
 
 
+def seed_list(text: str) -> list[int]:
+    """``--seeds 1,2,3``: whole numbers, or a usage error naming the bad one."""
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of whole numbers") from e
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--seeds", default="1,2,3", type=seed_list)
     parser.add_argument("traces", nargs="*")
     args = parser.parse_args(argv)
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in (int(s) for s in args.seeds.split(",")):
+        for seed in args.seeds:
             for loaded in (False, True):
                 path = Path(tmp) / f"shared-{seed}-{loaded}.h5"
                 record_shared(path, seed=seed, **(LOADED if loaded else {}))  # type: ignore[arg-type]

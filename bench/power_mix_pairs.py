@@ -23,6 +23,7 @@ import numpy as np
 
 from common import write_json
 from shared_gpu_truth import Pair, SharedRun, exclusive_j, pairs_of
+from wattlab.errors import WattlabError
 
 MIN_LONE_S = 0.3  # a lone stretch shorter than this gives no lone power
 
@@ -69,8 +70,14 @@ def main() -> int:
     rows = []
     print(f"{'trace':28} {'pair':14} {'truth':>13} {'mix':>13} {'abs pt':>12} {'rel % (2nd)':>11}")
     for path in args.traces:
-        shared = SharedRun(path)
-        for _, pair in pairs_of(shared, exclusive_j(shared)):
+        try:
+            shared = SharedRun(path)
+            pairs = pairs_of(shared, exclusive_j(shared))
+        except (WattlabError, KeyError, ValueError) as e:
+            parser.error(f"{path}: not a shared_gpu.py pairs recording ({e})")
+        if not pairs:
+            parser.error(f"{path}: no pairs run together (a shared_gpu.py pairs recording)")
+        for _, pair in pairs:
             got = mix_shares(shared, pair)
             row = {"trace": path, "pair": "+".join(pair.names), "truth": pair.truth.tolist(),
                    **got}
