@@ -110,11 +110,18 @@ def test_local_endpoint_folders_are_removed_by_the_exit_at_the_latest() -> None:
             "print(local_endpoint().removeprefix('ipc://'))\n"
             "with private_endpoint() as e:\n"
             "    print(e.removeprefix('ipc://'))\n"
-            "print(os.path.isdir(os.path.dirname(e.removeprefix('ipc://'))))\n")
+            "print(os.path.isdir(os.path.dirname(e.removeprefix('ipc://'))))\n"
+            "f = local_endpoint().removeprefix('ipc://')\n"
+            "child = os.fork()\n"
+            "if child == 0:\n"
+            "    raise SystemExit(0)  # a forked child's exit leaves its parent's folders\n"
+            "os.waitpid(child, 0)\n"
+            "print(os.path.isdir(os.path.dirname(f)))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, timeout=60)
-    forgotten, scoped, scoped_left = done.stdout.split()
+    forgotten, scoped, scoped_left, after_fork = done.stdout.split()
     assert scoped_left == "False"  # private_endpoint removes its folder at once
+    assert after_fork == "True"
     assert forgotten != scoped
     assert not Path(forgotten).parent.exists() and not Path(scoped).parent.exists()
 

@@ -58,12 +58,15 @@ def endpoint_security(endpoint: str) -> ClientSecurity | None:
     return _ENDPOINT_SECURITY.get(endpoint)
 
 
-_ENDPOINT_FOLDERS: list[str] = []
+_ENDPOINT_FOLDERS: dict[str, int] = {}  # folder -> the pid that made it
 
 
+@atexit.register
 def _remove_endpoint_folders() -> None:
-    for folder in _ENDPOINT_FOLDERS:
-        shutil.rmtree(folder, ignore_errors=True)
+    """At exit, the folders this process made (a forked child leaves its parent's alone)."""
+    for folder, pid in _ENDPOINT_FOLDERS.items():
+        if pid == os.getpid():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def local_endpoint() -> str:
@@ -73,9 +76,7 @@ def local_endpoint() -> str:
     removes it sooner): a caller that forgets must not leave a folder in /tmp per call.
     """
     folder = tempfile.mkdtemp(prefix="wattlab-")
-    if not _ENDPOINT_FOLDERS:
-        atexit.register(_remove_endpoint_folders)
-    _ENDPOINT_FOLDERS.append(folder)
+    _ENDPOINT_FOLDERS[folder] = os.getpid()
     return f"ipc://{os.path.join(folder, 'bus.sock')}"
 
 
@@ -91,7 +92,7 @@ def private_endpoint() -> Iterator[str]:
     finally:
         folder = os.path.dirname(endpoint.removeprefix("ipc://"))
         shutil.rmtree(folder, ignore_errors=True)
-        _ENDPOINT_FOLDERS.remove(folder)
+        _ENDPOINT_FOLDERS.pop(folder, None)
 
 
 class BusPublisher:
