@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -93,3 +94,9 @@ def open_nvml(simulate: bool) -> NvmlDriver:
     driver = NvmlDriver(lib)
     driver.open()
     return driver
+
+
+def doc_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark's parser whose ``--help`` is its module docstring, laid out as written."""
+    return argparse.ArgumentParser(description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)

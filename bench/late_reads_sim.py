@@ -12,7 +12,6 @@ bench/results/late_reads_sim.json. Usage:
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import tempfile
@@ -23,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.late_reads import record_shared
 
-from common import write_json
+from common import doc_parser, write_json
 from wattlab.analysis.attribution import energy_by_process
 from wattlab.runfile import Run
 
@@ -47,8 +46,7 @@ def one(path: Path, seed: int, loaded: bool) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = doc_parser(__doc__)
     parser.add_argument("--seeds", default="1,2,3,4,5,6")
     args = parser.parse_args()
     runs = []

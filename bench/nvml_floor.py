@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import machine, median, tree_cpu_s
+from common import doc_parser, machine, median, tree_cpu_s
 from wattlab.acquisition.acquirers import FRUGAL_INTERVALS
 from wattlab.acquisition.acquirers.nvml_cadence import DEFAULT_INTERVALS_S, parse_intervals
 
@@ -238,8 +238,7 @@ def report(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = doc_parser(__doc__)
     parser.add_argument("--out", type=Path, help="folder for nvml_floor.json and the run files")
     parser.add_argument("--seconds", type=float, default=60.0, help="steady window per run")
     parser.add_argument("--warmup", type=float, default=6.0)

@@ -16,12 +16,11 @@ It is a measurement of what the power alone can tell, not a rule of the product.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import numpy as np
 
-from common import write_json
+from common import doc_parser, write_json
 from shared_gpu_truth import Pair, SharedRun, exclusive_j, pairs_of
 from wattlab.errors import WattlabError
 
@@ -63,8 +62,7 @@ def mix_shares(shared: SharedRun, pair: Pair) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = doc_parser(__doc__)
     parser.add_argument("traces", nargs="+")
     args = parser.parse_args()
     rows = []

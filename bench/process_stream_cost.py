@@ -15,12 +15,11 @@ Table on stdout, JSON in bench/results/process_stream_cost.json.
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 from typing import Any
 
-from common import median, write_json
+from common import doc_parser, median, write_json
 from wattlab.acquisition.acquirers import NvmlAcquirer
 from wattlab.acquisition.acquirers.process_stream import ProcessReader
 from wattlab.drivers.nvml import NvmlDriver
@@ -90,8 +89,7 @@ def one_read_us(lib: Any, reads: int = 200) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = doc_parser(__doc__)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--real", action="store_true", help="read GPU 0 through NVML")
     parser.add_argument("--processes", type=int, default=3,

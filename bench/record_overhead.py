@@ -42,7 +42,7 @@ from typing import Any
 
 from scipy import stats
 
-from common import write_json
+from common import doc_parser, write_json
 
 KINDS = ("matmul", "small")
 GOAL_UPPER_PCT = 0.5
@@ -186,8 +186,7 @@ def summary(kind: str, pairs: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = doc_parser(__doc__)
     parser.add_argument("--gpu", type=int, default=0)
     parser.add_argument("--simulate", action="store_true", help="numpy and the simulated GPU")
     parser.add_argument("--pairs", type=int, default=6)

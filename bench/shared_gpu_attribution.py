@@ -17,13 +17,12 @@ Goal (issue 41): every share within 10 % relative and 3 points absolute. Usage:
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import numpy as np
 
 import wattlab
-from common import GOALS_MISSED, write_json
+from common import GOALS_MISSED, doc_parser, write_json
 from proc_util_table import proc_util_table, unix_to_session_ns
 from shared_gpu_truth import TRACE, SharedRun, exclusive_j, pairs_of
 from wattlab.analysis.attribution.by_process import RULES, split
@@ -53,8 +52,7 @@ def stream_table(full: ProcessTable, pids: dict[int, str], t0_ns: int, t1_ns: in
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = doc_parser(__doc__)
     parser.add_argument("run", nargs="?", default=str(TRACE))
     parser.add_argument("--markers", action="store_true",
                         help="the stream rebuilt from the proc_util markers")
