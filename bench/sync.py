@@ -30,6 +30,7 @@ from wattlab.acquisition.acquirers import Chunk
 from wattlab.acquisition.session import ClockSkew, run_agent
 from wattlab.acquisition.session.agent import SKEW_ENV
 from wattlab.device_models.clock_fit import fit_lower_envelope
+from wattlab.runfile import schema
 from wattlab.samples import Channel, SourceDescriptor
 from wattlab.sync.bus import (
     ClientSecurity,
@@ -122,21 +123,21 @@ def _clock_service(folder: Path, seconds: float) -> dict:
             a.wait(30)
     rows = {}
     with h5py.File(path) as f:
-        start = int(f.attrs["session_start_monotonic_ns"])
+        start = int(f.attrs[schema.SESSION_START_MONOTONIC_NS])
         for name, skew in SKEWS.items():
-            group = f["sources"][f"{name}.ramp"]
-            sender = group["time_host_raw"][:]
+            group = f[schema.SOURCES][f"{name}.ramp"]
+            sender = group[schema.TIME_HOST_RAW][:]
             truth = np.round((sender - skew.offset_ns) / (1 + skew.drift_ppm * 1e-6))
-            err = np.abs(group["time"][:] + start - truth.astype(np.int64)) / 1e3
-            sync = dict(f["sync"][name].attrs)
+            err = np.abs(group[schema.TIME][:] + start - truth.astype(np.int64)) / 1e3
+            sync = dict(f[schema.SYNC][name].attrs)
             rows[name] = {
-                "offset_s": skew.offset_ns / 1e9, "drift_ppm": skew.drift_ppm,
+                "offset_s": skew.offset_ns / 1e9, "set_drift_ppm": skew.drift_ppm,
                 "samples": int(err.size), "err_median_us": float(np.median(err)),
                 "err_p99_us": float(np.percentile(err, 99)), "err_max_us": float(err.max()),
-                "drift_error_ppm": float(sync["drift_ppm"] - skew.drift_ppm),
-                "rtt_min_us": float(sync["rtt_min_ns"]) / 1e3,
-                "rtt_median_us": float(sync["rtt_median_ns"]) / 1e3,
-                "probes": int(sync["probes"]),
+                "drift_error_ppm": float(sync[schema.DRIFT_PPM] - skew.drift_ppm),
+                "rtt_min_us": float(sync[schema.RTT_MIN_NS]) / 1e3,
+                "rtt_median_us": float(sync[schema.RTT_MEDIAN_NS]) / 1e3,
+                "clock_probes": int(sync[schema.PROBES]),
             }
     return {"seconds": seconds, "agents": rows}
 
@@ -197,7 +198,7 @@ def main() -> int:
     print(f"{'agent':6} {'offset s':>10} {'drift ppm':>9} {'median µs':>9} {'p99 µs':>8} "
           f"{'max µs':>8} {'drift err ppm':>13} {'rtt min µs':>10}")
     for name, r in result["clock_service"]["agents"].items():
-        print(f"{name:6} {r['offset_s']:>10.3f} {r['drift_ppm']:>9.1f} "
+        print(f"{name:6} {r['offset_s']:>10.3f} {r['set_drift_ppm']:>9.1f} "
               f"{r['err_median_us']:>9.1f} {r['err_p99_us']:>8.1f} {r['err_max_us']:>8.1f} "
               f"{r['drift_error_ppm']:>13.2f} {r['rtt_min_us']:>10.0f}")
     d = result["device_clock_fit"]
@@ -210,7 +211,7 @@ def main() -> int:
     else:
         print(f"lag recovery at 1 kHz: median error {lag['err_median_ms']:.3f} ms, "
               f"max {lag['err_max_ms']:.3f} ms over {lag['trials']} trials")
-    print(f"wrote {write_json('sync', result)}")
+    print(f"wrote {write_json(Path(__file__).stem, result)}")
     return 0
 
 
