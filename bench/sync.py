@@ -153,7 +153,7 @@ def device_clock_fit(seed: int = 0) -> dict:
     err = fit.to_host_ns(dev_us) - truth
     slope, icpt = np.polyfit(dev_us.astype(float), host - 1e12, 1)
     ls_err = icpt + slope * dev_us + 1e12 - truth
-    return {"samples": n, "drift_ppm": drift, "latency": "50 us + exp(400 us)",
+    return {"samples": n, "set_drift_ppm": drift, "latency": "50 us + exp(400 us)",
             "envelope_err_spread_us": float(np.ptp(err) / 1e3),
             "envelope_err_median_us": float(np.median(err) / 1e3),
             "envelope_drift_error_ppm": float(fit.drift_ppm - drift),
