@@ -25,6 +25,7 @@ from tests.process_runs import (
 from wattlab.analysis.attribution import energy_by_process, process_rule
 from wattlab.analysis.attribution.by_process import split
 from wattlab.analysis.attribution.power_stream import PowerStream, run_power_stream
+from wattlab.analysis.attribution.process_parts import Baseline, place_lone_edges
 from wattlab.analysis.attribution.process_rule import own_weights
 from wattlab.analysis.attribution.process_table import (
     Process,
@@ -528,3 +529,47 @@ def test_the_readers_zero_rows_do_not_cut_a_driver_samples_interval():
     assert spans == pytest.approx(np.full(12, 1 / 6))  # each sample its driver period
     assert working.t1_s == pytest.approx(driver_s.tolist())
     assert len(holding.t1_s) == reads_s.size - 1 and set(holding.sm) == {0.0}
+
+
+def lone_exit(other: tuple[float, float] | None) -> tuple[PowerStream, list[Process]]:
+    """A process alive from 1.5 s, working to 10.3 s; reads every 0.6 s, markers halfway."""
+    t = np.arange(0.0, 14.0, 0.02)
+    power = 60.0 + np.where((t >= 1.5) & (t < 10.3), 20.0 + 100.0, 0.0)  # idle 60, static 20
+    stream = PowerStream("gpu0.samples:power_w", t, power, 0.01, (0.0, float(t[-1])), True, [])
+    procs = [Process("gpu0:1", {"gpu": 0, "pid": 1}, (1.7, 10.6 - 0.3), exited=True)]
+    if other is not None:
+        procs.append(Process("gpu0:2", {"gpu": 0, "pid": 2}, other, exited=True))
+    return stream, procs
+
+
+@pytest.mark.fast
+def test_an_edge_where_a_process_left_alone_is_placed_where_the_power_fell():
+    # placed halfway (10.3 s) the marker could be up to half a read off; alone, the drop of
+    # the power to idle shows where its context ended (the simulated GPU: the last process's
+    # lone work, 25-45 J of a 955 J process, went to no process)
+    base = Baseline(60.0, 0.1, "", True, 20.0, 1.0, "")
+    stream, procs = lone_exit(None)
+    procs[0].present_s = (1.7, 10.0)  # its reads at 2.0 s and 10.3 s, placed halfway
+    assert place_lone_edges(procs, stream, base, 0.3) == 2
+    assert procs[0].present_s == pytest.approx((1.5, 10.3), abs=0.02)
+    stream, procs = lone_exit((9.5, 12.0))  # another process present then: left halfway
+    place_lone_edges(procs, stream, base, 0.3)
+    assert procs[0].present_s[1] == pytest.approx(10.3) and procs[1].present_s[0] == 9.5
+    stream, procs = lone_exit(None)  # static not told from zero: the power cannot tell
+    assert place_lone_edges(procs, stream, replace(base, static_pm_w=10.0), 0.3) == 0
+    procs[0].exited = False  # no exit marker: the stream's end, not a read step
+    place_lone_edges(procs, stream, base, 0.3)
+    assert procs[0].present_s[1] == pytest.approx(10.3)
+
+
+@pytest.mark.fast
+def test_a_zero_row_inside_a_driver_sample_of_its_process_is_no_news():
+    # read every 0.15 s, two reads may fall in one driver period (~1/6 s): the second finds
+    # no new sample and wrote a zero row, which diluted the process's activity
+    proc = Process("gpu0:7", {"gpu": 0, "pid": 7}, (0.0, 10.0))
+    t = np.array([1.0, 1.15, 1.167, 1.333, 2.4])  # 1.15: a read before the 1.167 sample
+    sm = np.array([0.5, 0.0, 0.5, 0.5, 0.0])  # 2.4: a read after a quiet second: idle
+    notes = _assign_rows([proc], t, np.full(t.size, 7.0), sm, np.zeros(t.size))
+    assert proc.t1_s == pytest.approx([1.0, 1.167, 1.333, 2.4])
+    assert proc.sm == [0.5, 0.5, 0.5, 0.0]
+    assert any("1 zero row(s) inside a driver sample" in n for n in notes)

@@ -176,16 +176,20 @@ class ProcessReader:
                                     identify=who, start_ticks=ticks,
                                     to_host_ns=lambda us: us * 1000 - unix_minus_monotonic_ns)
         self.open_ns = self.good_ns = t_ns
+        self.shared_before = False  # whether the GPU was shared at the read before the last
 
     def read(self, clock_ns: Callable[[], int]) -> list[Reading]:
         """One read of the driver's per-process answers: rows, markers, or a Gap."""
         t0 = clock_ns()
+        shared = len(self.stream.known) >= 2
         try:
-            # a GPU shared at the last read is read once more: the samples since then are
-            # the work of processes that may have left meanwhile
+            # a GPU shared at either of the last two reads is read again: the samples since
+            # are the work of processes that may have left meanwhile, and a process's last
+            # sample is stamped up to a driver period after the read that saw it gone (the
+            # simulated GPU: a copy's last 0.1 s of work, 25 J, went to the one left)
             samples, memory_b = self.driver.read_processes(
                 self.gpu, self.stream.last_seen_us,
-                shared_from=0 if len(self.stream.known) >= 2 else 2)
+                shared_from=0 if shared or self.shared_before else 2)
         except NvmlError as e:
             t1 = clock_ns()
             gap = Gap(self.stream.source_id, str(e), t_first_ns=self.good_ns, t_last_ns=t1)
@@ -193,6 +197,7 @@ class ProcessReader:
             return [gap]
         t_ns = (t0 + clock_ns()) // 2
         self.good_ns = t_ns
+        self.shared_before = shared
         return self.stream.update(samples, memory_b, (t_ns + self.offset_ns) // 1000, t_ns)
 
     def truth(self, t_ns: int) -> list[Reading]:

@@ -43,6 +43,7 @@ from wattlab.analysis.attribution.process_parts import (
     charge_shares,
     covered_s,
     measure_baseline,
+    place_lone_edges,
 )
 from wattlab.analysis.attribution.process_rule import (
     KEPLER,
@@ -52,6 +53,7 @@ from wattlab.analysis.attribution.process_rule import (
     clip,
     late_reads_note,
     missed_by_late_reads,
+    share_window_s,
     worked_spans,
 )
 from wattlab.analysis.attribution.process_table import (
@@ -197,7 +199,7 @@ def energy_by_process(run: Run, *, rule: str = "activity", charge: tuple[str, ..
                for (node, gpu), t in tables.items() if t is None]
     found = [t for t in tables.values() if t is not None]
     report = energy_report(run, by_marker=False) if found else {}
-    gpus = [split_gpu(run, report, t, rule, charge) for t in found]
+    gpus = [split_gpu(run, report, t, rule, charge, unit=unit) for t in found]
     for g in gpus:
         add_truth(run, g, unit)
     return ByProcess(run.path, rule, charge, gpus, missing,
@@ -243,16 +245,24 @@ def choose_rule(stream: PowerStream, base_w: float, table: ProcessTable, name: s
     """The rule, the activities it shares by, and the kinds its error is checked on."""
     if name == "activity":
         return activity_rule(stream, base_w, table, RESOLVE_EDGES * stream.edge_s,
-                             sliced=sliced)
+                             sliced=sliced, window_s=share_window_s(sliced))
     return (Rule("utilisation", KEPLER, {"sm": Param(1.0)}),
             [Activity(p.key, "sm", a, b, s) for p in table.processes
              for a, b, s in zip(p.t0_s, p.t1_s, p.sm, strict=True)], ["sm"])
 
 
 def split_gpu(run: Run, report: dict[str, Any], table: ProcessTable, rule_name: str,
-              charge: tuple[str, ...]) -> GpuSplit:
-    """One GPU's split on its run's power stream, to its energy counter where it has one."""
+              charge: tuple[str, ...], *, unit: str = "process") -> GpuSplit:
+    """One GPU's split on its run's power stream, to its energy counter where it has one.
+
+    A process's edges where it came or went alone are placed by the power
+    (``place_lone_edges``), and its rows read again with them.
+    """
     stream = run_power_stream(run, report, table.prefix)
+    if unit == "process":
+        base = measure_baseline(stream, table)
+        table = read_processes(run, table.gpu, table.node, lambda procs: place_lone_edges(
+            procs, stream, base, table.edge_s)) or table
     return split(stream, table, rule_name, charge, gpu_counter(report, table.prefix))
 
 

@@ -14,10 +14,14 @@ nothing can be fitted, Kepler's rule, said so. On a time-sliced GPU a weight fit
 power left, a process's own or a kind's, gets a ± as large as itself: which process the
 driver named confounds that power.
 
-Why windows of ``SHARE_S``: a time-sliced GPU names one process per driver sample, with
-the device's utilisation; shared sample by sample, the process named takes the whole
+Why windows of ``SHARE_S`` on a time-sliced GPU: it names one process per driver sample,
+with the device's utilisation; shared sample by sample, the process named takes the whole
 interval's power. Over a window of several samples each process's activity is the time it
-was named times what was reported: its share of the GPU's time.
+was named times what was reported: its share of the GPU's time. Where the driver names
+every working process in its samples, a window of one driver period: a longer one spreads
+each process's activity evenly over it, and where one process started or paused inside,
+gave part of its joules to the other (the simulated GPU: 10 J in a window, the
+small-kernel process 2-3 % low over its run).
 
 The rule's own ± (``RuleError``) is given for any set of a GPU's processes, one process or
 a job's: the split is zero-sum, so a set is wrong only by joules moved across its edge.
@@ -44,7 +48,7 @@ from wattlab.analysis.attribution.power_stream import PowerStream
 from wattlab.analysis.attribution.process_table import DRIVER_PERIOD_S, Process, ProcessTable
 from wattlab.analysis.attribution.rule import Param, Rule
 
-SHARE_S = 1.0  # the window each process's activity is averaged over
+SHARE_S = 1.0  # the window each process's activity is averaged over on a time-sliced GPU
 MIN_ALONE_S = 0.5  # less time working alone than this does not measure a process's power
 KINDS = ["sm", "mem"]
 
@@ -64,6 +68,29 @@ def windowed(p: Process, edges: Sequence[float]) -> list[tuple[float, float, flo
         out.append((lo, hi, float(over @ sm[i:j] / over.sum()),
                     float(over @ mem[i:j] / over.sum())))
     return out
+
+
+def share_window_s(sliced: bool) -> float:
+    """The window the energy is shared on: ``SHARE_S`` on a time-sliced GPU, else one period.
+
+    The module doc says why.
+    """
+    return SHARE_S if sliced else DRIVER_PERIOD_S
+
+
+def windows(stream: PowerStream, table: ProcessTable, window_s: float
+            ) -> dict[str, list[tuple[float, float, float, float]]]:
+    """Each active process's windowed activity over the run (``windowed``)."""
+    span = stream.run_s
+    edges = [*np.arange(span[0], span[1], window_s).tolist(), span[1]]
+    return {p.key: windowed(p, edges) for p in table.processes if p.active}
+
+
+def by_kind(wins: dict[str, list[tuple[float, float, float, float]]], keys: list[str],
+            kinds: list[str] | None) -> list[Activity]:
+    """The activities of ``keys``: each its own kind (``kinds`` None), else one per kind."""
+    return [Activity(k, kind, a, b, m if kind == "mem" else s) for k in keys
+            for a, b, s, m in wins[k] for kind in (kinds or [k])]
 
 
 def working(p: Process) -> list[tuple[float, float]]:
@@ -140,7 +167,8 @@ def power_of(t_s: FloatArray, acts: list[Activity], weights: dict[str, Param]) -
 
 
 def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_piece_s: float,
-                  *, sliced: bool = False) -> tuple[Rule, list[Activity], list[str]]:
+                  *, sliced: bool = False, window_s: float = SHARE_S
+                  ) -> tuple[Rule, list[Activity], list[str]]:
     """The rule, the activities it shares by, and the kinds its error is checked on.
 
     A process that never worked alone: its own weight fitted by least squares on the power
@@ -149,11 +177,11 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
     with a ± as large, else (nothing measured or fitted) Kepler's rule. On a ``sliced``
     (time-sliced) GPU the power left is confounded by which process the driver named: a
     weight fitted on it, a process's own or a kind's, gets a ± as large as itself
-    (``fitted_on_left``).
+    (``fitted_on_left``). Weights are fitted on ``SHARE_S`` windows; the energy is shared
+    on windows of ``window_s`` (``share_window_s``).
     """
-    span = stream.run_s
-    edges = [*np.arange(span[0], span[1], table.window_s or SHARE_S).tolist(), span[1]]
-    wins = {p.key: windowed(p, edges) for p in table.processes if p.active}
+    wins = windows(stream, table, table.window_s or SHARE_S)
+    share = wins if table.window_s or window_s == SHARE_S else windows(stream, table, window_s)
     if not wins:
         return Rule("activity", DESCRIPTION, {}, ["no process showed activity: no dynamic "
                                                   "energy to share"]), [], []
@@ -161,30 +189,32 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
     bad = unmeasured(own)
     own = {k: w for k, w in own.items() if k not in bad}
     acts = [Activity(k, k, a, b, s) for k, w in wins.items() if k in own for a, b, s, _ in w]
+    shared = [Activity(k, k, a, b, s) for k, w in share.items() if k in own for a, b, s, _ in w]
     notes = [f"own power per unit of SM activity, where each worked alone (>= {MIN_ALONE_S:g} "
              "s): " + (", ".join(own) or "none")]
     notes += [unmeasured_note(k, w) for k, w in bad.items()]
     never = [k for k in wins if k not in own]
     if not never:
-        return Rule("activity", DESCRIPTION, own, notes), acts, list(own)
+        return Rule("activity", DESCRIPTION, own, notes), shared, list(own)
     caveats = [f"{', '.join(never)} never worked alone in this run: "
                f"{'its' if len(never) == 1 else 'their'} power per unit of work is not measured "
                "but fitted on what the others leave, or borrowed: the share is known only to "
                "its ±"]
     left_w = stream.power_w - power_of(stream.t_s, acts, own) if own else stream.power_w
-    each = [Activity(k, k, a, b, s) for k in never for a, b, s, _ in wins[k]]
+    each = by_kind(wins, never, None)
     fitted = fit_weights(stream.t_s, left_w, base_w, each, kinds=never, min_piece_s=min_piece_s)
     if fitted.name != "equal":
         weights, note = fitted_on_left("their own weights", fitted, sliced)
         return (Rule("activity", DESCRIPTION, own | weights, [*notes, note],
-                     fitted.caveats + caveats), acts + each, [*own, *never])
-    rest = [Activity(k, kind, a, b, s if kind == "sm" else m) for k in never
-            for a, b, s, m in wins[k] for kind in KINDS]
+                     fitted.caveats + caveats), shared + by_kind(share, never, None),
+                [*own, *never])
+    rest = by_kind(wins, never, KINDS)
     kinds = fit_weights(stream.t_s, left_w, base_w, rest, kinds=KINDS, min_piece_s=min_piece_s)
     if kinds.name != "equal":
         weights, note = fitted_on_left("weights of kinds of work", kinds, sliced)
         return (Rule("activity", DESCRIPTION, own | weights, [*notes, note],
-                     kinds.caveats + caveats), acts + rest, [*own, *KINDS])
+                     kinds.caveats + caveats), shared + by_kind(share, never, KINDS),
+                [*own, *KINDS])
     if own:
         mean = float(np.mean([p.value for p in own.values()]))
         notes.append("processes never alone: neither their own nor the kinds' weights could be "
@@ -192,11 +222,11 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
                      "weights, on their SM activity, ± all of it (their power is not known)")
         return (Rule("activity", DESCRIPTION, own | {"sm": Param(mean, mean, "W"),
                                                      "mem": Param(0.0)}, notes, caveats),
-                acts + rest, [*own, "sm"])
+                shared + by_kind(share, never, KINDS), [*own, "sm"])
     return (Rule("utilisation", KEPLER, {"sm": Param(1.0)},
                  [f"activity weights could not be fitted on this run (no process worked alone;"
                   f" {'; '.join(kinds.notes)}): fell back to Kepler's rule"]),
-            [a for a in rest if a.kind == "sm"], ["sm"])
+            by_kind(share, never, ["sm"]), ["sm"])
 
 
 def fitted_on_left(what: str, fitted: Rule, sliced: bool) -> tuple[dict[str, Param], str]:

@@ -23,6 +23,7 @@ partitioned SMs, and its presence where it held a compute process.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from wattlab.analysis.attribution.core import FloatArray
+from wattlab.analysis.attribution.learn import free_stretches
 from wattlab.runfile import Run
 
 IDENTITY_KEYS = ("gpu", "pid", "start_ticks", "local_pid", "comm", "user", "cgroup",
@@ -51,6 +53,7 @@ class Process:
     # intervals whose activity is the device's utilisation (alone, no rows of its own): on
     # another scale than the driver's per-process SM figure, so no weight is learnt there
     from_device: set[tuple[float, float]] = field(default_factory=set)
+    exited: bool = False  # a ``process-exit`` marker ended its presence (else the stream's end)
 
     @property
     def label(self) -> str:
@@ -114,11 +117,16 @@ def missing_reason(run: Run, gpu: int, node: str = "") -> str:
             "per-process recording existed, or with it off)")
 
 
-def list_read_step_s(run: Run, prefix: str) -> float:
-    """How often the running-process list was read: with the state readings (their step).
+def list_read_step_s(run: Run, prefix: str, view: Any) -> float:
+    """How often the running-process list was read: at every read of the processes stream.
 
-    0 where the run has no state readings to tell (the markers are then taken as exact).
+    Its cadence in the stream's descriptor (``--nvml-intervals processes=S``); a run from
+    before the stream had a cadence of its own read it with the state readings (their
+    step). 0 where neither tells (the markers are then taken as exact).
     """
+    intervals = (view.descriptor.get("config") or {}).get("intervals_s") or {}
+    if isinstance(intervals.get("processes"), int | float) and intervals["processes"] > 0:
+        return float(intervals["processes"])
     sid = f"{prefix}.state"
     if sid in run.sources:
         t = np.asarray(run.source(sid).time_s, dtype=np.float64)
@@ -138,11 +146,14 @@ def gpu_stream(run: Run, gpu: int, node: str, kind: str
     return prefix, sid, view, np.asarray(view.time_s, dtype=np.float64)
 
 
-def read_processes(run: Run, gpu: int, node: str = "") -> ProcessTable | None:
+def read_processes(run: Run, gpu: int, node: str = "",
+                   place: Callable[[list[Process]], int] | None = None) -> ProcessTable | None:
     """The processes of ``gpu`` (module doc); None where the run has no such stream.
 
     ``node``: a multi-node run's GPU (``NODE.gpu{i}.processes``); each process's identity
     (``node``), key and label then carry the node, so two nodes' pids never meet.
+    ``place``: moves presence edges before the rows are assigned (``place_lone_edges``),
+    and says how many it moved.
     """
     found = gpu_stream(run, gpu, node, "processes")
     if found is None:
@@ -159,7 +170,7 @@ def read_processes(run: Run, gpu: int, node: str = "") -> ProcessTable | None:
     seen: dict[int, int] = {}
     # a marker is stamped at the read that first (or no longer) saw the process: the change
     # happened in the read interval before it, half a step earlier on average
-    half_step_s = list_read_step_s(run, prefix) / 2
+    half_step_s = list_read_step_s(run, prefix, view) / 2
     for m in marks:
         at_s = m.time_ns / 1e9 - half_step_s  # the streams' clock: session ns
         p = int(m.payload.get("pid", -1))
@@ -175,10 +186,16 @@ def read_processes(run: Run, gpu: int, node: str = "") -> ProcessTable | None:
             procs.append(latest[p])
         elif p in latest:
             latest[p].present_s = (latest[p].present_s[0], at_s)
+            latest[p].exited = True
             del latest[p]
+    moved = place(procs) if place is not None else 0
     read_step_s = cadence_s(view, t)
     late = late_steps(np.unique(t), [p.present_s for p in procs], read_step_s)
     notes = _assign_rows(procs, t, pid, sm, mem)
+    if moved:
+        notes.append(f"{moved} presence edge(s) of a process coming or going alone placed where "
+                     "the power crossed halfway between idle and static (the marker says only "
+                     f"which read of every {2 * half_step_s:.3g} s saw it)")
     notes += _alone_from_device(run, prefix, procs)
     span = (float(t.min()), end_s) if t.size else (0.0, 0.0)
     return ProcessTable(gpu, sid, procs, span, gap_lines(run, sid), notes, half_step_s, node,
@@ -318,6 +335,7 @@ def _instance_owners(run: Run, sid: str, instances: list[Process]) -> list[str]:
 
 
 DEVICE_UTIL = "gpu_util_pct"  # the state stream's channel: the device's SM utilisation
+FILL_MIN_S = 1e-3  # a lone stretch between rows shorter than this is the stamps' rounding
 
 
 def _alone_from_device(run: Run, prefix: str, procs: list[Process]) -> list[str]:
@@ -351,15 +369,19 @@ def _alone_from_device(run: Run, prefix: str, procs: list[Process]) -> list[str]
             if len(here) != 1 or d <= c:
                 continue
             p = here[0]
-            if any(x < d and c < y for x, y in zip(p.t0_s, p.t1_s, strict=True)):
-                continue  # the stream has its own rows here
-            at = int(np.searchsorted(p.t1_s, d))
-            p.t0_s.insert(at, c)
-            p.t1_s.insert(at, d)
-            p.sm.insert(at, min(1.0, u * (b - a) / present_s))
-            p.mem.insert(at, 0.0)
-            p.from_device.add((c, d))
-            added += 1
+            # only where the stream has no rows of its own: a lone stretch its last driver
+            # rows reach into is filled after them (the simulated GPU: 26 J went to no
+            # process where a read's part was skipped whole)
+            for lo, hi in free_stretches(list(zip(p.t0_s, p.t1_s, strict=True)), c, d):
+                if hi - lo < FILL_MIN_S:
+                    continue
+                at = int(np.searchsorted(p.t1_s, hi))
+                p.t0_s.insert(at, lo)
+                p.t1_s.insert(at, hi)
+                p.sm.insert(at, min(1.0, u * (b - a) / present_s))
+                p.mem.insert(at, 0.0)
+                p.from_device.add((lo, hi))
+                added += 1
     return [f"{added} interval(s) of a process alone without rows of its own: its activity "
             f"taken from {sid}:{DEVICE_UTIL} (the device's utilisation; memory activity "
             "unknown there, 0)"] if added else []
@@ -400,6 +422,7 @@ def _assign_rows(procs: list[Process], t: FloatArray, pid: FloatArray, sm: Float
     for p in procs:
         by_pid.setdefault(int(p.identity["pid"]), []).append(p)
     orphans = 0
+    rows: dict[int, list[tuple[float, float, float, float, bool]]] = {}
     for ti, pi, si, mi, di in zip(t.tolist(), pid.tolist(), sm.tolist(), mem.tolist(),
                                   driver.tolist(), strict=True):
         owner = [p for p in by_pid.get(int(pi), []) if p.present_s[0] <= ti]
@@ -409,14 +432,42 @@ def _assign_rows(procs: list[Process], t: FloatArray, pid: FloatArray, sm: Float
         start = (prev_driver if di else prev).get(ti)
         if start is None:
             continue  # the first sample: its interval started before the stream did
-        p = owner[-1]
-        p.t0_s.append(start)
-        p.t1_s.append(ti)
-        p.sm.append(si)
-        p.mem.append(mi)
+        rows.setdefault(id(owner[-1]), []).append((start, ti, si, mi, di))
+    hidden = 0
+    for p in procs:
+        kept = _zero_rows_off_samples(rows.get(id(p), []))
+        hidden += len(rows.get(id(p), [])) - len(kept)
+        p.t0_s, p.t1_s, p.sm, p.mem = ([r[k] for r in kept] for k in range(4))
     notes = [f"{orphans} row(s) of a pid with no earlier 'process' marker: left out"
              ] if orphans else []
+    if hidden:
+        notes.append(f"{hidden} zero row(s) inside a driver sample of the same process left "
+                     "out (read again before the driver's next sample: no news, not idle)")
     if unknown:
         notes.append(f"{unknown} row(s) without SM or memory utilisation from the driver: "
                      "counted as no activity there")
     return notes
+
+
+def _zero_rows_off_samples(rows: list[tuple[float, float, float, float, bool]]
+                           ) -> list[tuple[float, float, float, float, bool]]:
+    """A process's rows without the reader's zero rows that lie inside its driver samples.
+
+    A zero row says the read found no sample of the process newer than the last; read
+    faster than the driver samples (every 0.15 s against ~1/6 s), that is often only "no
+    sample yet", and the driver's next sample covers the same time with the work it saw:
+    averaged with it, the zero diluted a working process's activity (the simulated GPU: a
+    small-kernel process 2 % low).
+    """
+    spans = sorted((a, b) for a, b, *_, driver in rows if driver)
+    if not spans:
+        return rows
+    starts = np.array([a for a, _ in spans])
+    ends = np.maximum.accumulate(np.array([b for _, b in spans]))
+    kept = []
+    for row in rows:
+        a, b, *_, driver = row
+        i = int(np.searchsorted(starts, b, "left")) - 1  # the last sample starting before b
+        if driver or i < 0 or ends[i] <= a:
+            kept.append(row)
+    return kept
