@@ -82,6 +82,25 @@ def test_reading_the_stream_five_times_as_often_does_not_save_the_small_kernels(
 
 
 @pytest.mark.fast
+def test_every_driver_sample_read_still_misses_the_small_kernels_and_says_so(
+        split: Callable[..., tuple[int, dict]]) -> None:
+    # h200_shared-pairs4.h5: the pairs read every 0.15 s (every driver sample) by the reader
+    # that asks at the two reads after the GPU was shared (BENCHMARKS.md): the whole stream
+    # then costs +1.9 % of a core, and the small-kernel shares are still 6.8 and 26.5 points
+    # off (the driver's busy-SM view of them): the goal (3 points) cannot be bought with
+    # reads. Every activity-rule share lies within its ±.
+    trace = Path(__file__).resolve().parent / "data" / "traces" / "h200_shared-pairs4.h5"
+    missed, pairs = split(str(trace))
+    assert missed
+    for pair in ("matmul+smallk", "copy+smallk"):
+        assert abs(pairs[pair]["activity"]["abs_err_pt"][1]) > 3.0, pair
+    for r in pairs.values():
+        act = r["activity"]
+        for miss_pt, pm in zip(act["abs_err_pt"], act["share_pm"], strict=True):
+            assert abs(miss_pt) / 100 <= pm, (r["pair"], miss_pt, pm)
+
+
+@pytest.mark.fast
 def test_a_small_process_is_as_uncertain_in_joules_as_the_one_beside_it(
         split: Callable[..., tuple[int, dict]]) -> None:
     # The split is zero-sum: joules the rule mispredicts go from one process to the other.
