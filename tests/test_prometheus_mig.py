@@ -6,6 +6,7 @@ of the same run file."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,9 @@ from wattlab.acquisition.acquirers import NvmlAcquirer
 from wattlab.acquisition.session import Session
 from wattlab.cli import main
 from wattlab.drivers.nvml import NvmlDriver
-from wattlab.hardware.fake_nvml import FakeNvml
+from wattlab.hardware.shared_fake_nvml import SharedFakeNvml
 from wattlab.hardware.shared_gpu import IDLE_LEAD_S, MigLoad, mig_simulated_gpu
+from wattlab.hardware.simulated_gpu import SimulatedGpu
 from wattlab.samples import Channel, Marker, SourceDescriptor
 from wattlab.sync.recorder.live_energy import LiveProcessEnergy
 
@@ -46,12 +48,19 @@ def record_live(tmp_path: Any, move: dict[int, int] | None = None) -> tuple[str,
 
     ``move``: pid -> GPU instance, processes put in another instance than the demo's.
     The recording outlasts the processes by 6 s: every window they worked in is settled.
+    The GPU's clock starts at the reader's first read (``SharedFakeNvml``): started when
+    made, its 3 s idle lead passed while a loaded machine started the session (five busy
+    processes on two cores), idle was never seen, and every live counter stayed at 0 J.
     """
-    gpu = mig_simulated_gpu(PROFILES, 2, SPAN_S)
-    assert isinstance(gpu.processes, MigLoad)
-    gpu.processes.instance_of.update(move or {})
+    def make(start_ns: int) -> list[SimulatedGpu]:
+        gpu = mig_simulated_gpu(PROFILES, 2, SPAN_S, start_ns=start_ns)
+        assert isinstance(gpu.processes, MigLoad)
+        gpu.processes.instance_of.update(move or {})
+        return [gpu]
+
     out, port = str(tmp_path / "mig.h5"), free_port()
-    session = Session(out, [("gpu0", NvmlAcquirer(NvmlDriver(FakeNvml([gpu])), 0))],
+    lib = SharedFakeNvml(make, time.monotonic_ns)
+    session = Session(out, [("gpu0", NvmlAcquirer(NvmlDriver(lib), 0))],
                       duration_s=IDLE_LEAD_S + SPAN_S + 6.0,
                       recorder_options={"prometheus": str(port)})
     return out, [s for s in scrape_session(session, port) if s]
