@@ -188,8 +188,8 @@ def activity_rule(stream: PowerStream, base_w: float, table: ProcessTable, min_p
     own = {k: w for k, w in own_weights(stream, base_w, table).items() if k in wins}
     bad = unmeasured(own)
     own = {k: w for k, w in own.items() if k not in bad}
-    acts = [Activity(k, k, a, b, s) for k, w in wins.items() if k in own for a, b, s, _ in w]
-    shared = [Activity(k, k, a, b, s) for k, w in share.items() if k in own for a, b, s, _ in w]
+    acts = by_kind(wins, [k for k in wins if k in own], None)
+    shared = by_kind(share, [k for k in share if k in own], None)
     notes = [f"own power per unit of SM activity, where each worked alone (>= {MIN_ALONE_S:g} "
              "s): " + (", ".join(own) or "none")]
     notes += [unmeasured_note(k, w) for k, w in bad.items()]

@@ -344,8 +344,7 @@ def _alone_from_device(run: Run, prefix: str, procs: list[Process]) -> list[str]
     if sid not in run.sources:
         return []
     view = run.source(sid)
-    names = [c.get("name") for c in view.descriptor.get("channels", [])]
-    if DEVICE_UTIL not in names:
+    if DEVICE_UTIL not in view.channel_names:
         return []
     t = np.asarray(view.time_s, dtype=np.float64)
     util = np.asarray(view.channel(DEVICE_UTIL), dtype=np.float64) / 100.0
